@@ -1,0 +1,97 @@
+#pragma once
+// Process groups: the collectives FSDP needs, asynchronous, behind one
+// interface. The MPI backend is in src/comm/mpi_process_group.cpp.
+
+#include <torch/types.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <future>
+#include <memory>
+#include <string>
+
+namespace fsdp {
+
+enum class ReduceOp { kSum, kAvg };
+
+// The collectives a group counts bytes for (see CommStats).
+enum class CollectiveKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kCount };
+const char* collective_name(CollectiveKind kind);
+
+// An asynchronous collective. wait() blocks until it is done and rethrows the
+// error it failed with (on every rank, for mismatched collectives).
+class Work {
+ public:
+  explicit Work(std::shared_future<void> done, std::atomic<double>* wait_seconds);
+  void wait();
+  bool is_completed() const;
+
+ private:
+  std::shared_future<void> done_;
+  std::atomic<double>* wait_seconds_;  // the group's exposed-wait counter
+};
+using WorkHandle = std::shared_ptr<Work>;
+
+// What a group has moved, in bytes, per collective kind: the full
+// (unsharded) buffer for all-gather and reduce-scatter, the tensor for
+// all-reduce and broadcast. Padding is included. Also the time callers
+// spent blocked in Work::wait (communication the compute did not hide).
+struct CommStats {
+  std::array<int64_t, static_cast<size_t>(CollectiveKind::kCount)> bytes{};
+  std::array<int64_t, static_cast<size_t>(CollectiveKind::kCount)> calls{};
+  double wait_seconds = 0.0;
+  int64_t total_bytes() const;
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // output (size() * n elements) = concatenation of every rank's input (n
+  // elements), in rank order. Both contiguous, same dtype.
+  virtual WorkHandle all_gather(torch::Tensor output, torch::Tensor input) = 0;
+  // output (n elements) = slice rank() of the element-wise reduction of every
+  // rank's input (size() * n elements).
+  virtual WorkHandle reduce_scatter(torch::Tensor output, torch::Tensor input, ReduceOp op) = 0;
+  virtual WorkHandle all_reduce(torch::Tensor tensor, ReduceOp op) = 0;
+  virtual WorkHandle broadcast(torch::Tensor tensor, int root) = 0;
+  virtual WorkHandle barrier() = 0;
+  // Collective over this group: ranks with the same color form a new group,
+  // ordered by key (then by rank in this group).
+  virtual std::shared_ptr<ProcessGroup> split(int color, int key) = 0;
+
+  CommStats stats() const;
+  void reset_stats();
+
+ protected:
+  void count(CollectiveKind kind, int64_t bytes);
+  std::atomic<double> wait_seconds_{0.0};
+
+ private:
+  std::array<std::atomic<int64_t>, static_cast<size_t>(CollectiveKind::kCount)> bytes_{};
+  std::array<std::atomic<int64_t>, static_cast<size_t>(CollectiveKind::kCount)> calls_{};
+};
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// MPI: initialize once per process (MPI_THREAD_MULTIPLE), finalize at exit.
+// world() is the group of all ranks.
+class MpiEnvironment {
+ public:
+  MpiEnvironment(int* argc, char*** argv);
+  ~MpiEnvironment();
+  MpiEnvironment(const MpiEnvironment&) = delete;
+  MpiEnvironment& operator=(const MpiEnvironment&) = delete;
+  ProcessGroupPtr world() const { return world_; }
+  // Ends every rank of the job (for errors after which ranks may disagree on
+  // what comes next, and would otherwise wait for each other forever).
+  [[noreturn]] static void abort(int exit_code);
+
+ private:
+  ProcessGroupPtr world_;
+};
+
+}  // namespace fsdp

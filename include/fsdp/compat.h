@@ -1,0 +1,21 @@
+#pragma once
+// The one place where LibTorch version differences live. The code builds
+// against Debian's LibTorch 1.13 and against LibTorch 2.x on GPU machines.
+
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#define FSDP_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||       \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace fsdp::compat {
+
+// Frees a tensor's memory while keeping its storage object, so that every
+// view of it (including the ones autograd saved during forward) sees the
+// memory again once allocate_storage refills it. This is how unsharded
+// buffers are freed without breaking saved tensors.
+void free_storage(const torch::Tensor& tensor);
+void allocate_storage(const torch::Tensor& tensor, size_t nbytes);
+
+}  // namespace fsdp::compat

@@ -1,0 +1,198 @@
+#pragma once
+// fully_shard(): FULL_SHARD (ZeRO-3) data parallelism for a torch::nn::Module.
+//
+//   auto model = fsdp::fully_shard(MyModel(...), group,
+//       fsdp::FullyShardOptions().wrap_policy(fsdp::module_type_policy<BlockImpl>()));
+//   torch::optim::AdamW optimizer(model.parameters(), ...);   // the local shards
+//   auto loss = model.forward(x, y);  loss.backward();  optimizer.step();
+//
+// Unit boundaries are marked in the model by calling a submodule through
+// fsdp::unit_forward(block, args...) instead of block->forward(args...): one
+// line per boundary. The wrap policy decides which boundaries become units;
+// for the others unit_forward is a plain call.
+
+#include <torch/arg.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fsdp/comm.h"
+#include "fsdp/flat_param.h"
+#include "fsdp/wrap_policy.h"
+
+namespace fsdp {
+
+struct FullyShardOptions {
+  FullyShardOptions() = default;
+  // Which submodules become units; without one, the whole model is one unit.
+  TORCH_ARG(WrapPolicy, wrap_policy) = nullptr;
+};
+
+// Where a unit is in its step. Every transition is checked:
+//   kSharded -> kUnshardedForward -> kSharded            (forward)
+//   kSharded -> kUnshardedBackward -> kSharded           (backward; gradients reduced)
+enum class UnitState { kSharded, kUnshardedForward, kUnshardedBackward };
+const char* unit_state_name(UnitState state);
+
+class FsdpState;
+
+class Unit {
+ public:
+  Unit(FsdpState* owner, UnitPlan plan, ProcessGroupPtr group);
+  const std::string& name() const { return name_; }  // "" for the root
+  std::string display_name() const;
+  UnitState state() const { return state_; }
+  const FlatParam& flat_param() const { return flat_; }
+  FlatParam& flat_param() { return flat_; }
+  const torch::nn::Module* module() const { return module_; }
+
+  // Lifecycle events (called by unit_forward and by autograd hooks).
+  void pre_forward();
+  void post_forward();
+  void pre_backward();
+  void on_gradient_ready();
+  void post_backward();
+
+ private:
+  void transition(UnitState from, UnitState to);
+
+  FsdpState* owner_;
+  std::string name_;
+  torch::nn::Module* module_;
+  // Held here because autograd keeps gradient accumulators only weakly: a
+  // dropped one is recreated later without our post hook. Created before
+  // flat_ frees the parameters: an accumulator fixes its parameter's shape.
+  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+  FlatParam flat_;
+  UnitState state_ = UnitState::kSharded;
+  int64_t gradients_pending_ = 0;
+  friend class FsdpState;
+};
+
+// Everything fully_shard() attaches to a model: the units and their hooks.
+class FsdpState {
+ public:
+  FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr group, FullyShardOptions options);
+  ~FsdpState();
+  FsdpState(const FsdpState&) = delete;
+  FsdpState& operator=(const FsdpState&) = delete;
+
+  // The local shards, one leaf per unit: hand these to the optimizer.
+  std::vector<torch::Tensor> parameters() const;
+  const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
+  Unit& root_unit() const { return *units_.front(); }
+  const ProcessGroupPtr& group() const { return group_; }
+  torch::nn::Module& module() const { return *module_; }
+  // Throws unless every unit is sharded and no reduction is in flight (the
+  // state between steps).
+  void check_idle() const;
+
+  // Called by units: the first backward event of a pass queues the
+  // end-of-backward callback that finishes every unit's reduction.
+  void on_backward_event();
+
+ private:
+  void finish_backward();
+
+  std::shared_ptr<torch::nn::Module> module_;
+  ProcessGroupPtr group_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  bool backward_callback_queued_ = false;
+};
+
+namespace detail {
+
+// The unit registered for a module, or nullptr if the module is no unit.
+Unit* find_unit(const torch::nn::Module* module);
+
+// Runs the unit's pre-forward on construction and its post-forward on
+// destruction (also when forward throws).
+class UnitForwardScope {
+ public:
+  explicit UnitForwardScope(const torch::nn::Module* module);
+  ~UnitForwardScope();
+  UnitForwardScope(const UnitForwardScope&) = delete;
+  UnitForwardScope& operator=(const UnitForwardScope&) = delete;
+  // Registers the pre-backward hook on an output that requires grad.
+  void watch_output(const torch::Tensor& output) const;
+
+ private:
+  Unit* unit_;
+};
+
+inline void watch_outputs(const UnitForwardScope& scope, const torch::Tensor& t) { scope.watch_output(t); }
+inline void watch_outputs(const UnitForwardScope& scope, const std::vector<torch::Tensor>& ts) {
+  for (const auto& t : ts) scope.watch_output(t);
+}
+template <class... Ts>
+void watch_outputs(const UnitForwardScope& scope, const std::tuple<Ts...>& ts) {
+  std::apply([&](const auto&... t) { (watch_outputs(scope, t), ...); }, ts);
+}
+template <class T>
+void watch_outputs(const UnitForwardScope&, const T&) {}  // outputs without tensors
+
+template <class M>
+M& module_ref(M& module) { return module; }
+template <class Impl>
+Impl& module_ref(torch::nn::ModuleHolder<Impl>& holder) { return *holder; }
+template <class Impl>
+Impl& module_ref(const std::shared_ptr<Impl>& ptr) { return *ptr; }
+
+}  // namespace detail
+
+// Calls module.forward(args...) as a unit boundary: if the module is a unit,
+// its parameters are gathered for the call and freed after it, and its
+// backward gathers them again and reduce-scatters their gradients.
+template <class M, class... Args>
+auto unit_forward(M&& module, Args&&... args) {
+  auto& m = detail::module_ref(module);
+  detail::UnitForwardScope scope(&m);
+  auto output = m.forward(std::forward<Args>(args)...);
+  detail::watch_outputs(scope, output);
+  return output;
+}
+
+// The handle fully_shard() returns: forward goes through the root unit.
+template <class M>
+class FullyShardedModule {
+ public:
+  FullyShardedModule(std::shared_ptr<M> module, std::shared_ptr<FsdpState> state)
+      : module_(std::move(module)), state_(std::move(state)) {}
+
+  template <class... Args>
+  auto forward(Args&&... args) {
+    return unit_forward(*module_, std::forward<Args>(args)...);
+  }
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+  M* operator->() const { return module_.get(); }
+  M& module() const { return *module_; }
+  const std::shared_ptr<M>& ptr() const { return module_; }
+  std::vector<torch::Tensor> parameters() const { return state_->parameters(); }
+  FsdpState& state() const { return *state_; }
+
+ private:
+  std::shared_ptr<M> module_;
+  std::shared_ptr<FsdpState> state_;
+};
+
+// Shards `module` over `group`. Every rank must pass a model with the same
+// structure and the same initial values (e.g. built from the same seed).
+template <class M>
+FullyShardedModule<M> fully_shard(std::shared_ptr<M> module, ProcessGroupPtr group,
+                                  FullyShardOptions options = FullyShardOptions()) {
+  auto state = std::make_shared<FsdpState>(module, std::move(group), std::move(options));
+  return FullyShardedModule<M>(std::move(module), std::move(state));
+}
+template <class Impl>
+FullyShardedModule<Impl> fully_shard(torch::nn::ModuleHolder<Impl> holder, ProcessGroupPtr group,
+                                     FullyShardOptions options = FullyShardOptions()) {
+  return fully_shard(holder.ptr(), std::move(group), std::move(options));
+}
+
+}  // namespace fsdp

@@ -1,0 +1,56 @@
+#pragma once
+// Exact tensor-memory accounting: a counting allocator in front of LibTorch's
+// CPU allocator. Every CPU tensor allocation is attributed to the category
+// that is current on the allocating thread (MemoryCategoryScope), and live and
+// peak bytes are kept per category.
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace fsdp::memory {
+
+enum class Category {
+  kParameterShard,   // the local fp32 shards that the optimizer steps
+  kGradientShard,    // the gradients of those shards
+  kOptimizerState,   // what the optimizer allocates while stepping (Adam moments)
+  kUnshardedBuffer,  // all-gathered parameters and unsharded gradients, transient
+  kOther,            // activations, temporaries, everything else
+  kCount
+};
+constexpr size_t kNumCategories = static_cast<size_t>(Category::kCount);
+const char* category_name(Category c);
+
+struct Usage {
+  std::array<int64_t, kNumCategories> live_bytes{};
+  std::array<int64_t, kNumCategories> peak_bytes{};  // each category's own peak
+  int64_t live_total = 0;
+  int64_t peak_total = 0;  // peak of the sum (not the sum of the peaks)
+  int64_t live(Category c) const { return live_bytes[static_cast<size_t>(c)]; }
+  int64_t peak(Category c) const { return peak_bytes[static_cast<size_t>(c)]; }
+  // Parameter shards + gradient shards + optimizer state, live now.
+  int64_t model_state() const;
+};
+
+// Installs the counting allocator (idempotent). Tensors allocated before this
+// call are not counted; call it first thing in main().
+void install_counting_allocator();
+bool counting_allocator_installed();
+
+Usage usage();
+// Starts a new peak window: every peak is set to the current live value.
+void reset_peaks();
+
+// Attributes the allocations made on this thread while it lives.
+class MemoryCategoryScope {
+ public:
+  explicit MemoryCategoryScope(Category category);
+  ~MemoryCategoryScope();
+  MemoryCategoryScope(const MemoryCategoryScope&) = delete;
+  MemoryCategoryScope& operator=(const MemoryCategoryScope&) = delete;
+
+ private:
+  Category previous_;
+};
+
+}  // namespace fsdp::memory

@@ -1,0 +1,72 @@
+#pragma once
+// The safetensors format (an 8-byte little-endian header length, a JSON
+// header of {name: {dtype, shape, data_offsets}}, then the raw data), read
+// with every offset and size checked, and written as a stream: the header
+// first, then one tensor at a time, so a writer never holds the whole model.
+
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fsdp::safetensors {
+
+struct TensorSpec {
+  std::string name;
+  torch::ScalarType dtype = torch::kFloat;
+  std::vector<int64_t> shape;
+};
+
+struct TensorEntry {
+  TensorSpec spec;
+  uint64_t begin = 0;  // byte offsets within the data section
+  uint64_t end = 0;
+};
+
+class Reader {
+ public:
+  // Opens and validates the header; throws naming the file and the problem.
+  explicit Reader(const std::string& path);
+  const std::vector<TensorEntry>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const TensorEntry* find(const std::string& name) const;
+  // Reads one tensor (its file dtype) into a new CPU tensor.
+  torch::Tensor read(const std::string& name) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  uint64_t data_start_ = 0;
+  std::vector<TensorEntry> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+class Writer {
+ public:
+  // Writes the header for these tensors, in this order, to a temporary file
+  // next to `path`. commit() renames it into place once every tensor has been
+  // written and flushed; a writer destroyed before that removes it.
+  Writer(std::string path, std::vector<TensorSpec> specs, std::map<std::string, std::string> metadata = {});
+  ~Writer();
+  Writer(const Writer&) = delete;
+  Writer& operator=(const Writer&) = delete;
+
+  // The next tensor in the order given; its dtype and shape must match.
+  void write(const torch::Tensor& tensor);
+  void commit();
+
+ private:
+  std::string path_;
+  std::string temp_path_;
+  std::vector<TensorSpec> specs_;
+  size_t next_ = 0;
+  std::FILE* file_ = nullptr;
+};
+
+// The safetensors dtype code ("F32", "BF16", ...) of a scalar type, and back.
+std::string dtype_code(torch::ScalarType type);
+torch::ScalarType scalar_type(const std::string& code);
+
+}  // namespace fsdp::safetensors

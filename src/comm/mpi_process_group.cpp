@@ -1,0 +1,309 @@
+// The MPI backend. Every MPI call of a group runs on that group's own
+// communication thread (the CPU analogue of a CUDA stream): callers enqueue a
+// collective and get a Work back, so compute on the caller's thread overlaps
+// the transfer. Before each collective the ranks exchange a small signature
+// (kind, dtype, element count, root, sequence number); a mismatch fails on
+// every rank with a message naming each rank's call, instead of hanging or
+// reducing garbage.
+
+#include <mpi.h>
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "fsdp/comm.h"
+
+namespace fsdp {
+namespace {
+
+void check_mpi(int code, const char* what) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  TORCH_CHECK(false, "MPI error in ", what, ": ", std::string(text, length));
+}
+
+// MPI has no 16-bit float types: move them as opaque 2-byte elements and sum
+// them with our own operations (in fp32, rounded back once per pair).
+struct HalfTypes {
+  MPI_Datatype bf16, fp16;
+  MPI_Op bf16_sum, fp16_sum;
+};
+
+template <typename T>
+void sum_16bit(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* a = static_cast<const T*>(in);
+  auto* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = static_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+}
+
+const HalfTypes& half_types() {
+  static HalfTypes types = [] {
+    HalfTypes t;
+    MPI_Type_contiguous(2, MPI_BYTE, &t.bf16);
+    MPI_Type_commit(&t.bf16);
+    MPI_Type_contiguous(2, MPI_BYTE, &t.fp16);
+    MPI_Type_commit(&t.fp16);
+    MPI_Op_create(&sum_16bit<c10::BFloat16>, /*commute=*/1, &t.bf16_sum);
+    MPI_Op_create(&sum_16bit<c10::Half>, /*commute=*/1, &t.fp16_sum);
+    return t;
+  }();
+  return types;
+}
+
+MPI_Datatype mpi_type(torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat: return MPI_FLOAT;
+    case torch::kDouble: return MPI_DOUBLE;
+    case torch::kInt: return MPI_INT32_T;
+    case torch::kLong: return MPI_INT64_T;
+    case torch::kByte: return MPI_UINT8_T;
+    case torch::kChar: return MPI_INT8_T;
+    case torch::kBFloat16: return half_types().bf16;
+    case torch::kHalf: return half_types().fp16;
+    default: TORCH_CHECK(false, "collectives support float32/64, bfloat16, float16, int8/32/64 and uint8 tensors, got ", type);
+  }
+}
+
+MPI_Op mpi_sum(torch::ScalarType type) {
+  if (type == torch::kBFloat16) return half_types().bf16_sum;
+  if (type == torch::kHalf) return half_types().fp16_sum;
+  return MPI_SUM;
+}
+
+// What every rank must agree on for one collective call.
+struct Signature {
+  int32_t kind;  // CollectiveKind, or -1 barrier, -2 split
+  int32_t dtype;
+  int64_t count;  // elements per rank (all-gather input, reduce-scatter output)
+  int64_t sequence;
+  int32_t root;
+  int32_t op;
+};
+
+std::string describe(const Signature& s) {
+  std::ostringstream out;
+  if (s.kind == -1) return "barrier";
+  if (s.kind == -2) return "split";
+  out << collective_name(static_cast<CollectiveKind>(s.kind)) << "(" << static_cast<torch::ScalarType>(s.dtype) << ", "
+      << s.count << " elements per rank";
+  if (s.kind == static_cast<int>(CollectiveKind::kBroadcast)) out << ", root " << s.root;
+  if (s.kind == static_cast<int>(CollectiveKind::kReduceScatter) || s.kind == static_cast<int>(CollectiveKind::kAllReduce))
+    out << (s.op == static_cast<int>(ReduceOp::kAvg) ? ", avg" : ", sum");
+  out << ")";
+  return out.str();
+}
+
+bool same_call(const Signature& a, const Signature& b) {
+  return a.kind == b.kind && a.dtype == b.dtype && a.count == b.count && a.sequence == b.sequence && a.root == b.root &&
+         a.op == b.op;
+}
+
+class MpiProcessGroup final : public ProcessGroup {
+ public:
+  explicit MpiProcessGroup(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    worker_ = std::thread([this] { run_worker(); });
+  }
+
+  ~MpiProcessGroup() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    worker_.join();
+    MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  WorkHandle all_gather(torch::Tensor output, torch::Tensor input) override {
+    check_buffer(output, "all_gather output");
+    check_buffer(input, "all_gather input");
+    TORCH_CHECK(output.scalar_type() == input.scalar_type(), "all_gather: output dtype ", output.scalar_type(),
+                " differs from input dtype ", input.scalar_type());
+    TORCH_CHECK(output.numel() == input.numel() * size_, "all_gather: output must hold group size (", size_,
+                ") x input elements (", input.numel(), ") = ", input.numel() * size_, ", found ", output.numel());
+    count(CollectiveKind::kAllGather, output.nbytes());
+    Signature sig = signature(static_cast<int>(CollectiveKind::kAllGather), input, input.numel());
+    return enqueue(sig, [this, output, input] {
+      MPI_Datatype type = mpi_type(input.scalar_type());
+      check_mpi(MPI_Allgather(input.data_ptr(), input.numel(), type, output.data_ptr(), input.numel(), type, comm_),
+                "MPI_Allgather");
+    });
+  }
+
+  WorkHandle reduce_scatter(torch::Tensor output, torch::Tensor input, ReduceOp op) override {
+    check_buffer(output, "reduce_scatter output");
+    check_buffer(input, "reduce_scatter input");
+    TORCH_CHECK(output.scalar_type() == input.scalar_type(), "reduce_scatter: output dtype ", output.scalar_type(),
+                " differs from input dtype ", input.scalar_type());
+    TORCH_CHECK(input.numel() == output.numel() * size_, "reduce_scatter: input must hold group size (", size_,
+                ") x output elements (", output.numel(), ") = ", output.numel() * size_, ", found ", input.numel());
+    check_reducible(input, op);
+    count(CollectiveKind::kReduceScatter, input.nbytes());
+    Signature sig = signature(static_cast<int>(CollectiveKind::kReduceScatter), output, output.numel(), 0, op);
+    return enqueue(sig, [this, output, input, op] {
+      auto type = input.scalar_type();
+      check_mpi(MPI_Reduce_scatter_block(input.data_ptr(), output.data_ptr(), output.numel(), mpi_type(type),
+                                         mpi_sum(type), comm_),
+                "MPI_Reduce_scatter_block");
+      if (op == ReduceOp::kAvg) output.div_(size_);
+    });
+  }
+
+  WorkHandle all_reduce(torch::Tensor tensor, ReduceOp op) override {
+    check_buffer(tensor, "all_reduce tensor");
+    check_reducible(tensor, op);
+    count(CollectiveKind::kAllReduce, tensor.nbytes());
+    Signature sig = signature(static_cast<int>(CollectiveKind::kAllReduce), tensor, tensor.numel(), 0, op);
+    return enqueue(sig, [this, tensor, op] {
+      auto type = tensor.scalar_type();
+      check_mpi(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), tensor.numel(), mpi_type(type), mpi_sum(type), comm_),
+                "MPI_Allreduce");
+      if (op == ReduceOp::kAvg) tensor.div_(size_);
+    });
+  }
+
+  WorkHandle broadcast(torch::Tensor tensor, int root) override {
+    check_buffer(tensor, "broadcast tensor");
+    TORCH_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of a group of size ", size_);
+    count(CollectiveKind::kBroadcast, tensor.nbytes());
+    Signature sig = signature(static_cast<int>(CollectiveKind::kBroadcast), tensor, tensor.numel(), root);
+    return enqueue(sig, [this, tensor, root] {
+      check_mpi(MPI_Bcast(tensor.data_ptr(), tensor.numel(), mpi_type(tensor.scalar_type()), root, comm_),
+                "MPI_Bcast");
+    });
+  }
+
+  WorkHandle barrier() override {
+    Signature sig{-1, 0, 0, 0, 0, 0};
+    return enqueue(sig, [this] { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); });
+  }
+
+  std::shared_ptr<ProcessGroup> split(int color, int key) override {
+    TORCH_CHECK(color >= 0, "split: color must be non-negative, got ", color);
+    auto new_comm = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+    Signature sig{-2, 0, 0, 0, 0, 0};
+    enqueue(sig, [this, color, key, new_comm] {
+      check_mpi(MPI_Comm_split(comm_, color, key, new_comm.get()), "MPI_Comm_split");
+    })->wait();
+    return std::make_shared<MpiProcessGroup>(*new_comm);
+  }
+
+ private:
+  struct Task {
+    Signature signature;
+    std::function<void()> body;
+    std::promise<void> done;
+  };
+
+  static void check_buffer(const torch::Tensor& t, const char* what) {
+    TORCH_CHECK(t.defined(), what, " is undefined");
+    TORCH_CHECK(t.device().is_cpu(), "the MPI backend moves CPU tensors; ", what, " is on ", t.device());
+    TORCH_CHECK(t.is_contiguous(), what, " must be contiguous");
+  }
+
+  static void check_reducible(const torch::Tensor& t, ReduceOp op) {
+    TORCH_CHECK(op != ReduceOp::kAvg || t.is_floating_point(), "an average needs a floating-point tensor, got ",
+                t.scalar_type());
+  }
+
+  Signature signature(int kind, const torch::Tensor& t, int64_t count, int root = 0, ReduceOp op = ReduceOp::kSum) {
+    return Signature{kind, static_cast<int32_t>(t.scalar_type()), count, 0, root, static_cast<int32_t>(op)};
+  }
+
+  WorkHandle enqueue(Signature sig, std::function<void()> body) {
+    Task task{sig, std::move(body), {}};
+    std::shared_future<void> done = task.done.get_future().share();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      task.signature.sequence = next_sequence_++;
+      queue_.push_back(std::move(task));
+    }
+    wake_.notify_one();
+    return std::make_shared<Work>(std::move(done), &wait_seconds_);
+  }
+
+  void run_worker() {
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and everything issued has run
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      try {
+        check_signatures(task.signature);
+        task.body();
+        task.done.set_value();
+      } catch (...) {
+        task.done.set_exception(std::current_exception());
+      }
+    }
+  }
+
+  void check_signatures(const Signature& mine) {
+    std::vector<Signature> all(size_);
+    check_mpi(MPI_Allgather(&mine, sizeof(Signature), MPI_BYTE, all.data(), sizeof(Signature), MPI_BYTE, comm_),
+              "MPI_Allgather (collective signature check)");
+    bool match = true;
+    for (const auto& s : all) match = match && same_call(s, all[0]);
+    if (match) return;
+    std::ostringstream msg;
+    msg << "collective call #" << mine.sequence << " does not match across the " << size_ << " ranks of the group:";
+    for (int r = 0; r < size_; ++r) msg << "\n  rank " << r << ": " << describe(all[r]) << " (call #" << all[r].sequence << ")";
+    TORCH_CHECK(false, msg.str());
+  }
+
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::thread worker_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Task> queue_;
+  int64_t next_sequence_ = 0;
+  bool stopping_ = false;
+};
+
+}  // namespace
+
+MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  TORCH_CHECK(!initialized, "MPI is already initialized: create one MpiEnvironment per process");
+  int provided = 0;
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  TORCH_CHECK(provided >= MPI_THREAD_MULTIPLE,
+              "this MPI library does not grant MPI_THREAD_MULTIPLE (needed for one communication thread per group); "
+              "granted level ",
+              provided);
+  MPI_Comm world;
+  MPI_Comm_dup(MPI_COMM_WORLD, &world);
+  world_ = std::make_shared<MpiProcessGroup>(world);
+}
+
+MpiEnvironment::~MpiEnvironment() {
+  world_.reset();
+  MPI_Finalize();
+}
+
+void MpiEnvironment::abort(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }
+
+}  // namespace fsdp

@@ -1,0 +1,68 @@
+// The backend-independent parts of process groups: work handles and byte counters.
+#include "fsdp/comm.h"
+
+#include <c10/util/Exception.h>
+
+namespace fsdp {
+
+const char* collective_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllReduce: return "all_reduce";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kCount: break;
+  }
+  return "unknown";
+}
+
+Work::Work(std::shared_future<void> done, std::atomic<double>* wait_seconds)
+    : done_(std::move(done)), wait_seconds_(wait_seconds) {}
+
+void Work::wait() {
+  if (!is_completed()) {
+    auto start = std::chrono::steady_clock::now();
+    done_.wait();
+    double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // atomic<double> has no fetch_add before C++20.
+    double seen = wait_seconds_->load();
+    while (!wait_seconds_->compare_exchange_weak(seen, seen + waited)) {
+    }
+  }
+  done_.get();  // rethrows the collective's error, if any
+}
+
+bool Work::is_completed() const {
+  return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+int64_t CommStats::total_bytes() const {
+  int64_t total = 0;
+  for (int64_t b : bytes) total += b;
+  return total;
+}
+
+CommStats ProcessGroup::stats() const {
+  CommStats s;
+  for (size_t i = 0; i < bytes_.size(); ++i) {
+    s.bytes[i] = bytes_[i].load();
+    s.calls[i] = calls_[i].load();
+  }
+  s.wait_seconds = wait_seconds_.load();
+  return s;
+}
+
+void ProcessGroup::reset_stats() {
+  for (size_t i = 0; i < bytes_.size(); ++i) {
+    bytes_[i] = 0;
+    calls_[i] = 0;
+  }
+  wait_seconds_ = 0.0;
+}
+
+void ProcessGroup::count(CollectiveKind kind, int64_t bytes) {
+  bytes_[static_cast<size_t>(kind)] += bytes;
+  calls_[static_cast<size_t>(kind)] += 1;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,187 @@
+// The unit lifecycle: the state machine, the autograd hooks that drive it,
+// and the end-of-backward callback that completes every gradient reduction.
+
+#include "fsdp/fully_shard.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+
+#include <iostream>
+#include <mutex>
+#include <unordered_map>
+
+namespace fsdp {
+namespace {
+
+std::mutex registry_mutex;
+std::unordered_map<const torch::nn::Module*, Unit*>& registry() {
+  static std::unordered_map<const torch::nn::Module*, Unit*> units;
+  return units;
+}
+
+// Fires after autograd has accumulated one parameter's gradient.
+struct GradientReadyHook final : torch::autograd::FunctionPostHook {
+  explicit GradientReadyHook(Unit* unit) : unit(unit) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    unit->on_gradient_ready();
+    return outputs;
+  }
+  Unit* unit;
+};
+
+std::vector<std::shared_ptr<torch::autograd::Node>> make_accumulators(
+    const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  for (const auto& [name, param] : params) {
+    if (!param.requires_grad()) continue;  // frozen: no gradient to wait for
+    TORCH_CHECK(param.is_leaf(), "parameter '", name, "' is not a leaf tensor and cannot be sharded");
+    accumulators.push_back(torch::autograd::impl::grad_accumulator(param));
+  }
+  return accumulators;
+}
+
+}  // namespace
+
+const char* unit_state_name(UnitState state) {
+  switch (state) {
+    case UnitState::kSharded: return "SHARDED";
+    case UnitState::kUnshardedForward: return "UNSHARDED (forward)";
+    case UnitState::kUnshardedBackward: return "UNSHARDED (backward)";
+  }
+  return "unknown";
+}
+
+Unit::Unit(FsdpState* owner, UnitPlan plan, ProcessGroupPtr group)
+    : owner_(owner),
+      name_(std::move(plan.name)),
+      module_(plan.module),
+      grad_accumulators_(make_accumulators(plan.params)),
+      flat_(std::move(plan.params), std::move(group)) {
+  for (auto& accumulator : grad_accumulators_) accumulator->add_post_hook(std::make_unique<GradientReadyHook>(this));
+}
+
+std::string Unit::display_name() const { return name_.empty() ? "<root>" : name_; }
+
+void Unit::transition(UnitState from, UnitState to) {
+  TORCH_CHECK(state_ == from, "FSDP unit '", display_name(), "': illegal transition to ", unit_state_name(to),
+              " from ", unit_state_name(state_), " (expected ", unit_state_name(from),
+              "). Is the unit's module called outside fsdp::unit_forward, or twice in one forward?");
+  state_ = to;
+}
+
+void Unit::pre_forward() {
+  transition(UnitState::kSharded, UnitState::kUnshardedForward);
+  flat_.unshard();
+}
+
+void Unit::post_forward() {
+  transition(UnitState::kUnshardedForward, UnitState::kSharded);
+  flat_.reshard();
+}
+
+void Unit::pre_backward() {
+  // A unit with several outputs hears this once per output; the first wins.
+  if (state_ == UnitState::kUnshardedBackward) return;
+  owner_->on_backward_event();
+  transition(UnitState::kSharded, UnitState::kUnshardedBackward);
+  flat_.unshard();
+  gradients_pending_ = static_cast<int64_t>(grad_accumulators_.size());
+}
+
+void Unit::on_gradient_ready() {
+  TORCH_CHECK(state_ == UnitState::kUnshardedBackward, "FSDP unit '", display_name(),
+              "': a parameter gradient arrived while the unit is ", unit_state_name(state_),
+              "; its parameters were used outside the unit's forward");
+  if (--gradients_pending_ == 0) post_backward();
+}
+
+void Unit::post_backward() {
+  transition(UnitState::kUnshardedBackward, UnitState::kSharded);
+  flat_.start_reduce_gradients();
+  flat_.reshard();
+}
+
+FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr group, FullyShardOptions options)
+    : module_(std::move(module)), group_(std::move(group)) {
+  TORCH_CHECK(module_, "fully_shard: the module is null");
+  TORCH_CHECK(group_, "fully_shard: the process group is null");
+  std::vector<UnitPlan> plans = plan_units(*module_, options.wrap_policy());
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  for (auto& plan : plans) {
+    TORCH_CHECK(!registry().count(plan.module), "fully_shard: module '", plan.name.empty() ? "<root>" : plan.name,
+                "' is already part of a sharded model");
+  }
+  for (auto& plan : plans) {
+    units_.push_back(std::make_unique<Unit>(this, std::move(plan), group_));
+    registry()[units_.back()->module()] = units_.back().get();
+  }
+}
+
+FsdpState::~FsdpState() {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  for (auto& unit : units_) registry().erase(unit->module());
+}
+
+std::vector<torch::Tensor> FsdpState::parameters() const {
+  std::vector<torch::Tensor> shards;
+  for (const auto& unit : units_) shards.push_back(unit->flat_param().shard());
+  return shards;
+}
+
+void FsdpState::check_idle() const {
+  for (const auto& unit : units_) {
+    TORCH_CHECK(unit->state() == UnitState::kSharded && !unit->flat_param().is_unsharded(), "FSDP unit '",
+                unit->display_name(), "' is ", unit_state_name(unit->state()), " between steps (expected SHARDED)");
+    TORCH_CHECK(!unit->flat_param().reduce_pending(), "FSDP unit '", unit->display_name(),
+                "' still has a gradient reduction in flight between steps");
+  }
+}
+
+void FsdpState::on_backward_event() {
+  if (backward_callback_queued_) return;
+  backward_callback_queued_ = true;
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+}
+
+void FsdpState::finish_backward() {
+  backward_callback_queued_ = false;
+  // Units some of whose parameters got no gradient in this pass never
+  // counted down to zero: reduce them now (missing gradients count as zero).
+  for (auto& unit : units_) {
+    if (unit->state() == UnitState::kUnshardedBackward) unit->post_backward();
+  }
+  for (auto& unit : units_) {
+    if (unit->flat_param().reduce_pending()) unit->flat_param().finish_reduce_gradients();
+  }
+}
+
+namespace detail {
+
+Unit* find_unit(const torch::nn::Module* module) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = registry().find(module);
+  return it == registry().end() ? nullptr : it->second;
+}
+
+UnitForwardScope::UnitForwardScope(const torch::nn::Module* module) : unit_(find_unit(module)) {
+  if (unit_) unit_->pre_forward();
+}
+
+UnitForwardScope::~UnitForwardScope() {
+  if (!unit_ || unit_->state() != UnitState::kUnshardedForward) return;
+  try {
+    unit_->post_forward();
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp: resharding unit '" << unit_->display_name() << "' failed: " << e.what() << "\n";
+  }
+}
+
+void UnitForwardScope::watch_output(const torch::Tensor& output) const {
+  if (!unit_ || !output.defined() || !output.requires_grad()) return;
+  Unit* unit = unit_;
+  output.register_hook([unit](const torch::Tensor&) { unit->pre_backward(); });
+}
+
+}  // namespace detail
+}  // namespace fsdp

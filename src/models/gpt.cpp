@@ -1,0 +1,138 @@
+// The reference GPT (shared/spec/gpt.md). Blocks are called through
+// fsdp::unit_forward: that one line per block is the unit boundary.
+
+#include "fsdp/gpt.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "fsdp/fully_shard.h"
+
+namespace fsdp::models {
+
+GPTConfig GPTConfig::preset(const std::string& name) {
+  GPTConfig c;
+  if (name == "tiny") {
+    c.vocab = 256, c.context = 32, c.layers = 2, c.heads = 4, c.width = 64, c.batch = 4;
+  } else if (name == "small") {
+    c.vocab = 256, c.context = 128, c.layers = 4, c.heads = 8, c.width = 256, c.batch = 8;
+  } else if (name == "medium") {
+    c.vocab = 256, c.context = 256, c.layers = 8, c.heads = 8, c.width = 512, c.batch = 4;
+  } else if (name == "large") {
+    c.vocab = 256, c.context = 256, c.layers = 12, c.heads = 16, c.width = 1024, c.batch = 2;
+  } else {
+    TORCH_CHECK(false, "unknown preset '", name, "': expected tiny, small, medium or large");
+  }
+  return c;
+}
+
+void GPTConfig::validate() const {
+  TORCH_CHECK(vocab > 0 && context > 0 && layers > 0 && heads > 0 && width > 0 && batch > 0,
+              "every model dimension must be positive, got ", describe());
+  TORCH_CHECK(width % heads == 0, "the width (", width, ") must be a multiple of the number of heads (", heads, ")");
+}
+
+std::string GPTConfig::describe() const {
+  std::ostringstream s;
+  s << "vocab " << vocab << ", context " << context << ", layers " << layers << ", heads " << heads << ", width "
+    << width << ", batch " << batch;
+  return s.str();
+}
+
+AttentionImpl::AttentionImpl(const GPTConfig& c) : heads_(c.heads) {
+  c_attn = register_module("c_attn", torch::nn::Linear(c.width, 3 * c.width));
+  c_proj = register_module("c_proj", torch::nn::Linear(c.width, c.width));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hs = C / heads_;
+  auto qkv = c_attn(x).split(C, /*dim=*/2);
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, heads_, hs}).transpose(1, 2); };
+  torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));
+  torch::Tensor future = torch::ones({T, T}, torch::kBool).triu(1);
+  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  torch::Tensor y = torch::matmul(torch::softmax(scores, -1), v);
+  return c_proj(y.transpose(1, 2).contiguous().view({B, T, C}));
+}
+
+MLPImpl::MLPImpl(const GPTConfig& c) {
+  c_fc = register_module("c_fc", torch::nn::Linear(c.width, 4 * c.width));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * c.width, c.width));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return c_proj(torch::gelu(c_fc(x), "tanh")); }
+
+BlockImpl::BlockImpl(const GPTConfig& c) {
+  auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.width}).eps(1e-5)); };
+  ln_1 = register_module("ln_1", ln());
+  attn = register_module("attn", Attention(c));
+  ln_2 = register_module("ln_2", ln());
+  mlp = register_module("mlp", MLP(c));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  torch::Tensor h = x + attn(ln_1(x));
+  return h + mlp(ln_2(h));
+}
+
+TransformerImpl::TransformerImpl(const GPTConfig& c) {
+  wte = register_module("wte", torch::nn::Embedding(c.vocab, c.width));
+  wpe = register_module("wpe", torch::nn::Embedding(c.context, c.width));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.layers; ++i) h->push_back(Block(c));
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.width}).eps(1e-5)));
+}
+
+TiedLMHeadImpl::TiedLMHeadImpl(const torch::Tensor& tied_weight) {
+  weight = register_parameter("weight", tied_weight);
+}
+
+torch::Tensor TiedLMHeadImpl::forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight); }
+
+GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
+  config_.validate();
+  transformer = register_module("transformer", Transformer(config_));
+  lm_head = register_module("lm_head", TiedLMHead(transformer->wte->weight));
+}
+
+torch::Tensor GPTImpl::logits(const torch::Tensor& idx) {
+  const int64_t T = idx.size(1);
+  TORCH_CHECK(T <= config_.context, "sequence length ", T, " exceeds the context ", config_.context);
+  torch::Tensor x = transformer->wte(idx) + transformer->wpe(torch::arange(T, torch::kLong));
+  for (const auto& block : *transformer->h) x = fsdp::unit_forward(*block->as<BlockImpl>(), x);
+  return lm_head(transformer->ln_f(x));
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
+  torch::Tensor out = logits(idx);
+  return torch::nn::functional::cross_entropy(out.view({-1, out.size(-1)}), targets.reshape({-1}));
+}
+
+void GPTImpl::init_weights(uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed);
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.layers));
+  for (auto& [name, param] : fsdp::unique_named_parameters(*this)) {  // the tied weight once
+    auto ends_with = [&](const std::string& suffix) {
+      return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (ends_with(".bias")) {
+      param.zero_();
+    } else if (ends_with("ln_1.weight") || ends_with("ln_2.weight") || ends_with("ln_f.weight")) {
+      param.fill_(1.0);
+    } else if (ends_with("c_proj.weight")) {
+      param.normal_(0.0, proj_std);
+    } else {
+      param.normal_(0.0, 0.02);
+    }
+  }
+}
+
+int64_t GPTImpl::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : fsdp::unique_named_parameters(*this)) n += p.second.numel();
+  return n;
+}
+
+}  // namespace fsdp::models

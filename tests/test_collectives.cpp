@@ -1,0 +1,159 @@
+// The MPI process group: results for uneven and padded sizes, every dtype
+// path, sub-groups, byte counters, and mismatched calls failing on every rank.
+
+#include <gtest/gtest.h>
+
+#include "fsdp/comm.h"
+#include "fsdp/error.h"
+#include "mpi_test_env.h"
+
+using fsdp::ReduceOp;
+using fsdp::testing::world_group;
+
+namespace {
+
+int64_t padded_shard(int64_t numel, int world) { return (numel + world - 1) / world; }
+
+// Rank r's contribution: distinct per rank and element, exact in float.
+torch::Tensor rank_values(int rank, int64_t n, torch::ScalarType type = torch::kFloat) {
+  return (torch::arange(n, torch::kDouble) + 1000.0 * rank).to(type);
+}
+
+}  // namespace
+
+TEST(Collectives, AllGatherUnevenSizesWithPadding) {
+  const int W = world_group->size(), r = world_group->rank();
+  for (int64_t numel : {1, 7, 10, 1023}) {  // none a multiple of 4, some below W
+    const int64_t shard = padded_shard(numel, W);
+    // Every rank's slice of the same padded flat vector [0, 1, ..., numel-1, 0...].
+    torch::Tensor flat = torch::zeros({shard * W});
+    flat.narrow(0, 0, numel).copy_(torch::arange(numel, torch::kFloat));
+    torch::Tensor input = flat.narrow(0, r * shard, shard).clone();
+    torch::Tensor output = torch::full({shard * W}, -1.0f);
+    world_group->all_gather(output, input)->wait();
+    EXPECT_TRUE(torch::equal(output, flat)) << "numel " << numel;
+  }
+}
+
+TEST(Collectives, ReduceScatterSumAndAverage) {
+  const int W = world_group->size(), r = world_group->rank();
+  for (int64_t numel : {3, 10, 1001}) {
+    const int64_t shard = padded_shard(numel, W);
+    torch::Tensor input = torch::zeros({shard * W}, torch::kDouble);
+    input.narrow(0, 0, numel).copy_(rank_values(r, numel, torch::kDouble));
+    torch::Tensor expected_full = torch::zeros({shard * W}, torch::kDouble);
+    for (int q = 0; q < W; ++q) expected_full.narrow(0, 0, numel).add_(rank_values(q, numel, torch::kDouble));
+    torch::Tensor expected = expected_full.narrow(0, r * shard, shard);
+
+    torch::Tensor sum = torch::empty({shard}, torch::kDouble);
+    world_group->reduce_scatter(sum, input, ReduceOp::kSum)->wait();
+    EXPECT_TRUE(torch::equal(sum, expected)) << "numel " << numel;
+
+    torch::Tensor avg = torch::empty({shard}, torch::kDouble);
+    world_group->reduce_scatter(avg, input, ReduceOp::kAvg)->wait();
+    EXPECT_TRUE(torch::allclose(avg, expected / W)) << "numel " << numel;
+    // Padding reduces to exactly zero.
+    if (r == W - 1 && shard * W > numel) {
+      EXPECT_EQ(sum.narrow(0, numel - r * shard, shard * W - numel).abs().sum().item<double>(), 0.0);
+    }
+  }
+}
+
+TEST(Collectives, AllReduceBroadcastAndHalfTypes) {
+  const int W = world_group->size(), r = world_group->rank();
+  for (auto type : {torch::kFloat, torch::kDouble, torch::kLong, torch::kBFloat16, torch::kHalf}) {
+    torch::Tensor t = torch::full({5}, r + 1).to(type);
+    world_group->all_reduce(t, ReduceOp::kSum)->wait();
+    EXPECT_EQ(t.to(torch::kDouble)[0].item<double>(), W * (W + 1) / 2.0) << type;
+  }
+  torch::Tensor avg = torch::full({3}, static_cast<double>(r));
+  world_group->all_reduce(avg, ReduceOp::kAvg)->wait();
+  EXPECT_NEAR(avg[0].item<double>(), (W - 1) / 2.0, 1e-6);
+
+  torch::Tensor b = rank_values(r, 9);
+  world_group->broadcast(b, W - 1)->wait();
+  EXPECT_TRUE(torch::equal(b, rank_values(W - 1, 9)));
+
+  torch::Tensor gathered = torch::empty({4 * W}, torch::kBFloat16);
+  world_group->all_gather(gathered, torch::full({4}, r).to(torch::kBFloat16))->wait();
+  for (int q = 0; q < W; ++q) EXPECT_EQ(gathered[4 * q].item<double>(), q);
+}
+
+TEST(Collectives, AsyncWorkOverlapsAndCompletesInOrder) {
+  const int W = world_group->size();
+  std::vector<fsdp::WorkHandle> works;
+  std::vector<torch::Tensor> outs;
+  for (int i = 0; i < 8; ++i) {
+    outs.push_back(torch::empty({W * 1000}));
+    works.push_back(world_group->all_gather(outs.back(), torch::full({1000}, static_cast<float>(i))));
+  }
+  for (int i = 0; i < 8; ++i) {
+    works[i]->wait();
+    EXPECT_TRUE(works[i]->is_completed());
+    EXPECT_EQ(outs[i].min().item<float>(), i);
+  }
+}
+
+TEST(Collectives, SubGroups) {
+  const int W = world_group->size(), r = world_group->rank();
+  if (W < 2) GTEST_SKIP() << "needs 2 ranks";
+  // Two "nodes": even and odd ranks.
+  auto node = world_group->split(r % 2, r);
+  EXPECT_EQ(node->size(), (W + 1 - r % 2) / 2);
+  EXPECT_EQ(node->rank(), r / 2);
+  torch::Tensor t = torch::full({2}, static_cast<double>(r));
+  node->all_reduce(t, ReduceOp::kSum)->wait();
+  double expected = 0;
+  for (int q = r % 2; q < W; q += 2) expected += q;
+  EXPECT_EQ(t[0].item<double>(), expected);
+}
+
+TEST(Collectives, CountsBytesPerKind) {
+  const int W = world_group->size();
+  auto group = world_group->split(0, world_group->rank());  // fresh counters
+  group->all_gather(torch::empty({3 * W}), torch::zeros({3}))->wait();
+  group->reduce_scatter(torch::empty({5}), torch::zeros({5 * W}), ReduceOp::kAvg)->wait();
+  group->all_reduce(torch::zeros({7}, torch::kDouble), ReduceOp::kSum)->wait();
+  auto stats = group->stats();
+  EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kAllGather)], 3 * W * 4);
+  EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kReduceScatter)], 5 * W * 4);
+  EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kAllReduce)], 7 * 8);
+  EXPECT_EQ(stats.calls[static_cast<int>(fsdp::CollectiveKind::kAllGather)], 1);
+}
+
+TEST(Collectives, MismatchedSizesFailOnEveryRank) {
+  const int W = world_group->size(), r = world_group->rank();
+  if (W < 2) GTEST_SKIP() << "needs 2 ranks";
+  // Rank 0 gathers 4 elements per rank, the others 5: every rank must throw,
+  // naming both calls, and the group must stay usable afterwards.
+  const int64_t n = r == 0 ? 4 : 5;
+  try {
+    world_group->all_gather(torch::empty({n * W}), torch::zeros({n}))->wait();
+    ADD_FAILURE() << "a mismatched all_gather did not throw";
+  } catch (const std::exception& e) {
+    std::string msg = fsdp::error_message(e);
+    EXPECT_NE(msg.find("does not match"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 0: all_gather(Float, 4 elements per rank)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 1: all_gather(Float, 5 elements per rank)"), std::string::npos) << msg;
+  }
+  // Different dtypes.
+  torch::Tensor t = r == 0 ? torch::zeros({4}, torch::kFloat) : torch::zeros({4}, torch::kDouble);
+  EXPECT_THROW(world_group->all_reduce(t, ReduceOp::kSum)->wait(), c10::Error);
+  // Different kinds of collective.
+  if (r == 0) {
+    EXPECT_THROW(world_group->broadcast(torch::zeros({4}), 0)->wait(), c10::Error);
+  } else {
+    EXPECT_THROW(world_group->all_reduce(torch::zeros({4}), ReduceOp::kSum)->wait(), c10::Error);
+  }
+  torch::Tensor ok = torch::ones({2});
+  world_group->all_reduce(ok, ReduceOp::kSum)->wait();
+  EXPECT_EQ(ok[0].item<float>(), W);
+}
+
+TEST(Collectives, LocalMisuseIsRefusedBeforeAnyCommunication) {
+  const int W = world_group->size();
+  EXPECT_THROW(world_group->all_gather(torch::empty({W * 3 + 1}), torch::zeros({3})), c10::Error);
+  EXPECT_THROW(world_group->reduce_scatter(torch::empty({3}), torch::zeros({3 * W}, torch::kLong), ReduceOp::kAvg),
+               c10::Error);
+  EXPECT_THROW(world_group->broadcast(torch::zeros({2}), W), c10::Error);
+}

@@ -1,0 +1,279 @@
+// fsdp-train: trains the reference GPT with FULL_SHARD over the MPI ranks it
+// is started on (through fsdp-run). Rank 0 prints progress and a summary and
+// writes the log and the final weights.
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "fsdp/comm.h"
+#include "fsdp/error.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/gpt.h"
+#include "fsdp/memory.h"
+#include "fsdp/state_dict.h"
+#include "fsdp/token_data.h"
+
+namespace {
+
+using fsdp::memory::Category;
+using Clock = std::chrono::steady_clock;
+
+struct TrainOptions {
+  std::string preset = "small";
+  std::optional<int64_t> vocab, context, layers, heads, width, batch;
+  int64_t steps = 200;
+  double lr = 1e-3;
+  uint64_t seed = 1337;
+  std::string data;
+  std::string init_from;
+  std::string save_final;
+  std::string log;
+  int threads = 0;
+  int64_t print_every = 0;
+};
+
+// What each rank reports after a step, gathered to rank 0.
+enum RankFigure { kModelState, kPeakTensors, kParamShards, kGradShards, kOptimizer, kNumFigures };
+
+std::string human_bytes(int64_t bytes) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(2) << bytes / (1024.0 * 1024.0) << " MiB";
+  return s.str();
+}
+
+std::string human_seconds(double seconds) {
+  std::ostringstream s;
+  int64_t total = static_cast<int64_t>(seconds + 0.5);
+  if (total >= 3600) s << total / 3600 << "h";
+  if (total >= 60) s << (total / 60) % 60 << "m";
+  s << total % 60 << "s";
+  return s.str();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+int default_threads(int world) {
+  for (const char* var : {"FSDP_THREADS_PER_RANK", "OMP_NUM_THREADS"}) {
+    if (const char* value = std::getenv(var)) {
+      int n = std::atoi(value);
+      if (n > 0) return n;
+    }
+  }
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world);
+}
+
+fsdp::models::GPTConfig make_config(const TrainOptions& o) {
+  auto c = fsdp::models::GPTConfig::preset(o.preset);
+  if (o.vocab) c.vocab = *o.vocab;
+  if (o.context) c.context = *o.context;
+  if (o.layers) c.layers = *o.layers;
+  if (o.heads) c.heads = *o.heads;
+  if (o.width) c.width = *o.width;
+  if (o.batch) c.batch = *o.batch;
+  c.validate();
+  return c;
+}
+
+// Everything a run needs, built and checked before the first collective of
+// training, so that bad input fails on every rank alike.
+struct Run {
+  fsdp::models::GPTConfig config;
+  std::unique_ptr<fsdp::models::TokenData> data;
+  fsdp::models::GPT model{nullptr};
+  std::ofstream log;
+};
+
+Run prepare(const TrainOptions& o, int rank) {
+  Run run;
+  run.config = make_config(o);
+  TORCH_CHECK(o.steps > 0, "--steps must be positive, got ", o.steps);
+  TORCH_CHECK(o.lr > 0, "--lr must be positive, got ", o.lr);
+  std::string data_path = o.data.empty() ? std::string(FSDP_DEFAULT_CORPUS) : o.data;
+  TORCH_CHECK(!o.data.empty() || std::ifstream(data_path).good(), "the built-in default corpus '", data_path,
+              "' is missing: run scripts/setup.sh, or pass --data FILE");
+  run.data = std::make_unique<fsdp::models::TokenData>(data_path, run.config.context, run.config.vocab);
+  run.model = fsdp::models::GPT(run.config);
+  run.model->init_weights(o.seed);
+  if (!o.init_from.empty()) fsdp::load_full_weights(*run.model, o.init_from);
+  if (rank == 0 && !o.log.empty()) {
+    run.log.open(o.log, std::ios::trunc);
+    TORCH_CHECK(run.log, "cannot open the log file '", o.log, "' for writing");
+  }
+  return run;
+}
+
+int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
+  const int rank = world->rank(), W = world->size();
+  const auto& c = run.config;
+  const int64_t num_params = run.model->num_parameters();
+  auto model = fsdp::fully_shard(run.model, world,
+                                 fsdp::FullyShardOptions().wrap_policy(
+                                     fsdp::module_type_policy<fsdp::models::BlockImpl>()));
+  torch::optim::AdamW optimizer(model.parameters(),
+                                torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0));
+
+  const int64_t tokens_per_step = c.batch * c.context * W;
+  const int64_t print_every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 20);
+  if (rank == 0) {
+    std::cout << "fsdp-train: GPT " << o.preset << " (" << c.describe() << "), " << num_params << " parameters\n"
+              << "  FULL_SHARD over " << W << " rank(s), " << model.state().units().size() << " units, "
+              << torch::get_num_threads() << " thread(s) per rank, " << tokens_per_step << " tokens per step\n"
+              << "  data: " << run.data->path() << " (" << run.data->size() << " tokens)\n"
+              << std::flush;
+  }
+
+  std::vector<double> step_times;
+  std::vector<int64_t> last_figures(kNumFigures * W, 0), max_peak(W, 0);
+  double final_loss = 0.0;
+  const auto run_start = Clock::now();
+  for (int64_t step = 0; step < o.steps; ++step) {
+    fsdp::memory::reset_peaks();
+    const auto start = Clock::now();
+    auto [x, y] = run.data->batch(step, /*micro=*/0, rank, W, /*accum=*/1, c.batch);
+    torch::Tensor loss = model.forward(x, y);
+    loss.backward();
+    {
+      fsdp::memory::MemoryCategoryScope scope(Category::kOptimizerState);
+      optimizer.step();
+    }
+    optimizer.zero_grad();
+    model.state().check_idle();
+    // The loss of the step is the global-batch mean: the mean of the ranks' means.
+    torch::Tensor global_loss = loss.detach().clone();
+    world->all_reduce(global_loss, fsdp::ReduceOp::kAvg)->wait();
+    const double step_s = std::chrono::duration<double>(Clock::now() - start).count();
+
+    auto usage = fsdp::memory::usage();
+    torch::Tensor mine = torch::tensor({usage.model_state(), usage.peak_total, usage.live(Category::kParameterShard),
+                                        usage.live(Category::kGradientShard), usage.live(Category::kOptimizerState)},
+                                       torch::kLong);
+    torch::Tensor all = torch::empty({kNumFigures * W}, torch::kLong);
+    world->all_gather(all, mine)->wait();
+    final_loss = global_loss.item<double>();
+    if (step > 0 || o.steps == 1) step_times.push_back(step_s);
+    if (rank != 0) continue;
+
+    std::vector<int64_t> figures(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
+    last_figures = figures;
+    std::vector<int64_t> model_state(W), peak(W);
+    for (int r = 0; r < W; ++r) {
+      model_state[r] = figures[r * kNumFigures + kModelState];
+      peak[r] = figures[r * kNumFigures + kPeakTensors];
+      max_peak[r] = std::max(max_peak[r], peak[r]);
+    }
+    const double tokens_per_s = tokens_per_step / step_s;
+    if (run.log.is_open()) {
+      nlohmann::json line = {{"step", step + 1},           {"loss", final_loss},
+                             {"step_s", step_s},           {"tokens_per_s", tokens_per_s},
+                             {"lr", o.lr},                 {"world_size", W},
+                             {"model_state_bytes", model_state}, {"peak_tensor_bytes", peak}};
+      run.log << line.dump() << "\n" << std::flush;
+    }
+    if ((step + 1) % print_every == 0 || step == 0 || step + 1 == o.steps) {
+      const double typical = step_times.empty() ? step_s : median(step_times);
+      std::cout << "step " << std::setw(5) << step + 1 << "/" << o.steps << " | loss " << std::fixed
+                << std::setprecision(4) << final_loss << " | " << std::setprecision(0) << tokens_per_s << " tok/s | "
+                << std::setprecision(3) << step_s << " s/step | ETA "
+                << human_seconds(typical * static_cast<double>(o.steps - step - 1)) << "\n"
+                << std::flush;
+    }
+  }
+  const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
+
+  if (!o.save_final.empty()) {
+    fsdp::save_full_weights(model.state(), o.save_final,
+                            {{"format", "pt"}, {"model", "gpt"}, {"config", c.describe()}, {"steps", std::to_string(o.steps)}});
+  }
+  if (rank == 0) {
+    const double typical = median(step_times);
+    std::cout << "\n== summary ==\n"
+              << "final loss        " << std::fixed << std::setprecision(4) << final_loss << " after " << o.steps
+              << " steps\n"
+              << "throughput        " << std::setprecision(0) << tokens_per_step / typical << " tokens/s (median step "
+              << std::setprecision(3) << typical << " s, first step excluded); wall " << std::setprecision(1)
+              << elapsed << " s\n"
+              << "per-rank memory   (exact tensor bytes from the counting allocator)\n";
+    for (int r = 0; r < W; ++r) {
+      const int64_t* f = &last_figures[r * kNumFigures];
+      std::cout << "  rank " << r << ": model state " << human_bytes(f[kModelState]) << " (params "
+                << human_bytes(f[kParamShards]) << ", grads " << human_bytes(f[kGradShards]) << ", optimizer "
+                << human_bytes(f[kOptimizer]) << "), peak tensors " << human_bytes(max_peak[r]) << "\n";
+    }
+    std::cout << "  full model state on one process would be " << human_bytes(16 * num_params)
+              << " (16 bytes x parameters)\n";
+    if (!o.save_final.empty()) std::cout << "saved final weights to " << o.save_final << "\n";
+    std::cout << std::flush;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fsdp::memory::install_counting_allocator();
+  fsdp::MpiEnvironment mpi(&argc, &argv);
+  const auto world = mpi.world();
+  const int rank = world->rank();
+
+  TrainOptions o;
+  CLI::App app{"Train the reference GPT with fully sharded data parallelism. Start it through fsdp-run."};
+  app.add_option("--preset", o.preset, "tiny, small, medium or large")->capture_default_str();
+  app.add_option("--vocab", o.vocab, "override the preset's vocabulary size");
+  app.add_option("--context", o.context, "override the preset's context length");
+  app.add_option("--layers", o.layers, "override the preset's number of layers");
+  app.add_option("--heads", o.heads, "override the preset's number of heads");
+  app.add_option("--width", o.width, "override the preset's width");
+  app.add_option("--batch", o.batch, "sequences per rank per step (default: the preset's)");
+  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--seed", o.seed, "initialization seed")->capture_default_str();
+  app.add_option("--data", o.data, "token file: raw bytes, or .bin of uint16 tokens (default: built-in corpus)");
+  app.add_option("--init-from", o.init_from, "initial weights (.safetensors, the spec's names)");
+  app.add_option("--save-final", o.save_final, "write the trained weights here (.safetensors)");
+  app.add_option("--log", o.log, "JSON lines, one per step");
+  app.add_option("--threads", o.threads, "LibTorch threads per rank (default: from fsdp-run, else cores / ranks)");
+  app.add_option("--print-every", o.print_every, "progress line interval (default: steps / 20)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Every rank parses the same arguments, so every rank leaves here alike.
+    if (rank == 0) return app.exit(e);
+    return e.get_exit_code();
+  }
+
+  torch::set_num_threads(o.threads > 0 ? o.threads : default_threads(world->size()));
+  Run run;
+  int failed = 0;
+  try {
+    run = prepare(o, rank);
+  } catch (const std::exception& e) {
+    failed = 1;
+    if (rank == 0 || std::string(e.what()).find("log file") != std::string::npos)
+      std::cerr << "fsdp-train: error: " << fsdp::error_message(e) << "\n";
+  }
+  // One rank's setup failure (its log file, say) stops every rank cleanly.
+  torch::Tensor any_failed = torch::tensor({failed}, torch::kInt);
+  world->all_reduce(any_failed, fsdp::ReduceOp::kSum)->wait();
+  if (any_failed.item<int>() > 0) return 1;
+
+  try {
+    return train(o, run, world);
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp-train: rank " << rank << ": error: " << fsdp::error_message(e) << "\n" << std::flush;
+    fsdp::MpiEnvironment::abort(1);
+  }
+}

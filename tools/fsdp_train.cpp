@@ -31,7 +31,7 @@ using Clock = std::chrono::steady_clock;
 struct TrainOptions {
   std::string preset = "small";
   std::optional<int64_t> vocab, context, layers, heads, width, batch;
-  int64_t steps = 200;
+  int64_t steps = 100;
   double lr = 1e-3;
   uint64_t seed = 1337;
   std::string data;

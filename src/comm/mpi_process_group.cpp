@@ -248,12 +248,21 @@ class MpiProcessGroup final : public ProcessGroup {
         task = std::move(queue_.front());
         queue_.pop_front();
       }
+      // The body's captured tensors are released before completion is
+      // signalled: a caller that saw wait() return must also see their memory
+      // freed (memory accounting depends on it).
+      std::exception_ptr error;
       try {
         check_signatures(task.signature);
         task.body();
-        task.done.set_value();
       } catch (...) {
-        task.done.set_exception(std::current_exception());
+        error = std::current_exception();
+      }
+      task.body = nullptr;
+      if (error) {
+        task.done.set_exception(error);
+      } else {
+        task.done.set_value();
       }
     }
   }

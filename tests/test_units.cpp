@@ -1,0 +1,307 @@
+// Single-process tests: the reference GPT against its spec, the data order,
+// safetensors reading and writing, wrap-policy planning, memory accounting.
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "fsdp/error.h"
+#include "fsdp/gpt.h"
+#include "fsdp/memory.h"
+#include "fsdp/safetensors.h"
+#include "fsdp/state_dict.h"
+#include "fsdp/token_data.h"
+#include "fsdp/wrap_policy.h"
+#include "test_helpers.h"
+
+using fsdp::models::GPT;
+using fsdp::models::GPTConfig;
+
+namespace {
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return fsdp::error_message(e);
+  }
+  return "<no error>";
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+std::string le64(uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+}  // namespace
+
+TEST(GPTSpec, ParameterNamesAndShapes) {
+  GPTConfig c = GPTConfig::preset("tiny");
+  GPT model(c);
+  auto params = fsdp::unique_named_parameters(*model);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& [name, p] : params) shapes[name] = p.sizes().vec();
+  const int64_t V = c.vocab, T = c.context, C = c.width;
+  std::map<std::string, std::vector<int64_t>> expected = {
+      {"transformer.wte.weight", {V, C}}, {"transformer.wpe.weight", {T, C}},
+      {"transformer.ln_f.weight", {C}},   {"transformer.ln_f.bias", {C}}};
+  for (int i = 0; i < c.layers; ++i) {
+    std::string b = "transformer.h." + std::to_string(i) + ".";
+    expected[b + "ln_1.weight"] = {C};
+    expected[b + "ln_1.bias"] = {C};
+    expected[b + "attn.c_attn.weight"] = {3 * C, C};
+    expected[b + "attn.c_attn.bias"] = {3 * C};
+    expected[b + "attn.c_proj.weight"] = {C, C};
+    expected[b + "attn.c_proj.bias"] = {C};
+    expected[b + "ln_2.weight"] = {C};
+    expected[b + "ln_2.bias"] = {C};
+    expected[b + "mlp.c_fc.weight"] = {4 * C, C};
+    expected[b + "mlp.c_fc.bias"] = {4 * C};
+    expected[b + "mlp.c_proj.weight"] = {C, 4 * C};
+    expected[b + "mlp.c_proj.bias"] = {C};
+  }
+  EXPECT_EQ(shapes, expected);
+  // The lm head is the token embedding itself, not a copy.
+  EXPECT_TRUE(model->lm_head->weight.is_same(model->transformer->wte->weight));
+}
+
+TEST(GPTSpec, PresetParameterCountsMatchTheSpecTable) {
+  std::map<std::string, double> millions = {{"tiny", 0.12}, {"small", 3.26}, {"medium", 25.5}, {"large", 151.7}};
+  for (const auto& [preset, m] : millions) {
+    GPTConfig c = GPTConfig::preset(preset);
+    const int64_t V = c.vocab, T = c.context, C = c.width, L = c.layers;
+    const int64_t formula = V * C + T * C + 2 * C + L * (12 * C * C + 13 * C);
+    if (preset == "tiny" || preset == "small") EXPECT_EQ(GPT(c)->num_parameters(), formula) << preset;
+    EXPECT_NEAR(formula / 1e6, m, 0.05 * m) << preset;
+  }
+  EXPECT_NE(message_of([] { GPTConfig::preset("huge"); }).find("unknown preset 'huge'"), std::string::npos);
+}
+
+TEST(GPTSpec, SeededInitializationFollowsTheSpec) {
+  GPTConfig c = GPTConfig::preset("small");
+  GPT a(c), b(c);
+  a->init_weights(42);
+  b->init_weights(42);
+  for (const auto& [name, p] : fsdp::unique_named_parameters(*a)) {
+    EXPECT_TRUE(torch::equal(p, b->named_parameters()[name])) << name;
+    if (name.find(".bias") != std::string::npos) {
+      EXPECT_EQ(p.abs().max().item<float>(), 0.0f) << name;
+    } else if (name.find("ln_") != std::string::npos) {
+      EXPECT_TRUE(torch::all(p == 1.0).item<bool>()) << name;
+    } else {
+      double expected_std = name.find("c_proj.weight") != std::string::npos ? 0.02 / std::sqrt(2.0 * c.layers) : 0.02;
+      EXPECT_NEAR(p.std().item<double>(), expected_std, 0.05 * expected_std) << name;
+      EXPECT_NEAR(p.mean().item<double>(), 0.0, 0.1 * expected_std) << name;
+    }
+  }
+  GPT other(c);
+  other->init_weights(43);
+  EXPECT_FALSE(torch::equal(other->transformer->wte->weight, a->transformer->wte->weight));
+}
+
+TEST(DataOrder, SequencesStartWhereTheSpecSays) {
+  // Tokens 0, 1, 2, ... (mod 256): a sequence's first input token is its start.
+  const std::string path = "/tmp/fsdp_test_counting.txt";
+  std::string bytes;
+  for (int i = 0; i < 1000; ++i) bytes.push_back(static_cast<char>(i % 256));
+  write_bytes(path, bytes);
+  const int64_t T = 8, n = 1000, B = 2, W = 3, A = 2;
+  fsdp::models::TokenData data(path, T, 256);
+  const int64_t G = B * W * A;
+  for (int64_t s : {0, 1, 7, 50}) {
+    for (int64_t m = 0; m < A; ++m) {
+      for (int64_t r = 0; r < W; ++r) {
+        auto [x, y] = data.batch(s, m, r, W, A, B);
+        for (int64_t b = 0; b < B; ++b) {
+          int64_t j = (m * W + r) * B + b;
+          int64_t start = ((s * G + j) * T) % (n - T - 1);
+          EXPECT_EQ(x[b][0].item<int64_t>(), start % 256) << "s " << s << " m " << m << " r " << r << " b " << b;
+          EXPECT_EQ(y[b][T - 1].item<int64_t>(), (start + T) % 256);
+        }
+      }
+    }
+  }
+}
+
+TEST(DataOrder, BadDataFilesAreRefused) {
+  write_bytes("/tmp/fsdp_test_short.txt", "too short");
+  EXPECT_NE(message_of([] { fsdp::models::TokenData("/tmp/fsdp_test_short.txt", 32, 256); })
+                .find("holds 9 tokens, too few for one training sequence"),
+            std::string::npos);
+  write_bytes("/tmp/fsdp_test_odd.bin", std::string(101, '\1'));
+  EXPECT_NE(message_of([] { fsdp::models::TokenData("/tmp/fsdp_test_odd.bin", 8, 1000); }).find("odd size"),
+            std::string::npos);
+  std::string tokens;
+  for (int i = 0; i < 100; ++i) tokens += std::string("\x10\x27", 2);  // 10000
+  write_bytes("/tmp/fsdp_test_big.bin", tokens);
+  EXPECT_NE(message_of([] { fsdp::models::TokenData("/tmp/fsdp_test_big.bin", 8, 256); })
+                .find("token id 10000 at position 0, outside the vocabulary of 256"),
+            std::string::npos);
+  EXPECT_NO_THROW(fsdp::models::TokenData("/tmp/fsdp_test_big.bin", 8, 10001));
+  EXPECT_NE(message_of([] { fsdp::models::TokenData("/nonexistent/file", 8, 256); }).find("cannot open"),
+            std::string::npos);
+}
+
+TEST(Safetensors, WritesStandardFilesAndReadsThemBack) {
+  const std::string path = "/tmp/fsdp_test_rt.safetensors";
+  torch::Tensor a = torch::randn({3, 4}), b = torch::arange(5, torch::kLong);
+  {
+    fsdp::safetensors::Writer writer(path, {{"a", torch::kFloat, {3, 4}}, {"b", torch::kLong, {5}}}, {{"k", "v"}});
+    writer.write(a);
+    EXPECT_THROW(writer.write(a), c10::Error);  // b comes next, with another shape
+    writer.write(b);
+    writer.commit();
+  }
+  fsdp::safetensors::Reader reader(path);
+  EXPECT_EQ(reader.tensors().size(), 2u);
+  EXPECT_EQ(reader.metadata().at("k"), "v");
+  EXPECT_TRUE(torch::equal(reader.read("a"), a));
+  EXPECT_TRUE(torch::equal(reader.read("b"), b));
+  // The header is the standard JSON, data aligned to 8 bytes.
+  std::ifstream in(path, std::ios::binary);
+  std::string file((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(file.find(R"("a":{"dtype":"F32","shape":[3,4],"data_offsets":[0,48]})"), std::string::npos);
+  EXPECT_EQ((file.size() - 48 - 40) % 8, 0u);
+}
+
+TEST(Safetensors, AnUncommittedWriterLeavesNothingBehind) {
+  const std::string path = "/tmp/fsdp_test_partial.safetensors";
+  std::remove(path.c_str());
+  {
+    fsdp::safetensors::Writer writer(path, {{"a", torch::kFloat, {2}}, {"b", torch::kFloat, {2}}});
+    writer.write(torch::zeros({2}));
+    EXPECT_THROW(writer.commit(), c10::Error);  // b is missing
+  }
+  EXPECT_FALSE(std::ifstream(path).good());
+  EXPECT_FALSE(std::ifstream(path + ".tmp").good());
+}
+
+TEST(Safetensors, MalformedFilesAreRefusedWithTheReason) {
+  const std::string path = "/tmp/fsdp_test_bad.safetensors";
+  auto reason = [&](const std::string& bytes) {
+    write_bytes(path, bytes);
+    return message_of([&] { fsdp::safetensors::Reader r(path); });
+  };
+  auto file = [](const std::string& header, size_t data_bytes) {
+    return le64(header.size()) + header + std::string(data_bytes, '\0');
+  };
+  EXPECT_NE(reason("abc").find("shorter than the 8-byte header length"), std::string::npos);
+  EXPECT_NE(reason(le64(1ull << 40) + "{}").find("does not fit the file"), std::string::npos);
+  EXPECT_NE(reason(file("{not json", 0)).find("not valid JSON"), std::string::npos);
+  EXPECT_NE(reason(file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,80]}})", 8)).find("outside the data section"),
+            std::string::npos);
+  EXPECT_NE(reason(file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8)).find("need 3 x 4 bytes"),
+            std::string::npos);
+  EXPECT_NE(reason(file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12))
+                .find("overlap"),
+            std::string::npos);
+  EXPECT_NE(reason(file(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,8]}})", 8))
+                .find("absurdly large"),
+            std::string::npos);
+  EXPECT_NE(reason(file(R"({"a":{"dtype":"X9","shape":[2],"data_offsets":[0,8]}})", 8)).find("unsupported dtype 'X9'"),
+            std::string::npos);
+  EXPECT_NE(reason(file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8)).find("non-negative"),
+            std::string::npos);
+}
+
+TEST(FullWeights, LoadChecksNamesShapesAndExtras) {
+  GPTConfig c = GPTConfig::preset("tiny");
+  GPT source(c);
+  source->init_weights(5);
+  auto params = fsdp::unique_named_parameters(*source);
+  auto save = [&](const std::string& path, const std::function<void(std::vector<fsdp::safetensors::TensorSpec>&,
+                                                                      std::vector<torch::Tensor>&)>& edit) {
+    std::vector<fsdp::safetensors::TensorSpec> specs;
+    std::vector<torch::Tensor> values;
+    for (const auto& [name, p] : params) {
+      specs.push_back({name, torch::kFloat, p.sizes().vec()});
+      values.push_back(p.detach());
+    }
+    edit(specs, values);
+    fsdp::safetensors::Writer w(path, specs);
+    for (const auto& v : values) w.write(v);
+    w.commit();
+  };
+  const std::string path = "/tmp/fsdp_test_weights.safetensors";
+  save(path, [](auto&, auto&) {});
+  GPT target(c);
+  target->init_weights(6);
+  fsdp::load_full_weights(*target, path);
+  EXPECT_TRUE(torch::equal(target->transformer->h[1]->as<fsdp::models::BlockImpl>()->mlp->c_fc->weight,
+                           source->transformer->h[1]->as<fsdp::models::BlockImpl>()->mlp->c_fc->weight));
+
+  save(path, [](auto& specs, auto& values) {
+    specs.erase(specs.begin() + 3);
+    values.erase(values.begin() + 3);
+  });
+  GPT fresh(c);
+  fresh->init_weights(6);
+  torch::Tensor before = fresh->transformer->wte->weight.clone();
+  std::string msg = message_of([&] { fsdp::load_full_weights(*fresh, path); });
+  EXPECT_NE(msg.find("has no tensor '" + params[3].first + "'"), std::string::npos) << msg;
+  EXPECT_TRUE(torch::equal(fresh->transformer->wte->weight, before)) << "a failed load changed the model";
+
+  save(path, [](auto& specs, auto& values) {
+    specs[1].shape = {1, specs[1].shape[0] * specs[1].shape[1]};
+    values[1] = values[1].reshape(specs[1].shape);
+  });
+  msg = message_of([&] { fsdp::load_full_weights(*fresh, path); });
+  EXPECT_NE(msg.find("tensor 'transformer.wpe.weight' has shape [1, 2048], expected [32, 64]"), std::string::npos) << msg;
+
+  save(path, [](auto& specs, auto& values) {
+    specs.push_back({"extra.weight", torch::kFloat, {2}});
+    values.push_back(torch::zeros({2}));
+  });
+  msg = message_of([&] { fsdp::load_full_weights(*fresh, path); });
+  EXPECT_NE(msg.find("has a tensor 'extra.weight' that the model does not have"), std::string::npos) << msg;
+}
+
+TEST(WrapPolicy, SizePolicyWrapsBottomUpAndRootKeepsTheRest) {
+  torch::nn::ModuleList net(torch::nn::Linear(10, 10),                                      // 110
+                            torch::nn::ModuleList(torch::nn::Linear(10, 20), torch::nn::Linear(20, 10)),  // 220 + 210
+                            torch::nn::Linear(10, 1));                                       // 11
+  auto plans = fsdp::plan_units(*net, fsdp::min_params_policy(200));
+  std::vector<std::string> names;
+  for (const auto& p : plans) names.push_back(p.name);
+  // 1.0 (220) and 1.1 (210) become units; "1" then has nothing left.
+  EXPECT_EQ(names, (std::vector<std::string>{"", "1.0", "1.1"}));
+  std::vector<std::string> root_params;
+  for (const auto& [name, t] : plans[0].params) root_params.push_back(name);
+  EXPECT_EQ(root_params, (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}));
+
+  auto by_type = fsdp::plan_units(*net, fsdp::module_type_policy<torch::nn::ModuleListImpl>());
+  ASSERT_EQ(by_type.size(), 2u);
+  EXPECT_EQ(by_type[1].name, "1");
+  EXPECT_EQ(by_type[1].params.size(), 4u);
+}
+
+TEST(Memory, CountsLiveAndPeakBytesPerCategory) {
+  using fsdp::memory::Category;
+  ASSERT_TRUE(fsdp::memory::counting_allocator_installed());
+  auto before = fsdp::memory::usage();
+  fsdp::memory::reset_peaks();
+  torch::Tensor shard;
+  {
+    fsdp::memory::MemoryCategoryScope scope(Category::kParameterShard);
+    shard = torch::empty({1000}, torch::kFloat);
+  }
+  { torch::Tensor temp = torch::empty({500}, torch::kDouble); }
+  auto after = fsdp::memory::usage();
+  EXPECT_EQ(after.live(Category::kParameterShard) - before.live(Category::kParameterShard), 4000);
+  EXPECT_EQ(after.live(Category::kOther), before.live(Category::kOther));
+  EXPECT_GE(after.peak(Category::kOther) - before.live(Category::kOther), 4000);
+  EXPECT_GE(after.peak_total - before.live_total, 8000);
+  shard.reset();
+  EXPECT_EQ(fsdp::memory::usage().live(Category::kParameterShard), before.live(Category::kParameterShard));
+}
+
+int main(int argc, char** argv) {
+  fsdp::memory::install_counting_allocator();
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# End-to-end tests of the tools as a user runs them: fsdp-run + fsdp-train.
+#   trainer_test.sh BUILD_DIR CASE
+set -uo pipefail
+build="$1"
+case_name="$2"
+work=$(mktemp -d /tmp/fsdp_trainer_test.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+run="$build/fsdp-run"
+train="$build/fsdp-train"
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# expect_error "text the message must contain" COMMAND...: the command must
+# exit non-zero and print the text.
+expect_error() {
+  local want="$1"; shift
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  [ $rc -ne 0 ] || fail "expected a non-zero exit from: $*"
+  grep -qF -- "$want" <<<"$out" || { echo "$out" >&2; fail "message lacks '$want'"; }
+  echo "ok: '$want' (exit $rc)"
+}
+
+# The "loss" values of a JSON-lines log, one per line.
+losses() { sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$1"; }
+
+# Fails unless two loss columns agree to a relative tolerance.
+compare_losses() {
+  local a="$1" b="$2" tol="$3"
+  [ "$(losses "$a" | wc -l)" -eq "$(losses "$b" | wc -l)" ] || fail "logs differ in length"
+  paste <(losses "$a") <(losses "$b") | awk -v tol="$tol" '
+    { d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r;
+      if (r > tol) { printf "step %d: %s vs %s (relative %.2e > %.0e)\n", NR, $1, $2, r, tol; bad = 1 } }
+    END { printf "worst relative difference %.2e over %d steps\n", worst, NR; exit bad }' || fail "losses differ"
+}
+
+case "$case_name" in
+  equivalence)
+    # W ranks x batch B == 1 rank x batch W*B, through the trainer's own data order.
+    head -c 60000 /dev/urandom | tr -dc 'a-z .\n' | head -c 30000 > "$work/data.txt"
+    "$run" -n 1 -- "$train" --preset tiny --steps 12 --batch 4 --data "$work/data.txt" --log "$work/w1.jsonl" > "$work/out1" 2>&1 || { cat "$work/out1"; fail "W=1 run failed"; }
+    "$run" -n 2 -- "$train" --preset tiny --steps 12 --batch 2 --data "$work/data.txt" --log "$work/w2.jsonl" > "$work/out2" 2>&1 || { cat "$work/out2"; fail "W=2 run failed"; }
+    "$run" -n 4 -- "$train" --preset tiny --steps 12 --batch 1 --data "$work/data.txt" --log "$work/w4.jsonl" > "$work/out4" 2>&1 || { cat "$work/out4"; fail "W=4 run failed"; }
+    compare_losses "$work/w2.jsonl" "$work/w1.jsonl" 1e-5
+    compare_losses "$work/w4.jsonl" "$work/w1.jsonl" 1e-5
+    grep -q "== summary ==" "$work/out2" || fail "no summary printed"
+    grep -q '"model_state_bytes":\[[0-9]*,[0-9]*\]' "$work/w2.jsonl" || fail "log lacks per-rank model_state_bytes"
+    grep -q '"peak_tensor_bytes":\[[0-9]*,[0-9]*,[0-9]*,[0-9]*\]' "$work/w4.jsonl" || fail "log lacks per-rank peak_tensor_bytes"
+    ;;
+  save-and-init)
+    # --save-final writes the spec's names; --init-from reads them back, and
+    # a model started from the saved weights continues where training ended.
+    "$run" -n 2 -- "$train" --preset tiny --steps 3 --save-final "$work/final.safetensors" --log "$work/a.jsonl" >/dev/null 2>&1 ||
+      fail "training with --save-final failed"
+    [ -s "$work/final.safetensors" ] || fail "no weights written"
+    for name in transformer.wte.weight transformer.wpe.weight transformer.h.1.mlp.c_proj.bias transformer.ln_f.weight; do
+      head -c 4096 "$work/final.safetensors" | grep -q "\"$name\"" || fail "saved file lacks $name"
+    done
+    ! head -c 4096 "$work/final.safetensors" | grep -q '"lm_head.weight"' || fail "the tied head was saved twice"
+    "$run" -n 4 -- "$train" --preset tiny --steps 1 --init-from "$work/final.safetensors" --log "$work/b.jsonl" >/dev/null 2>&1 ||
+      fail "--init-from of a saved file failed"
+    "$run" -n 4 -- "$train" --preset tiny --steps 1 --log "$work/c.jsonl" >/dev/null 2>&1 || fail "fresh run failed"
+    # From the trained weights, step 1's loss is below a fresh model's.
+    awk -v a="$(losses "$work/b.jsonl")" -v b="$(losses "$work/c.jsonl")" 'BEGIN { exit !(a < b - 0.05) }' ||
+      fail "loss from the saved weights ($(losses "$work/b.jsonl")) is not below a fresh start's ($(losses "$work/c.jsonl"))"
+    echo "ok: saved and reloaded"
+    ;;
+  bad-input)
+    printf 'short' > "$work/short.txt"
+    expect_error "holds 5 tokens, too few for one training sequence" "$run" -n 2 -- "$train" --preset tiny --data "$work/short.txt" --log "$work/never.jsonl"
+    [ ! -e "$work/never.jsonl" ] || fail "a failed run left a log file"
+    expect_error "cannot open data file" "$run" -n 2 -- "$train" --preset tiny --data "$work/missing.txt"
+    expect_error "--bogus" "$run" -n 2 -- "$train" --bogus
+    expect_error "unknown preset 'enormous'" "$run" -n 2 -- "$train" --preset enormous
+    expect_error "must be a multiple of the number of heads" "$run" -n 2 -- "$train" --preset tiny --heads 3
+    # Init files: a missing tensor and a mis-shaped one (saved from another config).
+    "$run" -n 2 -- "$train" --preset tiny --layers 1 --steps 1 --save-final "$work/one_layer.safetensors" >/dev/null 2>&1 ||
+      fail "could not make a 1-layer file"
+    expect_error "has no tensor 'transformer.h.1.ln_1.weight'" "$run" -n 2 -- "$train" --preset tiny --init-from "$work/one_layer.safetensors" --save-final "$work/never.safetensors"
+    "$run" -n 2 -- "$train" --preset tiny --width 32 --heads 4 --steps 1 --save-final "$work/narrow.safetensors" >/dev/null 2>&1 ||
+      fail "could not make a narrow file"
+    expect_error "tensor 'transformer.wte.weight' has shape [256, 32], expected [256, 64]" "$run" -n 2 -- "$train" --preset tiny --init-from "$work/narrow.safetensors"
+    printf 'not a safetensors file at all' > "$work/garbage.safetensors"
+    expect_error "header length" "$run" -n 2 -- "$train" --preset tiny --init-from "$work/garbage.safetensors"
+    [ ! -e "$work/never.safetensors" ] && [ ! -e "$work/never.safetensors.tmp" ] || fail "a failed run left a weights file"
+    expect_error "fsdp-run: -n needs a positive number of ranks" "$run" -n 0 -- "$train"
+    ;;
+  launcher)
+    # The exit status passes through, and threads per rank = cores / ranks.
+    "$run" -n 2 -- true || fail "fsdp-run of true failed"
+    ! "$run" -n 2 -- false || fail "fsdp-run of false succeeded"
+    threads=$("$run" -n 1 -- printenv OMP_NUM_THREADS)
+    [ "$threads" = "$(nproc)" ] || fail "1 rank got $threads threads, expected $(nproc)"
+    many=$(( $(nproc) * 2 ))
+    [ "$("$run" -n "$many" -- printenv OMP_NUM_THREADS | sort -u)" = 1 ] || fail "oversubscribed ranks did not get 1 thread"
+    echo "ok: launcher"
+    ;;
+  example)
+    out=$("$run" -n 2 -- "$build/example-mlp" 2>&1) || { echo "$out"; fail "example failed"; }
+    echo "$out"
+    grep -q "rank 1 of 2 holds" <<<"$out" || fail "example did not report its shards"
+    ;;
+  *) fail "unknown case $case_name" ;;
+esac
+echo "PASS: $case_name"

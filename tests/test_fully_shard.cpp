@@ -330,3 +330,50 @@ TEST(FullShard, IllegalTransitionsAreRefused) {
   block.post_forward();
   model.state().check_idle();
 }
+
+TEST(FullShard, DifferentModelsOnDifferentRanksAreRefusedBeforeSharding) {
+  const int W = world_group->size(), r = world_group->rank();
+  if (W < 2) GTEST_SKIP() << "needs 2 ranks";
+  GPTConfig config = tiny();
+  if (r == W - 1) config.layers = 3;  // one rank builds a deeper model
+  GPT model = make_gpt(config);
+  try {
+    fsdp::fully_shard(model, world_group, block_units());
+    ADD_FAILURE() << "different models were sharded together";
+  } catch (const c10::Error& e) {
+    std::string msg = fsdp::error_message(e);
+    EXPECT_NE(msg.find("the ranks sharded different models"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 0: 3 units"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank " + std::to_string(W - 1) + ": 4 units"), std::string::npos) << msg;
+  }
+  EXPECT_GT(model->transformer->wte->weight.numel(), 0) << "a refused model lost its parameters";
+}
+
+namespace {
+// Calls its second block directly, bypassing the unit boundary.
+struct CarelessNetImpl : torch::nn::Module {
+  CarelessNetImpl() : blocks(register_module("blocks", torch::nn::ModuleList())) {
+    for (int i = 0; i < 2; ++i) blocks->push_back(torch::nn::Linear(8, 8));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = fsdp::unit_forward(*blocks[0]->as<torch::nn::LinearImpl>(), x);
+    return blocks[1]->as<torch::nn::LinearImpl>()->forward(h).sum();
+  }
+  torch::nn::ModuleList blocks;
+};
+TORCH_MODULE(CarelessNet);
+}  // namespace
+
+TEST(FullShard, CallingAUnitOutsideUnitForwardIsAClearError) {
+  auto model = fsdp::fully_shard(CarelessNet(), world_group,
+                                 fsdp::FullyShardOptions().wrap_policy(fsdp::module_type_policy<torch::nn::LinearImpl>()));
+  try {
+    model.forward(torch::ones({2, 8}));
+    ADD_FAILURE() << "a sharded module ran outside its unit";
+  } catch (const c10::Error& e) {
+    std::string msg = fsdp::error_message(e);
+    EXPECT_NE(msg.find("units not entered through fsdp::unit_forward before this error: blocks.1"), std::string::npos)
+        << msg;
+  }
+  model.state().check_idle();  // the failed forward left every unit sharded
+}

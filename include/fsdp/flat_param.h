@@ -27,8 +27,8 @@ struct FlatParamEntry {
 
 class FlatParam {
  public:
-  // Takes the parameters' current values as the initial model (every rank
-  // must pass the same values) and frees them: from here on the parameters
+  // Takes the parameters' current values (float32, CPU) as the initial model
+  // (every rank must pass the same values) and frees them: from here on the parameters
   // hold data only while unsharded.
   FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, ProcessGroupPtr group);
 

@@ -69,6 +69,7 @@ class Unit {
   FlatParam flat_;
   UnitState state_ = UnitState::kSharded;
   int64_t gradients_pending_ = 0;
+  bool entered_in_this_forward_ = false;
   friend class FsdpState;
 };
 
@@ -93,9 +94,18 @@ class FsdpState {
   // Called by units: the first backward event of a pass queues the
   // end-of-backward callback that finishes every unit's reduction.
   void on_backward_event();
+  void on_forward_entered(Unit& unit);
+
+  // A forward failed: rethrows the error, naming the units that were never
+  // entered through unit_forward in it (their parameters were still
+  // sharded, the usual cause of the shape errors a direct call produces).
+  [[noreturn]] void rethrow_forward_error(const c10::Error& error) const;
 
  private:
   void finish_backward();
+  // Every rank must have planned the same units with the same sizes, or the
+  // first collective would pair different buffers: checked at construction.
+  void check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans) const;
 
   std::shared_ptr<torch::nn::Module> module_;
   ProcessGroupPtr group_;
@@ -164,7 +174,11 @@ class FullyShardedModule {
 
   template <class... Args>
   auto forward(Args&&... args) {
-    return unit_forward(*module_, std::forward<Args>(args)...);
+    try {
+      return unit_forward(*module_, std::forward<Args>(args)...);
+    } catch (const c10::Error& error) {
+      state_->rethrow_forward_error(error);
+    }
   }
   template <class... Args>
   auto operator()(Args&&... args) {

@@ -28,8 +28,6 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, 
     : group_(std::move(group)) {
   torch::NoGradGuard no_grad;
   for (auto& [name, param] : params) {
-    TORCH_CHECK(param.device().is_cpu() && param.scalar_type() == torch::kFloat, "parameter '", name,
-                "' must be a float32 CPU tensor to be sharded, found ", param.scalar_type(), " on ", param.device());
     entries_.push_back(FlatParamEntry{name, param, param.sizes().vec(), numel_, param.numel()});
     numel_ += param.numel();
   }

@@ -8,6 +8,7 @@
 
 #include <iostream>
 #include <mutex>
+#include <sstream>
 #include <unordered_map>
 
 namespace fsdp {
@@ -72,6 +73,7 @@ void Unit::transition(UnitState from, UnitState to) {
 
 void Unit::pre_forward() {
   transition(UnitState::kSharded, UnitState::kUnshardedForward);
+  owner_->on_forward_entered(*this);
   flat_.unshard();
 }
 
@@ -107,15 +109,49 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
   TORCH_CHECK(module_, "fully_shard: the module is null");
   TORCH_CHECK(group_, "fully_shard: the process group is null");
   std::vector<UnitPlan> plans = plan_units(*module_, options.wrap_policy());
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  for (auto& plan : plans) {
-    TORCH_CHECK(!registry().count(plan.module), "fully_shard: module '", plan.name.empty() ? "<root>" : plan.name,
+  // Everything is checked before any parameter is touched: a refused model stays intact.
+  for (const auto& plan : plans) {
+    TORCH_CHECK(!detail::find_unit(plan.module), "fully_shard: module '", plan.name.empty() ? "<root>" : plan.name,
                 "' is already part of a sharded model");
+    for (const auto& [name, param] : plan.params) {
+      TORCH_CHECK(param.device().is_cpu() && param.scalar_type() == torch::kFloat, "fully_shard: parameter '", name,
+                  "' must be a float32 CPU tensor, found ", param.scalar_type(), " on ", param.device());
+    }
   }
-  for (auto& plan : plans) {
-    units_.push_back(std::make_unique<Unit>(this, std::move(plan), group_));
-    registry()[units_.back()->module()] = units_.back().get();
+  check_same_plan_on_every_rank(plans);
+  for (auto& plan : plans) units_.push_back(std::make_unique<Unit>(this, std::move(plan), group_));
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  for (const auto& unit : units_) registry()[unit->module()] = unit.get();
+}
+
+void FsdpState::check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans) const {
+  // A fingerprint of the plan: unit count, total elements, and a hash over
+  // the units' names and sizes, in order.
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a
+  auto mix = [&hash](const void* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) hash = (hash ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+  };
+  int64_t total = 0;
+  for (const auto& plan : plans) {
+    int64_t numel = 0;
+    for (const auto& p : plan.params) numel += p.second.numel();
+    mix(plan.name.data(), plan.name.size());
+    mix(&numel, sizeof(numel));
+    total += numel;
   }
+  const int world = group_->size();
+  torch::Tensor mine = torch::tensor({static_cast<int64_t>(plans.size()), total, static_cast<int64_t>(hash)}, torch::kLong);
+  torch::Tensor all = torch::empty({3 * world}, torch::kLong);
+  group_->all_gather(all, mine)->wait();
+  auto* a = all.data_ptr<int64_t>();
+  bool same = true;
+  for (int r = 1; r < world; ++r) same = same && a[3 * r] == a[0] && a[3 * r + 1] == a[1] && a[3 * r + 2] == a[2];
+  if (same) return;
+  std::ostringstream msg;
+  msg << "fully_shard: the ranks sharded different models (a different wrap policy, model configuration or "
+         "parameter set); units and parameter elements per rank:";
+  for (int r = 0; r < world; ++r) msg << "\n  rank " << r << ": " << a[3 * r] << " units, " << a[3 * r + 1] << " elements";
+  TORCH_CHECK(false, msg.str());
 }
 
 FsdpState::~FsdpState() {
@@ -136,6 +172,25 @@ void FsdpState::check_idle() const {
     TORCH_CHECK(!unit->flat_param().reduce_pending(), "FSDP unit '", unit->display_name(),
                 "' still has a gradient reduction in flight between steps");
   }
+}
+
+void FsdpState::on_forward_entered(Unit& unit) {
+  // The root's forward encloses every other unit's: it starts a new pass.
+  if (&unit == units_.front().get()) {
+    for (auto& u : units_) u->entered_in_this_forward_ = false;
+  }
+  unit.entered_in_this_forward_ = true;
+}
+
+void FsdpState::rethrow_forward_error(const c10::Error& error) const {
+  std::string never_entered;
+  for (const auto& unit : units_) {
+    if (!unit->entered_in_this_forward_) never_entered += (never_entered.empty() ? "" : ", ") + unit->display_name();
+  }
+  if (never_entered.empty()) throw error;
+  TORCH_CHECK(false, error.what_without_backtrace(),
+              "\n[fsdp] units not entered through fsdp::unit_forward before this error: ", never_entered,
+              ". A unit's parameters hold no data outside its unit_forward; calling its module directly fails.");
 }
 
 void FsdpState::on_backward_event() {

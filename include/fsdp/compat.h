@@ -9,6 +9,16 @@
   (TORCH_VERSION_MAJOR > (major) ||       \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
+// c10::Allocator::allocate lost its const, and copy_data became pure
+// virtual, in LibTorch 2.3.
+#if FSDP_TORCH_AT_LEAST(2, 3)
+#define FSDP_ALLOCATE_CONST
+#define FSDP_ALLOCATOR_NEEDS_COPY_DATA 1
+#else
+#define FSDP_ALLOCATE_CONST const
+#define FSDP_ALLOCATOR_NEEDS_COPY_DATA 0
+#endif
+
 namespace fsdp::compat {
 
 // Frees a tensor's memory while keeping its storage object, so that every

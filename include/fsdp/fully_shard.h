@@ -99,6 +99,7 @@ class FsdpState {
   // A forward failed: rethrows the error, naming the units that were never
   // entered through unit_forward in it (their parameters were still
   // sharded, the usual cause of the shape errors a direct call produces).
+  // Call only from a catch block (it may rethrow the error being handled).
   [[noreturn]] void rethrow_forward_error(const c10::Error& error) const;
 
  private:

@@ -187,7 +187,7 @@ void FsdpState::rethrow_forward_error(const c10::Error& error) const {
   for (const auto& unit : units_) {
     if (!unit->entered_in_this_forward_) never_entered += (never_entered.empty() ? "" : ", ") + unit->display_name();
   }
-  if (never_entered.empty()) throw error;
+  if (never_entered.empty()) throw;  // the error being handled, with its own type
   TORCH_CHECK(false, error.what_without_backtrace(),
               "\n[fsdp] units not entered through fsdp::unit_forward before this error: ", never_entered,
               ". A unit's parameters hold no data outside its unit_forward; calling its module directly fails.");

@@ -52,7 +52,7 @@ class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
 
-  c10::DataPtr allocate(size_t nbytes) const override {
+  c10::DataPtr allocate(size_t nbytes) FSDP_ALLOCATE_CONST override {
     c10::DataPtr inner = inner_->allocate(nbytes);
     void* data = inner.get();
     c10::Device device = inner.device();
@@ -63,7 +63,7 @@ class CountingAllocator final : public c10::Allocator {
 
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
 
-#if FSDP_TORCH_AT_LEAST(2, 3)
+#if FSDP_ALLOCATOR_NEEDS_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 #endif
 

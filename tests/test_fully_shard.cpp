@@ -221,8 +221,8 @@ TEST(FullShard, UnitsAreUnshardedOnlyInsideTheirForwardAndBackward) {
       const auto& unit = state->units()[u];
       bool must_be_unsharded = u == 0 || static_cast<int>(u) == index + 1;
       UnitState expected = !must_be_unsharded ? UnitState::kSharded
-                           : in_backward      ? UnitState::kUnshardedBackward
-                                              : UnitState::kUnshardedForward;
+                           : in_backward      ? UnitState::kBackward
+                                              : UnitState::kForward;
       if (unit->state() != expected || unit->flat_param().is_unsharded() != must_be_unsharded) {
         violations.push_back("probe of block " + std::to_string(index) + (in_backward ? " (backward)" : " (forward)") +
                              ": unit " + unit->display_name() + " is " + fsdp::unit_state_name(unit->state()));

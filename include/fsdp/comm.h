@@ -63,6 +63,9 @@ class ProcessGroup {
   // Collective over this group: ranks with the same color form a new group,
   // ordered by key (then by rank in this group).
   virtual std::shared_ptr<ProcessGroup> split(int color, int key) = 0;
+  // Collective: the ranks of this group that share memory with this one (a
+  // node), ordered by rank.
+  virtual std::shared_ptr<ProcessGroup> split_shared_memory() = 0;
 
   CommStats stats() const;
   void reset_stats();

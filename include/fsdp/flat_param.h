@@ -1,7 +1,8 @@
 #pragma once
-// One unit's parameters as one flat, padded buffer (FSDP1's layout): rank r
-// keeps elements [r*S, (r+1)*S) as its shard, S = ceil(N / W). One
-// all-gather and one reduce-scatter per unit move the whole unit.
+// One unit's parameters as one flat, padded buffer (FSDP1's layout): with a
+// shard group of K ranks, rank r keeps elements [r*S, (r+1)*S) as its shard,
+// S = ceil(N / K). One all-gather and one reduce-scatter per unit move the
+// whole unit.
 //
 // Why flat rather than per-parameter (FSDP2): the unit's collectives are one
 // contiguous buffer with no copy-in/copy-out, and the optimizer sees one leaf
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "fsdp/comm.h"
+#include "fsdp/options.h"
 
 namespace fsdp {
 
@@ -25,37 +27,56 @@ struct FlatParamEntry {
   int64_t numel = 0;
 };
 
+// How one unit is sharded and synchronized (derived from the strategy).
+struct FlatParamConfig {
+  ProcessGroupPtr shard_group;      // the ranks a unit is split over; null = not split (no_shard)
+  ProcessGroupPtr replicate_group;  // the ranks holding the same shard; null = none (no hybrid)
+  bool persistent_params = false;   // stay unsharded between steps (no_shard, zero1)
+  bool full_gradients = false;      // all-reduce full gradients, keep them (no_shard, zero1)
+  MixedPrecision mixed_precision;
+};
+
 class FlatParam {
  public:
-  // Takes the parameters' current values (float32, CPU) as the initial model
-  // (every rank must pass the same values) and frees them: from here on the parameters
-  // hold data only while unsharded.
-  FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, ProcessGroupPtr group);
+  // Takes the parameters' current values (float32, CPU; every rank must pass
+  // the same values) as the initial model. The parameters are left with
+  // their full shape in the compute dtype and no meaningful values; call
+  // initialize_views() once their gradient accumulators exist.
+  FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, FlatParamConfig config);
+  void initialize_views();
 
-  int64_t numel() const { return numel_; }                // real elements
-  int64_t padded_numel() const { return shard_numel_ * group_->size(); }
+  int64_t numel() const { return numel_; }  // real elements
+  int64_t padded_numel() const { return shard_numel_ * shard_group_size(); }
   int64_t shard_numel() const { return shard_numel_; }
+  int shard_group_size() const { return config_.shard_group ? config_.shard_group->size() : 1; }
+  int shard_rank() const { return config_.shard_group ? config_.shard_group->rank() : 0; }
+  const FlatParamConfig& config() const { return config_; }
   // The local shard: an fp32 leaf that optimizers step. Padding stays zero.
   const torch::Tensor& shard() const { return shard_; }
   const std::vector<FlatParamEntry>& entries() const { return entries_; }
   bool is_unsharded() const { return unsharded_storage_bytes() > 0; }
 
-  // All-gathers the shards; the parameters become views into the result.
+  // Makes the parameters views of the full, current values: all-gathers (in
+  // the param dtype) unless the buffer already holds the shard's current
+  // version (persistent strategies between optimizer steps).
   void unshard();
-  // Points the parameters at empty tensors and frees the unsharded buffer.
+  // Frees the unsharded buffer and points the parameters at empty tensors;
+  // nothing for persistent strategies.
   void reshard();
 
   // Flattens the parameters' gradients (zeros where a parameter got none),
-  // drops them, and starts the averaging reduce-scatter into this rank's
-  // slice. finish_reduce_gradients() waits and accumulates into shard().grad().
+  // drops them, and starts the averaging reduction (reduce-scatter, or
+  // all-reduce for full gradients). finish_reduce_gradients() waits, reduces
+  // across replicas (hybrid), and accumulates into shard().grad().
   void start_reduce_gradients();
   void finish_reduce_gradients();
   bool reduce_pending() const { return pending_reduce_ != nullptr; }
 
  private:
   size_t unsharded_storage_bytes() const;
+  bool shard_aliases_buffer() const;
 
-  ProcessGroupPtr group_;
+  FlatParamConfig config_;
   std::vector<FlatParamEntry> entries_;
   int64_t numel_ = 0;
   int64_t shard_numel_ = 0;
@@ -64,8 +85,10 @@ class FlatParam {
   // so views that autograd saved during forward see the refilled data in
   // backward (and do not keep the memory alive in between).
   torch::Tensor unsharded_;
+  int64_t gathered_version_ = -1;  // shard_'s version the buffer holds
+  torch::Tensor full_grad_;        // full_gradients strategies: the reduced gradient (fp32)
   WorkHandle pending_reduce_;
-  torch::Tensor pending_grad_shard_;
+  torch::Tensor pending_result_;
 };
 
 }  // namespace fsdp

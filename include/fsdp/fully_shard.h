@@ -1,5 +1,6 @@
 #pragma once
-// fully_shard(): FULL_SHARD (ZeRO-3) data parallelism for a torch::nn::Module.
+// fully_shard(): sharded data parallelism (ZeRO-1/2/3, DDP, hybrid) for a
+// torch::nn::Module; FULL_SHARD (ZeRO-3) by default.
 //
 //   auto model = fsdp::fully_shard(MyModel(...), group,
 //       fsdp::FullyShardOptions().wrap_policy(fsdp::module_type_policy<BlockImpl>()));
@@ -21,27 +22,23 @@
 
 #include "fsdp/comm.h"
 #include "fsdp/flat_param.h"
+#include "fsdp/options.h"
 #include "fsdp/wrap_policy.h"
 
 namespace fsdp {
 
-struct FullyShardOptions {
-  FullyShardOptions() = default;
-  // Which submodules become units; without one, the whole model is one unit.
-  TORCH_ARG(WrapPolicy, wrap_policy) = nullptr;
-};
-
 // Where a unit is in its step. Every transition is checked:
-//   kSharded -> kUnshardedForward -> kSharded            (forward)
-//   kSharded -> kUnshardedBackward -> kSharded           (backward; gradients reduced)
-enum class UnitState { kSharded, kUnshardedForward, kUnshardedBackward };
+//   kSharded|kUnsharded -> kForward -> kSharded (full_shard, hybrid_shard) or kUnsharded (the others)
+//   kSharded|kUnsharded -> kBackward -> kSharded, or kUnsharded (no_shard, zero1: never sharded)
+// kForward and kBackward always hold the parameters unsharded.
+enum class UnitState { kSharded, kUnsharded, kForward, kBackward };
 const char* unit_state_name(UnitState state);
 
 class FsdpState;
 
 class Unit {
  public:
-  Unit(FsdpState* owner, UnitPlan plan, ProcessGroupPtr group);
+  Unit(FsdpState* owner, UnitPlan plan, FlatParamConfig config);
   const std::string& name() const { return name_; }  // "" for the root
   std::string display_name() const;
   UnitState state() const { return state_; }
@@ -57,16 +54,16 @@ class Unit {
   void post_backward();
 
  private:
-  void transition(UnitState from, UnitState to);
+  void transition(std::initializer_list<UnitState> from, UnitState to);
 
   FsdpState* owner_;
   std::string name_;
   torch::nn::Module* module_;
-  // Held here because autograd keeps gradient accumulators only weakly: a
-  // dropped one is recreated later without our post hook. Created before
-  // flat_ frees the parameters: an accumulator fixes its parameter's shape.
-  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
   FlatParam flat_;
+  // Held here because autograd keeps gradient accumulators only weakly: a
+  // dropped one is recreated later without our post hook. Created while the
+  // parameters have their full shape and compute dtype, which they fix.
+  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
   UnitState state_ = UnitState::kSharded;
   int64_t gradients_pending_ = 0;
   bool entered_in_this_forward_ = false;
@@ -85,7 +82,22 @@ class FsdpState {
   std::vector<torch::Tensor> parameters() const;
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
   Unit& root_unit() const { return *units_.front(); }
+  // The group fully_shard() was given (every rank of the model).
   const ProcessGroupPtr& group() const { return group_; }
+  const FullyShardOptions& options() const { return options_; }
+  // The groups the units communicate over (not the caller's group, so that
+  // their traffic is counted apart): null where the strategy has none.
+  const ProcessGroupPtr& shard_group() const { return shard_group_; }
+  const ProcessGroupPtr& replicate_group() const { return replicate_group_; }
+  // Bytes moved by the units' collectives, per kind, over both groups.
+  CommStats comm_stats() const;
+  void reset_comm_stats();
+
+  // With sync off, backward leaves each parameter's gradient unreduced in
+  // its .grad, accumulating over micro-steps (PyTorch's no_sync); the next
+  // backward with sync on reduces the sum.
+  void set_requires_gradient_sync(bool sync) { requires_gradient_sync_ = sync; }
+  bool requires_gradient_sync() const { return requires_gradient_sync_; }
   torch::nn::Module& module() const { return *module_; }
   // Throws unless every unit is sharded and no reduction is in flight (the
   // state between steps).
@@ -104,14 +116,18 @@ class FsdpState {
 
  private:
   void finish_backward();
+  void make_groups();
   // Every rank must have planned the same units with the same sizes, or the
   // first collective would pair different buffers: checked at construction.
   void check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans) const;
 
   std::shared_ptr<torch::nn::Module> module_;
   ProcessGroupPtr group_;
+  FullyShardOptions options_;
+  ProcessGroupPtr shard_group_, replicate_group_;
   std::vector<std::unique_ptr<Unit>> units_;
   bool backward_callback_queued_ = false;
+  bool requires_gradient_sync_ = true;
 };
 
 namespace detail {

@@ -139,9 +139,12 @@ class MpiProcessGroup final : public ProcessGroup {
                 ") x input elements (", input.numel(), ") = ", input.numel() * size_, ", found ", output.numel());
     count(CollectiveKind::kAllGather, output.nbytes());
     Signature sig = signature(static_cast<int>(CollectiveKind::kAllGather), input, input.numel());
-    return enqueue(sig, [this, output, input] {
+    // An input that is this rank's slice of the output is gathered in place.
+    const bool in_place = input.data_ptr() == static_cast<char*>(output.data_ptr()) + rank_ * input.nbytes();
+    return enqueue(sig, [this, output, input, in_place] {
       MPI_Datatype type = mpi_type(input.scalar_type());
-      check_mpi(MPI_Allgather(input.data_ptr(), input.numel(), type, output.data_ptr(), input.numel(), type, comm_),
+      check_mpi(MPI_Allgather(in_place ? MPI_IN_PLACE : input.data_ptr(), input.numel(), type, output.data_ptr(),
+                              input.numel(), type, comm_),
                 "MPI_Allgather");
     });
   }
@@ -200,6 +203,16 @@ class MpiProcessGroup final : public ProcessGroup {
     Signature sig{-2, 0, 0, 0, 0, 0};
     enqueue(sig, [this, color, key, new_comm] {
       check_mpi(MPI_Comm_split(comm_, color, key, new_comm.get()), "MPI_Comm_split");
+    })->wait();
+    return std::make_shared<MpiProcessGroup>(*new_comm);
+  }
+
+  std::shared_ptr<ProcessGroup> split_shared_memory() override {
+    auto new_comm = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+    Signature sig{-2, 0, 0, 0, 0, 0};
+    enqueue(sig, [this, new_comm] {
+      check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, new_comm.get()),
+                "MPI_Comm_split_type");
     })->wait();
     return std::make_shared<MpiProcessGroup>(*new_comm);
   }

@@ -24,42 +24,97 @@ void allocate_storage(const torch::Tensor& tensor, size_t nbytes) {
 
 }  // namespace compat
 
-FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, ProcessGroupPtr group)
-    : group_(std::move(group)) {
+namespace {
+// Persistent buffers are model state; transient ones are the working set.
+Category buffer_category(const FlatParamConfig& config) {
+  return config.persistent_params ? Category::kParameterShard : Category::kUnshardedBuffer;
+}
+}  // namespace
+
+FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, FlatParamConfig config)
+    : config_(std::move(config)) {
   torch::NoGradGuard no_grad;
   for (auto& [name, param] : params) {
     entries_.push_back(FlatParamEntry{name, param, param.sizes().vec(), numel_, param.numel()});
     numel_ += param.numel();
   }
-  const int world = group_->size();
-  shard_numel_ = (numel_ + world - 1) / world;
+  const int K = shard_group_size(), r = shard_rank();
+  shard_numel_ = (numel_ + K - 1) / K;
+  const torch::ScalarType param_dtype = config_.mixed_precision.param_dtype();
+  // With fp32 params, a persistent buffer is itself the master copy and the
+  // shard is a view of it: no second copy of the parameters.
+  const bool shard_is_view = config_.persistent_params && param_dtype == torch::kFloat;
 
-  // Every rank holds the same full values here; each keeps only its slice.
-  torch::Tensor flat = torch::zeros({padded_numel()}, torch::kFloat);
-  for (const auto& e : entries_) flat.narrow(0, e.offset, e.numel).copy_(e.param.reshape({-1}));
+  torch::Tensor flat;
   {
-    MemoryCategoryScope scope(Category::kParameterShard);
-    shard_ = flat.narrow(0, group_->rank() * shard_numel_, shard_numel_).clone();
+    MemoryCategoryScope scope(shard_is_view ? Category::kParameterShard : Category::kOther);
+    flat = torch::zeros({padded_numel()}, torch::kFloat);
+  }
+  for (const auto& e : entries_) flat.narrow(0, e.offset, e.numel).copy_(e.param.reshape({-1}));
+  if (shard_is_view) {
+    unsharded_ = flat;
+    shard_ = flat.narrow(0, r * shard_numel_, shard_numel_).detach();
+  } else {
+    {
+      MemoryCategoryScope scope(Category::kParameterShard);
+      shard_ = flat.narrow(0, r * shard_numel_, shard_numel_).clone();
+    }
+    flat.reset();
+    MemoryCategoryScope scope(buffer_category(config_));
+    unsharded_ = torch::empty({padded_numel()}, param_dtype);
   }
   shard_.requires_grad_(true);
-  unsharded_ = torch::empty({padded_numel()}, torch::kFloat);
-  compat::free_storage(unsharded_);
-  reshard();
+  gathered_version_ = shard_is_view ? shard_._version() : -1;
+  if (config_.full_gradients) {
+    MemoryCategoryScope scope(Category::kGradientShard);
+    full_grad_ = torch::zeros({padded_numel()}, torch::kFloat);
+    shard_.mutable_grad() = K > 1 ? full_grad_.narrow(0, r * shard_numel_, shard_numel_) : full_grad_;
+  }
+  // Full shape and compute dtype, so that gradient accumulators made now fix
+  // the right metadata; the values come with initialize_views().
+  for (auto& e : entries_) e.param.set_data(unsharded_.narrow(0, e.offset, e.numel).view(e.shape));
+}
+
+void FlatParam::initialize_views() {
+  if (config_.persistent_params) {
+    unshard();
+  } else {
+    reshard();
+  }
 }
 
 size_t FlatParam::unsharded_storage_bytes() const { return unsharded_.storage().nbytes(); }
 
+bool FlatParam::shard_aliases_buffer() const {
+  return shard_.storage().unsafeGetStorageImpl() == unsharded_.storage().unsafeGetStorageImpl();
+}
+
 void FlatParam::unshard() {
-  TORCH_CHECK(!is_unsharded(), "FlatParam::unshard: already unsharded");
-  {
-    MemoryCategoryScope scope(Category::kUnshardedBuffer);
-    compat::allocate_storage(unsharded_, padded_numel() * unsharded_.element_size());
+  const int64_t version = shard_._version();
+  if (!is_unsharded() || gathered_version_ != version) {
+    if (!is_unsharded()) {
+      MemoryCategoryScope scope(buffer_category(config_));
+      compat::allocate_storage(unsharded_, padded_numel() * unsharded_.element_size());
+    }
+    torch::Tensor input;
+    if (shard_aliases_buffer()) {
+      input = unsharded_.narrow(0, shard_rank() * shard_numel_, shard_numel_);  // gathered in place
+    } else {
+      MemoryCategoryScope scope(Category::kUnshardedBuffer);
+      input = shard_.detach().to(unsharded_.scalar_type());  // the cast halves bf16 traffic
+    }
+    if (config_.shard_group) {
+      config_.shard_group->all_gather(unsharded_, input)->wait();
+    } else if (!shard_aliases_buffer()) {
+      unsharded_.copy_(input);
+    }
+    gathered_version_ = version;
   }
-  group_->all_gather(unsharded_, shard_.detach())->wait();
   for (auto& e : entries_) e.param.set_data(unsharded_.narrow(0, e.offset, e.numel).view(e.shape));
 }
 
 void FlatParam::reshard() {
+  if (config_.persistent_params) return;
   torch::Tensor empty = torch::empty({0}, unsharded_.options());
   for (auto& e : entries_) e.param.set_data(empty);
   compat::free_storage(unsharded_);
@@ -68,10 +123,11 @@ void FlatParam::reshard() {
 void FlatParam::start_reduce_gradients() {
   TORCH_CHECK(!pending_reduce_, "FlatParam: a gradient reduction is already in flight");
   torch::NoGradGuard no_grad;
+  const torch::ScalarType reduce_dtype = config_.mixed_precision.effective_reduce_dtype();
   torch::Tensor flat_grad;
   {
     MemoryCategoryScope scope(Category::kUnshardedBuffer);
-    flat_grad = torch::zeros({padded_numel()}, torch::kFloat);
+    flat_grad = torch::zeros({padded_numel()}, reduce_dtype);
   }
   for (auto& e : entries_) {
     torch::Tensor& grad = e.param.mutable_grad();
@@ -79,27 +135,49 @@ void FlatParam::start_reduce_gradients() {
     flat_grad.narrow(0, e.offset, e.numel).copy_(grad.reshape({-1}));
     grad.reset();  // the full-size gradient is not kept: that is the point of sharding it
   }
+  if (config_.full_gradients) {
+    const ProcessGroupPtr& group = config_.shard_group ? config_.shard_group : config_.replicate_group;
+    pending_reduce_ = group->all_reduce(flat_grad, ReduceOp::kAvg);
+    pending_result_ = flat_grad;
+    return;
+  }
   // The first reduction of a run becomes the shard's gradient; later ones are
   // temporaries added into it.
-  bool becomes_grad = !shard_.grad().defined();
+  const bool becomes_grad = !shard_.grad().defined() && reduce_dtype == torch::kFloat;
   {
     MemoryCategoryScope scope(becomes_grad ? Category::kGradientShard : Category::kOther);
-    pending_grad_shard_ = torch::empty({shard_numel_}, torch::kFloat);
+    pending_result_ = torch::empty({shard_numel_}, reduce_dtype);
   }
-  pending_reduce_ = group_->reduce_scatter(pending_grad_shard_, flat_grad, ReduceOp::kAvg);
+  pending_reduce_ = config_.shard_group->reduce_scatter(pending_result_, flat_grad, ReduceOp::kAvg);
 }
 
 void FlatParam::finish_reduce_gradients() {
   TORCH_CHECK(pending_reduce_, "FlatParam: no gradient reduction in flight");
   WorkHandle work = std::move(pending_reduce_);
-  torch::Tensor reduced = std::move(pending_grad_shard_);
+  torch::Tensor reduced = std::move(pending_result_);
   work->wait();
   torch::NoGradGuard no_grad;
+  if (config_.full_gradients) {
+    // full_grad_ takes the reduced gradient; the owned slice is the shard's
+    // .grad and accumulates (the optimizer's zero_grad clears it).
+    const int64_t begin = shard_rank() * shard_numel_, end = begin + shard_numel_;
+    torch::Tensor owned = full_grad_.narrow(0, begin, shard_numel_);
+    if (!shard_.grad().defined() || shard_.grad().data_ptr() != owned.data_ptr()) {
+      owned.zero_();  // zero_grad(set_to_none) dropped the link to the buffer
+      shard_.mutable_grad() = owned;
+    }
+    full_grad_.narrow(0, 0, begin).copy_(reduced.narrow(0, 0, begin));
+    full_grad_.narrow(0, end, padded_numel() - end).copy_(reduced.narrow(0, end, padded_numel() - end));
+    owned.add_(reduced.narrow(0, begin, shard_numel_));
+    return;
+  }
+  if (config_.replicate_group) config_.replicate_group->all_reduce(reduced, ReduceOp::kAvg)->wait();
   torch::Tensor& grad = shard_.mutable_grad();
   if (grad.defined()) {
     grad.add_(reduced);
   } else {
-    grad = reduced;
+    MemoryCategoryScope scope(Category::kGradientShard);
+    grad = reduced.scalar_type() == torch::kFloat ? reduced : reduced.to(torch::kFloat);
   }
 }
 

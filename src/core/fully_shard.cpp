@@ -31,13 +31,12 @@ struct GradientReadyHook final : torch::autograd::FunctionPostHook {
   Unit* unit;
 };
 
-std::vector<std::shared_ptr<torch::autograd::Node>> make_accumulators(
-    const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+std::vector<std::shared_ptr<torch::autograd::Node>> make_accumulators(const std::vector<FlatParamEntry>& entries) {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
-  for (const auto& [name, param] : params) {
-    if (!param.requires_grad()) continue;  // frozen: no gradient to wait for
-    TORCH_CHECK(param.is_leaf(), "parameter '", name, "' is not a leaf tensor and cannot be sharded");
-    accumulators.push_back(torch::autograd::impl::grad_accumulator(param));
+  for (const auto& e : entries) {
+    if (!e.param.requires_grad()) continue;  // frozen: no gradient to wait for
+    TORCH_CHECK(e.param.is_leaf(), "parameter '", e.name, "' is not a leaf tensor and cannot be sharded");
+    accumulators.push_back(torch::autograd::impl::grad_accumulator(e.param));
   }
   return accumulators;
 }
@@ -47,68 +46,81 @@ std::vector<std::shared_ptr<torch::autograd::Node>> make_accumulators(
 const char* unit_state_name(UnitState state) {
   switch (state) {
     case UnitState::kSharded: return "SHARDED";
-    case UnitState::kUnshardedForward: return "UNSHARDED (forward)";
-    case UnitState::kUnshardedBackward: return "UNSHARDED (backward)";
+    case UnitState::kUnsharded: return "UNSHARDED";
+    case UnitState::kForward: return "FORWARD";
+    case UnitState::kBackward: return "BACKWARD";
   }
   return "unknown";
 }
 
-Unit::Unit(FsdpState* owner, UnitPlan plan, ProcessGroupPtr group)
+Unit::Unit(FsdpState* owner, UnitPlan plan, FlatParamConfig config)
     : owner_(owner),
       name_(std::move(plan.name)),
       module_(plan.module),
-      grad_accumulators_(make_accumulators(plan.params)),
-      flat_(std::move(plan.params), std::move(group)) {
+      flat_(std::move(plan.params), std::move(config)),
+      grad_accumulators_(make_accumulators(flat_.entries())) {
   for (auto& accumulator : grad_accumulators_) accumulator->add_post_hook(std::make_unique<GradientReadyHook>(this));
+  flat_.initialize_views();
+  state_ = flat_.config().persistent_params ? UnitState::kUnsharded : UnitState::kSharded;
 }
 
 std::string Unit::display_name() const { return name_.empty() ? "<root>" : name_; }
 
-void Unit::transition(UnitState from, UnitState to) {
-  TORCH_CHECK(state_ == from, "FSDP unit '", display_name(), "': illegal transition to ", unit_state_name(to),
-              " from ", unit_state_name(state_), " (expected ", unit_state_name(from),
+void Unit::transition(std::initializer_list<UnitState> from, UnitState to) {
+  bool legal = false;
+  std::string expected;
+  for (UnitState f : from) {
+    legal = legal || state_ == f;
+    expected += (expected.empty() ? "" : " or ") + std::string(unit_state_name(f));
+  }
+  TORCH_CHECK(legal, "FSDP unit '", display_name(), "': illegal transition to ", unit_state_name(to), " from ",
+              unit_state_name(state_), " (expected ", expected,
               "). Is the unit's module called outside fsdp::unit_forward, or twice in one forward?");
   state_ = to;
 }
 
 void Unit::pre_forward() {
-  transition(UnitState::kSharded, UnitState::kUnshardedForward);
+  transition({UnitState::kSharded, UnitState::kUnsharded}, UnitState::kForward);
   owner_->on_forward_entered(*this);
   flat_.unshard();
 }
 
 void Unit::post_forward() {
-  transition(UnitState::kUnshardedForward, UnitState::kSharded);
-  flat_.reshard();
+  // Without autograd there is no backward to keep the parameters for.
+  const bool reshard = !flat_.config().persistent_params &&
+                       (reshards_after_forward(owner_->options().strategy()) || !torch::GradMode::is_enabled());
+  transition({UnitState::kForward}, reshard ? UnitState::kSharded : UnitState::kUnsharded);
+  if (reshard) flat_.reshard();
 }
 
 void Unit::pre_backward() {
   // A unit with several outputs hears this once per output; the first wins.
-  if (state_ == UnitState::kUnshardedBackward) return;
+  if (state_ == UnitState::kBackward) return;
   owner_->on_backward_event();
-  transition(UnitState::kSharded, UnitState::kUnshardedBackward);
+  transition({UnitState::kSharded, UnitState::kUnsharded}, UnitState::kBackward);
   flat_.unshard();
   gradients_pending_ = static_cast<int64_t>(grad_accumulators_.size());
 }
 
 void Unit::on_gradient_ready() {
-  TORCH_CHECK(state_ == UnitState::kUnshardedBackward, "FSDP unit '", display_name(),
+  TORCH_CHECK(state_ == UnitState::kBackward, "FSDP unit '", display_name(),
               "': a parameter gradient arrived while the unit is ", unit_state_name(state_),
               "; its parameters were used outside the unit's forward");
   if (--gradients_pending_ == 0) post_backward();
 }
 
 void Unit::post_backward() {
-  transition(UnitState::kUnshardedBackward, UnitState::kSharded);
-  flat_.start_reduce_gradients();
+  const bool persistent = flat_.config().persistent_params;
+  transition({UnitState::kBackward}, persistent ? UnitState::kUnsharded : UnitState::kSharded);
+  if (owner_->requires_gradient_sync()) flat_.start_reduce_gradients();
   flat_.reshard();
 }
 
 FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr group, FullyShardOptions options)
-    : module_(std::move(module)), group_(std::move(group)) {
+    : module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {
   TORCH_CHECK(module_, "fully_shard: the module is null");
   TORCH_CHECK(group_, "fully_shard: the process group is null");
-  std::vector<UnitPlan> plans = plan_units(*module_, options.wrap_policy());
+  std::vector<UnitPlan> plans = plan_units(*module_, options_.wrap_policy());
   // Everything is checked before any parameter is touched: a refused model stays intact.
   for (const auto& plan : plans) {
     TORCH_CHECK(!detail::find_unit(plan.module), "fully_shard: module '", plan.name.empty() ? "<root>" : plan.name,
@@ -119,7 +131,15 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
     }
   }
   check_same_plan_on_every_rank(plans);
-  for (auto& plan : plans) units_.push_back(std::make_unique<Unit>(this, std::move(plan), group_));
+  make_groups();
+  const ShardingStrategy strategy = options_.strategy();
+  const FlatParamConfig config{shard_group_, replicate_group_, keeps_params_unsharded(strategy),
+                               keeps_full_gradients(strategy), options_.mixed_precision()};
+  for (auto& plan : plans) units_.push_back(std::make_unique<Unit>(this, std::move(plan), config));
+  const torch::ScalarType buffer_dtype = options_.mixed_precision().effective_buffer_dtype();
+  for (auto& buffer : module_->buffers()) {
+    if (buffer.is_floating_point()) buffer.set_data(buffer.to(buffer_dtype));
+  }
   std::lock_guard<std::mutex> lock(registry_mutex);
   for (const auto& unit : units_) registry()[unit->module()] = unit.get();
 }
@@ -132,6 +152,10 @@ void FsdpState::check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans
     for (size_t i = 0; i < n; ++i) hash = (hash ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
   };
   int64_t total = 0;
+  const int64_t settings[] = {static_cast<int64_t>(options_.strategy()), options_.ranks_per_node(),
+                              static_cast<int64_t>(options_.mixed_precision().param_dtype()),
+                              static_cast<int64_t>(options_.mixed_precision().effective_reduce_dtype())};
+  mix(settings, sizeof(settings));
   for (const auto& plan : plans) {
     int64_t numel = 0;
     for (const auto& p : plan.params) numel += p.second.numel();
@@ -148,8 +172,8 @@ void FsdpState::check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans
   for (int r = 1; r < world; ++r) same = same && a[3 * r] == a[0] && a[3 * r + 1] == a[1] && a[3 * r + 2] == a[2];
   if (same) return;
   std::ostringstream msg;
-  msg << "fully_shard: the ranks sharded different models (a different wrap policy, model configuration or "
-         "parameter set); units and parameter elements per rank:";
+  msg << "fully_shard: the ranks sharded different models, or with different options (wrap policy, model "
+         "configuration, parameter set, strategy, precision); units and parameter elements per rank:";
   for (int r = 0; r < world; ++r) msg << "\n  rank " << r << ": " << a[3 * r] << " units, " << a[3 * r + 1] << " elements";
   TORCH_CHECK(false, msg.str());
 }
@@ -165,10 +189,59 @@ std::vector<torch::Tensor> FsdpState::parameters() const {
   return shards;
 }
 
+void FsdpState::make_groups() {
+  const ShardingStrategy strategy = options_.strategy();
+  const int world = group_->size(), rank = group_->rank();
+  if (strategy == ShardingStrategy::kNoShard) {
+    replicate_group_ = group_->split(0, rank);
+    return;
+  }
+  if (!is_hybrid(strategy)) {
+    shard_group_ = group_->split(0, rank);
+    return;
+  }
+  const int per_node = options_.ranks_per_node();
+  if (per_node > 0) {
+    TORCH_CHECK(world % per_node == 0, "fully_shard: ", world, " ranks cannot form nodes of ", per_node,
+                " ranks (ranks_per_node must divide the world size)");
+    shard_group_ = group_->split(rank / per_node, rank);
+  } else {
+    shard_group_ = group_->split_shared_memory();
+    torch::Tensor sizes = torch::empty({world}, torch::kLong);
+    group_->all_gather(sizes, torch::tensor({static_cast<int64_t>(shard_group_->size())}, torch::kLong))->wait();
+    TORCH_CHECK(sizes.min().item<int64_t>() == sizes.max().item<int64_t>(), "fully_shard: hybrid sharding needs ",
+                "the same number of ranks on every node; MPI reports node sizes from ", sizes.min().item<int64_t>(),
+                " to ", sizes.max().item<int64_t>());
+  }
+  replicate_group_ = group_->split(shard_group_->rank(), rank);
+}
+
+CommStats FsdpState::comm_stats() const {
+  CommStats total;
+  for (const auto* g : {&shard_group_, &replicate_group_}) {
+    if (!*g) continue;
+    CommStats s = (*g)->stats();
+    for (size_t k = 0; k < total.bytes.size(); ++k) {
+      total.bytes[k] += s.bytes[k];
+      total.calls[k] += s.calls[k];
+    }
+    total.wait_seconds += s.wait_seconds;
+  }
+  return total;
+}
+
+void FsdpState::reset_comm_stats() {
+  for (const auto* g : {&shard_group_, &replicate_group_})
+    if (*g) (*g)->reset_stats();
+}
+
 void FsdpState::check_idle() const {
   for (const auto& unit : units_) {
-    TORCH_CHECK(unit->state() == UnitState::kSharded && !unit->flat_param().is_unsharded(), "FSDP unit '",
-                unit->display_name(), "' is ", unit_state_name(unit->state()), " between steps (expected SHARDED)");
+    const bool persistent = unit->flat_param().config().persistent_params;
+    const UnitState idle = persistent ? UnitState::kUnsharded : UnitState::kSharded;
+    TORCH_CHECK(unit->state() == idle && unit->flat_param().is_unsharded() == persistent, "FSDP unit '",
+                unit->display_name(), "' is ", unit_state_name(unit->state()), " between steps (expected ",
+                unit_state_name(idle), ")");
     TORCH_CHECK(!unit->flat_param().reduce_pending(), "FSDP unit '", unit->display_name(),
                 "' still has a gradient reduction in flight between steps");
   }
@@ -204,7 +277,7 @@ void FsdpState::finish_backward() {
   // Units some of whose parameters got no gradient in this pass never
   // counted down to zero: reduce them now (missing gradients count as zero).
   for (auto& unit : units_) {
-    if (unit->state() == UnitState::kUnshardedBackward) unit->post_backward();
+    if (unit->state() == UnitState::kBackward) unit->post_backward();
   }
   for (auto& unit : units_) {
     if (unit->flat_param().reduce_pending()) unit->flat_param().finish_reduce_gradients();
@@ -224,7 +297,7 @@ UnitForwardScope::UnitForwardScope(const torch::nn::Module* module) : unit_(find
 }
 
 UnitForwardScope::~UnitForwardScope() {
-  if (!unit_ || unit_->state() != UnitState::kUnshardedForward) return;
+  if (!unit_ || unit_->state() != UnitState::kForward) return;
   try {
     unit_->post_forward();
   } catch (const std::exception& e) {

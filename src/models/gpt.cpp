@@ -105,7 +105,8 @@ torch::Tensor GPTImpl::logits(const torch::Tensor& idx) {
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
-  torch::Tensor out = logits(idx);
+  // The loss in fp32 whatever the compute dtype (a no-op for fp32 models).
+  torch::Tensor out = logits(idx).to(torch::kFloat);
   return torch::nn::functional::cross_entropy(out.view({-1, out.size(-1)}), targets.reshape({-1}));
 }
 

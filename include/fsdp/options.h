@@ -1,0 +1,67 @@
+#pragma once
+// What fully_shard() can be asked for: the sharding strategy, mixed
+// precision, and the wrap policy.
+
+#include <torch/arg.h>
+#include <torch/types.h>
+
+#include <optional>
+#include <string>
+
+#include "fsdp/wrap_policy.h"
+
+namespace fsdp {
+
+// Who keeps what (per rank; W ranks, K ranks per node):
+//   kNoShard         params, grads, optimizer state replicated; one all-reduce of the gradients (DDP)
+//   kZero1           params and grads replicated (grads all-reduced), optimizer state sharded;
+//                    each rank steps its slice and the slices are all-gathered after the step
+//   kShardGradOp     ZeRO-2: params sharded at rest, unsharded from forward until after backward;
+//                    grads and optimizer state sharded
+//   kFullShard       ZeRO-3: params gathered on demand, before forward and again before backward
+//   kHybridShard     kFullShard inside a node (K ranks), replicated across nodes
+//   kHybridShardZero2  kShardGradOp inside a node, replicated across nodes
+enum class ShardingStrategy { kNoShard, kZero1, kShardGradOp, kFullShard, kHybridShard, kHybridShardZero2 };
+
+// "no_shard", "zero1", "shard_grad_op", "full_shard", "hybrid_shard", "hybrid_shard_zero2".
+const char* strategy_name(ShardingStrategy strategy);
+ShardingStrategy parse_strategy(const std::string& name);  // throws, listing the names
+bool is_hybrid(ShardingStrategy strategy);
+// Parameters stay unsharded between steps (no_shard, zero1).
+bool keeps_params_unsharded(ShardingStrategy strategy);
+// Gradients are reduced into a full-size, replicated buffer (no_shard, zero1).
+bool keeps_full_gradients(ShardingStrategy strategy);
+// Parameters are freed after forward and gathered again for backward.
+bool reshards_after_forward(ShardingStrategy strategy);
+
+// As PyTorch's MixedPrecision: the optimizer always steps fp32 master
+// shards; param_dtype is what is gathered and computed with (the shard is
+// cast before the all-gather, so bf16 halves the traffic); reduce_dtype is
+// what gradients are reduced in (default: param_dtype); buffer_dtype is what
+// module buffers are cast to (default: param_dtype).
+struct MixedPrecision {
+  MixedPrecision() = default;
+  torch::ScalarType effective_reduce_dtype() const { return reduce_dtype_.value_or(param_dtype_); }
+  torch::ScalarType effective_buffer_dtype() const { return buffer_dtype_.value_or(param_dtype_); }
+
+  TORCH_ARG(torch::ScalarType, param_dtype) = torch::kFloat;
+  TORCH_ARG(std::optional<torch::ScalarType>, reduce_dtype) = std::nullopt;
+  TORCH_ARG(std::optional<torch::ScalarType>, buffer_dtype) = std::nullopt;
+};
+
+// "fp32", "bf16" or "fp16" (also "float32", "bfloat16", "float16").
+torch::ScalarType parse_dtype(const std::string& name);
+const char* dtype_name(torch::ScalarType type);
+
+struct FullyShardOptions {
+  FullyShardOptions() = default;
+  // Which submodules become units; without one, the whole model is one unit.
+  TORCH_ARG(WrapPolicy, wrap_policy) = nullptr;
+  TORCH_ARG(ShardingStrategy, strategy) = ShardingStrategy::kFullShard;
+  TORCH_ARG(MixedPrecision, mixed_precision) = MixedPrecision();
+  // Hybrid strategies: ranks per node (the shard group). 0 = the ranks that
+  // share memory with this one, as MPI reports them.
+  TORCH_ARG(int, ranks_per_node) = 0;
+};
+
+}  // namespace fsdp

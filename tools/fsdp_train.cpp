@@ -18,6 +18,8 @@
 #include "fsdp/comm.h"
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/grad_utils.h"
+#include "fsdp/memory_plan.h"
 #include "fsdp/gpt.h"
 #include "fsdp/memory.h"
 #include "fsdp/state_dict.h"
@@ -40,6 +42,14 @@ struct TrainOptions {
   std::string log;
   int threads = 0;
   int64_t print_every = 0;
+  std::string strategy = "full_shard";
+  int ranks_per_node = 0;
+  int64_t memory_budget = 0;
+  std::string param_dtype = "fp32";
+  std::string reduce_dtype;
+  int64_t grad_accum = 1;
+  bool no_sync = false;
+  double clip_grad_norm = 0.0;
 };
 
 // What each rank reports after a step, gathered to rank 0.
@@ -94,14 +104,70 @@ struct Run {
   fsdp::models::GPTConfig config;
   std::unique_ptr<fsdp::models::TokenData> data;
   fsdp::models::GPT model{nullptr};
+  fsdp::FullyShardOptions fsdp_options;
+  std::string strategy_reason;  // why --strategy auto picked what it did
   std::ofstream log;
 };
 
-Run prepare(const TrainOptions& o, int rank) {
+
+int ranks_per_node(const TrainOptions& o) {
+  if (o.ranks_per_node > 0) return o.ranks_per_node;
+  const char* env = std::getenv("FSDP_RANKS_PER_NODE");  // set by fsdp-run --ranks-per-node
+  return env ? std::atoi(env) : 0;
+}
+
+fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
+  fsdp::MixedPrecision mp;
+  mp.param_dtype(fsdp::parse_dtype(o.param_dtype));
+  if (!o.reduce_dtype.empty()) mp.reduce_dtype(fsdp::parse_dtype(o.reduce_dtype));
+  auto options = fsdp::FullyShardOptions()
+                     .wrap_policy(fsdp::module_type_policy<fsdp::models::BlockImpl>())
+                     .mixed_precision(mp)
+                     .ranks_per_node(ranks_per_node(o));
+  if (o.strategy != "auto") options.strategy(fsdp::parse_strategy(o.strategy));
+  return options;
+}
+
+// --strategy auto: the lightest strategy (least communication) whose
+// per-rank model state fits the budget.
+fsdp::ShardingStrategy pick_strategy(const TrainOptions& o, Run& run, int world) {
+  TORCH_CHECK(o.memory_budget > 0, "--strategy auto needs --memory-budget BYTES (per-rank model state)");
+  std::vector<int64_t> unit_numels;
+  for (const auto& plan : fsdp::plan_units(*run.model, run.fsdp_options.wrap_policy())) {
+    int64_t n = 0;
+    for (const auto& p : plan.params) n += p.second.numel();
+    unit_numels.push_back(n);
+  }
+  using S = fsdp::ShardingStrategy;
+  const int per_node = run.fsdp_options.ranks_per_node();
+  std::vector<S> candidates = {S::kNoShard, S::kZero1, S::kShardGradOp, S::kFullShard};
+  if (per_node > 0 && per_node < world) {
+    candidates = {S::kNoShard, S::kZero1, S::kHybridShardZero2, S::kShardGradOp, S::kHybridShard, S::kFullShard};
+  }
+  std::ostringstream why;
+  for (S s : candidates) {
+    auto bytes = fsdp::estimate_model_state(unit_numels, s, world, per_node, run.fsdp_options.mixed_precision());
+    why << (why.tellp() > 0 ? "; " : "") << fsdp::strategy_name(s) << " needs " << human_bytes(bytes.total());
+    if (bytes.total() <= o.memory_budget) {
+      run.strategy_reason = "auto picked " + std::string(fsdp::strategy_name(s)) + " (per-rank model state within " +
+                            human_bytes(o.memory_budget) + "): " + why.str();
+      return s;
+    }
+  }
+  TORCH_CHECK(false, "--strategy auto: no strategy fits a per-rank model state of ", o.memory_budget, " bytes at ",
+              world, " ranks: ", why.str());
+}
+
+
+Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
+  const int rank = world->rank();
   Run run;
   run.config = make_config(o);
   TORCH_CHECK(o.steps > 0, "--steps must be positive, got ", o.steps);
   TORCH_CHECK(o.lr > 0, "--lr must be positive, got ", o.lr);
+  TORCH_CHECK(o.grad_accum > 0, "--grad-accum must be positive, got ", o.grad_accum);
+  TORCH_CHECK(o.clip_grad_norm >= 0, "--clip-grad-norm must be positive, got ", o.clip_grad_norm);
+  run.fsdp_options = make_fsdp_options(o);
   std::string data_path = o.data.empty() ? std::string(FSDP_DEFAULT_CORPUS) : o.data;
   TORCH_CHECK(!o.data.empty() || std::ifstream(data_path).good(), "the built-in default corpus '", data_path,
               "' is missing: run scripts/setup.sh, or pass --data FILE");
@@ -109,6 +175,7 @@ Run prepare(const TrainOptions& o, int rank) {
   run.model = fsdp::models::GPT(run.config);
   run.model->init_weights(o.seed);
   if (!o.init_from.empty()) fsdp::load_full_weights(*run.model, o.init_from);
+  if (o.strategy == "auto") run.fsdp_options.strategy(pick_strategy(o, run, world->size()));
   if (rank == 0 && !o.log.empty()) {
     run.log.open(o.log, std::ios::trunc);
     TORCH_CHECK(run.log, "cannot open the log file '", o.log, "' for writing");
@@ -120,41 +187,76 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   const int rank = world->rank(), W = world->size();
   const auto& c = run.config;
   const int64_t num_params = run.model->num_parameters();
-  auto model = fsdp::fully_shard(run.model, world,
-                                 fsdp::FullyShardOptions().wrap_policy(
-                                     fsdp::module_type_policy<fsdp::models::BlockImpl>()));
+  auto model = fsdp::fully_shard(run.model, world, run.fsdp_options);
+  fsdp::FsdpState& state = model.state();
+  const fsdp::ShardingStrategy strategy = run.fsdp_options.strategy();
   torch::optim::AdamW optimizer(model.parameters(),
                                 torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0));
+  const auto& mp = run.fsdp_options.mixed_precision();
+  std::unique_ptr<fsdp::GradScaler> scaler;
+  if (mp.param_dtype() == torch::kHalf || mp.effective_reduce_dtype() == torch::kHalf) {
+    scaler = std::make_unique<fsdp::GradScaler>(state);
+  }
+  // Skipping the reduction on all but the last micro-step costs nothing
+  // where gradients are kept whole anyway; elsewhere it keeps full-size
+  // gradients between micro-steps, so it is asked for with --no-sync.
+  const bool skip_sync = o.grad_accum > 1 && (fsdp::keeps_full_gradients(strategy) || o.no_sync);
 
-  const int64_t tokens_per_step = c.batch * c.context * W;
+  const int64_t A = o.grad_accum;
+  const int64_t tokens_per_step = c.batch * c.context * W * A;
   const int64_t print_every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 20);
   if (rank == 0) {
     std::cout << "fsdp-train: GPT " << o.preset << " (" << c.describe() << "), " << num_params << " parameters\n"
-              << "  FULL_SHARD over " << W << " rank(s), " << model.state().units().size() << " units, "
-              << torch::get_num_threads() << " thread(s) per rank, " << tokens_per_step << " tokens per step\n"
-              << "  data: " << run.data->path() << " (" << run.data->size() << " tokens)\n"
-              << std::flush;
+              << "  " << fsdp::strategy_name(strategy) << " over " << W << " rank(s)";
+    if (state.shard_group()) std::cout << ", shard group of " << state.shard_group()->size();
+    if (state.replicate_group()) std::cout << ", replicate group of " << state.replicate_group()->size();
+    std::cout << ", " << state.units().size() << " units, " << torch::get_num_threads() << " thread(s) per rank\n"
+              << "  params " << fsdp::dtype_name(mp.param_dtype()) << ", reduce "
+              << fsdp::dtype_name(mp.effective_reduce_dtype()) << (scaler ? " with loss scaling" : "")
+              << ", " << A << " micro-step(s) per step" << (skip_sync ? " (reduced on the last)" : "") << ", "
+              << tokens_per_step << " tokens per step\n"
+              << "  data: " << run.data->path() << " (" << run.data->size() << " tokens)\n";
+    if (!run.strategy_reason.empty()) std::cout << "  " << run.strategy_reason << "\n";
+    std::cout << std::flush;
   }
 
   std::vector<double> step_times;
   std::vector<int64_t> last_figures(kNumFigures * W, 0), max_peak(W, 0);
   double final_loss = 0.0;
+  int64_t skipped_steps = 0;
   const auto run_start = Clock::now();
   for (int64_t step = 0; step < o.steps; ++step) {
     fsdp::memory::reset_peaks();
+    state.reset_comm_stats();
     const auto start = Clock::now();
-    auto [x, y] = run.data->batch(step, /*micro=*/0, rank, W, /*accum=*/1, c.batch);
-    torch::Tensor loss = model.forward(x, y);
-    loss.backward();
-    {
-      fsdp::memory::MemoryCategoryScope scope(Category::kOptimizerState);
-      optimizer.step();
+    torch::Tensor step_loss = torch::zeros({}, torch::kFloat);
+    for (int64_t micro = 0; micro < A; ++micro) {
+      state.set_requires_gradient_sync(!skip_sync || micro == A - 1);
+      auto [x, y] = run.data->batch(step, micro, rank, W, A, c.batch);
+      // Each micro-step's mean is 1/A of the step's: the gradient is that of
+      // the mean over the global batch.
+      torch::Tensor loss = model.forward(x, y) / static_cast<double>(A);
+      (scaler ? scaler->scale(loss) : loss).backward();
+      step_loss += loss.detach();
     }
+    double grad_norm = -1.0;
+    bool stepped = true;
+    {
+      if (scaler) scaler->unscale_();
+      if (o.clip_grad_norm > 0) grad_norm = fsdp::clip_grad_norm_(state, o.clip_grad_norm);
+      fsdp::memory::MemoryCategoryScope scope(Category::kOptimizerState);
+      if (scaler) {
+        stepped = scaler->step(optimizer);
+      } else {
+        optimizer.step();
+      }
+    }
+    skipped_steps += stepped ? 0 : 1;
     optimizer.zero_grad();
-    model.state().check_idle();
+    state.check_idle();
+    const fsdp::CommStats comm = state.comm_stats();
     // The loss of the step is the global-batch mean: the mean of the ranks' means.
-    torch::Tensor global_loss = loss.detach().clone();
-    world->all_reduce(global_loss, fsdp::ReduceOp::kAvg)->wait();
+    world->all_reduce(step_loss, fsdp::ReduceOp::kAvg)->wait();
     const double step_s = std::chrono::duration<double>(Clock::now() - start).count();
 
     auto usage = fsdp::memory::usage();
@@ -163,7 +265,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                                        torch::kLong);
     torch::Tensor all = torch::empty({kNumFigures * W}, torch::kLong);
     world->all_gather(all, mine)->wait();
-    final_loss = global_loss.item<double>();
+    final_loss = step_loss.item<double>();
     if (step > 0 || o.steps == 1) step_times.push_back(step_s);
     if (rank != 0) continue;
 
@@ -177,10 +279,27 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     }
     const double tokens_per_s = tokens_per_step / step_s;
     if (run.log.is_open()) {
-      nlohmann::json line = {{"step", step + 1},           {"loss", final_loss},
-                             {"step_s", step_s},           {"tokens_per_s", tokens_per_s},
-                             {"lr", o.lr},                 {"world_size", W},
-                             {"model_state_bytes", model_state}, {"peak_tensor_bytes", peak}};
+      nlohmann::json comm_bytes;
+      for (auto kind : {fsdp::CollectiveKind::kAllGather, fsdp::CollectiveKind::kReduceScatter,
+                        fsdp::CollectiveKind::kAllReduce}) {
+        comm_bytes[fsdp::collective_name(kind)] = comm.bytes[static_cast<size_t>(kind)];
+      }
+      nlohmann::json line = {{"step", step + 1},
+                             {"loss", final_loss},
+                             {"step_s", step_s},
+                             {"tokens_per_s", tokens_per_s},
+                             {"lr", o.lr},
+                             {"world_size", W},
+                             {"strategy", fsdp::strategy_name(strategy)},
+                             {"comm_bytes", comm_bytes},
+                             {"comm_wait_s", comm.wait_seconds},
+                             {"model_state_bytes", model_state},
+                             {"peak_tensor_bytes", peak}};
+      if (grad_norm >= 0) line["grad_norm"] = grad_norm;
+      if (scaler) {
+        line["skipped"] = !stepped;
+        line["loss_scale"] = scaler->scale_factor();
+      }
       run.log << line.dump() << "\n" << std::flush;
     }
     if ((step + 1) % print_every == 0 || step == 0 || step + 1 == o.steps) {
@@ -188,21 +307,22 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
       std::cout << "step " << std::setw(5) << step + 1 << "/" << o.steps << " | loss " << std::fixed
                 << std::setprecision(4) << final_loss << " | " << std::setprecision(0) << tokens_per_s << " tok/s | "
                 << std::setprecision(3) << step_s << " s/step | ETA "
-                << human_seconds(typical * static_cast<double>(o.steps - step - 1)) << "\n"
-                << std::flush;
+                << human_seconds(typical * static_cast<double>(o.steps - step - 1));
+      if (!stepped) std::cout << " | skipped (overflow)";
+      std::cout << "\n" << std::flush;
     }
   }
   const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
 
   if (!o.save_final.empty()) {
-    fsdp::save_full_weights(model.state(), o.save_final,
+    fsdp::save_full_weights(state, o.save_final,
                             {{"format", "pt"}, {"model", "gpt"}, {"config", c.describe()}, {"steps", std::to_string(o.steps)}});
   }
   if (rank == 0) {
     const double typical = median(step_times);
     std::cout << "\n== summary ==\n"
               << "final loss        " << std::fixed << std::setprecision(4) << final_loss << " after " << o.steps
-              << " steps\n"
+              << " steps" << (scaler ? " (" + std::to_string(skipped_steps) + " skipped on overflow)" : "") << "\n"
               << "throughput        " << std::setprecision(0) << tokens_per_step / typical << " tokens/s (median step "
               << std::setprecision(3) << typical << " s, first step excluded); wall " << std::setprecision(1)
               << elapsed << " s\n"
@@ -247,6 +367,21 @@ int main(int argc, char** argv) {
   app.add_option("--log", o.log, "JSON lines, one per step");
   app.add_option("--threads", o.threads, "LibTorch threads per rank (default: from fsdp-run, else cores / ranks)");
   app.add_option("--print-every", o.print_every, "progress line interval (default: steps / 20)");
+  app.add_option("--strategy", o.strategy,
+                 "no_shard, zero1, shard_grad_op, full_shard, hybrid_shard, hybrid_shard_zero2, or auto")
+      ->capture_default_str();
+  app.add_option("--ranks-per-node", o.ranks_per_node,
+                 "hybrid strategies: ranks per (simulated) node (default: from fsdp-run, else MPI's shared-memory nodes)");
+  app.add_option("--memory-budget", o.memory_budget, "--strategy auto: per-rank model-state budget in bytes");
+  app.add_option("--param-dtype", o.param_dtype, "fp32, bf16 or fp16: the dtype gathered and computed with")
+      ->capture_default_str();
+  app.add_option("--reduce-dtype", o.reduce_dtype, "fp32, bf16 or fp16: the dtype gradients are reduced in "
+                                                   "(default: the param dtype)");
+  app.add_option("--grad-accum", o.grad_accum, "micro-steps per optimizer step")->capture_default_str();
+  app.add_flag("--no-sync", o.no_sync,
+               "with --grad-accum: skip the reduction before the last micro-step also for sharded-gradient "
+               "strategies (keeps full-size gradients between micro-steps)");
+  app.add_option("--clip-grad-norm", o.clip_grad_norm, "clip the global gradient norm to this (0: off)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -259,7 +394,7 @@ int main(int argc, char** argv) {
   Run run;
   int failed = 0;
   try {
-    run = prepare(o, rank);
+    run = prepare(o, world);
   } catch (const std::exception& e) {
     failed = 1;
     if (rank == 0 || std::string(e.what()).find("log file") != std::string::npos)

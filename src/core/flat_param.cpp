@@ -29,6 +29,13 @@ namespace {
 Category buffer_category(const FlatParamConfig& config) {
   return config.persistent_params ? Category::kParameterShard : Category::kUnshardedBuffer;
 }
+
+// numel elements of `tensor` from `offset`, sharing its memory but not an
+// autograd view of it: optimizers detach_() gradients in zero_grad(), which
+// LibTorch refuses for views.
+torch::Tensor alias(const torch::Tensor& tensor, int64_t offset, int64_t numel) {
+  return torch::empty({0}, tensor.options()).set_(tensor.storage(), tensor.storage_offset() + offset, {numel}, {1});
+}
 }  // namespace
 
 FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, FlatParamConfig config)
@@ -68,7 +75,7 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, 
   if (config_.full_gradients) {
     MemoryCategoryScope scope(Category::kGradientShard);
     full_grad_ = torch::zeros({padded_numel()}, torch::kFloat);
-    shard_.mutable_grad() = K > 1 ? full_grad_.narrow(0, r * shard_numel_, shard_numel_) : full_grad_;
+    shard_.mutable_grad() = alias(full_grad_, r * shard_numel_, shard_numel_);
   }
   // Full shape and compute dtype, so that gradient accumulators made now fix
   // the right metadata; the values come with initialize_views().
@@ -161,11 +168,12 @@ void FlatParam::finish_reduce_gradients() {
     // full_grad_ takes the reduced gradient; the owned slice is the shard's
     // .grad and accumulates (the optimizer's zero_grad clears it).
     const int64_t begin = shard_rank() * shard_numel_, end = begin + shard_numel_;
-    torch::Tensor owned = full_grad_.narrow(0, begin, shard_numel_);
-    if (!shard_.grad().defined() || shard_.grad().data_ptr() != owned.data_ptr()) {
+    if (!shard_.grad().defined() || shard_.grad().data_ptr() != full_grad_.narrow(0, begin, 1).data_ptr()) {
+      torch::Tensor owned = alias(full_grad_, begin, shard_numel_);
       owned.zero_();  // zero_grad(set_to_none) dropped the link to the buffer
       shard_.mutable_grad() = owned;
     }
+    torch::Tensor owned = shard_.grad();
     full_grad_.narrow(0, 0, begin).copy_(reduced.narrow(0, 0, begin));
     full_grad_.narrow(0, end, padded_numel() - end).copy_(reduced.narrow(0, end, padded_numel() - end));
     owned.add_(reduced.narrow(0, begin, shard_numel_));

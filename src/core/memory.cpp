@@ -1,6 +1,8 @@
-// The counting allocator. It wraps the allocator LibTorch had installed: each
-// allocation is made by that allocator and carried in a small record that
-// remembers its size and category, so the free knows what to subtract.
+// The counting allocator. It wraps the allocator LibTorch had installed:
+// each allocation is made by that allocator, and a side table keyed by the
+// data pointer remembers its size and category, so the free knows what to
+// subtract. Context == data pointer, so LibTorch's raw_allocate path (used
+// by its oneDNN kernels) works too.
 
 #include "fsdp/memory.h"
 
@@ -8,6 +10,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <mutex>
+#include <unordered_map>
 
 #include "fsdp/compat.h"
 
@@ -16,9 +19,16 @@ namespace {
 
 thread_local Category current_category = Category::kOther;
 
+struct Record {
+  c10::DataPtr inner;  // frees the memory when destroyed
+  int64_t bytes;
+  Category category;
+};
+
 struct Counters {
   std::mutex mutex;
   Usage usage;
+  std::unordered_map<void*, Record> live;
 };
 
 Counters& counters() {
@@ -26,15 +36,8 @@ Counters& counters() {
   return *c;
 }
 
-struct Record {
-  c10::DataPtr inner;
-  int64_t bytes;
-  Category category;
-};
-
-void add(Category category, int64_t bytes) {
-  auto& c = counters();
-  std::lock_guard<std::mutex> lock(c.mutex);
+// Call with the mutex held.
+void add(Counters& c, Category category, int64_t bytes) {
   auto i = static_cast<size_t>(category);
   c.usage.live_bytes[i] += bytes;
   c.usage.live_total += bytes;
@@ -42,10 +45,18 @@ void add(Category category, int64_t bytes) {
   if (c.usage.live_total > c.usage.peak_total) c.usage.peak_total = c.usage.live_total;
 }
 
-void release(void* context) {
-  auto* record = static_cast<Record*>(context);
-  add(record->category, -record->bytes);
-  delete record;  // the inner DataPtr frees the memory
+void release(void* data) {
+  auto& c = counters();
+  c10::DataPtr inner;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto it = c.live.find(data);
+    if (it == c.live.end()) return;  // not ours: cannot happen for pointers we handed out
+    add(c, it->second.category, -it->second.bytes);
+    inner = std::move(it->second.inner);
+    c.live.erase(it);
+  }
+  // `inner` frees the memory here, outside the lock.
 }
 
 class CountingAllocator final : public c10::Allocator {
@@ -55,13 +66,18 @@ class CountingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) FSDP_ALLOCATE_CONST override {
     c10::DataPtr inner = inner_->allocate(nbytes);
     void* data = inner.get();
+    if (data == nullptr) return inner;  // zero bytes: nothing to count
     c10::Device device = inner.device();
-    auto* record = new Record{std::move(inner), static_cast<int64_t>(nbytes), current_category};
-    add(record->category, record->bytes);
-    return {data, record, &release, device};
+    auto& c = counters();
+    {
+      std::lock_guard<std::mutex> lock(c.mutex);
+      add(c, current_category, static_cast<int64_t>(nbytes));
+      c.live.emplace(data, Record{std::move(inner), static_cast<int64_t>(nbytes), current_category});
+    }
+    return {data, data, &release, device};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
 #if FSDP_ALLOCATOR_NEEDS_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }

@@ -24,19 +24,11 @@ using fsdp::testing::world_group;
 namespace {
 
 GPTConfig tiny() { return GPTConfig::preset("tiny"); }
-
-GPT make_gpt(const GPTConfig& config, uint64_t seed = 1) {
-  GPT model(config);
-  model->init_weights(seed);
-  return model;
-}
+using fsdp::testing::make_gpt;
+using fsdp::testing::spec_adamw;
 
 fsdp::FullyShardOptions block_units() {
   return fsdp::FullyShardOptions().wrap_policy(fsdp::module_type_policy<fsdp::models::BlockImpl>());
-}
-
-torch::optim::AdamWOptions spec_adamw() {
-  return torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0);
 }
 
 // The full value of a unit's parameters, gathered from the shards.
@@ -66,11 +58,7 @@ TEST(FullShard, TrainsTheSameModelAsOneProcessWithTheGlobalBatch) {
   auto sharded = fsdp::fully_shard(make_gpt(config), world_group, block_units());
   torch::optim::AdamW sharded_opt(sharded.parameters(), spec_adamw());
   GPT reference = make_gpt(config);  // every rank runs the single-process reference itself
-  // LibTorch's parameters() lists the tied weight under both names; an
-  // optimizer given both would step it twice.
-  std::vector<torch::Tensor> reference_params;
-  for (const auto& p : fsdp::unique_named_parameters(*reference)) reference_params.push_back(p.second);
-  torch::optim::AdamW reference_opt(reference_params, spec_adamw());
+  torch::optim::AdamW reference_opt(fsdp::testing::unique_parameters(*reference), spec_adamw());
 
   for (int64_t step = 0; step < steps; ++step) {
     auto [x, y] = data.batch(step, 0, r, W, 1, B);

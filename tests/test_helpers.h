@@ -3,12 +3,35 @@
 // that says where two tensors differ.
 
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
 #include <string>
 
+#include "fsdp/gpt.h"
+#include "fsdp/wrap_policy.h"
+
 namespace fsdp::testing {
+
+inline models::GPT make_gpt(const models::GPTConfig& config, uint64_t seed = 1) {
+  models::GPT model(config);
+  model->init_weights(seed);
+  return model;
+}
+
+// The spec's AdamW.
+inline torch::optim::AdamWOptions spec_adamw() {
+  return torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0);
+}
+
+// A single-process reference's parameters, the tied weight once (LibTorch's
+// parameters() lists it twice, and an optimizer given both would step it twice).
+inline std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& module) {
+  std::vector<torch::Tensor> params;
+  for (const auto& p : unique_named_parameters(module)) params.push_back(p.second);
+  return params;
+}
 
 // A pseudo-text token file (bytes < vocab), the same on every rank. Written
 // under a per-process name and renamed, so ranks never read a half file.

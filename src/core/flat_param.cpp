@@ -179,7 +179,9 @@ void FlatParam::finish_reduce_gradients() {
     owned.add_(reduced.narrow(0, begin, shard_numel_));
     return;
   }
-  if (config_.replicate_group) config_.replicate_group->all_reduce(reduced, ReduceOp::kAvg)->wait();
+  if (config_.replicate_group && config_.replicate_group->size() > 1) {
+    config_.replicate_group->all_reduce(reduced, ReduceOp::kAvg)->wait();
+  }
   torch::Tensor& grad = shard_.mutable_grad();
   if (grad.defined()) {
     grad.add_(reduced);

@@ -1,0 +1,343 @@
+// Every sharding strategy at W = 2 and W = 4 (hybrid: nodes of 2 ranks)
+// against a single process with the global batch: the same training, the
+// communication of the strategy table to the byte, and the model state of
+// the ZeRO formulas to the byte. Also gradient accumulation, clipping, and
+// fp16 loss scaling.
+
+#include <gtest/gtest.h>
+
+#include "fsdp/error.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/grad_utils.h"
+#include "fsdp/memory.h"
+#include "fsdp/memory_plan.h"
+#include "fsdp/state_dict.h"
+#include "fsdp/token_data.h"
+#include "mpi_test_env.h"
+#include "test_helpers.h"
+
+using fsdp::ShardingStrategy;
+using fsdp::memory::Category;
+using fsdp::models::GPT;
+using fsdp::models::GPTConfig;
+using fsdp::testing::world_group;
+
+namespace {
+
+constexpr int kRanksPerNode = 2;  // hybrid strategies: W = 2 is one node, W = 4 two
+
+const std::vector<ShardingStrategy> kAllStrategies = {
+    ShardingStrategy::kNoShard,     ShardingStrategy::kZero1,        ShardingStrategy::kShardGradOp,
+    ShardingStrategy::kFullShard,   ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardZero2};
+
+GPTConfig tiny() { return GPTConfig::preset("tiny"); }
+
+fsdp::FullyShardOptions options_for(ShardingStrategy strategy, torch::ScalarType param_dtype = torch::kFloat) {
+  return fsdp::FullyShardOptions()
+      .wrap_policy(fsdp::module_type_policy<fsdp::models::BlockImpl>())
+      .strategy(strategy)
+      .ranks_per_node(kRanksPerNode)
+      .mixed_precision(fsdp::MixedPrecision().param_dtype(param_dtype));
+}
+
+// The tiny GPT's unit sizes from the spec's shapes: root, then each block.
+std::vector<int64_t> tiny_unit_numels() {
+  GPTConfig c = tiny();
+  const int64_t C = c.width;
+  std::vector<int64_t> numels = {c.vocab * C + c.context * C + 2 * C};
+  for (int64_t i = 0; i < c.layers; ++i) numels.push_back(12 * C * C + 13 * C);
+  return numels;
+}
+
+int64_t padded_sum(int64_t K) {
+  int64_t total = 0;
+  for (int64_t n : tiny_unit_numels()) total += (n + K - 1) / K * K;
+  return total;
+}
+
+int shard_size(ShardingStrategy s) {
+  return fsdp::shard_group_size(s, world_group->size(), std::min(kRanksPerNode, world_group->size()));
+}
+
+// The full values of every parameter, gathered unit by unit (collective).
+std::map<std::string, torch::Tensor> full_values(fsdp::FsdpState& state) {
+  std::map<std::string, torch::Tensor> values;
+  for (const auto& unit : state.units()) {
+    auto& flat = unit->flat_param();
+    flat.unshard();
+    for (const auto& e : flat.entries()) values[e.name] = e.param.detach().to(torch::kFloat).clone();
+    flat.reshard();
+  }
+  return values;
+}
+
+fsdp::models::TokenData tiny_data() {
+  GPTConfig c = tiny();
+  return fsdp::models::TokenData(fsdp::testing::make_token_file("strategies", 20000, c.vocab), c.context, c.vocab);
+}
+
+std::string name_of(ShardingStrategy s) { return fsdp::strategy_name(s); }
+
+}  // namespace
+
+// Tolerances as in FullShard.TrainsTheSameModelAsOneProcessWithTheGlobalBatch:
+// relative 1e-5 per loss, absolute 1e-4 on the final weights.
+TEST(Strategies, EveryStrategyTrainsTheSameModelAsOneProcess) {
+  const int W = world_group->size(), r = world_group->rank();
+  const int64_t B = 2, steps = 10;
+  auto data = tiny_data();
+  for (ShardingStrategy strategy : kAllStrategies) {
+    SCOPED_TRACE(name_of(strategy));
+    auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, options_for(strategy));
+    torch::optim::AdamW sharded_opt(sharded.parameters(), fsdp::testing::spec_adamw());
+    GPT reference = fsdp::testing::make_gpt(tiny());
+    torch::optim::AdamW reference_opt(fsdp::testing::unique_parameters(*reference), fsdp::testing::spec_adamw());
+    for (int64_t step = 0; step < steps; ++step) {
+      auto [x, y] = data.batch(step, 0, r, W, 1, B);
+      torch::Tensor loss = sharded.forward(x, y);
+      loss.backward();
+      sharded_opt.step();
+      sharded_opt.zero_grad();
+      sharded.state().check_idle();
+      world_group->all_reduce(loss, fsdp::ReduceOp::kAvg)->wait();
+
+      auto [gx, gy] = data.batch(step, 0, 0, 1, 1, W * B);
+      torch::Tensor reference_loss = reference->forward(gx, gy);
+      reference_loss.backward();
+      reference_opt.step();
+      reference_opt.zero_grad();
+      EXPECT_NEAR(loss.item<double>(), reference_loss.item<double>(), 1e-5 * reference_loss.item<double>())
+          << "step " << step;
+    }
+    for (const auto& [name, value] : full_values(sharded.state())) {
+      EXPECT_LT((value - reference->named_parameters()[name].detach()).abs().max().item<double>(), 1e-4) << name;
+    }
+  }
+}
+
+// The bytes each collective kind moves in one (steady-state) step, counted
+// by the communicator, against the strategy table. All fp32 here but the
+// last case, where bf16 params halve the gathers and the reduction.
+TEST(Strategies, CommunicationPerStepMatchesTheStrategyTable) {
+  const int W = world_group->size(), r = world_group->rank();
+  auto data = tiny_data();
+  struct Case {
+    ShardingStrategy strategy;
+    torch::ScalarType dtype;
+  };
+  std::vector<Case> cases;
+  for (auto s : kAllStrategies) cases.push_back({s, torch::kFloat});
+  cases.push_back({ShardingStrategy::kFullShard, torch::kBFloat16});
+  for (const auto& c : cases) {
+    SCOPED_TRACE(name_of(c.strategy) + (c.dtype == torch::kFloat ? "" : " bf16"));
+    auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, options_for(c.strategy, c.dtype));
+    torch::optim::AdamW optimizer(sharded.parameters(), fsdp::testing::spec_adamw());
+    fsdp::CommStats stats;
+    for (int step = 0; step < 3; ++step) {  // the last step is counted
+      sharded.state().reset_comm_stats();
+      auto [x, y] = data.batch(step, 0, r, W, 1, 2);
+      sharded.forward(x, y).backward();
+      optimizer.step();
+      optimizer.zero_grad();
+      stats = sharded.state().comm_stats();
+    }
+    const int64_t p = c.dtype == torch::kFloat ? 4 : 2;  // param and reduce dtype bytes
+    const int64_t K = shard_size(c.strategy);
+    const int64_t padded = padded_sum(K);
+    int64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0;
+    switch (c.strategy) {
+      case ShardingStrategy::kNoShard: all_reduce = p * padded; break;
+      case ShardingStrategy::kZero1: all_reduce = p * padded, all_gather = p * padded; break;
+      case ShardingStrategy::kShardGradOp: all_gather = p * padded, reduce_scatter = p * padded; break;
+      case ShardingStrategy::kFullShard: all_gather = 2 * p * padded, reduce_scatter = p * padded; break;
+      case ShardingStrategy::kHybridShard:
+      case ShardingStrategy::kHybridShardZero2:
+        all_gather = (c.strategy == ShardingStrategy::kHybridShard ? 2 : 1) * p * padded;
+        reduce_scatter = p * padded;
+        if (W > K) all_reduce = p * padded / K;  // the shard, across nodes
+        break;
+    }
+    EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kAllGather)], all_gather);
+    EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kReduceScatter)], reduce_scatter);
+    EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kAllReduce)], all_reduce);
+    EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kBroadcast)], 0);
+  }
+}
+
+// Per-rank model state after a step, by category, measured by the
+// allocator: equal to the ZeRO formulas (written out here for fp32) and to
+// estimate_model_state (also with bf16 params, whose low-precision copies
+// count where a strategy keeps them).
+TEST(Strategies, ModelStateMatchesTheZeroFormulasToTheByte) {
+  const int W = world_group->size(), r = world_group->rank();
+  auto data = tiny_data();
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (ShardingStrategy strategy : kAllStrategies) {
+      SCOPED_TRACE(name_of(strategy) + (dtype == torch::kFloat ? "" : " bf16"));
+      const auto before = fsdp::memory::usage();
+      {
+        auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, options_for(strategy, dtype));
+        torch::optim::AdamW optimizer(sharded.parameters(), fsdp::testing::spec_adamw());
+        auto [x, y] = data.batch(0, 0, r, W, 1, 2);
+        sharded.forward(x, y).backward();
+        {
+          fsdp::memory::MemoryCategoryScope scope(Category::kOptimizerState);
+          optimizer.step();
+        }
+        const auto after = fsdp::memory::usage();
+        const int64_t params = after.live(Category::kParameterShard) - before.live(Category::kParameterShard);
+        const int64_t grads = after.live(Category::kGradientShard) - before.live(Category::kGradientShard);
+        const int64_t optim = after.live(Category::kOptimizerState) - before.live(Category::kOptimizerState);
+        const int64_t K = shard_size(strategy);
+        auto estimate = fsdp::estimate_model_state(tiny_unit_numels(), strategy, W, std::min(kRanksPerNode, W),
+                                                   fsdp::MixedPrecision().param_dtype(dtype));
+        EXPECT_EQ(params, estimate.params);
+        EXPECT_EQ(grads, estimate.grads);
+        EXPECT_EQ(optim, estimate.optimizer);
+        if (dtype == torch::kFloat) {
+          const int64_t padded = padded_sum(K), shard = padded / K;
+          const bool replicated = strategy == ShardingStrategy::kNoShard || strategy == ShardingStrategy::kZero1;
+          EXPECT_EQ(params, 4 * (replicated ? padded : shard));  // ZeRO: 4 bytes per parameter kept
+          EXPECT_EQ(grads, 4 * (replicated ? padded : shard));
+          EXPECT_EQ(optim, 8 * (strategy == ShardingStrategy::kNoShard ? padded : shard));  // Adam's two moments
+        }
+        // Nothing unsharded is left between steps but what the strategy keeps.
+        EXPECT_EQ(after.live(Category::kUnshardedBuffer), before.live(Category::kUnshardedBuffer));
+      }
+      EXPECT_EQ(fsdp::memory::usage().model_state(), before.model_state()) << "model state outlived its model";
+    }
+  }
+}
+
+// A micro-steps of batch B, reduced once, equal one step of batch A*B: with
+// the reduction skipped (no_sync) on the first micro-steps for every
+// strategy, and the skipped reductions really not sent.
+TEST(Strategies, GradientAccumulationEqualsTheLargerBatch) {
+  const int W = world_group->size(), r = world_group->rank();
+  const int64_t A = 2, B = 1, steps = 6;
+  auto data = tiny_data();
+  for (ShardingStrategy strategy : {ShardingStrategy::kNoShard, ShardingStrategy::kZero1, ShardingStrategy::kFullShard,
+                                    ShardingStrategy::kHybridShard}) {
+    SCOPED_TRACE(name_of(strategy));
+    auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, options_for(strategy));
+    torch::optim::AdamW sharded_opt(sharded.parameters(), fsdp::testing::spec_adamw());
+    GPT reference = fsdp::testing::make_gpt(tiny());
+    torch::optim::AdamW reference_opt(fsdp::testing::unique_parameters(*reference), fsdp::testing::spec_adamw());
+    for (int64_t step = 0; step < steps; ++step) {
+      torch::Tensor loss_sum = torch::zeros({});
+      sharded.state().reset_comm_stats();
+      for (int64_t m = 0; m < A; ++m) {
+        sharded.state().set_requires_gradient_sync(m == A - 1);
+        auto [x, y] = data.batch(step, m, r, W, A, B);
+        torch::Tensor loss = sharded.forward(x, y) / static_cast<double>(A);
+        loss.backward();
+        loss_sum += loss.detach();
+        if (m == 0) {
+          auto stats = sharded.state().comm_stats();
+          EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kReduceScatter)] +
+                        stats.bytes[static_cast<int>(fsdp::CollectiveKind::kAllReduce)],
+                    0)
+              << "a reduction was sent on a no_sync micro-step";
+        }
+      }
+      sharded_opt.step();
+      sharded_opt.zero_grad();
+      world_group->all_reduce(loss_sum, fsdp::ReduceOp::kAvg)->wait();
+
+      auto [gx, gy] = data.batch(step, 0, 0, 1, 1, W * A * B);  // the same sequences, in one batch
+      torch::Tensor reference_loss = reference->forward(gx, gy);
+      reference_loss.backward();
+      reference_opt.step();
+      reference_opt.zero_grad();
+      EXPECT_NEAR(loss_sum.item<double>(), reference_loss.item<double>(), 1e-5 * reference_loss.item<double>())
+          << "step " << step;
+    }
+  }
+}
+
+// The global norm over every shard and every rank, and the clipped update,
+// equal a single process clipping the same gradient.
+TEST(Strategies, ClippingUsesTheGlobalNormAndEqualsASingleProcessClip) {
+  const int W = world_group->size(), r = world_group->rank();
+  const double max_norm = 0.05;  // well below the tiny GPT's gradient norm (~1), so every step clips
+  auto data = tiny_data();
+  for (ShardingStrategy strategy : kAllStrategies) {
+    SCOPED_TRACE(name_of(strategy));
+    auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, options_for(strategy));
+    torch::optim::AdamW sharded_opt(sharded.parameters(), fsdp::testing::spec_adamw());
+    GPT reference = fsdp::testing::make_gpt(tiny());
+    auto reference_params = fsdp::testing::unique_parameters(*reference);
+    torch::optim::AdamW reference_opt(reference_params, fsdp::testing::spec_adamw());
+    for (int64_t step = 0; step < 4; ++step) {
+      auto [x, y] = data.batch(step, 0, r, W, 1, 2);
+      torch::Tensor loss = sharded.forward(x, y);
+      loss.backward();
+      const double norm = fsdp::clip_grad_norm_(sharded.state(), max_norm);
+      sharded_opt.step();
+      sharded_opt.zero_grad();
+      world_group->all_reduce(loss, fsdp::ReduceOp::kAvg)->wait();
+
+      auto [gx, gy] = data.batch(step, 0, 0, 1, 1, W * 2);
+      torch::Tensor reference_loss = reference->forward(gx, gy);
+      reference_loss.backward();
+      const double reference_norm = torch::nn::utils::clip_grad_norm_(reference_params, max_norm);
+      reference_opt.step();
+      reference_opt.zero_grad();
+      ASSERT_GT(reference_norm, 2 * max_norm) << "the test must clip";
+      EXPECT_NEAR(norm, reference_norm, 1e-5 * reference_norm) << "step " << step;
+      EXPECT_NEAR(loss.item<double>(), reference_loss.item<double>(), 1e-5 * reference_loss.item<double>())
+          << "step " << step;
+      // Every rank clipped by the same factor: the same norm everywhere.
+      torch::Tensor norms = torch::empty({W}, torch::kDouble);
+      world_group->all_gather(norms, torch::tensor({norm}, torch::kDouble))->wait();
+      EXPECT_EQ(norms.min().item<double>(), norms.max().item<double>());
+    }
+  }
+}
+
+// fp16 gradient reduction with dynamic loss scaling, started at a scale
+// that overflows fp16: the first steps are skipped on every rank alike, the
+// scale backs off until steps go through, and training then proceeds
+// without NaN or divergence.
+TEST(Strategies, Fp16LossScalingSkipsOverflowingStepsOnEveryRankAlike) {
+  const int W = world_group->size(), r = world_group->rank();
+  auto data = tiny_data();
+  auto options = options_for(ShardingStrategy::kFullShard)
+                     .mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16).reduce_dtype(torch::kHalf));
+  auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, options);
+  torch::optim::AdamW optimizer(sharded.parameters(), fsdp::testing::spec_adamw());
+  fsdp::GradScaler scaler(sharded.state(), fsdp::GradScalerOptions().init_scale(std::pow(2.0, 24)).growth_interval(10));
+  int skipped = 0, stepped = 0;
+  double first_loss = 0, last_loss = 0;
+  for (int64_t step = 0; step < 40; ++step) {
+    auto [x, y] = data.batch(step, 0, r, W, 1, 2);
+    torch::Tensor loss = sharded.forward(x, y);
+    scaler.scale(loss).backward();
+    const bool took_step = scaler.step(optimizer);
+    optimizer.zero_grad();
+    (took_step ? stepped : skipped)++;
+    torch::Tensor decisions = torch::empty({W}, torch::kInt);
+    world_group->all_gather(decisions, torch::tensor({took_step ? 1 : 0}, torch::kInt))->wait();
+    EXPECT_EQ(decisions.min().item<int>(), decisions.max().item<int>()) << "ranks disagree on step " << step;
+    world_group->all_reduce(loss, fsdp::ReduceOp::kAvg)->wait();
+    ASSERT_TRUE(std::isfinite(loss.item<double>())) << "step " << step;
+    if (step == 0) first_loss = loss.item<double>();
+    last_loss = loss.item<double>();
+  }
+  EXPECT_GE(skipped, 2) << "a scale of 2^24 must overflow fp16 at first";
+  EXPECT_GE(stepped, 25);
+  EXPECT_LT(scaler.scale_factor(), std::pow(2.0, 24));
+  EXPECT_LT(last_loss, first_loss - 0.3) << "training with loss scaling did not progress";
+}
+
+TEST(Strategies, NamesRoundTripAndUnknownNamesAreRefused) {
+  for (auto s : kAllStrategies) EXPECT_EQ(fsdp::parse_strategy(fsdp::strategy_name(s)), s);
+  try {
+    fsdp::parse_strategy("zero4");
+    ADD_FAILURE();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(fsdp::error_message(e).find("unknown sharding strategy 'zero4': expected one of no_shard, zero1"),
+              std::string::npos);
+  }
+  EXPECT_THROW(fsdp::parse_dtype("fp8"), c10::Error);
+}

@@ -85,6 +85,40 @@ case "$case_name" in
     expect_error "header length" "$run" -n 2 -- "$train" --preset tiny --init-from "$work/garbage.safetensors"
     [ ! -e "$work/never.safetensors" ] && [ ! -e "$work/never.safetensors.tmp" ] || fail "a failed run left a weights file"
     expect_error "fsdp-run: -n needs a positive number of ranks" "$run" -n 0 -- "$train"
+    expect_error "--ranks-per-node must be a positive divisor of -n 4" "$run" -n 4 --ranks-per-node 3 -- "$train"
+    ;;
+  strategies)
+    # Every strategy through the trainer (hybrid: 2 simulated nodes of 2),
+    # with accumulation and clipping, equals one rank with the global batch.
+    head -c 60000 /dev/urandom | tr -dc 'a-z .\n' | head -c 30000 > "$work/data.txt"
+    common=(--preset tiny --steps 8 --data "$work/data.txt" --clip-grad-norm 0.5)
+    "$run" -n 1 -- "$train" "${common[@]}" --batch 8 --log "$work/ref.jsonl" > "$work/ref.out" 2>&1 || { cat "$work/ref.out"; fail "reference run failed"; }
+    for s in no_shard zero1 shard_grad_op full_shard hybrid_shard hybrid_shard_zero2; do
+      "$run" -n 4 --ranks-per-node 2 -- "$train" "${common[@]}" --batch 1 --grad-accum 2 --strategy "$s" --log "$work/$s.jsonl" > "$work/$s.out" 2>&1 ||
+        { cat "$work/$s.out"; fail "$s failed"; }
+      grep -q "$s over 4 rank(s)" "$work/$s.out" || fail "$s: the banner does not name the strategy"
+      compare_losses "$work/$s.jsonl" "$work/ref.jsonl" 1e-5
+    done
+    grep -q "replicate group of 2" "$work/hybrid_shard.out" || fail "hybrid_shard did not form 2 nodes"
+    grep -q '"grad_norm":' "$work/full_shard.jsonl" || fail "no grad_norm in the log"
+    expect_error "unknown sharding strategy 'zero9'" "$run" -n 2 -- "$train" --preset tiny --strategy zero9
+    ;;
+  auto)
+    # --strategy auto picks the lightest strategy whose model state plus the
+    # parameters it gathers fits. tiny at W = 4 (units of 18,560 and 2 x 49,984
+    # elements): no_shard 1,896,448 B; zero1 1,185,280 B; shard_grad_op
+    # 474,112 + 474,112 gathered = 948,224 B; full_shard 474,112 + 274,112 = 748,224 B.
+    pick() {
+      out=$("$run" -n 4 -- "$train" --preset tiny --steps 1 --strategy auto --memory-budget "$1" 2>&1) || { echo "$out"; fail "auto run failed"; }
+      grep -q "auto picked $2," <<<"$out" || { echo "$out"; fail "a budget of $1 did not pick $2"; }
+    }
+    pick 2000000 no_shard
+    pick 1200000 zero1
+    pick 1000000 shard_grad_op
+    pick 800000 full_shard
+    grep -q "model state 0.45 MiB" <<<"$out" || { echo "$out"; fail "the measured model state is not the predicted 474,112 B"; }
+    expect_error "no strategy fits a per-rank model state of 1000 bytes" "$run" -n 4 -- "$train" --preset tiny --strategy auto --memory-budget 1000
+    expect_error "--strategy auto needs --memory-budget" "$run" -n 2 -- "$train" --preset tiny --strategy auto
     ;;
   launcher)
     # The exit status passes through, and threads per rank = cores / ranks.

@@ -131,7 +131,8 @@ fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
 // --strategy auto: the lightest strategy (least communication) whose
 // per-rank model state fits the budget.
 fsdp::ShardingStrategy pick_strategy(const TrainOptions& o, Run& run, int world) {
-  TORCH_CHECK(o.memory_budget > 0, "--strategy auto needs --memory-budget BYTES (per-rank model state)");
+  TORCH_CHECK(o.memory_budget > 0,
+              "--strategy auto needs --memory-budget BYTES (per-rank model state plus gathered parameters)");
   std::vector<int64_t> unit_numels;
   for (const auto& plan : fsdp::plan_units(*run.model, run.fsdp_options.wrap_policy())) {
     int64_t n = 0;
@@ -144,13 +145,16 @@ fsdp::ShardingStrategy pick_strategy(const TrainOptions& o, Run& run, int world)
   if (per_node > 0 && per_node < world) {
     candidates = {S::kNoShard, S::kZero1, S::kHybridShardZero2, S::kShardGradOp, S::kHybridShard, S::kFullShard};
   }
+  // A strategy needs its model state plus the parameters it holds gathered
+  // at its peak (shard_grad_op: all of them from forward to backward).
   std::ostringstream why;
   for (S s : candidates) {
     auto bytes = fsdp::estimate_model_state(unit_numels, s, world, per_node, run.fsdp_options.mixed_precision());
-    why << (why.tellp() > 0 ? "; " : "") << fsdp::strategy_name(s) << " needs " << human_bytes(bytes.total());
-    if (bytes.total() <= o.memory_budget) {
-      run.strategy_reason = "auto picked " + std::string(fsdp::strategy_name(s)) + " (per-rank model state within " +
-                            human_bytes(o.memory_budget) + "): " + why.str();
+    why << (why.tellp() > 0 ? "; " : "") << fsdp::strategy_name(s) << " needs " << bytes.total_with_gathered()
+        << " B (" << bytes.total() << " at rest + " << bytes.gathered_peak << " gathered)";
+    if (bytes.total_with_gathered() <= o.memory_budget) {
+      run.strategy_reason = "auto picked " + std::string(fsdp::strategy_name(s)) + ", the lightest that fits " +
+                            std::to_string(o.memory_budget) + " B per rank: " + why.str();
       return s;
     }
   }

@@ -3,6 +3,8 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 namespace fsdp {
 
 int shard_group_size(ShardingStrategy strategy, int world, int ranks_per_node) {
@@ -20,8 +22,19 @@ ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, Sh
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
   const bool low_precision = mixed_precision.param_dtype() != c10::ScalarType::Float;
   ModelStateBytes bytes;
-  for (int64_t n : unit_numels) {
+  int64_t largest_other_unit = 0;
+  for (size_t u = 0; u < unit_numels.size(); ++u) {
+    const int64_t n = unit_numels[u];
     const int64_t shard = (n + K - 1) / K, padded = shard * K;
+    if (!keeps_params_unsharded(strategy)) {
+      if (!reshards_after_forward(strategy)) {
+        bytes.gathered_peak += p * padded;
+      } else if (u == 0) {
+        bytes.gathered_peak += p * padded;  // the root's forward and backward span every other unit's
+      } else {
+        largest_other_unit = std::max(largest_other_unit, p * padded);
+      }
+    }
     bytes.optimizer += optimizer_bytes_per_element * shard;
     if (keeps_params_unsharded(strategy)) {
       bytes.params += low_precision ? p * padded + 4 * shard : 4 * padded;
@@ -31,6 +44,7 @@ ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, Sh
       bytes.grads += 4 * shard;
     }
   }
+  bytes.gathered_peak += largest_other_unit;
   return bytes;
 }
 

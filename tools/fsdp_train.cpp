@@ -110,6 +110,12 @@ struct Run {
 };
 
 
+int64_t plan_numel(const fsdp::UnitPlan& plan) {
+  int64_t n = 0;
+  for (const auto& p : plan.params) n += p.second.numel();
+  return n;
+}
+
 int ranks_per_node(const TrainOptions& o) {
   if (o.ranks_per_node > 0) return o.ranks_per_node;
   const char* env = std::getenv("FSDP_RANKS_PER_NODE");  // set by fsdp-run --ranks-per-node
@@ -134,11 +140,7 @@ fsdp::ShardingStrategy pick_strategy(const TrainOptions& o, Run& run, int world)
   TORCH_CHECK(o.memory_budget > 0,
               "--strategy auto needs --memory-budget BYTES (per-rank model state plus gathered parameters)");
   std::vector<int64_t> unit_numels;
-  for (const auto& plan : fsdp::plan_units(*run.model, run.fsdp_options.wrap_policy())) {
-    int64_t n = 0;
-    for (const auto& p : plan.params) n += p.second.numel();
-    unit_numels.push_back(n);
-  }
+  for (const auto& plan : fsdp::plan_units(*run.model, run.fsdp_options.wrap_policy())) unit_numels.push_back(plan_numel(plan));
   using S = fsdp::ShardingStrategy;
   const int per_node = run.fsdp_options.ranks_per_node();
   std::vector<S> candidates = {S::kNoShard, S::kZero1, S::kShardGradOp, S::kFullShard};
@@ -191,6 +193,8 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   const int rank = world->rank(), W = world->size();
   const auto& c = run.config;
   const int64_t num_params = run.model->num_parameters();
+  std::vector<int64_t> unit_numels;
+  for (const auto& plan : fsdp::plan_units(*run.model, run.fsdp_options.wrap_policy())) unit_numels.push_back(plan_numel(plan));
   auto model = fsdp::fully_shard(run.model, world, run.fsdp_options);
   fsdp::FsdpState& state = model.state();
   const fsdp::ShardingStrategy strategy = run.fsdp_options.strategy();
@@ -206,6 +210,8 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   // gradients between micro-steps, so it is asked for with --no-sync.
   const bool skip_sync = o.grad_accum > 1 && (fsdp::keeps_full_gradients(strategy) || o.no_sync);
 
+  const fsdp::ModelStateBytes predicted = fsdp::estimate_model_state(
+      unit_numels, strategy, W, state.shard_group() ? state.shard_group()->size() : 1, mp);
   const int64_t A = o.grad_accum;
   const int64_t tokens_per_step = c.batch * c.context * W * A;
   const int64_t print_every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 20);
@@ -221,6 +227,8 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
               << tokens_per_step << " tokens per step\n"
               << "  data: " << run.data->path() << " (" << run.data->size() << " tokens)\n";
     if (!run.strategy_reason.empty()) std::cout << "  " << run.strategy_reason << "\n";
+    std::cout << "  per-rank model state by formula: " << predicted.total() << " B (params " << predicted.params
+              << ", grads " << predicted.grads << ", optimizer " << predicted.optimizer << ")\n";
     std::cout << std::flush;
   }
 

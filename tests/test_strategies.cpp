@@ -59,14 +59,13 @@ int shard_size(ShardingStrategy s) {
   return fsdp::shard_group_size(s, world_group->size(), std::min(kRanksPerNode, world_group->size()));
 }
 
-// The full values of every parameter, gathered unit by unit (collective).
+// The full fp32 values of every parameter, gathered unit by unit (collective).
 std::map<std::string, torch::Tensor> full_values(fsdp::FsdpState& state) {
   std::map<std::string, torch::Tensor> values;
   for (const auto& unit : state.units()) {
-    auto& flat = unit->flat_param();
-    flat.unshard();
-    for (const auto& e : flat.entries()) values[e.name] = e.param.detach().to(torch::kFloat).clone();
-    flat.reshard();
+    const auto& flat = unit->flat_param();
+    torch::Tensor full = flat.gather_full_master();
+    for (const auto& e : flat.entries()) values[e.name] = full.narrow(0, e.offset, e.numel).view(e.shape);
   }
   return values;
 }
@@ -78,6 +77,23 @@ fsdp::models::TokenData tiny_data() {
 
 std::string name_of(ShardingStrategy s) { return fsdp::strategy_name(s); }
 
+// A sharded tiny GPT and the single-process reference it must track, built
+// from the same seed, each with the spec's AdamW.
+struct ShardedAndReference {
+  explicit ShardedAndReference(fsdp::FullyShardOptions options)
+      : sharded(fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, std::move(options))),
+        sharded_opt(sharded.parameters(), fsdp::testing::spec_adamw()),
+        reference(fsdp::testing::make_gpt(tiny())),
+        reference_params(fsdp::testing::unique_parameters(*reference)),
+        reference_opt(reference_params, fsdp::testing::spec_adamw()) {}
+
+  fsdp::FullyShardedModule<fsdp::models::GPTImpl> sharded;
+  torch::optim::AdamW sharded_opt;
+  GPT reference;
+  std::vector<torch::Tensor> reference_params;
+  torch::optim::AdamW reference_opt;
+};
+
 }  // namespace
 
 // Tolerances as in FullShard.TrainsTheSameModelAsOneProcessWithTheGlobalBatch:
@@ -88,10 +104,8 @@ TEST(Strategies, EveryStrategyTrainsTheSameModelAsOneProcess) {
   auto data = tiny_data();
   for (ShardingStrategy strategy : kAllStrategies) {
     SCOPED_TRACE(name_of(strategy));
-    auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, options_for(strategy));
-    torch::optim::AdamW sharded_opt(sharded.parameters(), fsdp::testing::spec_adamw());
-    GPT reference = fsdp::testing::make_gpt(tiny());
-    torch::optim::AdamW reference_opt(fsdp::testing::unique_parameters(*reference), fsdp::testing::spec_adamw());
+    ShardedAndReference pair(options_for(strategy));
+    auto& [sharded, sharded_opt, reference, reference_params, reference_opt] = pair;
     for (int64_t step = 0; step < steps; ++step) {
       auto [x, y] = data.batch(step, 0, r, W, 1, B);
       torch::Tensor loss = sharded.forward(x, y);
@@ -219,10 +233,8 @@ TEST(Strategies, GradientAccumulationEqualsTheLargerBatch) {
   for (ShardingStrategy strategy : {ShardingStrategy::kNoShard, ShardingStrategy::kZero1, ShardingStrategy::kFullShard,
                                     ShardingStrategy::kHybridShard}) {
     SCOPED_TRACE(name_of(strategy));
-    auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, options_for(strategy));
-    torch::optim::AdamW sharded_opt(sharded.parameters(), fsdp::testing::spec_adamw());
-    GPT reference = fsdp::testing::make_gpt(tiny());
-    torch::optim::AdamW reference_opt(fsdp::testing::unique_parameters(*reference), fsdp::testing::spec_adamw());
+    ShardedAndReference pair(options_for(strategy));
+    auto& [sharded, sharded_opt, reference, reference_params, reference_opt] = pair;
     for (int64_t step = 0; step < steps; ++step) {
       torch::Tensor loss_sum = torch::zeros({});
       sharded.state().reset_comm_stats();
@@ -263,11 +275,8 @@ TEST(Strategies, ClippingUsesTheGlobalNormAndEqualsASingleProcessClip) {
   auto data = tiny_data();
   for (ShardingStrategy strategy : kAllStrategies) {
     SCOPED_TRACE(name_of(strategy));
-    auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, options_for(strategy));
-    torch::optim::AdamW sharded_opt(sharded.parameters(), fsdp::testing::spec_adamw());
-    GPT reference = fsdp::testing::make_gpt(tiny());
-    auto reference_params = fsdp::testing::unique_parameters(*reference);
-    torch::optim::AdamW reference_opt(reference_params, fsdp::testing::spec_adamw());
+    ShardedAndReference pair(options_for(strategy));
+    auto& [sharded, sharded_opt, reference, reference_params, reference_opt] = pair;
     for (int64_t step = 0; step < 4; ++step) {
       auto [x, y] = data.batch(step, 0, r, W, 1, 2);
       torch::Tensor loss = sharded.forward(x, y);
@@ -340,4 +349,36 @@ TEST(Strategies, NamesRoundTripAndUnknownNamesAreRefused) {
               std::string::npos);
   }
   EXPECT_THROW(fsdp::parse_dtype("fp8"), c10::Error);
+}
+
+// A backward that throws never reaches its end-of-backward callback; the
+// next forward must put every unit back to rest and train on normally.
+TEST(Strategies, AFailedBackwardLeavesTheModelUsable) {
+  const int W = world_group->size(), r = world_group->rank();
+  auto data = tiny_data();
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kZero1}) {
+    SCOPED_TRACE(name_of(strategy));
+    ShardedAndReference pair(options_for(strategy));
+    auto& [sharded, sharded_opt, reference, reference_params, reference_opt] = pair;
+    auto [x, y] = data.batch(0, 0, r, W, 1, 2);
+    torch::Tensor loss = sharded.forward(x, y);
+    loss.register_hook([](const torch::Tensor& grad) -> torch::Tensor { TORCH_CHECK(false, "injected failure"); });
+    EXPECT_THROW(loss.backward(), c10::Error);
+    // Train as if nothing happened, against a reference that saw nothing.
+    for (int64_t step = 0; step < 3; ++step) {
+      auto [sx, sy] = data.batch(step, 0, r, W, 1, 2);
+      torch::Tensor l = sharded.forward(sx, sy);
+      l.backward();
+      sharded_opt.step();
+      sharded_opt.zero_grad();
+      sharded.state().check_idle();
+      world_group->all_reduce(l, fsdp::ReduceOp::kAvg)->wait();
+      auto [gx, gy] = data.batch(step, 0, 0, 1, 1, W * 2);
+      torch::Tensor reference_loss = reference->forward(gx, gy);
+      reference_loss.backward();
+      reference_opt.step();
+      reference_opt.zero_grad();
+      EXPECT_NEAR(l.item<double>(), reference_loss.item<double>(), 1e-5 * reference_loss.item<double>());
+    }
+  }
 }

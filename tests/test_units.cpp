@@ -203,6 +203,10 @@ TEST(Safetensors, MalformedFilesAreRefusedWithTheReason) {
   EXPECT_NE(reason(file(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,8]}})", 8))
                 .find("absurdly large"),
             std::string::npos);
+  EXPECT_NE(reason(file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)).find("hole of 4 bytes"),
+            std::string::npos);
+  EXPECT_NE(reason(file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8)).find("4 bytes after its last tensor"),
+            std::string::npos);
   EXPECT_NE(reason(file(R"({"a":{"dtype":"X9","shape":[2],"data_offsets":[0,8]}})", 8)).find("unsupported dtype 'X9'"),
             std::string::npos);
   EXPECT_NE(reason(file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8)).find("non-negative"),

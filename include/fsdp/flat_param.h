@@ -54,7 +54,12 @@ class FlatParam {
   // The local shard: an fp32 leaf that optimizers step. Padding stays zero.
   const torch::Tensor& shard() const { return shard_; }
   const std::vector<FlatParamEntry>& entries() const { return entries_; }
-  bool is_unsharded() const { return unsharded_storage_bytes() > 0; }
+  bool is_unsharded() const { return is_unsharded_; }
+
+  // The unit's full fp32 master values, padded (collective over the shard
+  // group; the shard itself for no_shard). For state dicts: independent of
+  // the compute dtype and of whether the unit is unsharded.
+  torch::Tensor gather_full_master() const;
 
   // Makes the parameters views of the full, current values: all-gathers (in
   // the param dtype) unless the buffer already holds the shard's current
@@ -73,7 +78,6 @@ class FlatParam {
   bool reduce_pending() const { return pending_reduce_ != nullptr; }
 
  private:
-  size_t unsharded_storage_bytes() const;
   bool shard_aliases_buffer() const;
 
   FlatParamConfig config_;
@@ -85,7 +89,12 @@ class FlatParam {
   // so views that autograd saved during forward see the refilled data in
   // backward (and do not keep the memory alive in between).
   torch::Tensor unsharded_;
-  int64_t gathered_version_ = -1;  // shard_'s version the buffer holds
+  bool is_unsharded_ = false;
+  // The buffer holds the shard as of this version, and no optimizer step
+  // can have changed it since (a step follows every gradient reduction;
+  // optimizers that write through .data() do not bump the version).
+  int64_t gathered_version_ = -1;
+  bool stale_ = true;
   torch::Tensor full_grad_;        // full_gradients strategies: the reduced gradient (fp32)
   WorkHandle pending_reduce_;
   torch::Tensor pending_result_;

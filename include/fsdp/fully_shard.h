@@ -67,6 +67,7 @@ class Unit {
   UnitState state_ = UnitState::kSharded;
   int64_t gradients_pending_ = 0;
   bool entered_in_this_forward_ = false;
+  bool backward_done_in_this_pass_ = false;
   friend class FsdpState;
 };
 
@@ -116,6 +117,7 @@ class FsdpState {
 
  private:
   void finish_backward();
+  void recover_from_failed_backward();
   void make_groups();
   // Every rank must have planned the same units with the same sizes, or the
   // first collective would pair different buffers: checked at construction.

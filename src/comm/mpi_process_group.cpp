@@ -14,6 +14,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <functional>
 #include <mutex>
 #include <sstream>
@@ -228,6 +229,8 @@ class MpiProcessGroup final : public ProcessGroup {
     TORCH_CHECK(t.defined(), what, " is undefined");
     TORCH_CHECK(t.device().is_cpu(), "the MPI backend moves CPU tensors; ", what, " is on ", t.device());
     TORCH_CHECK(t.is_contiguous(), what, " must be contiguous");
+    TORCH_CHECK(t.numel() <= std::numeric_limits<int>::max(), what, " has ", t.numel(),
+                " elements; MPI counts are ints, so at most ", std::numeric_limits<int>::max(), " per call");
   }
 
   static void check_reducible(const torch::Tensor& t, ReduceOp op) {

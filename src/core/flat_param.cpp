@@ -71,7 +71,8 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, 
     unsharded_ = torch::empty({padded_numel()}, param_dtype);
   }
   shard_.requires_grad_(true);
-  gathered_version_ = shard_is_view ? shard_._version() : -1;
+  gathered_version_ = shard_._version();
+  stale_ = !shard_is_view;
   if (config_.full_gradients) {
     MemoryCategoryScope scope(Category::kGradientShard);
     full_grad_ = torch::zeros({padded_numel()}, torch::kFloat);
@@ -90,16 +91,14 @@ void FlatParam::initialize_views() {
   }
 }
 
-size_t FlatParam::unsharded_storage_bytes() const { return unsharded_.storage().nbytes(); }
-
 bool FlatParam::shard_aliases_buffer() const {
   return shard_.storage().unsafeGetStorageImpl() == unsharded_.storage().unsafeGetStorageImpl();
 }
 
 void FlatParam::unshard() {
   const int64_t version = shard_._version();
-  if (!is_unsharded() || gathered_version_ != version) {
-    if (!is_unsharded()) {
+  if (!is_unsharded_ || stale_ || gathered_version_ != version) {
+    if (unsharded_.storage().nbytes() == 0) {
       MemoryCategoryScope scope(buffer_category(config_));
       compat::allocate_storage(unsharded_, padded_numel() * unsharded_.element_size());
     }
@@ -116,8 +115,17 @@ void FlatParam::unshard() {
       unsharded_.copy_(input);
     }
     gathered_version_ = version;
+    stale_ = false;
   }
   for (auto& e : entries_) e.param.set_data(unsharded_.narrow(0, e.offset, e.numel).view(e.shape));
+  is_unsharded_ = true;
+}
+
+torch::Tensor FlatParam::gather_full_master() const {
+  if (!config_.shard_group) return shard_.detach();
+  torch::Tensor full = torch::empty({padded_numel()}, torch::kFloat);
+  config_.shard_group->all_gather(full, shard_.detach())->wait();
+  return full;
 }
 
 void FlatParam::reshard() {
@@ -125,6 +133,7 @@ void FlatParam::reshard() {
   torch::Tensor empty = torch::empty({0}, unsharded_.options());
   for (auto& e : entries_) e.param.set_data(empty);
   compat::free_storage(unsharded_);
+  is_unsharded_ = false;
 }
 
 void FlatParam::start_reduce_gradients() {
@@ -163,7 +172,9 @@ void FlatParam::finish_reduce_gradients() {
   WorkHandle work = std::move(pending_reduce_);
   torch::Tensor reduced = std::move(pending_result_);
   work->wait();
+  stale_ = true;  // an optimizer step comes next
   torch::NoGradGuard no_grad;
+  if (config_.full_gradients && shard_numel_ == 0) return;  // a unit without parameters
   if (config_.full_gradients) {
     // full_grad_ takes the reduced gradient; the owned slice is the shard's
     // .grad and accumulates (the optimizer's zero_grad clears it).

@@ -80,8 +80,8 @@ void Unit::transition(std::initializer_list<UnitState> from, UnitState to) {
 }
 
 void Unit::pre_forward() {
-  transition({UnitState::kSharded, UnitState::kUnsharded}, UnitState::kForward);
   owner_->on_forward_entered(*this);
+  transition({UnitState::kSharded, UnitState::kUnsharded}, UnitState::kForward);
   flat_.unshard();
 }
 
@@ -94,9 +94,10 @@ void Unit::post_forward() {
 }
 
 void Unit::pre_backward() {
-  // A unit with several outputs hears this once per output; the first wins.
-  if (state_ == UnitState::kBackward) return;
+  // A unit with several outputs hears this once per output; the first wins
+  // (also when a late one arrives after the unit's gradients were reduced).
   owner_->on_backward_event();
+  if (state_ == UnitState::kBackward || backward_done_in_this_pass_) return;
   transition({UnitState::kSharded, UnitState::kUnsharded}, UnitState::kBackward);
   flat_.unshard();
   gradients_pending_ = static_cast<int64_t>(grad_accumulators_.size());
@@ -110,6 +111,7 @@ void Unit::on_gradient_ready() {
 }
 
 void Unit::post_backward() {
+  backward_done_in_this_pass_ = true;
   const bool persistent = flat_.config().persistent_params;
   transition({UnitState::kBackward}, persistent ? UnitState::kUnsharded : UnitState::kSharded);
   if (owner_->requires_gradient_sync()) flat_.start_reduce_gradients();
@@ -250,9 +252,24 @@ void FsdpState::check_idle() const {
 void FsdpState::on_forward_entered(Unit& unit) {
   // The root's forward encloses every other unit's: it starts a new pass.
   if (&unit == units_.front().get()) {
+    if (backward_callback_queued_) recover_from_failed_backward();
     for (auto& u : units_) u->entered_in_this_forward_ = false;
   }
   unit.entered_in_this_forward_ = true;
+}
+
+void FsdpState::recover_from_failed_backward() {
+  // A backward that threw never ran its end-of-backward callback: finish
+  // the reductions it started (every rank started the same ones), drop the
+  // gradients it left, and return every unit to rest.
+  backward_callback_queued_ = false;
+  for (auto& unit : units_) {
+    if (unit->flat_param().reduce_pending()) unit->flat_param().finish_reduce_gradients();
+    if (unit->state() != UnitState::kBackward) continue;
+    for (const auto& e : unit->flat_param().entries()) e.param.mutable_grad().reset();
+    unit->flat_param().reshard();
+    unit->state_ = unit->flat_param().config().persistent_params ? UnitState::kUnsharded : UnitState::kSharded;
+  }
 }
 
 void FsdpState::rethrow_forward_error(const c10::Error& error) const {
@@ -268,7 +285,8 @@ void FsdpState::rethrow_forward_error(const c10::Error& error) const {
 
 void FsdpState::on_backward_event() {
   if (backward_callback_queued_) return;
-  backward_callback_queued_ = true;
+  backward_callback_queued_ = true;  // the first event of a new backward pass
+  for (auto& unit : units_) unit->backward_done_in_this_pass_ = false;
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
 }
 

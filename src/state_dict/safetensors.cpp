@@ -120,15 +120,21 @@ Reader::Reader(const std::string& path) : path_(path) {
           std::to_string(entry.end - entry.begin));
     tensors_.push_back(std::move(entry));
   }
-  // Tensors must not overlap (a crafted file could alias them).
+  // The data section must be exactly the tensors, back to back: no overlap
+  // (a crafted file could alias them) and no holes (the format forbids them).
   std::vector<const TensorEntry*> by_offset;
   for (const auto& t : tensors_) by_offset.push_back(&t);
-  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    TORCH_CHECK(by_offset[i]->begin >= by_offset[i - 1]->end || by_offset[i - 1]->begin == by_offset[i - 1]->end,
-                "'", path, "': tensors '", by_offset[i - 1]->spec.name, "' and '", by_offset[i]->spec.name,
-                "' overlap in the data section");
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](auto* a, auto* b) { return a->begin != b->begin ? a->begin < b->begin : a->end < b->end; });
+  uint64_t covered = 0;
+  for (const TensorEntry* t : by_offset) {
+    TORCH_CHECK(t->begin >= covered, "'", path, "': tensor '", t->spec.name, "' overlaps the tensor before it in the data section");
+    TORCH_CHECK(t->begin == covered, "'", path, "': the data section has a hole of ", t->begin - covered,
+                " bytes before tensor '", t->spec.name, "'");
+    covered = t->end;
   }
+  TORCH_CHECK(covered == data_size, "'", path, "': the data section has ", data_size - covered,
+              " bytes after its last tensor (truncated header or extra data)");
 }
 
 const TensorEntry* Reader::find(const std::string& name) const {

@@ -126,16 +126,23 @@ case "$case_name" in
     expect_error "--strategy auto needs --memory-budget" "$run" -n 2 -- "$train" --preset tiny --strategy auto
     ;;
   bf16-curve)
-    # bf16 training of small for 200 steps follows the fp32 loss curve: each
-    # 20-step window's mean loss may exceed fp32's by at most 5% (see the
-    # README's note on this tolerance); being lower is not a failure.
-    common=(--preset small --steps 200 --batch 4 --print-every 50)
+    # bf16 training of small for 200 steps follows the fp32 loss curve: every
+    # 20-step window's mean loss within 3% of fp32's. Why 3%: bf16 keeps 8
+    # significant bits (0.39% rounding per operation); measured here the
+    # windows differ by at most 1.6%, where the loss falls fastest. A real
+    # defect (stale low-precision parameters, lost master updates, a
+    # mis-scaled reduction) stalls near the initial 5.5 or drifts by far more.
+    # lr 3e-4: at the spec's 1e-3 this model sits on a plateau near 3.2 and
+    # leaves it at a step that rounding alone moves by tens of steps (bf16
+    # left it first at batch 8, fp32 first at batch 4), which no pointwise
+    # tolerance can follow.
+    common=(--preset small --steps 200 --batch 4 --lr 3e-4 --print-every 50)
     "$run" -n 2 -- "$train" "${common[@]}" --param-dtype fp32 --log "$work/fp32.jsonl" > "$work/fp32.out" 2>&1 || { cat "$work/fp32.out"; fail "fp32 run failed"; }
     "$run" -n 2 -- "$train" "${common[@]}" --param-dtype bf16 --log "$work/bf16.jsonl" > "$work/bf16.out" 2>&1 || { cat "$work/bf16.out"; fail "bf16 run failed"; }
     paste <(losses "$work/bf16.jsonl") <(losses "$work/fp32.jsonl") | awk '
       { if ($1 != $1 + 0 || $1 > 100) bad = 1; a += $1; b += $2 }
-      NR % 20 == 0 { r = a / b; printf "steps %3d-%3d: bf16 %.4f fp32 %.4f (ratio %.3f)\n", NR - 19, NR, a / 20, b / 20, r
-                     if (r > 1.05) bad = 1; a = 0; b = 0 }
+      NR % 20 == 0 { r = a / b; printf "steps %3d-%3d: bf16 %.4f fp32 %.4f (ratio %.4f)\n", NR - 19, NR, a / 20, b / 20, r
+                     if (r > 1.03 || r < 0.97) bad = 1; a = 0; b = 0 }
       END { exit bad || NR != 200 }' || fail "bf16 left the fp32 curve"
     grep -h "throughput" "$work/fp32.out" "$work/bf16.out"
     ;;

@@ -146,6 +146,30 @@ case "$case_name" in
       END { exit bad || NR != 200 }' || fail "bf16 left the fp32 curve"
     grep -h "throughput" "$work/fp32.out" "$work/bf16.out"
     ;;
+  watchdog)
+    # A rank that never makes a collective: the others' watchdog ends the job
+    # within the timeout, naming the call.
+    start=$(date +%s%N)
+    expect_error "collective watchdog: all_reduce(Float, 4 elements per rank, sum) (call #0 of a group of 2 ranks" \
+      "$run" -n 2 -- "$build/tests/watchdog_probe" 2
+    elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+    echo "stalled job ended after ${elapsed_ms} ms (timeout 2 s)"
+    [ "$elapsed_ms" -lt 20000 ] || fail "the stalled job took ${elapsed_ms} ms to end"
+    # A rank killed (kill -9) in the middle of training: the job ends non-zero.
+    "$run" -n 2 -- "$train" --preset tiny --steps 100000 --print-every 1 --collective-timeout 10 --log "$work/kill.jsonl" > "$work/kill.out" 2>&1 &
+    job=$!
+    for _ in $(seq 1 100); do [ -s "$work/kill.jsonl" ] && break; sleep 0.2; done
+    [ -s "$work/kill.jsonl" ] || { kill $job; fail "training did not start"; }
+    victim=$(pgrep -f "fsdp-train --preset tiny --steps 100000" | tail -1)
+    start=$(date +%s%N)
+    kill -9 "$victim"
+    status=0
+    wait $job || status=$?
+    elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+    echo "job ended with status $status ${elapsed_ms} ms after a rank was killed"
+    [ "$status" -ne 0 ] || fail "the job exited 0 after a rank was killed"
+    [ "$elapsed_ms" -lt 30000 ] || fail "the job took ${elapsed_ms} ms to end after a rank was killed"
+    ;;
   launcher)
     # The exit status passes through, and threads per rank = cores / ranks.
     "$run" -n 2 -- true || fail "fsdp-run of true failed"

@@ -50,6 +50,7 @@ struct TrainOptions {
   int64_t grad_accum = 1;
   bool no_sync = false;
   double clip_grad_norm = 0.0;
+  double collective_timeout = 0.0;
 };
 
 // What each rank reports after a step, gathered to rank 0.
@@ -394,6 +395,8 @@ int main(int argc, char** argv) {
                "with --grad-accum: skip the reduction before the last micro-step also for sharded-gradient "
                "strategies (keeps full-size gradients between micro-steps)");
   app.add_option("--clip-grad-norm", o.clip_grad_norm, "clip the global gradient norm to this (0: off)");
+  app.add_option("--collective-timeout", o.collective_timeout,
+                 "seconds a collective may wait before the job is ended (default: FSDP_COLLECTIVE_TIMEOUT, else 600)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -403,6 +406,7 @@ int main(int argc, char** argv) {
   }
 
   torch::set_num_threads(o.threads > 0 ? o.threads : default_threads(world->size()));
+  if (o.collective_timeout > 0) world->set_timeout(o.collective_timeout);  // the units' groups inherit it
   Run run;
   int failed = 0;
   try {

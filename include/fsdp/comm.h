@@ -21,16 +21,21 @@ enum class CollectiveKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, 
 const char* collective_name(CollectiveKind kind);
 
 // An asynchronous collective. wait() blocks until it is done and rethrows the
-// error it failed with (on every rank, for mismatched collectives).
+// error it failed with (on every rank, for mismatched collectives). It is
+// also the watchdog: a collective that has not completed within the group's
+// timeout (a rank died, hangs, or skipped it) throws, naming the call. The
+// transport is then stuck; the process should end (MpiEnvironment::abort).
 class Work {
  public:
-  explicit Work(std::shared_future<void> done, std::atomic<double>* wait_seconds);
+  Work(std::shared_future<void> done, std::atomic<double>* wait_seconds, std::string description, double timeout_s);
   void wait();
   bool is_completed() const;
 
  private:
   std::shared_future<void> done_;
   std::atomic<double>* wait_seconds_;  // the group's exposed-wait counter
+  std::string description_;
+  double timeout_s_;
 };
 using WorkHandle = std::shared_ptr<Work>;
 
@@ -70,7 +75,15 @@ class ProcessGroup {
   CommStats stats() const;
   void reset_stats();
 
+  // How long wait() waits for a collective before it gives up (seconds).
+  // Groups made by split() inherit it. Default: FSDP_COLLECTIVE_TIMEOUT from
+  // the environment, else 600 s.
+  void set_timeout(double seconds);
+  double timeout() const { return timeout_s_.load(); }
+
  protected:
+  std::atomic<double> timeout_s_{default_timeout()};
+  static double default_timeout();
   void count(CollectiveKind kind, int64_t bytes);
   std::atomic<double> wait_seconds_{0.0};
 

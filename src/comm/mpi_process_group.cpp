@@ -205,7 +205,9 @@ class MpiProcessGroup final : public ProcessGroup {
     enqueue(sig, [this, color, key, new_comm] {
       check_mpi(MPI_Comm_split(comm_, color, key, new_comm.get()), "MPI_Comm_split");
     })->wait();
-    return std::make_shared<MpiProcessGroup>(*new_comm);
+    auto group = std::make_shared<MpiProcessGroup>(*new_comm);
+    group->set_timeout(timeout());
+    return group;
   }
 
   std::shared_ptr<ProcessGroup> split_shared_memory() override {
@@ -215,7 +217,9 @@ class MpiProcessGroup final : public ProcessGroup {
       check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, new_comm.get()),
                 "MPI_Comm_split_type");
     })->wait();
-    return std::make_shared<MpiProcessGroup>(*new_comm);
+    auto group = std::make_shared<MpiProcessGroup>(*new_comm);
+    group->set_timeout(timeout());
+    return group;
   }
 
  private:
@@ -245,13 +249,16 @@ class MpiProcessGroup final : public ProcessGroup {
   WorkHandle enqueue(Signature sig, std::function<void()> body) {
     Task task{sig, std::move(body), {}};
     std::shared_future<void> done = task.done.get_future().share();
+    int64_t sequence = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      task.signature.sequence = next_sequence_++;
+      sequence = task.signature.sequence = next_sequence_++;
       queue_.push_back(std::move(task));
     }
     wake_.notify_one();
-    return std::make_shared<Work>(std::move(done), &wait_seconds_);
+    std::string description = describe(sig) + " (call #" + std::to_string(sequence) + " of a group of " +
+                              std::to_string(size_) + " ranks, this rank " + std::to_string(rank_) + ")";
+    return std::make_shared<Work>(std::move(done), &wait_seconds_, std::move(description), timeout());
   }
 
   void run_worker() {

@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
+
 namespace fsdp {
 
 const char* collective_name(CollectiveKind kind) {
@@ -16,18 +18,21 @@ const char* collective_name(CollectiveKind kind) {
   return "unknown";
 }
 
-Work::Work(std::shared_future<void> done, std::atomic<double>* wait_seconds)
-    : done_(std::move(done)), wait_seconds_(wait_seconds) {}
+Work::Work(std::shared_future<void> done, std::atomic<double>* wait_seconds, std::string description, double timeout_s)
+    : done_(std::move(done)), wait_seconds_(wait_seconds), description_(std::move(description)), timeout_s_(timeout_s) {}
 
 void Work::wait() {
   if (!is_completed()) {
     auto start = std::chrono::steady_clock::now();
-    done_.wait();
+    const bool finished =
+        done_.wait_for(std::chrono::duration<double>(timeout_s_)) == std::future_status::ready;
     double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // atomic<double> has no fetch_add before C++20.
     double seen = wait_seconds_->load();
     while (!wait_seconds_->compare_exchange_weak(seen, seen + waited)) {
     }
+    TORCH_CHECK(finished, "collective watchdog: ", description_, " did not complete within ", timeout_s_,
+                " s; a rank has died, hangs, or did not make this call");
   }
   done_.get();  // rethrows the collective's error, if any
 }
@@ -58,6 +63,19 @@ void ProcessGroup::reset_stats() {
     calls_[i] = 0;
   }
   wait_seconds_ = 0.0;
+}
+
+void ProcessGroup::set_timeout(double seconds) {
+  TORCH_CHECK(seconds > 0, "a collective timeout must be positive, got ", seconds);
+  timeout_s_ = seconds;
+}
+
+double ProcessGroup::default_timeout() {
+  if (const char* env = std::getenv("FSDP_COLLECTIVE_TIMEOUT")) {
+    double seconds = std::atof(env);
+    if (seconds > 0) return seconds;
+  }
+  return 600.0;
 }
 
 void ProcessGroup::count(CollectiveKind kind, int64_t bytes) {

@@ -200,26 +200,15 @@ class MpiProcessGroup final : public ProcessGroup {
 
   std::shared_ptr<ProcessGroup> split(int color, int key) override {
     TORCH_CHECK(color >= 0, "split: color must be non-negative, got ", color);
-    auto new_comm = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
-    Signature sig{-2, 0, 0, 0, 0, 0};
-    enqueue(sig, [this, color, key, new_comm] {
-      check_mpi(MPI_Comm_split(comm_, color, key, new_comm.get()), "MPI_Comm_split");
-    })->wait();
-    auto group = std::make_shared<MpiProcessGroup>(*new_comm);
-    group->set_timeout(timeout());
-    return group;
+    return subgroup([this, color, key](MPI_Comm* out) {
+      check_mpi(MPI_Comm_split(comm_, color, key, out), "MPI_Comm_split");
+    });
   }
 
   std::shared_ptr<ProcessGroup> split_shared_memory() override {
-    auto new_comm = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
-    Signature sig{-2, 0, 0, 0, 0, 0};
-    enqueue(sig, [this, new_comm] {
-      check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, new_comm.get()),
-                "MPI_Comm_split_type");
-    })->wait();
-    auto group = std::make_shared<MpiProcessGroup>(*new_comm);
-    group->set_timeout(timeout());
-    return group;
+    return subgroup([this](MPI_Comm* out) {
+      check_mpi(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, out), "MPI_Comm_split_type");
+    });
   }
 
  private:
@@ -228,6 +217,17 @@ class MpiProcessGroup final : public ProcessGroup {
     std::function<void()> body;
     std::promise<void> done;
   };
+
+  // Runs a communicator-splitting call on the communication thread (it is a
+  // collective like any other) and wraps the result, inheriting the timeout.
+  std::shared_ptr<ProcessGroup> subgroup(std::function<void(MPI_Comm*)> make_comm) {
+    auto new_comm = std::make_shared<MPI_Comm>(MPI_COMM_NULL);
+    Signature sig{-2, 0, 0, 0, 0, 0};
+    enqueue(sig, [make_comm = std::move(make_comm), new_comm] { make_comm(new_comm.get()); })->wait();
+    auto group = std::make_shared<MpiProcessGroup>(*new_comm);
+    group->set_timeout(timeout());
+    return group;
+  }
 
   static void check_buffer(const torch::Tensor& t, const char* what) {
     TORCH_CHECK(t.defined(), what, " is undefined");

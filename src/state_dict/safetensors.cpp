@@ -1,19 +1,16 @@
 #include "fsdp/safetensors.h"
 
+#include "fsdp/safetensors_header.h"
+
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <limits>
 #include <nlohmann/json.hpp>
 
 namespace fsdp::safetensors {
 namespace {
-
-// Headers larger than this are refused rather than allocated (the format's
-// reference implementation uses the same bound).
-constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
 const std::vector<std::pair<std::string, torch::ScalarType>>& dtype_table() {
   static const std::vector<std::pair<std::string, torch::ScalarType>> table = {
@@ -47,94 +44,27 @@ torch::ScalarType scalar_type(const std::string& code) {
 Reader::Reader(const std::string& path) : path_(path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   TORCH_CHECK(f, "cannot open '", path, "': ", std::strerror(errno));
-  const uint64_t size = file_size(f);
-  unsigned char length_bytes[8];
-  bool got_length = size >= 8 && std::fread(length_bytes, 1, 8, f) == 8;
-  if (!got_length) std::fclose(f);
-  TORCH_CHECK(got_length, "'", path, "' is not a safetensors file: ", size, " bytes, shorter than the 8-byte header length");
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | length_bytes[i];
-  bool fits = header_len <= kMaxHeaderBytes && header_len <= size - 8;
-  if (!fits) std::fclose(f);
-  TORCH_CHECK(fits, "'", path, "': header length ", header_len, " does not fit the file (", size, " bytes) or exceeds ",
-              kMaxHeaderBytes, " bytes");
-  std::string header(header_len, '\0');
-  bool got_header = std::fread(header.data(), 1, header_len, f) == header_len;
-  std::fclose(f);
-  TORCH_CHECK(got_header, "'", path, "': could not read the ", header_len, "-byte header");
-  data_start_ = 8 + header_len;
-  const uint64_t data_size = size - data_start_;
-
-  nlohmann::json json;
+  std::string json_text;
+  uint64_t size = 0;
   try {
-    json = nlohmann::json::parse(header);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "'", path, "': the header is not valid JSON (", e.what(), ")");
+    size = file_size(f);
+    unsigned char first_8_bytes[8] = {};
+    const size_t got = std::fread(first_8_bytes, 1, 8, f);
+    const uint64_t length = header_length(first_8_bytes, got == 8 ? size : got, path);
+    json_text.resize(length);
+    TORCH_CHECK(std::fread(json_text.data(), 1, length, f) == length, "'", path, "': could not read the ", length,
+                "-byte header");
+  } catch (...) {
+    std::fclose(f);
+    throw;
   }
-  TORCH_CHECK(json.is_object(), "'", path, "': the header must be a JSON object");
-  for (auto it = json.begin(); it != json.end(); ++it) {
-    const std::string& name = it.key();
-    const auto& value = it.value();
-    if (name == "__metadata__") {
-      TORCH_CHECK(value.is_object(), "'", path, "': __metadata__ must be an object of strings");
-      for (auto m = value.begin(); m != value.end(); ++m) {
-        TORCH_CHECK(m.value().is_string(), "'", path, "': __metadata__ value '", m.key(), "' is not a string");
-        metadata_[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    auto bad = [&](const std::string& why) { TORCH_CHECK(false, "'", path, "': tensor '", name, "': ", why); };
-    if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") || !value.contains("data_offsets"))
-      bad("needs dtype, shape and data_offsets");
-    if (!value["dtype"].is_string()) bad("dtype must be a string");
-    TensorEntry entry;
-    entry.spec.name = name;
-    try {
-      entry.spec.dtype = scalar_type(value["dtype"].get<std::string>());
-    } catch (const c10::Error&) {
-      bad("unsupported dtype '" + value["dtype"].get<std::string>() + "'");
-    }
-    if (!value["shape"].is_array()) bad("shape must be an array");
-    uint64_t numel = 1;
-    for (const auto& d : value["shape"]) {
-      if (!d.is_number_unsigned()) bad("shape entries must be non-negative integers");
-      uint64_t dim = d.get<uint64_t>();
-      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-          (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim))
-        bad("shape is absurdly large");
-      numel *= dim;
-      entry.spec.shape.push_back(static_cast<int64_t>(dim));
-    }
-    const auto& offsets = value["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
-        !offsets[1].is_number_unsigned())
-      bad("data_offsets must be two non-negative integers");
-    entry.begin = offsets[0].get<uint64_t>();
-    entry.end = offsets[1].get<uint64_t>();
-    if (entry.begin > entry.end || entry.end > data_size)
-      bad("data_offsets [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) +
-          "] lie outside the data section of " + std::to_string(data_size) + " bytes");
-    const uint64_t element = c10::elementSize(entry.spec.dtype);
-    if (numel > std::numeric_limits<uint64_t>::max() / element || numel * element != entry.end - entry.begin)
-      bad("shape and dtype need " + std::to_string(numel) + " x " + std::to_string(element) + " bytes but data_offsets span " +
-          std::to_string(entry.end - entry.begin));
-    tensors_.push_back(std::move(entry));
+  std::fclose(f);
+  Header header = parse_header(json_text, size, path);
+  data_start_ = header.data_start;
+  metadata_ = std::move(header.metadata);
+  for (auto& t : header.tensors) {
+    tensors_.push_back(TensorEntry{TensorSpec{t.name, scalar_type(t.dtype), std::move(t.shape)}, t.begin, t.end});
   }
-  // The data section must be exactly the tensors, back to back: no overlap
-  // (a crafted file could alias them) and no holes (the format forbids them).
-  std::vector<const TensorEntry*> by_offset;
-  for (const auto& t : tensors_) by_offset.push_back(&t);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](auto* a, auto* b) { return a->begin != b->begin ? a->begin < b->begin : a->end < b->end; });
-  uint64_t covered = 0;
-  for (const TensorEntry* t : by_offset) {
-    TORCH_CHECK(t->begin >= covered, "'", path, "': tensor '", t->spec.name, "' overlaps the tensor before it in the data section");
-    TORCH_CHECK(t->begin == covered, "'", path, "': the data section has a hole of ", t->begin - covered,
-                " bytes before tensor '", t->spec.name, "'");
-    covered = t->end;
-  }
-  TORCH_CHECK(covered == data_size, "'", path, "': the data section has ", data_size - covered,
-              " bytes after its last tensor (truncated header or extra data)");
 }
 
 const TensorEntry* Reader::find(const std::string& name) const {

@@ -170,6 +170,51 @@ case "$case_name" in
     [ "$status" -ne 0 ] || fail "the job exited 0 after a rank was killed"
     [ "$elapsed_ms" -lt 30000 ] || fail "the job took ${elapsed_ms} ms to end after a rank was killed"
     ;;
+  checkpoint)
+    # Resume is exact: stopped at step 6 (checkpoints at 3 and 6) and resumed
+    # to 10 gives the uninterrupted run's losses bit for bit; resumed from
+    # step 3 on 4 ranks with another strategy (same global batch), within 1e-5.
+    head -c 60000 /dev/urandom | tr -dc 'a-z .\n' | head -c 30000 > "$work/data.txt"
+    common=(--preset tiny --data "$work/data.txt")
+    "$run" -n 2 -- "$train" "${common[@]}" --steps 10 --log "$work/straight.jsonl" >/dev/null 2>&1 || fail "straight run failed"
+    "$run" -n 2 -- "$train" "${common[@]}" --steps 6 --ckpt-dir "$work/ck" --ckpt-every 3 --log "$work/resumed.jsonl" >/dev/null 2>&1 ||
+      fail "run with checkpoints failed"
+    [ -f "$work/ck/step-3/metadata.json" ] && [ -f "$work/ck/step-6/metadata.json" ] || fail "checkpoints missing"
+    cp -r "$work/ck/step-3" "$work/step-3"  # the resume below prunes it (--ckpt-keep 2)
+    out=$("$run" -n 2 -- "$train" "${common[@]}" --steps 10 --ckpt-dir "$work/ck" --ckpt-every 100 --resume --log "$work/resumed.jsonl" 2>&1) ||
+      { echo "$out"; fail "resume failed"; }
+    grep -q "resumed from $work/ck/step-6 (step 6" <<<"$out" || { echo "$out"; fail "did not resume from step 6"; }
+    [ "$(losses "$work/resumed.jsonl")" = "$(losses "$work/straight.jsonl")" ] || fail "resumed losses differ from the uninterrupted run's"
+    echo "ok: bitwise resume"
+    for cfg in "4 zero1 2" "4 hybrid_shard 2" "1 no_shard 8"; do
+      read -r ranks strategy batch <<<"$cfg"
+      rm -rf "$work/ck3" && mkdir -p "$work/ck3" && cp -r "$work/step-3" "$work/ck3/"
+      head -3 "$work/straight.jsonl" > "$work/reshard.jsonl"
+      flags=(); [ "$ranks" -eq 1 ] || flags=(--ranks-per-node 2)
+      "$run" -n "$ranks" "${flags[@]}" -- "$train" "${common[@]}" --steps 10 --batch "$batch" --strategy "$strategy" \
+        --ckpt-dir "$work/ck3" --resume --log "$work/reshard.jsonl" > "$work/reshard.out" 2>&1 || { cat "$work/reshard.out"; fail "resharded resume ($cfg) failed"; }
+      compare_losses "$work/reshard.jsonl" "$work/straight.jsonl" 1e-5
+    done
+    # Bad checkpoints are refused, naming the file.
+    cp -r "$work/step-3" "$work/bad"
+    printf 'X' | dd of="$work/bad/shard-1.safetensors" bs=1 seek=200 conv=notrunc 2>/dev/null
+    mkdir -p "$work/ckbad" && mv "$work/bad" "$work/ckbad/step-3"
+    expect_error "shard-1.safetensors' is corrupt: checksum" "$run" -n 2 -- "$train" "${common[@]}" --steps 5 --ckpt-dir "$work/ckbad" --resume
+    rm "$work/ckbad/step-3/shard-1.safetensors"
+    expect_error "is missing 'shard-1.safetensors'" "$run" -n 2 -- "$train" "${common[@]}" --steps 5 --ckpt-dir "$work/ckbad" --resume
+    expect_error "(another model configuration)" "$run" -n 2 -- "$train" "${common[@]}" --width 32 --steps 5 --ckpt-dir "$work/ck" --resume
+    # Unfinished saves are ignored, and a rank killed while checkpointing
+    # every step leaves the newest complete checkpoint loadable.
+    mkdir -p "$work/ck/step-99.tmp" && printf 'partial' > "$work/ck/step-99.tmp/shard-0.safetensors"
+    "$run" -n 2 -- "$train" "${common[@]}" --steps 100000 --ckpt-dir "$work/ck" --ckpt-every 1 --ckpt-keep 2 --resume > "$work/kill.out" 2>&1 &
+    job=$!
+    for _ in $(seq 1 150); do grep -q "checkpoint: $work/ck/step-12" "$work/kill.out" && break; sleep 0.1; done
+    kill -9 "$(pgrep -f "fsdp-train --preset tiny --data $work/data.txt --steps 100000" | tail -1)"
+    wait $job && fail "the job survived a killed rank"
+    out=$("$run" -n 2 -- "$train" "${common[@]}" --steps 1 --ckpt-dir "$work/ck" --resume 2>&1) || { echo "$out"; fail "no loadable checkpoint after the kill"; }
+    grep -q "resumed from $work/ck/step-" <<<"$out" || { echo "$out"; fail "did not resume after the kill"; }
+    echo "ok: $(grep -o 'resumed from [^ ]*' <<<"$out") after a kill during checkpointing"
+    ;;
   launcher)
     # The exit status passes through, and threads per rank = cores / ranks.
     "$run" -n 2 -- true || fail "fsdp-run of true failed"

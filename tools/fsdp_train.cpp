@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"
@@ -51,6 +52,10 @@ struct TrainOptions {
   bool no_sync = false;
   double clip_grad_norm = 0.0;
   double collective_timeout = 0.0;
+  std::string ckpt_dir;
+  int64_t ckpt_every = 0;
+  int ckpt_keep = 2;
+  bool resume = false;
 };
 
 // What each rank reports after a step, gathered to rank 0.
@@ -174,6 +179,8 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   TORCH_CHECK(o.lr > 0, "--lr must be positive, got ", o.lr);
   TORCH_CHECK(o.grad_accum > 0, "--grad-accum must be positive, got ", o.grad_accum);
   TORCH_CHECK(o.clip_grad_norm >= 0, "--clip-grad-norm must be positive, got ", o.clip_grad_norm);
+  TORCH_CHECK(o.ckpt_every >= 0 && o.ckpt_keep >= 1, "--ckpt-every must be >= 0 and --ckpt-keep >= 1");
+  TORCH_CHECK(!o.ckpt_dir.empty() || (o.ckpt_every == 0 && !o.resume), "--ckpt-every and --resume need --ckpt-dir");
   run.fsdp_options = make_fsdp_options(o);
   std::string data_path = o.data.empty() ? std::string(FSDP_DEFAULT_CORPUS) : o.data;
   TORCH_CHECK(!o.data.empty() || std::ifstream(data_path).good(), "the built-in default corpus '", data_path,
@@ -184,7 +191,7 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   if (!o.init_from.empty()) fsdp::load_full_weights(*run.model, o.init_from);
   if (o.strategy == "auto") run.fsdp_options.strategy(pick_strategy(o, run, world->size()));
   if (rank == 0 && !o.log.empty()) {
-    run.log.open(o.log, std::ios::trunc);
+    run.log.open(o.log, o.resume ? std::ios::app : std::ios::trunc);
     TORCH_CHECK(run.log, "cannot open the log file '", o.log, "' for writing");
   }
   return run;
@@ -233,12 +240,39 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     std::cout << std::flush;
   }
 
+  int64_t first_step = 0;
+  if (o.resume) {
+    const std::string latest = fsdp::latest_checkpoint(o.ckpt_dir);
+    if (latest.empty()) {
+      if (rank == 0) std::cout << "  no checkpoint in " << o.ckpt_dir << ": starting at step 0\n";
+    } else {
+      nlohmann::json meta = fsdp::load_sharded_checkpoint(state, optimizer, latest);
+      first_step = meta.at("step").get<int64_t>();
+      if (scaler && meta.at("extra").contains("loss_scale")) {
+        scaler = std::make_unique<fsdp::GradScaler>(
+            state, fsdp::GradScalerOptions().init_scale(meta.at("extra").at("loss_scale").get<double>()));
+      }
+      if (rank == 0) {
+        std::cout << "  resumed from " << latest << " (step " << first_step << ", saved by "
+                  << meta.at("world_size") << " ranks with " << meta.at("strategy").get<std::string>() << ")\n";
+      }
+    }
+  }
+  auto save_checkpoint = [&](int64_t completed_steps) {
+    nlohmann::json extra = {{"config", c.describe()}, {"preset", o.preset}};
+    if (scaler) extra["loss_scale"] = scaler->scale_factor();
+    const std::string path = fsdp::save_sharded_checkpoint(state, optimizer, o.ckpt_dir, completed_steps, extra);
+    if (rank == 0) fsdp::prune_checkpoints(o.ckpt_dir, o.ckpt_keep);
+    world->barrier()->wait();
+    return path;
+  };
+
   std::vector<double> step_times;
   std::vector<int64_t> last_figures(kNumFigures * W, 0), max_peak(W, 0);
   double final_loss = 0.0;
   int64_t skipped_steps = 0;
   const auto run_start = Clock::now();
-  for (int64_t step = 0; step < o.steps; ++step) {
+  for (int64_t step = first_step; step < o.steps; ++step) {
     fsdp::memory::reset_peaks();
     state.reset_comm_stats();
     const auto start = Clock::now();
@@ -279,7 +313,11 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     torch::Tensor all = torch::empty({kNumFigures * W}, torch::kLong);
     world->all_gather(all, mine)->wait();
     final_loss = step_loss.item<double>();
-    if (step > 0 || o.steps == 1) step_times.push_back(step_s);
+    if (step > first_step || o.steps == first_step + 1) step_times.push_back(step_s);
+    if (!o.ckpt_dir.empty() && o.ckpt_every > 0 && ((step + 1) % o.ckpt_every == 0 || step + 1 == o.steps)) {
+      const std::string path = save_checkpoint(step + 1);
+      if (rank == 0) std::cout << "  checkpoint: " << path << "\n" << std::flush;
+    }
     if (rank != 0) continue;
 
     std::vector<int64_t> figures(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
@@ -395,6 +433,10 @@ int main(int argc, char** argv) {
                "with --grad-accum: skip the reduction before the last micro-step also for sharded-gradient "
                "strategies (keeps full-size gradients between micro-steps)");
   app.add_option("--clip-grad-norm", o.clip_grad_norm, "clip the global gradient norm to this (0: off)");
+  app.add_option("--ckpt-dir", o.ckpt_dir, "directory of sharded checkpoints (step-N sub-directories)");
+  app.add_option("--ckpt-every", o.ckpt_every, "save a checkpoint every K steps and after the last (0: never)");
+  app.add_option("--ckpt-keep", o.ckpt_keep, "keep the newest N complete checkpoints")->capture_default_str();
+  app.add_flag("--resume", o.resume, "continue from the newest complete checkpoint in --ckpt-dir (if any)");
   app.add_option("--collective-timeout", o.collective_timeout,
                  "seconds a collective may wait before the job is ended (default: FSDP_COLLECTIVE_TIMEOUT, else 600)");
   try {

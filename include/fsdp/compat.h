@@ -5,6 +5,9 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <string>
+#include <type_traits>
+
 #define FSDP_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) ||       \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -27,5 +30,17 @@ namespace fsdp::compat {
 // buffers are freed without breaking saved tensors.
 void free_storage(const torch::Tensor& tensor);
 void allocate_storage(const torch::Tensor& tensor, size_t nbytes);
+
+// The key of a parameter in an optimizer's state map: a string of the
+// TensorImpl address in LibTorch 1.x, the address itself in later versions.
+template <class Optimizer>
+auto optimizer_state_key(const Optimizer& optimizer, const torch::Tensor& param) {
+  using Key = typename std::decay_t<decltype(optimizer.state())>::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    return c10::guts::to_string(param.unsafeGetTensorImpl());
+  } else {
+    return static_cast<Key>(param.unsafeGetTensorImpl());
+  }
+}
 
 }  // namespace fsdp::compat

@@ -56,6 +56,8 @@ class Writer {
   // The next tensor in the order given; its dtype and shape must match.
   void write(const torch::Tensor& tensor);
   void commit();
+  // FNV-1a (64-bit) of every byte written: the whole file once committed.
+  uint64_t checksum() const { return checksum_; }
 
  private:
   std::string path_;
@@ -63,7 +65,15 @@ class Writer {
   std::vector<TensorSpec> specs_;
   size_t next_ = 0;
   std::FILE* file_ = nullptr;
+  uint64_t checksum_;
+  void append(const void* data, size_t bytes, const std::string& what);
 };
+
+// FNV-1a (64-bit), continuing from `hash` (start with kFnvOffset).
+constexpr uint64_t kFnvOffset = 1469598103934665603ull;
+uint64_t fnv1a(const void* data, size_t bytes, uint64_t hash);
+// The checksum of a whole file, as Writer::checksum() computed it.
+uint64_t file_checksum(const std::string& path);
 
 // The safetensors dtype code ("F32", "BF16", ...) of a scalar type, and back.
 std::string dtype_code(torch::ScalarType type);

@@ -88,7 +88,7 @@ torch::Tensor Reader::read(const std::string& name) const {
 }
 
 Writer::Writer(std::string path, std::vector<TensorSpec> specs, std::map<std::string, std::string> metadata)
-    : path_(std::move(path)), temp_path_(path_ + ".tmp"), specs_(std::move(specs)) {
+    : path_(std::move(path)), temp_path_(path_ + ".tmp"), specs_(std::move(specs)), checksum_(kFnvOffset) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -104,8 +104,14 @@ Writer::Writer(std::string path, std::vector<TensorSpec> specs, std::map<std::st
   TORCH_CHECK(file_, "cannot create '", temp_path_, "': ", std::strerror(errno));
   unsigned char length_bytes[8];
   for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xff);
-  bool ok = std::fwrite(length_bytes, 1, 8, file_) == 8 && std::fwrite(text.data(), 1, text.size(), file_) == text.size();
-  TORCH_CHECK(ok, "writing the header of '", temp_path_, "' failed: ", std::strerror(errno));
+  append(length_bytes, 8, "the header length");
+  append(text.data(), text.size(), "the header");
+}
+
+void Writer::append(const void* data, size_t bytes, const std::string& what) {
+  TORCH_CHECK(std::fwrite(data, 1, bytes, file_) == bytes, "writing ", what, " to '", temp_path_,
+              "' failed: ", std::strerror(errno));
+  checksum_ = fnv1a(data, bytes, checksum_);
 }
 
 Writer::~Writer() {
@@ -122,9 +128,7 @@ void Writer::write(const torch::Tensor& tensor) {
               spec.name, "' must be ", spec.dtype, " of shape ", c10::IntArrayRef(spec.shape), ", got ",
               tensor.scalar_type(), " of shape ", tensor.sizes());
   torch::Tensor data = tensor.contiguous();
-  const size_t bytes = data.nbytes();
-  TORCH_CHECK(std::fwrite(data.data_ptr(), 1, bytes, file_) == bytes, "writing tensor '", spec.name, "' to '",
-              temp_path_, "' failed: ", std::strerror(errno));
+  append(data.data_ptr(), data.nbytes(), "tensor '" + spec.name + "'");
   ++next_;
 }
 
@@ -136,6 +140,23 @@ void Writer::commit() {
   if (ok) ok = std::rename(temp_path_.c_str(), path_.c_str()) == 0;
   if (!ok) std::remove(temp_path_.c_str());
   TORCH_CHECK(ok, "could not complete '", path_, "': ", std::strerror(errno));
+}
+
+uint64_t fnv1a(const void* data, size_t bytes, uint64_t hash) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
+  return hash;
+}
+
+uint64_t file_checksum(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  TORCH_CHECK(f, "cannot open '", path, "': ", std::strerror(errno));
+  std::vector<unsigned char> buffer(1 << 20);
+  uint64_t hash = kFnvOffset;
+  size_t got = 0;
+  while ((got = std::fread(buffer.data(), 1, buffer.size(), f)) > 0) hash = fnv1a(buffer.data(), got, hash);
+  std::fclose(f);
+  return hash;
 }
 
 }  // namespace fsdp::safetensors

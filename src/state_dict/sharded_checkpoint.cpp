@@ -1,0 +1,281 @@
+// Sharded checkpoints: writing each shard, and reading any layout back.
+
+#include "fsdp/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include "fsdp/compat.h"
+#include "fsdp/error.h"
+#include "fsdp/memory.h"
+#include "fsdp/safetensors.h"
+
+namespace fsdp {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kFormat = "fsdp-sharded-v1";
+const char* const kStateNames[] = {"param", "exp_avg", "exp_avg_sq"};
+
+std::string hex(uint64_t v) {
+  std::ostringstream s;
+  s << std::hex << std::setw(16) << std::setfill('0') << v;
+  return s.str();
+}
+
+std::string shard_file(int64_t shard_index) { return "shard-" + std::to_string(shard_index) + ".safetensors"; }
+std::string tensor_name(size_t unit, const char* what) { return "u" + std::to_string(unit) + "." + what; }
+
+void fsync_path(const fs::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+int64_t step_of(const fs::path& p) {
+  const std::string name = p.filename().string();
+  if (name.rfind("step-", 0) != 0) return -1;
+  try {
+    size_t used = 0;
+    int64_t step = std::stoll(name.substr(5), &used);
+    return used == name.size() - 5 ? step : -1;
+  } catch (...) {
+    return -1;
+  }
+}
+
+// Every rank learns whether any failed, and all throw together.
+void agree(const ProcessGroupPtr& group, const std::string& error) {
+  torch::Tensor failed = torch::tensor({error.empty() ? 0 : 1}, torch::kInt);
+  group->all_reduce(failed, ReduceOp::kSum)->wait();
+  if (failed.item<int>() == 0) return;
+  TORCH_CHECK(false, error.empty() ? std::string("another rank failed while handling the checkpoint") : error);
+}
+
+torch::optim::AdamWParamState& adam_state(torch::optim::AdamW& optimizer, const torch::Tensor& shard) {
+  auto key = compat::optimizer_state_key(optimizer, shard);
+  auto& slot = optimizer.state()[key];
+  if (!slot) {
+    memory::MemoryCategoryScope scope(memory::Category::kOptimizerState);
+    auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+    fresh->exp_avg(torch::zeros_like(shard.detach()));
+    fresh->exp_avg_sq(torch::zeros_like(shard.detach()));
+    slot = std::move(fresh);
+  }
+  auto* state = dynamic_cast<torch::optim::AdamWParamState*>(slot.get());
+  TORCH_CHECK(state, "sharded checkpoints hold AdamW state; the optimizer's state is of another kind");
+  return *state;
+}
+
+nlohmann::json unit_layout(const FsdpState& state) {
+  nlohmann::json units = nlohmann::json::array();
+  for (const auto& unit : state.units()) {
+    const FlatParam& flat = unit->flat_param();
+    nlohmann::json params = nlohmann::json::array();
+    for (const auto& e : flat.entries()) params.push_back({{"name", e.name}, {"shape", e.shape}, {"offset", e.offset}});
+    units.push_back({{"name", unit->name()}, {"numel", flat.numel()}, {"shard_numel", flat.shard_numel()},
+                     {"params", params}});
+  }
+  return units;
+}
+
+}  // namespace
+
+std::string save_sharded_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& dir,
+                                    int64_t step, const nlohmann::json& extra) {
+  state.check_idle();
+  const ProcessGroupPtr& group = state.group();
+  const fs::path final_dir = fs::path(dir) / ("step-" + std::to_string(step));
+  const fs::path temp_dir = fs::path(dir) / ("step-" + std::to_string(step) + ".tmp");
+  std::string error;
+  if (group->rank() == 0) {
+    try {
+      fs::create_directories(dir);
+      fs::remove_all(temp_dir);  // an unfinished earlier attempt
+      fs::create_directories(temp_dir);
+    } catch (const std::exception& e) {
+      error = "cannot prepare checkpoint directory '" + temp_dir.string() + "': " + e.what();
+    }
+  }
+  agree(group, error);
+
+  // One writer per shard: the ranks of the first replica (all ranks unless
+  // the strategy replicates shards across ranks or nodes).
+  const bool writes = !state.replicate_group() || state.replicate_group()->rank() == 0;
+  const int64_t shard_index = state.shard_group() ? state.shard_group()->rank() : 0;
+  uint64_t checksum = 0;
+  int64_t bytes_written = 0;
+  if (writes) {
+    try {
+      std::vector<safetensors::TensorSpec> specs;
+      for (size_t u = 0; u < state.units().size(); ++u) {
+        const int64_t S = state.units()[u]->flat_param().shard_numel();
+        for (const char* what : kStateNames) specs.push_back({tensor_name(u, what), torch::kFloat, {S}});
+      }
+      safetensors::Writer writer((temp_dir / shard_file(shard_index)).string(), specs,
+                                 {{"format", kFormat}, {"shard", std::to_string(shard_index)}});
+      for (const auto& unit : state.units()) {
+        const torch::Tensor& shard = unit->flat_param().shard();
+        auto& adam = adam_state(optimizer, shard);
+        writer.write(shard.detach());
+        writer.write(adam.exp_avg());
+        writer.write(adam.exp_avg_sq());
+        bytes_written += 3 * shard.nbytes();
+      }
+      writer.commit();
+      checksum = writer.checksum();
+    } catch (const std::exception& e) {
+      error = "rank " + std::to_string(group->rank()) + ": " + error_message(e);
+    }
+  }
+  agree(group, error);
+
+  // Rank 0 gathers the checksums, writes the metadata, and publishes.
+  const int world = group->size();
+  torch::Tensor mine = torch::tensor({writes ? shard_index : -1, static_cast<int64_t>(checksum)}, torch::kLong);
+  torch::Tensor all = torch::empty({2 * world}, torch::kLong);
+  group->all_gather(all, mine)->wait();
+  if (group->rank() == 0) {
+    try {
+      int64_t adam_step = 0;
+      if (!state.units().empty()) adam_step = adam_state(optimizer, state.units()[0]->flat_param().shard()).step();
+      nlohmann::json files = nlohmann::json::object();
+      for (int r = 0; r < world; ++r) {
+        const int64_t index = all[2 * r].item<int64_t>();
+        if (index >= 0) files[shard_file(index)] = hex(static_cast<uint64_t>(all[2 * r + 1].item<int64_t>()));
+      }
+      nlohmann::json meta = {{"format", kFormat},
+                             {"step", step},
+                             {"world_size", world},
+                             {"strategy", strategy_name(state.options().strategy())},
+                             {"shard_group_size", state.shard_group() ? state.shard_group()->size() : 1},
+                             {"optimizer", {{"type", "adamw"}, {"step", adam_step}}},
+                             {"files", files},
+                             {"units", unit_layout(state)},
+                             {"extra", extra}};
+      const fs::path meta_temp = temp_dir / "metadata.json.tmp";
+      {
+        std::ofstream out(meta_temp);
+        out << meta.dump(2) << "\n";
+        out.flush();
+        TORCH_CHECK(out.good(), "writing '", meta_temp.string(), "' failed");
+      }
+      fsync_path(meta_temp);
+      fs::rename(meta_temp, temp_dir / "metadata.json");
+      fsync_path(temp_dir);
+      fs::remove_all(final_dir);  // a complete checkpoint of the same step is replaced
+      fs::rename(temp_dir, final_dir);
+      fsync_path(dir);
+    } catch (const std::exception& e) {
+      error = "publishing checkpoint '" + final_dir.string() + "' failed: " + error_message(e);
+    }
+  }
+  agree(group, error);
+  (void)bytes_written;
+  return final_dir.string();
+}
+
+std::string latest_checkpoint(const std::string& dir) {
+  if (!fs::is_directory(dir)) return "";
+  fs::path best;
+  int64_t best_step = -1;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const int64_t step = step_of(entry.path());
+    if (step > best_step && fs::exists(entry.path() / "metadata.json")) {
+      best_step = step;
+      best = entry.path();
+    }
+  }
+  return best.string();
+}
+
+void prune_checkpoints(const std::string& dir, int keep) {
+  if (keep <= 0 || !fs::is_directory(dir)) return;
+  std::vector<std::pair<int64_t, fs::path>> complete;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const int64_t step = step_of(entry.path());
+    if (step >= 0 && fs::exists(entry.path() / "metadata.json")) complete.emplace_back(step, entry.path());
+  }
+  std::sort(complete.rbegin(), complete.rend());
+  for (size_t i = static_cast<size_t>(keep); i < complete.size(); ++i) fs::remove_all(complete[i].second);
+}
+
+nlohmann::json load_sharded_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& path) {
+  state.check_idle();
+  const fs::path dir(path);
+  nlohmann::json meta;
+  {
+    std::ifstream in(dir / "metadata.json");
+    TORCH_CHECK(in, "'", path, "' is not a complete checkpoint: it has no metadata.json");
+    try {
+      in >> meta;
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "'", (dir / "metadata.json").string(), "' is not valid JSON: ", e.what());
+    }
+  }
+  TORCH_CHECK(meta.value("format", "") == kFormat, "'", path, "' is not an fsdp sharded checkpoint (format '",
+              meta.value("format", ""), "', expected '", kFormat, "')");
+  // The model must be the one saved: same units, same parameters, same shapes.
+  const nlohmann::json saved_units = meta.at("units");
+  const nlohmann::json our_units = unit_layout(state);
+  TORCH_CHECK(saved_units.size() == our_units.size(), "checkpoint '", path, "' holds ", saved_units.size(),
+              " units, this model has ", our_units.size(), " (another model configuration or wrap policy)");
+  for (size_t u = 0; u < our_units.size(); ++u) {
+    TORCH_CHECK(saved_units[u].at("params") == our_units[u].at("params"), "checkpoint '", path, "': unit '",
+                our_units[u].at("name").get<std::string>(), "' was saved with other parameters or shapes ",
+                "(another model configuration): saved ", saved_units[u].at("params").dump(), ", model has ",
+                our_units[u].at("params").dump());
+  }
+  const int64_t saved_shards = meta.at("shard_group_size").get<int64_t>();
+  // Every file this checkpoint lists must be there and intact.
+  for (int64_t q = 0; q < saved_shards; ++q) {
+    const std::string name = shard_file(q);
+    TORCH_CHECK(meta.at("files").contains(name), "checkpoint '", path, "' lists no file for shard ", q);
+    const fs::path file = dir / name;
+    TORCH_CHECK(fs::exists(file), "checkpoint '", path, "' is missing '", name, "'");
+    const std::string expected = meta.at("files").at(name).get<std::string>();
+    const std::string found = hex(safetensors::file_checksum(file.string()));
+    TORCH_CHECK(found == expected, "'", file.string(), "' is corrupt: checksum ", found, ", the metadata says ",
+                expected);
+  }
+
+  std::vector<std::unique_ptr<safetensors::Reader>> readers;
+  for (int64_t q = 0; q < saved_shards; ++q) readers.push_back(std::make_unique<safetensors::Reader>((dir / shard_file(q)).string()));
+  const int64_t adam_step = meta.at("optimizer").at("step").get<int64_t>();
+  torch::NoGradGuard no_grad;
+  for (size_t u = 0; u < state.units().size(); ++u) {
+    FlatParam& flat = state.units()[u]->flat_param();
+    const int64_t numel = flat.numel();
+    const int64_t saved_shard = saved_units[u].at("shard_numel").get<int64_t>();
+    const int64_t S = flat.shard_numel();
+    const int64_t begin = flat.shard_rank() * S;
+    auto& adam = adam_state(optimizer, flat.shard());
+    torch::Tensor targets[] = {flat.shard().detach(), adam.exp_avg(), adam.exp_avg_sq()};
+    for (int k = 0; k < 3; ++k) targets[k].zero_();  // padding stays zero
+    // The saved shards that overlap [begin, begin + S) of the real elements.
+    const int64_t end = std::min(begin + S, numel);
+    for (int64_t q = 0; q < saved_shards && begin < end; ++q) {
+      const int64_t from = std::max(begin, q * saved_shard), to = std::min(end, (q + 1) * saved_shard);
+      if (from >= to) continue;
+      for (int k = 0; k < 3; ++k) {
+        torch::Tensor source = readers[q]->read(tensor_name(u, kStateNames[k]));
+        TORCH_CHECK(source.numel() == saved_shard && source.scalar_type() == torch::kFloat, "'", readers[q]->path(),
+                    "': tensor '", tensor_name(u, kStateNames[k]), "' has ", source.numel(), " ", source.scalar_type(),
+                    " elements, the metadata says ", saved_shard, " float");
+        targets[k].narrow(0, from - begin, to - from).copy_(source.narrow(0, from - q * saved_shard, to - from));
+      }
+    }
+    adam.step(adam_step);
+  }
+  return meta;
+}
+
+}  // namespace fsdp

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -112,9 +113,18 @@ struct Run {
   fsdp::models::GPT model{nullptr};
   fsdp::FullyShardOptions fsdp_options;
   std::string strategy_reason;  // why --strategy auto picked what it did
+  double init_seconds = 0.0;     // reading --init-from
   std::ofstream log;
 };
 
+
+double directory_bytes(const std::string& path) {
+  double total = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(path)) {
+    if (entry.is_regular_file()) total += static_cast<double>(entry.file_size());
+  }
+  return total;
+}
 
 int64_t plan_numel(const fsdp::UnitPlan& plan) {
   int64_t n = 0;
@@ -188,7 +198,11 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   run.data = std::make_unique<fsdp::models::TokenData>(data_path, run.config.context, run.config.vocab);
   run.model = fsdp::models::GPT(run.config);
   run.model->init_weights(o.seed);
-  if (!o.init_from.empty()) fsdp::load_full_weights(*run.model, o.init_from);
+  if (!o.init_from.empty()) {
+    const auto start = Clock::now();
+    fsdp::load_full_weights(*run.model, o.init_from);
+    run.init_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  }
   if (o.strategy == "auto") run.fsdp_options.strategy(pick_strategy(o, run, world->size()));
   if (rank == 0 && !o.log.empty()) {
     run.log.open(o.log, o.resume ? std::ios::app : std::ios::trunc);
@@ -235,6 +249,12 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
               << tokens_per_step << " tokens per step\n"
               << "  data: " << run.data->path() << " (" << run.data->size() << " tokens)\n";
     if (!run.strategy_reason.empty()) std::cout << "  " << run.strategy_reason << "\n";
+    if (!o.init_from.empty()) {
+      const double mb = std::filesystem::file_size(o.init_from) / 1e6;
+      std::cout << "  initialized from " << o.init_from << " (" << std::fixed << std::setprecision(1) << mb
+                << " MB in " << std::setprecision(2) << run.init_seconds << " s on each rank, " << std::setprecision(0)
+                << mb / run.init_seconds << " MB/s)\n";
+    }
     std::cout << "  per-rank model state by formula: " << predicted.total() << " B (params " << predicted.params
               << ", grads " << predicted.grads << ", optimizer " << predicted.optimizer << ")\n";
     std::cout << std::flush;
@@ -246,25 +266,38 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     if (latest.empty()) {
       if (rank == 0) std::cout << "  no checkpoint in " << o.ckpt_dir << ": starting at step 0\n";
     } else {
+      const auto load_start = Clock::now();
       nlohmann::json meta = fsdp::load_sharded_checkpoint(state, optimizer, latest);
+      world->barrier()->wait();
+      const double load_s = std::chrono::duration<double>(Clock::now() - load_start).count();
       first_step = meta.at("step").get<int64_t>();
       if (scaler && meta.at("extra").contains("loss_scale")) {
         scaler = std::make_unique<fsdp::GradScaler>(
             state, fsdp::GradScalerOptions().init_scale(meta.at("extra").at("loss_scale").get<double>()));
       }
       if (rank == 0) {
+        const double mb = directory_bytes(latest) / 1e6;
         std::cout << "  resumed from " << latest << " (step " << first_step << ", saved by "
-                  << meta.at("world_size") << " ranks with " << meta.at("strategy").get<std::string>() << ")\n";
+                  << meta.at("world_size") << " ranks with " << meta.at("strategy").get<std::string>() << "); loaded "
+                  << std::fixed << std::setprecision(1) << mb << " MB in " << std::setprecision(2) << load_s << " s ("
+                  << std::setprecision(0) << mb / load_s << " MB/s)\n";
       }
     }
   }
   auto save_checkpoint = [&](int64_t completed_steps) {
     nlohmann::json extra = {{"config", c.describe()}, {"preset", o.preset}};
     if (scaler) extra["loss_scale"] = scaler->scale_factor();
+    const auto save_start = Clock::now();
     const std::string path = fsdp::save_sharded_checkpoint(state, optimizer, o.ckpt_dir, completed_steps, extra);
+    const double save_s = std::chrono::duration<double>(Clock::now() - save_start).count();
     if (rank == 0) fsdp::prune_checkpoints(o.ckpt_dir, o.ckpt_keep);
     world->barrier()->wait();
-    return path;
+    if (rank == 0) {
+      const double mb = directory_bytes(path) / 1e6;
+      std::cout << "  checkpoint: " << path << " (" << std::fixed << std::setprecision(1) << mb << " MB in "
+                << std::setprecision(2) << save_s << " s, " << std::setprecision(0) << mb / save_s << " MB/s)\n"
+                << std::flush;
+    }
   };
 
   std::vector<double> step_times;
@@ -315,8 +348,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     final_loss = step_loss.item<double>();
     if (step > first_step || o.steps == first_step + 1) step_times.push_back(step_s);
     if (!o.ckpt_dir.empty() && o.ckpt_every > 0 && ((step + 1) % o.ckpt_every == 0 || step + 1 == o.steps)) {
-      const std::string path = save_checkpoint(step + 1);
-      if (rank == 0) std::cout << "  checkpoint: " << path << "\n" << std::flush;
+      save_checkpoint(step + 1);
     }
     if (rank != 0) continue;
 
@@ -365,9 +397,16 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   }
   const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
 
+  double save_final_s = 0.0;
+  int64_t save_final_peak_extra = 0;
   if (!o.save_final.empty()) {
+    const auto save_start = Clock::now();
+    fsdp::memory::reset_peaks();
+    const int64_t live_before = fsdp::memory::usage().live_total;
     fsdp::save_full_weights(state, o.save_final,
                             {{"format", "pt"}, {"model", "gpt"}, {"config", c.describe()}, {"steps", std::to_string(o.steps)}});
+    save_final_peak_extra = fsdp::memory::usage().peak_total - live_before;
+    save_final_s = std::chrono::duration<double>(Clock::now() - save_start).count();
   }
   if (rank == 0) {
     const double typical = median(step_times);
@@ -386,7 +425,13 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     }
     std::cout << "  full model state on one process would be " << human_bytes(16 * num_params)
               << " (16 bytes x parameters)\n";
-    if (!o.save_final.empty()) std::cout << "saved final weights to " << o.save_final << "\n";
+    if (!o.save_final.empty()) {
+      const double mb = std::filesystem::file_size(o.save_final) / 1e6;
+      std::cout << "saved final weights to " << o.save_final << " (" << std::setprecision(1) << mb << " MB in "
+                << std::setprecision(2) << save_final_s << " s, " << std::setprecision(0) << mb / save_final_s
+                << " MB/s; rank 0's tensor memory peaked " << human_bytes(save_final_peak_extra)
+                << " above its model state while saving)\n";
+    }
     std::cout << std::flush;
   }
   return 0;

@@ -215,6 +215,26 @@ case "$case_name" in
     grep -q "resumed from $work/ck/step-" <<<"$out" || { echo "$out"; fail "did not resume after the kill"; }
     echo "ok: $(grep -o 'resumed from [^ ]*' <<<"$out") after a kill during checkpointing"
     ;;
+  ckpt-tool)
+    # fsdp-ckpt inspects, verifies and converts without starting any rank.
+    ckpt="$build/fsdp-ckpt"
+    "$run" -n 4 -- "$train" --preset tiny --steps 3 --strategy zero1 --ckpt-dir "$work/ck" --ckpt-every 3 \
+      --save-final "$work/direct.safetensors" >/dev/null 2>&1 || fail "training failed"
+    out=$("$ckpt" inspect "$work/ck/step-3") || fail "inspect failed"
+    grep -q "step 3, saved by 4 ranks with zero1 (4 shards), AdamW step 3" <<<"$out" || { echo "$out"; fail "inspect lacks the layout"; }
+    grep -q "transformer.h.1.mlp.c_fc.weight .* F32 \[256, 64\] 65536 B" <<<"$out" || { echo "$out"; fail "inspect lacks a tensor"; }
+    "$ckpt" verify "$work/ck/step-3" | grep -q "checksums match" || fail "verify of a good checkpoint failed"
+    "$ckpt" convert "$work/ck/step-3" "$work/converted.safetensors" >/dev/null || fail "convert failed"
+    "$ckpt" inspect "$work/converted.safetensors" | grep -q "28 tensors, 118528 elements" || fail "converted file incomplete"
+    # The converted file holds the same weights as the trainer's own full save.
+    a=$("$run" -n 1 -- "$train" --preset tiny --steps 1 --init-from "$work/converted.safetensors" --log "$work/a.jsonl" >/dev/null 2>&1 && losses "$work/a.jsonl")
+    b=$("$run" -n 1 -- "$train" --preset tiny --steps 1 --init-from "$work/direct.safetensors" --log "$work/b.jsonl" >/dev/null 2>&1 && losses "$work/b.jsonl")
+    [ -n "$a" ] && [ "$a" = "$b" ] || fail "converted weights differ from the saved ones ($a vs $b)"
+    printf 'X' | dd of="$work/ck/step-3/shard-2.safetensors" bs=1 seek=300 conv=notrunc 2>/dev/null
+    expect_error "shard-2.safetensors' is corrupt" "$ckpt" verify "$work/ck/step-3"
+    expect_error "is not a complete checkpoint" "$ckpt" convert "$work" "$work/x.safetensors"
+    [ ! -e "$work/x.safetensors" ] || fail "a failed convert left a file"
+    ;;
   launcher)
     # The exit status passes through, and threads per rank = cores / ranks.
     "$run" -n 2 -- true || fail "fsdp-run of true failed"

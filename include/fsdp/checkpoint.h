@@ -14,6 +14,7 @@
 #include <string>
 
 #include "fsdp/fully_shard.h"
+#include "fsdp/safetensors.h"
 
 namespace fsdp {
 
@@ -27,6 +28,28 @@ std::string save_sharded_checkpoint(FsdpState& state, torch::optim::AdamW& optim
 // world size and strategy, after verifying every file's checksum and that
 // the model's units and parameters match. Returns its metadata.
 nlohmann::json load_sharded_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& path);
+
+// A saved sharded checkpoint, opened without any process group: its
+// metadata, every file's checksum verified on opening, and any range of a
+// unit's saved flat state ("param", "exp_avg", "exp_avg_sq") across shards.
+class SavedCheckpoint {
+ public:
+  explicit SavedCheckpoint(const std::string& path);  // throws naming the problem file
+  ~SavedCheckpoint();
+  const nlohmann::json& metadata() const { return metadata_; }
+  int64_t shards() const;
+  // Copies elements [from, to) of unit `unit`'s flat `what` into `out`.
+  void read_range(size_t unit, const std::string& what, int64_t from, int64_t to, const torch::Tensor& out) const;
+
+ private:
+  std::string path_;
+  nlohmann::json metadata_;
+  std::vector<std::unique_ptr<safetensors::Reader>> readers_;
+};
+
+// Offline: the fp32 weights of a sharded checkpoint as one safetensors file
+// under the model's parameter names (one unit in memory at a time).
+void convert_sharded_to_full(const std::string& checkpoint, const std::string& output);
 
 // The newest complete checkpoint under dir ("" if there is none).
 std::string latest_checkpoint(const std::string& dir);

@@ -208,23 +208,62 @@ void prune_checkpoints(const std::string& dir, int keep) {
   for (size_t i = static_cast<size_t>(keep); i < complete.size(); ++i) fs::remove_all(complete[i].second);
 }
 
-nlohmann::json load_sharded_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& path) {
-  state.check_idle();
+SavedCheckpoint::SavedCheckpoint(const std::string& path) : path_(path) {
   const fs::path dir(path);
-  nlohmann::json meta;
   {
     std::ifstream in(dir / "metadata.json");
     TORCH_CHECK(in, "'", path, "' is not a complete checkpoint: it has no metadata.json");
     try {
-      in >> meta;
+      in >> metadata_;
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "'", (dir / "metadata.json").string(), "' is not valid JSON: ", e.what());
     }
   }
-  TORCH_CHECK(meta.value("format", "") == kFormat, "'", path, "' is not an fsdp sharded checkpoint (format '",
-              meta.value("format", ""), "', expected '", kFormat, "')");
+  TORCH_CHECK(metadata_.value("format", "") == kFormat, "'", path, "' is not an fsdp sharded checkpoint (format '",
+              metadata_.value("format", ""), "', expected '", kFormat, "')");
+  // Every file the checkpoint lists must be there and intact.
+  for (int64_t q = 0; q < shards(); ++q) {
+    const std::string name = shard_file(q);
+    TORCH_CHECK(metadata_.at("files").contains(name), "checkpoint '", path, "' lists no file for shard ", q);
+    const fs::path file = dir / name;
+    TORCH_CHECK(fs::exists(file), "checkpoint '", path, "' is missing '", name, "'");
+    const std::string expected = metadata_.at("files").at(name).get<std::string>();
+    const std::string found = hex(safetensors::file_checksum(file.string()));
+    TORCH_CHECK(found == expected, "'", file.string(), "' is corrupt: checksum ", found, ", the metadata says ",
+                expected);
+    readers_.push_back(std::make_unique<safetensors::Reader>(file.string()));
+  }
+}
+
+SavedCheckpoint::~SavedCheckpoint() = default;
+
+int64_t SavedCheckpoint::shards() const { return metadata_.at("shard_group_size").get<int64_t>(); }
+
+void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t from, int64_t to,
+                                 const torch::Tensor& out) const {
+  const nlohmann::json& units = metadata_.at("units");
+  TORCH_CHECK(unit < units.size(), "checkpoint '", path_, "' has ", units.size(), " units, asked for unit ", unit);
+  const int64_t saved_shard = units[unit].at("shard_numel").get<int64_t>();
+  TORCH_CHECK(0 <= from && from <= to && to <= units[unit].at("numel").get<int64_t>() && out.numel() == to - from,
+              "read_range: [", from, ", ", to, ") does not fit unit ", unit, " or the output of ", out.numel());
+  for (int64_t q = 0; q < shards(); ++q) {
+    const int64_t lo = std::max(from, q * saved_shard), hi = std::min(to, (q + 1) * saved_shard);
+    if (lo >= hi) continue;
+    const std::string name = tensor_name(unit, what.c_str());
+    torch::Tensor source = readers_[q]->read(name);
+    TORCH_CHECK(source.numel() == saved_shard && source.scalar_type() == torch::kFloat, "'", readers_[q]->path(),
+                "': tensor '", name, "' has ", source.numel(), " ", source.scalar_type(), " elements, the metadata says ",
+                saved_shard, " float");
+    out.narrow(0, lo - from, hi - lo).copy_(source.narrow(0, lo - q * saved_shard, hi - lo));
+  }
+}
+
+nlohmann::json load_sharded_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& path) {
+  state.check_idle();
+  SavedCheckpoint saved(path);
+  const nlohmann::json& meta = saved.metadata();
   // The model must be the one saved: same units, same parameters, same shapes.
-  const nlohmann::json saved_units = meta.at("units");
+  const nlohmann::json& saved_units = meta.at("units");
   const nlohmann::json our_units = unit_layout(state);
   TORCH_CHECK(saved_units.size() == our_units.size(), "checkpoint '", path, "' holds ", saved_units.size(),
               " units, this model has ", our_units.size(), " (another model configuration or wrap policy)");
@@ -234,48 +273,47 @@ nlohmann::json load_sharded_checkpoint(FsdpState& state, torch::optim::AdamW& op
                 "(another model configuration): saved ", saved_units[u].at("params").dump(), ", model has ",
                 our_units[u].at("params").dump());
   }
-  const int64_t saved_shards = meta.at("shard_group_size").get<int64_t>();
-  // Every file this checkpoint lists must be there and intact.
-  for (int64_t q = 0; q < saved_shards; ++q) {
-    const std::string name = shard_file(q);
-    TORCH_CHECK(meta.at("files").contains(name), "checkpoint '", path, "' lists no file for shard ", q);
-    const fs::path file = dir / name;
-    TORCH_CHECK(fs::exists(file), "checkpoint '", path, "' is missing '", name, "'");
-    const std::string expected = meta.at("files").at(name).get<std::string>();
-    const std::string found = hex(safetensors::file_checksum(file.string()));
-    TORCH_CHECK(found == expected, "'", file.string(), "' is corrupt: checksum ", found, ", the metadata says ",
-                expected);
-  }
-
-  std::vector<std::unique_ptr<safetensors::Reader>> readers;
-  for (int64_t q = 0; q < saved_shards; ++q) readers.push_back(std::make_unique<safetensors::Reader>((dir / shard_file(q)).string()));
   const int64_t adam_step = meta.at("optimizer").at("step").get<int64_t>();
   torch::NoGradGuard no_grad;
   for (size_t u = 0; u < state.units().size(); ++u) {
     FlatParam& flat = state.units()[u]->flat_param();
-    const int64_t numel = flat.numel();
-    const int64_t saved_shard = saved_units[u].at("shard_numel").get<int64_t>();
-    const int64_t S = flat.shard_numel();
-    const int64_t begin = flat.shard_rank() * S;
+    // This rank's new shard covers [begin, end) of the real elements; the
+    // padding after them stays zero.
+    const int64_t begin = std::min(flat.shard_rank() * flat.shard_numel(), flat.numel());
+    const int64_t end = std::min(begin + flat.shard_numel(), flat.numel());
     auto& adam = adam_state(optimizer, flat.shard());
-    torch::Tensor targets[] = {flat.shard().detach(), adam.exp_avg(), adam.exp_avg_sq()};
-    for (int k = 0; k < 3; ++k) targets[k].zero_();  // padding stays zero
-    // The saved shards that overlap [begin, begin + S) of the real elements.
-    const int64_t end = std::min(begin + S, numel);
-    for (int64_t q = 0; q < saved_shards && begin < end; ++q) {
-      const int64_t from = std::max(begin, q * saved_shard), to = std::min(end, (q + 1) * saved_shard);
-      if (from >= to) continue;
-      for (int k = 0; k < 3; ++k) {
-        torch::Tensor source = readers[q]->read(tensor_name(u, kStateNames[k]));
-        TORCH_CHECK(source.numel() == saved_shard && source.scalar_type() == torch::kFloat, "'", readers[q]->path(),
-                    "': tensor '", tensor_name(u, kStateNames[k]), "' has ", source.numel(), " ", source.scalar_type(),
-                    " elements, the metadata says ", saved_shard, " float");
-        targets[k].narrow(0, from - begin, to - from).copy_(source.narrow(0, from - q * saved_shard, to - from));
-      }
+    const torch::Tensor targets[] = {flat.shard().detach(), adam.exp_avg(), adam.exp_avg_sq()};
+    for (int k = 0; k < 3; ++k) {
+      targets[k].zero_();
+      saved.read_range(u, kStateNames[k], begin, end, targets[k].narrow(0, 0, end - begin));
     }
     adam.step(adam_step);
   }
   return meta;
+}
+
+void convert_sharded_to_full(const std::string& checkpoint, const std::string& output) {
+  SavedCheckpoint saved(checkpoint);
+  const nlohmann::json& units = saved.metadata().at("units");
+  std::vector<safetensors::TensorSpec> specs;
+  for (const auto& unit : units) {
+    for (const auto& p : unit.at("params")) {
+      specs.push_back({p.at("name").get<std::string>(), torch::kFloat, p.at("shape").get<std::vector<int64_t>>()});
+    }
+  }
+  safetensors::Writer writer(output, specs, {{"format", "pt"}, {"converted_from", checkpoint}});
+  for (size_t u = 0; u < units.size(); ++u) {  // one unit in memory at a time
+    const int64_t numel = units[u].at("numel").get<int64_t>();
+    torch::Tensor full = torch::empty({numel}, torch::kFloat);
+    saved.read_range(u, "param", 0, numel, full);
+    for (const auto& p : units[u].at("params")) {
+      const auto shape = p.at("shape").get<std::vector<int64_t>>();
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      writer.write(full.narrow(0, p.at("offset").get<int64_t>(), n).view(shape));
+    }
+  }
+  writer.commit();
 }
 
 }  // namespace fsdp

@@ -93,6 +93,12 @@ class ProcessGroup {
 };
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
+// Collective: every rank passes its own error ("" for none); if any rank
+// failed, every rank throws (its own message, or one saying another rank
+// failed). For work that only some ranks do (rank 0 writing a file), so
+// that the others do not wait forever in the next collective.
+void throw_if_any_rank_failed(const ProcessGroupPtr& group, const std::string& error);
+
 // MPI: initialize once per process (MPI_THREAD_MULTIPLE), finalize at exit.
 // world() is the group of all ranks.
 class MpiEnvironment {

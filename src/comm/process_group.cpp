@@ -1,6 +1,8 @@
 // The backend-independent parts of process groups: work handles and byte counters.
 #include "fsdp/comm.h"
 
+#include <torch/torch.h>
+
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
@@ -76,6 +78,13 @@ double ProcessGroup::default_timeout() {
     if (seconds > 0) return seconds;
   }
   return 600.0;
+}
+
+void throw_if_any_rank_failed(const ProcessGroupPtr& group, const std::string& error) {
+  torch::Tensor failed = torch::tensor({error.empty() ? 0 : 1}, torch::kInt);
+  group->all_reduce(failed, ReduceOp::kSum)->wait();
+  if (failed.item<int>() == 0) return;
+  TORCH_CHECK(false, error.empty() ? std::string("another rank failed; see its message") : error);
 }
 
 void ProcessGroup::count(CollectiveKind kind, int64_t bytes) {

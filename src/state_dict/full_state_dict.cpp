@@ -30,18 +30,6 @@ void load_full_weights(torch::nn::Module& module, const std::string& path) {
   for (size_t i = 0; i < params.size(); ++i) params[i].second.copy_(values[i]);
 }
 
-namespace {
-
-// Rank 0 alone touches the file; every rank learns whether it failed, so
-// that all of them throw rather than some waiting for a collective.
-void agree_on_failure(const ProcessGroupPtr& group, const std::string& error, const std::string& path) {
-  torch::Tensor failed = torch::tensor({error.empty() ? 0 : 1}, torch::kInt);
-  group->all_reduce(failed, ReduceOp::kSum)->wait();
-  if (failed.item<int>() == 0) return;
-  TORCH_CHECK(false, error.empty() ? "rank 0 could not write '" + path + "'" : error);
-}
-
-}  // namespace
 
 void save_full_weights(FsdpState& state, const std::string& path, const std::map<std::string, std::string>& metadata) {
   state.check_idle();
@@ -59,7 +47,7 @@ void save_full_weights(FsdpState& state, const std::string& path, const std::map
       error = error_message(e);
     }
   }
-  agree_on_failure(group, error, path);
+  throw_if_any_rank_failed(group, error);
   // One unit at a time, from the fp32 masters (not the compute-dtype copies).
   for (const auto& unit : state.units()) {
     const FlatParam& flat = unit->flat_param();
@@ -79,6 +67,6 @@ void save_full_weights(FsdpState& state, const std::string& path, const std::map
     }
   }
   writer.reset();  // an uncommitted file is removed
-  agree_on_failure(group, error, path);
+  throw_if_any_rank_failed(group, error);
 }
 }  // namespace fsdp

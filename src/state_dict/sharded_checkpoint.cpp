@@ -52,14 +52,6 @@ int64_t step_of(const fs::path& p) {
   }
 }
 
-// Every rank learns whether any failed, and all throw together.
-void agree(const ProcessGroupPtr& group, const std::string& error) {
-  torch::Tensor failed = torch::tensor({error.empty() ? 0 : 1}, torch::kInt);
-  group->all_reduce(failed, ReduceOp::kSum)->wait();
-  if (failed.item<int>() == 0) return;
-  TORCH_CHECK(false, error.empty() ? std::string("another rank failed while handling the checkpoint") : error);
-}
-
 torch::optim::AdamWParamState& adam_state(torch::optim::AdamW& optimizer, const torch::Tensor& shard) {
   auto key = compat::optimizer_state_key(optimizer, shard);
   auto& slot = optimizer.state()[key];
@@ -105,14 +97,13 @@ std::string save_sharded_checkpoint(FsdpState& state, torch::optim::AdamW& optim
       error = "cannot prepare checkpoint directory '" + temp_dir.string() + "': " + e.what();
     }
   }
-  agree(group, error);
+  throw_if_any_rank_failed(group, error);
 
   // One writer per shard: the ranks of the first replica (all ranks unless
   // the strategy replicates shards across ranks or nodes).
   const bool writes = !state.replicate_group() || state.replicate_group()->rank() == 0;
   const int64_t shard_index = state.shard_group() ? state.shard_group()->rank() : 0;
   uint64_t checksum = 0;
-  int64_t bytes_written = 0;
   if (writes) {
     try {
       std::vector<safetensors::TensorSpec> specs;
@@ -128,7 +119,6 @@ std::string save_sharded_checkpoint(FsdpState& state, torch::optim::AdamW& optim
         writer.write(shard.detach());
         writer.write(adam.exp_avg());
         writer.write(adam.exp_avg_sq());
-        bytes_written += 3 * shard.nbytes();
       }
       writer.commit();
       checksum = writer.checksum();
@@ -136,7 +126,7 @@ std::string save_sharded_checkpoint(FsdpState& state, torch::optim::AdamW& optim
       error = "rank " + std::to_string(group->rank()) + ": " + error_message(e);
     }
   }
-  agree(group, error);
+  throw_if_any_rank_failed(group, error);
 
   // Rank 0 gathers the checksums, writes the metadata, and publishes.
   const int world = group->size();
@@ -178,8 +168,7 @@ std::string save_sharded_checkpoint(FsdpState& state, torch::optim::AdamW& optim
       error = "publishing checkpoint '" + final_dir.string() + "' failed: " + error_message(e);
     }
   }
-  agree(group, error);
-  (void)bytes_written;
+  throw_if_any_rank_failed(group, error);
   return final_dir.string();
 }
 

@@ -6,6 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/grad_utils.h"
@@ -64,7 +69,7 @@ std::map<std::string, torch::Tensor> full_values(fsdp::FsdpState& state) {
   std::map<std::string, torch::Tensor> values;
   for (const auto& unit : state.units()) {
     const auto& flat = unit->flat_param();
-    torch::Tensor full = flat.gather_full_master();
+    torch::Tensor full = flat.gather_full(flat.shard());
     for (const auto& e : flat.entries()) values[e.name] = full.narrow(0, e.offset, e.numel).view(e.shape);
   }
   return values;
@@ -381,4 +386,108 @@ TEST(Strategies, AFailedBackwardLeavesTheModelUsable) {
       EXPECT_NEAR(l.item<double>(), reference_loss.item<double>(), 1e-5 * reference_loss.item<double>());
     }
   }
+}
+
+namespace {
+
+// Rewrites a checkpoint's file through `edit` (which may change, add or drop
+// tensors), and lists the new file's checksum in a re-checksummed metadata,
+// so that only the contents are wrong.
+void tamper(const std::string& checkpoint, const std::string& file,
+            const std::function<void(std::vector<fsdp::safetensors::TensorSpec>&, std::vector<torch::Tensor>&)>& edit) {
+  const std::string path = checkpoint + "/" + file;
+  std::vector<fsdp::safetensors::TensorSpec> specs;
+  std::vector<torch::Tensor> values;
+  {
+    fsdp::safetensors::Reader reader(path);
+    for (const auto& t : reader.tensors()) {
+      specs.push_back(t.spec);
+      values.push_back(reader.read(t.spec.name));
+    }
+  }
+  edit(specs, values);
+  fsdp::safetensors::Writer writer(path, specs);
+  for (const auto& v : values) writer.write(v);
+  writer.commit();
+  nlohmann::json meta;
+  std::ifstream(checkpoint + "/metadata.json") >> meta;
+  meta["files"][file] = fsdp::safetensors::hex64(writer.checksum());
+  fsdp::write_checkpoint_metadata(checkpoint, meta);
+}
+
+size_t index_of(const std::vector<fsdp::safetensors::TensorSpec>& specs, const std::string& name) {
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (specs[i].name == name) return i;
+  throw std::runtime_error("no tensor " + name);
+}
+
+void expect_refused(const std::string& checkpoint, const std::string& what) {
+  try {
+    fsdp::SavedCheckpoint saved(checkpoint);
+    ADD_FAILURE() << "a tampered checkpoint was accepted; expected: " << what;
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find(what), std::string::npos) << e.what_without_backtrace();
+  }
+}
+
+}  // namespace
+
+// Files that are intact as files (their checksums match) but hold the wrong
+// tensors are refused by name, in both formats; the untouched checkpoint loads.
+TEST(Strategies, CheckpointsWithWrongTensorsAreRefusedNamingFileAndTensor) {
+  namespace fs = std::filesystem;
+  const std::string dir = "/tmp/fsdp_test_tamper_w" + std::to_string(world_group->size());
+  auto model = fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, options_for(ShardingStrategy::kFullShard));
+  torch::optim::AdamW optimizer(model.parameters(), fsdp::testing::spec_adamw());
+  auto data = tiny_data();
+  auto [x, y] = data.batch(0, 0, world_group->rank(), world_group->size(), 1, 2);
+  model.forward(x, y).backward();
+  optimizer.step();
+  if (world_group->rank() == 0) fs::remove_all(dir);
+  world_group->barrier()->wait();
+  const std::string sharded = fsdp::save_checkpoint(model.state(), optimizer, dir + "/sharded", 1);
+  const std::string full =
+      fsdp::save_checkpoint(model.state(), optimizer, dir + "/full", 1, {}, fsdp::CheckpointFormat::kFull);
+  fsdp::load_checkpoint(model.state(), optimizer, sharded);
+  fsdp::load_checkpoint(model.state(), optimizer, full);
+  world_group->barrier()->wait();
+  if (world_group->rank() == 0) {
+    auto copy = [&](const std::string& from, const std::string& name) {
+      fs::copy(from, dir + "/" + name, fs::copy_options::recursive);
+      return dir + "/" + name;
+    };
+    std::string c = copy(sharded, "dtype");
+    tamper(c, "shard-0.safetensors", [](auto& specs, auto& values) {
+      const size_t i = index_of(specs, "u0.exp_avg");
+      specs[i].dtype = torch::kBFloat16;
+      values[i] = values[i].to(torch::kBFloat16);
+    });
+    expect_refused(c, "shard-0.safetensors': tensor 'u0.exp_avg' is BFloat16 of shape");
+    c = copy(sharded, "extra");
+    tamper(c, "shard-0.safetensors", [](auto& specs, auto& values) {
+      specs.push_back({"u9.param", torch::kFloat, {3}});
+      values.push_back(torch::zeros({3}));
+    });
+    expect_refused(c, "shard-0.safetensors' has a tensor 'u9.param' that the checkpoint's layout does not have");
+    c = copy(full, "missing");
+    tamper(c, "model.safetensors", [](auto& specs, auto& values) {
+      const size_t i = index_of(specs, "transformer.wte.weight");
+      specs.erase(specs.begin() + i);
+      values.erase(values.begin() + i);
+    });
+    expect_refused(c, "model.safetensors' has no tensor 'transformer.wte.weight'");
+    c = copy(full, "shape");
+    tamper(c, "optimizer.safetensors", [](auto& specs, auto& values) {
+      const size_t i = index_of(specs, "transformer.wte.weight.exp_avg");
+      specs[i].shape = {values[i].numel()};
+      values[i] = values[i].flatten();
+    });
+    expect_refused(c, "optimizer.safetensors': tensor 'transformer.wte.weight.exp_avg' is Float of shape [16384]");
+    // A file of another checkpoint, intact in itself, is refused too.
+    c = copy(full, "swapped");
+    fs::copy(full + "/model.safetensors", c + "/optimizer.safetensors", fs::copy_options::overwrite_existing);
+    expect_refused(c, "optimizer.safetensors' has checksum");
+    fs::remove_all(dir);
+  }
+  world_group->barrier()->wait();
 }

@@ -22,6 +22,9 @@ expect_error() {
   echo "ok: '$want' (exit $rc)"
 }
 
+# Overwrites one byte in the data section of a file (100 bytes from its end).
+corrupt_byte() { printf 'X' | dd of="$1" bs=1 seek=$(( $(stat -c %s "$1") - 100 )) conv=notrunc 2>/dev/null; }
+
 # The "loss" values of a JSON-lines log, one per line.
 losses() { sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$1"; }
 
@@ -171,24 +174,29 @@ case "$case_name" in
     [ "$elapsed_ms" -lt 30000 ] || fail "the job took ${elapsed_ms} ms to end after a rank was killed"
     ;;
   checkpoint)
-    # Resume is exact: stopped at step 6 (checkpoints at 3 and 6) and resumed
-    # to 10 gives the uninterrupted run's losses bit for bit; resumed from
-    # step 3 on 4 ranks with another strategy (same global batch), within 1e-5.
+    # Resume is exact, in both formats: stopped at step 6 (checkpoints at 3
+    # and 6) and resumed to 10 gives the uninterrupted run's losses bit for
+    # bit; resumed from step 3 on other world sizes and strategies (same
+    # global batch), within 1e-5.
     head -c 60000 /dev/urandom | tr -dc 'a-z .\n' | head -c 30000 > "$work/data.txt"
     common=(--preset tiny --data "$work/data.txt")
     "$run" -n 2 -- "$train" "${common[@]}" --steps 10 --log "$work/straight.jsonl" >/dev/null 2>&1 || fail "straight run failed"
-    "$run" -n 2 -- "$train" "${common[@]}" --steps 6 --ckpt-dir "$work/ck" --ckpt-every 3 --log "$work/resumed.jsonl" >/dev/null 2>&1 ||
-      fail "run with checkpoints failed"
-    [ -f "$work/ck/step-3/metadata.json" ] && [ -f "$work/ck/step-6/metadata.json" ] || fail "checkpoints missing"
-    cp -r "$work/ck/step-3" "$work/step-3"  # the resume below prunes it (--ckpt-keep 2)
-    out=$("$run" -n 2 -- "$train" "${common[@]}" --steps 10 --ckpt-dir "$work/ck" --ckpt-every 100 --resume --log "$work/resumed.jsonl" 2>&1) ||
-      { echo "$out"; fail "resume failed"; }
-    grep -q "resumed from $work/ck/step-6 (step 6" <<<"$out" || { echo "$out"; fail "did not resume from step 6"; }
-    [ "$(losses "$work/resumed.jsonl")" = "$(losses "$work/straight.jsonl")" ] || fail "resumed losses differ from the uninterrupted run's"
-    echo "ok: bitwise resume"
-    for cfg in "4 zero1 2" "4 hybrid_shard 2" "1 no_shard 8"; do
-      read -r ranks strategy batch <<<"$cfg"
-      rm -rf "$work/ck3" && mkdir -p "$work/ck3" && cp -r "$work/step-3" "$work/ck3/"
+    for format in sharded full; do
+      ck="$work/ck-$format"
+      "$run" -n 2 -- "$train" "${common[@]}" --steps 6 --ckpt-dir "$ck" --ckpt-every 3 --ckpt-format "$format" \
+        --log "$work/resumed.jsonl" >/dev/null 2>&1 || fail "run with $format checkpoints failed"
+      [ -f "$ck/step-3/metadata.json" ] && [ -f "$ck/step-6/metadata.json" ] || fail "$format checkpoints missing"
+      cp -r "$ck/step-3" "$work/$format-step-3"  # the resume below prunes it (--ckpt-keep 2)
+      out=$("$run" -n 2 -- "$train" "${common[@]}" --steps 10 --ckpt-dir "$ck" --ckpt-every 100 --ckpt-format "$format" \
+        --resume --log "$work/resumed.jsonl" 2>&1) || { echo "$out"; fail "$format resume failed"; }
+      grep -q "resumed from $ck/step-6 (step 6" <<<"$out" || { echo "$out"; fail "did not resume from step 6"; }
+      [ "$(losses "$work/resumed.jsonl")" = "$(losses "$work/straight.jsonl")" ] || fail "$format: resumed losses differ from the uninterrupted run's"
+      echo "ok: bitwise resume ($format)"
+    done
+    [ -f "$work/ck-full/step-6/model.safetensors" ] && [ -f "$work/ck-full/step-6/optimizer.safetensors" ] || fail "full checkpoint files missing"
+    for cfg in "sharded 4 zero1 2" "sharded 4 hybrid_shard 2" "sharded 1 no_shard 8" "full 4 shard_grad_op 2"; do
+      read -r format ranks strategy batch <<<"$cfg"
+      rm -rf "$work/ck3" && mkdir -p "$work/ck3" && cp -r "$work/$format-step-3" "$work/ck3/step-3"
       head -3 "$work/straight.jsonl" > "$work/reshard.jsonl"
       flags=(); [ "$ranks" -eq 1 ] || flags=(--ranks-per-node 2)
       "$run" -n "$ranks" "${flags[@]}" -- "$train" "${common[@]}" --steps 10 --batch "$batch" --strategy "$strategy" \
@@ -196,24 +204,43 @@ case "$case_name" in
       compare_losses "$work/reshard.jsonl" "$work/straight.jsonl" 1e-5
     done
     # Bad checkpoints are refused, naming the file.
-    cp -r "$work/step-3" "$work/bad"
-    printf 'X' | dd of="$work/bad/shard-1.safetensors" bs=1 seek=200 conv=notrunc 2>/dev/null
-    mkdir -p "$work/ckbad" && mv "$work/bad" "$work/ckbad/step-3"
-    expect_error "shard-1.safetensors' is corrupt: checksum" "$run" -n 2 -- "$train" "${common[@]}" --steps 5 --ckpt-dir "$work/ckbad" --resume
+    bad_ckpt() { rm -rf "$work/ckbad" && mkdir -p "$work/ckbad" && cp -r "$work/$1-step-3" "$work/ckbad/step-3"; }
+    resume_bad=("$run" -n 2 -- "$train" "${common[@]}" --steps 5 --ckpt-dir "$work/ckbad" --resume)
+    bad_ckpt sharded
+    corrupt_byte "$work/ckbad/step-3/shard-1.safetensors"
+    expect_error "shard-1.safetensors' is corrupt: its bytes have checksum" "${resume_bad[@]}"
     rm "$work/ckbad/step-3/shard-1.safetensors"
-    expect_error "is missing 'shard-1.safetensors'" "$run" -n 2 -- "$train" "${common[@]}" --steps 5 --ckpt-dir "$work/ckbad" --resume
-    expect_error "(another model configuration)" "$run" -n 2 -- "$train" "${common[@]}" --width 32 --steps 5 --ckpt-dir "$work/ck" --resume
-    # Unfinished saves are ignored, and a rank killed while checkpointing
-    # every step leaves the newest complete checkpoint loadable.
-    mkdir -p "$work/ck/step-99.tmp" && printf 'partial' > "$work/ck/step-99.tmp/shard-0.safetensors"
-    "$run" -n 2 -- "$train" "${common[@]}" --steps 100000 --ckpt-dir "$work/ck" --ckpt-every 1 --ckpt-keep 2 --resume > "$work/kill.out" 2>&1 &
-    job=$!
-    for _ in $(seq 1 150); do grep -q "checkpoint: $work/ck/step-12" "$work/kill.out" && break; sleep 0.1; done
-    kill -9 "$(pgrep -f "fsdp-train --preset tiny --data $work/data.txt --steps 100000" | tail -1)"
-    wait $job && fail "the job survived a killed rank"
-    out=$("$run" -n 2 -- "$train" "${common[@]}" --steps 1 --ckpt-dir "$work/ck" --resume 2>&1) || { echo "$out"; fail "no loadable checkpoint after the kill"; }
-    grep -q "resumed from $work/ck/step-" <<<"$out" || { echo "$out"; fail "did not resume after the kill"; }
-    echo "ok: $(grep -o 'resumed from [^ ]*' <<<"$out") after a kill during checkpointing"
+    expect_error "is missing 'shard-1.safetensors'" "${resume_bad[@]}"
+    bad_ckpt full
+    corrupt_byte "$work/ckbad/step-3/model.safetensors"
+    expect_error "model.safetensors' is corrupt" "${resume_bad[@]}"
+    bad_ckpt full
+    truncate -s -100 "$work/ckbad/step-3/optimizer.safetensors"
+    expect_error "optimizer.safetensors': tensor 'transformer.h.1.mlp.c_proj.bias.exp_avg_sq': data_offsets [947968, 948224] lie outside the data section" "${resume_bad[@]}"
+    bad_ckpt full
+    sed -i 's/"step": 3/"step": 4/' "$work/ckbad/step-3/metadata.json"
+    expect_error "metadata.json' is corrupt" "${resume_bad[@]}"
+    expect_error "(another model configuration)" "$run" -n 2 -- "$train" "${common[@]}" --width 32 --steps 5 --ckpt-dir "$work/ck-full" --resume
+    expect_error "unknown checkpoint format 'zip'" "$run" -n 2 -- "$train" "${common[@]}" --ckpt-dir "$work/x" --ckpt-format zip
+    # A rank killed (kill -9) in the middle of a save (its second, step 4:
+    # rank 1 while writing its shard; rank 0, the only writer, of a full
+    # save) leaves step 2 complete and loadable, and the resumed run
+    # continues exactly. Unfinished saves are ignored and later pruned.
+    for cfg in "sharded 1" "full 0"; do
+      read -r format victim <<<"$cfg"
+      ck="$work/kill-$format"
+      rm -f "$work/after-kill.jsonl"
+      FSDP_TEST_KILL_IN_SAVE="$victim:2" "$run" -n 2 -- "$train" "${common[@]}" --steps 6 --ckpt-dir "$ck" --ckpt-every 2 \
+        --ckpt-format "$format" > "$work/kill.out" 2>&1 && { cat "$work/kill.out"; fail "the job survived a rank killed mid-save"; }
+      [ -d "$ck/step-4.tmp" ] && [ ! -e "$ck/step-4" ] && [ -f "$ck/step-2/metadata.json" ] || { ls -R "$ck"; fail "$format: not killed mid-save"; }
+      "$build/fsdp-ckpt" verify "$ck/step-2" >/dev/null || fail "$format: step 2 does not verify after the kill"
+      out=$("$run" -n 2 -- "$train" "${common[@]}" --steps 6 --ckpt-dir "$ck" --ckpt-every 2 --ckpt-format "$format" --resume \
+        --log "$work/after-kill.jsonl" 2>&1) || { echo "$out"; fail "$format: no loadable checkpoint after the kill"; }
+      grep -q "resumed from $ck/step-2 (step 2" <<<"$out" || { echo "$out"; fail "$format: did not resume from step 2"; }
+      [ "$(losses "$work/after-kill.jsonl")" = "$(losses "$work/straight.jsonl" | sed -n 3,6p)" ] || fail "$format: losses after the kill differ"
+      [ ! -e "$ck/step-4.tmp" ] && [ -f "$ck/step-6/metadata.json" ] || { ls "$ck"; fail "$format: the unfinished save was not replaced"; }
+      echo "ok: rank $victim killed mid-save ($format): resumed from step 2, losses exact"
+    done
     ;;
   ckpt-tool)
     # fsdp-ckpt inspects, verifies and converts without starting any rank.
@@ -224,14 +251,31 @@ case "$case_name" in
     grep -q "step 3, saved by 4 ranks with zero1 (4 shards), AdamW step 3" <<<"$out" || { echo "$out"; fail "inspect lacks the layout"; }
     grep -q "transformer.h.1.mlp.c_fc.weight .* F32 \[256, 64\] 65536 B" <<<"$out" || { echo "$out"; fail "inspect lacks a tensor"; }
     "$ckpt" verify "$work/ck/step-3" | grep -q "checksums match" || fail "verify of a good checkpoint failed"
+    "$ckpt" verify "$work/direct.safetensors" | grep -q "checksum matches" || fail "verify of a full weights file failed"
     "$ckpt" convert "$work/ck/step-3" "$work/converted.safetensors" >/dev/null || fail "convert failed"
     "$ckpt" inspect "$work/converted.safetensors" | grep -q "28 tensors, 118528 elements" || fail "converted file incomplete"
     # The converted file holds the same weights as the trainer's own full save.
     a=$("$run" -n 1 -- "$train" --preset tiny --steps 1 --init-from "$work/converted.safetensors" --log "$work/a.jsonl" >/dev/null 2>&1 && losses "$work/a.jsonl")
     b=$("$run" -n 1 -- "$train" --preset tiny --steps 1 --init-from "$work/direct.safetensors" --log "$work/b.jsonl" >/dev/null 2>&1 && losses "$work/b.jsonl")
     [ -n "$a" ] && [ "$a" = "$b" ] || fail "converted weights differ from the saved ones ($a vs $b)"
-    printf 'X' | dd of="$work/ck/step-3/shard-2.safetensors" bs=1 seek=300 conv=notrunc 2>/dev/null
+    # The same run with full checkpoints: its model file is a weights file
+    # as it is, and converting the checkpoint gives the same weights.
+    "$run" -n 4 -- "$train" --preset tiny --steps 3 --strategy zero1 --ckpt-dir "$work/ckf" --ckpt-every 3 --ckpt-format full \
+      >/dev/null 2>&1 || fail "training with full checkpoints failed"
+    out=$("$ckpt" inspect "$work/ckf/step-3") || fail "inspect of a full checkpoint failed"
+    grep -q "^full checkpoint" <<<"$out" && grep -q "step 3, saved by 4 ranks with zero1, AdamW step 3" <<<"$out" ||
+      { echo "$out"; fail "inspect lacks the full layout"; }
+    "$ckpt" verify "$work/ckf/step-3" | grep -q "2 files, checksums match" || fail "verify of a full checkpoint failed"
+    "$ckpt" convert "$work/ckf/step-3" "$work/from-full.safetensors" >/dev/null || fail "convert of a full checkpoint failed"
+    for f in "$work/from-full.safetensors" "$work/ckf/step-3/model.safetensors"; do
+      c=$("$run" -n 1 -- "$train" --preset tiny --steps 1 --init-from "$f" --log "$work/c.jsonl" >/dev/null 2>&1 && losses "$work/c.jsonl")
+      [ "$c" = "$b" ] || fail "$f differs from the saved weights ($c vs $b)"
+    done
+    corrupt_byte "$work/ck/step-3/shard-2.safetensors"
     expect_error "shard-2.safetensors' is corrupt" "$ckpt" verify "$work/ck/step-3"
+    corrupt_byte "$work/direct.safetensors"
+    expect_error "direct.safetensors' is corrupt" "$ckpt" verify "$work/direct.safetensors"
+    expect_error "direct.safetensors' is corrupt" "$run" -n 2 -- "$train" --preset tiny --steps 1 --init-from "$work/direct.safetensors"
     expect_error "is not a complete checkpoint" "$ckpt" convert "$work" "$work/x.safetensors"
     [ ! -e "$work/x.safetensors" ] || fail "a failed convert left a file"
     ;;

@@ -1,7 +1,7 @@
 // fsdp-ckpt: look into checkpoints and weight files without starting ranks.
-//   fsdp-ckpt inspect PATH          a sharded checkpoint directory or a .safetensors file
+//   fsdp-ckpt inspect PATH          a checkpoint directory or a .safetensors file
 //   fsdp-ckpt verify PATH           checksums, completeness, every tensor readable
-//   fsdp-ckpt convert CKPT OUT      a sharded checkpoint to one full .safetensors file
+//   fsdp-ckpt convert CKPT OUT      a checkpoint's weights as one full .safetensors file
 
 #include <CLI/CLI.hpp>
 
@@ -32,10 +32,13 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 void inspect_checkpoint(const std::string& path) {
   fsdp::SavedCheckpoint saved(path);
   const auto& m = saved.metadata();
-  std::cout << "sharded checkpoint " << path << "\n"
+  std::cout << fsdp::checkpoint_format_name(saved.format()) << " checkpoint " << path << "\n"
             << "  step " << m.at("step") << ", saved by " << m.at("world_size") << " ranks with "
-            << m.at("strategy").get<std::string>() << " (" << saved.shards() << " shards), AdamW step "
-            << m.at("optimizer").at("step") << "\n";
+            << m.at("strategy").get<std::string>()
+            << (saved.format() == fsdp::CheckpointFormat::kSharded
+                    ? " (" + std::to_string(m.at("shard_group_size").get<int64_t>()) + " shards)"
+                    : std::string())
+            << ", AdamW step " << m.at("optimizer").at("step") << "\n";
   int64_t total = 0;
   std::cout << "  parameters (fp32 masters; AdamW keeps two moments of each):\n";
   for (const auto& unit : m.at("units")) {
@@ -78,13 +81,15 @@ int verify(const std::string& path) {
       torch::Tensor scratch = torch::empty({numel});
       for (const char* what : {"param", "exp_avg", "exp_avg_sq"}) saved.read_range(u, what, 0, numel, scratch);
     }
-    std::cout << "ok: " << path << ": " << saved.shards() << " shard files, checksums match, " << units.size()
-              << " units readable\n";
+    std::cout << "ok: " << path << ": " << saved.metadata().at("files").size() << " files, checksums match, "
+              << units.size() << " units readable\n";
   } else {
     fsdp::safetensors::Reader reader(path);  // the header is fully validated
+    if (reader.has_checksum()) reader.verify_checksum();
     for (const auto& t : reader.tensors()) reader.read(t.spec.name);
-    std::cout << "ok: " << path << ": header valid, " << reader.tensors().size()
-              << " tensors readable (full weight files carry no checksum yet)\n";
+    std::cout << "ok: " << path << ": header valid, " << reader.tensors().size() << " tensors readable, "
+              << (reader.has_checksum() ? "checksum matches" : "no checksum to verify (not written by fsdp-cpp)")
+              << "\n";
   }
   return 0;
 }
@@ -99,7 +104,7 @@ int main(int argc, char** argv) {
   inspect->add_option("path", path, "checkpoint directory or .safetensors file")->required();
   auto* check = app.add_subcommand("verify", "checksums and completeness; every tensor read");
   check->add_option("path", path, "checkpoint directory or .safetensors file")->required();
-  auto* convert = app.add_subcommand("convert", "sharded checkpoint to a full .safetensors file, offline");
+  auto* convert = app.add_subcommand("convert", "a checkpoint's weights to one full .safetensors file, offline");
   convert->add_option("checkpoint", path, "checkpoint directory")->required();
   convert->add_option("output", output, "the .safetensors file to write")->required();
   CLI11_PARSE(app, argc, argv);
@@ -109,7 +114,7 @@ int main(int argc, char** argv) {
     } else if (check->parsed()) {
       return verify(path);
     } else {
-      fsdp::convert_sharded_to_full(path, output);
+      fsdp::convert_to_full(path, output);
       std::cout << "wrote " << output << " (" << fs::file_size(output) << " B)\n";
     }
   } catch (const std::exception& e) {

@@ -56,6 +56,7 @@ struct TrainOptions {
   std::string ckpt_dir;
   int64_t ckpt_every = 0;
   int ckpt_keep = 2;
+  std::string ckpt_format = "sharded";
   bool resume = false;
 };
 
@@ -113,6 +114,7 @@ struct Run {
   fsdp::models::GPT model{nullptr};
   fsdp::FullyShardOptions fsdp_options;
   std::string strategy_reason;  // why --strategy auto picked what it did
+  fsdp::CheckpointFormat ckpt_format = fsdp::CheckpointFormat::kSharded;
   double init_seconds = 0.0;     // reading --init-from
   std::ofstream log;
 };
@@ -191,6 +193,7 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   TORCH_CHECK(o.clip_grad_norm >= 0, "--clip-grad-norm must be positive, got ", o.clip_grad_norm);
   TORCH_CHECK(o.ckpt_every >= 0 && o.ckpt_keep >= 1, "--ckpt-every must be >= 0 and --ckpt-keep >= 1");
   TORCH_CHECK(!o.ckpt_dir.empty() || (o.ckpt_every == 0 && !o.resume), "--ckpt-every and --resume need --ckpt-dir");
+  run.ckpt_format = fsdp::parse_checkpoint_format(o.ckpt_format);
   run.fsdp_options = make_fsdp_options(o);
   std::string data_path = o.data.empty() ? std::string(FSDP_DEFAULT_CORPUS) : o.data;
   TORCH_CHECK(!o.data.empty() || std::ifstream(data_path).good(), "the built-in default corpus '", data_path,
@@ -267,7 +270,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
       if (rank == 0) std::cout << "  no checkpoint in " << o.ckpt_dir << ": starting at step 0\n";
     } else {
       const auto load_start = Clock::now();
-      nlohmann::json meta = fsdp::load_sharded_checkpoint(state, optimizer, latest);
+      nlohmann::json meta = fsdp::load_checkpoint(state, optimizer, latest);
       world->barrier()->wait();
       const double load_s = std::chrono::duration<double>(Clock::now() - load_start).count();
       first_step = meta.at("step").get<int64_t>();
@@ -288,14 +291,18 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     nlohmann::json extra = {{"config", c.describe()}, {"preset", o.preset}};
     if (scaler) extra["loss_scale"] = scaler->scale_factor();
     const auto save_start = Clock::now();
-    const std::string path = fsdp::save_sharded_checkpoint(state, optimizer, o.ckpt_dir, completed_steps, extra);
+    fsdp::memory::reset_peaks();
+    const int64_t live_before = fsdp::memory::usage().live_total;
+    const std::string path = fsdp::save_checkpoint(state, optimizer, o.ckpt_dir, completed_steps, extra, run.ckpt_format);
+    const int64_t peak_extra = fsdp::memory::usage().peak_total - live_before;
     const double save_s = std::chrono::duration<double>(Clock::now() - save_start).count();
     if (rank == 0) fsdp::prune_checkpoints(o.ckpt_dir, o.ckpt_keep);
     world->barrier()->wait();
     if (rank == 0) {
       const double mb = directory_bytes(path) / 1e6;
       std::cout << "  checkpoint: " << path << " (" << std::fixed << std::setprecision(1) << mb << " MB in "
-                << std::setprecision(2) << save_s << " s, " << std::setprecision(0) << mb / save_s << " MB/s)\n"
+                << std::setprecision(2) << save_s << " s, " << std::setprecision(0) << mb / save_s
+                << " MB/s; rank 0's tensor memory peaked " << human_bytes(peak_extra) << " above its live bytes)\n"
                 << std::flush;
     }
   };
@@ -403,7 +410,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     const auto save_start = Clock::now();
     fsdp::memory::reset_peaks();
     const int64_t live_before = fsdp::memory::usage().live_total;
-    fsdp::save_full_weights(state, o.save_final,
+    fsdp::save_full_state_dict(state, o.save_final,
                             {{"format", "pt"}, {"model", "gpt"}, {"config", c.describe()}, {"steps", std::to_string(o.steps)}});
     save_final_peak_extra = fsdp::memory::usage().peak_total - live_before;
     save_final_s = std::chrono::duration<double>(Clock::now() - save_start).count();
@@ -478,7 +485,10 @@ int main(int argc, char** argv) {
                "with --grad-accum: skip the reduction before the last micro-step also for sharded-gradient "
                "strategies (keeps full-size gradients between micro-steps)");
   app.add_option("--clip-grad-norm", o.clip_grad_norm, "clip the global gradient norm to this (0: off)");
-  app.add_option("--ckpt-dir", o.ckpt_dir, "directory of sharded checkpoints (step-N sub-directories)");
+  app.add_option("--ckpt-dir", o.ckpt_dir, "directory of checkpoints (step-N sub-directories)");
+  app.add_option("--ckpt-format", o.ckpt_format,
+                 "sharded (each rank writes its shards) or full (rank 0 writes model and optimizer safetensors)")
+      ->capture_default_str();
   app.add_option("--ckpt-every", o.ckpt_every, "save a checkpoint every K steps and after the last (0: never)");
   app.add_option("--ckpt-keep", o.ckpt_keep, "keep the newest N complete checkpoints")->capture_default_str();
   app.add_flag("--resume", o.resume, "continue from the newest complete checkpoint in --ckpt-dir (if any)");

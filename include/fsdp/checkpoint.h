@@ -1,8 +1,14 @@
 #pragma once
-// Sharded checkpoints: every shard of the model's fp32 masters and of AdamW's
-// state, one safetensors file per shard, plus metadata.json (layout,
-// checksums, training position). They reload on another world size and
-// strategy: each rank reads the flat ranges its new shards cover.
+// Training checkpoints: the model's fp32 masters and AdamW's state (step
+// count included), in one of two formats, plus metadata.json (layout,
+// every file's checksum, training position, and its own checksum).
+//  - sharded: every shard in its own safetensors file, written by its rank
+//    at once; the fast path for large models.
+//  - full: the full state dict, gathered unit by unit and written by rank 0:
+//    model.safetensors (standard names, loadable by any safetensors reader)
+//    and optimizer.safetensors (optimizer_tensor_name()).
+// Either reloads on another world size and strategy: each rank reads only
+// the flat ranges its new shards cover.
 //
 // A checkpoint appears only complete: it is written into DIR/step-N.tmp,
 // every file flushed, and renamed to DIR/step-N by rank 0 once all are
@@ -11,6 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <map>
+#include <memory>
 #include <string>
 
 #include "fsdp/fully_shard.h"
@@ -18,38 +26,49 @@
 
 namespace fsdp {
 
+enum class CheckpointFormat { kSharded, kFull };
+std::string checkpoint_format_name(CheckpointFormat format);      // "sharded", "full"
+CheckpointFormat parse_checkpoint_format(const std::string& name);  // throws listing the choices
+
 // Collective. Writes DIR/step-<step> and returns its path. `extra` is kept
 // in the metadata (e.g. the trainer's configuration and loss scale).
 // The optimizer must be torch::optim::AdamW over state.parameters().
-std::string save_sharded_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& dir,
-                                    int64_t step, const nlohmann::json& extra = nlohmann::json::object());
+std::string save_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& dir, int64_t step,
+                            const nlohmann::json& extra = nlohmann::json::object(),
+                            CheckpointFormat format = CheckpointFormat::kSharded);
 
-// Collective. Loads a checkpoint written by save_sharded_checkpoint, on any
-// world size and strategy, after verifying every file's checksum and that
-// the model's units and parameters match. Returns its metadata.
-nlohmann::json load_sharded_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& path);
+// Collective. Loads a checkpoint of either format, on any world size and
+// strategy, after verifying every file's checksum and contents and that the
+// model's units and parameters match. Returns its metadata.
+nlohmann::json load_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& path);
 
-// A saved sharded checkpoint, opened without any process group: its
-// metadata, every file's checksum verified on opening, and any range of a
-// unit's saved flat state ("param", "exp_avg", "exp_avg_sq") across shards.
+// A saved checkpoint, opened without any process group: its metadata, every
+// file verified on opening (present, checksum, exactly the tensors the
+// layout describes), and any range of a unit's saved flat state ("param",
+// "exp_avg", "exp_avg_sq").
 class SavedCheckpoint {
  public:
-  explicit SavedCheckpoint(const std::string& path);  // throws naming the problem file
+  explicit SavedCheckpoint(const std::string& path);  // throws naming the problem file and tensor
   ~SavedCheckpoint();
   const nlohmann::json& metadata() const { return metadata_; }
-  int64_t shards() const;
+  CheckpointFormat format() const { return format_; }
   // Copies elements [from, to) of unit `unit`'s flat `what` into `out`.
   void read_range(size_t unit, const std::string& what, int64_t from, int64_t to, const torch::Tensor& out) const;
 
  private:
   std::string path_;
   nlohmann::json metadata_;
-  std::vector<std::unique_ptr<safetensors::Reader>> readers_;
+  CheckpointFormat format_ = CheckpointFormat::kSharded;
+  std::map<std::string, std::unique_ptr<safetensors::Reader>> readers_;  // by file name
 };
 
-// Offline: the fp32 weights of a sharded checkpoint as one safetensors file
-// under the model's parameter names (one unit in memory at a time).
-void convert_sharded_to_full(const std::string& checkpoint, const std::string& output);
+// Writes DIR/metadata.json (through a temporary file, flushed) with a
+// checksum of its contents that SavedCheckpoint verifies.
+void write_checkpoint_metadata(const std::string& dir, nlohmann::json metadata);
+
+// Offline: the fp32 weights of a checkpoint (either format) as one
+// safetensors file under the model's parameter names, one unit in memory at a time.
+void convert_to_full(const std::string& checkpoint, const std::string& output);
 
 // The newest complete checkpoint under dir ("" if there is none).
 std::string latest_checkpoint(const std::string& dir);

@@ -56,10 +56,11 @@ class FlatParam {
   const std::vector<FlatParamEntry>& entries() const { return entries_; }
   bool is_unsharded() const { return is_unsharded_; }
 
-  // The unit's full fp32 master values, padded (collective over the shard
-  // group; the shard itself for no_shard). For state dicts: independent of
-  // the compute dtype and of whether the unit is unsharded.
-  torch::Tensor gather_full_master() const;
+  // The whole unit of a tensor shaped like the shard (the fp32 master, an
+  // optimizer moment), padded: collective over the shard group; `local`
+  // itself for no_shard. For state dicts: independent of the compute dtype
+  // and of whether the unit is unsharded.
+  torch::Tensor gather_full(const torch::Tensor& local) const;
 
   // Makes the parameters views of the full, current values: all-gathers (in
   // the param dtype) unless the buffer already holds the shard's current

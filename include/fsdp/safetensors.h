@@ -3,6 +3,11 @@
 // header of {name: {dtype, shape, data_offsets}}, then the raw data), read
 // with every offset and size checked, and written as a stream: the header
 // first, then one tensor at a time, so a writer never holds the whole model.
+//
+// Every file we write carries its checksum in the header's metadata
+// (kChecksumKey: FNV-1a 64 of the whole file as written, with those 16 hex
+// digits read as zeros), so it stays a standard safetensors file that any
+// reader loads, and we can verify it without a side file.
 
 #include <torch/torch.h>
 
@@ -34,11 +39,21 @@ class Reader {
   const TensorEntry* find(const std::string& name) const;
   // Reads one tensor (its file dtype) into a new CPU tensor.
   torch::Tensor read(const std::string& name) const;
+  // Reads elements [offset, offset + out.numel()) of a tensor into `out`
+  // (contiguous, of the tensor's dtype).
+  void read_into(const std::string& name, int64_t offset, const torch::Tensor& out) const;
   const std::string& path() const { return path_; }
+
+  // Whether the header carries our checksum, its value, and a full read of
+  // the file that throws "'path' is corrupt" unless the bytes match it.
+  bool has_checksum() const { return checksum_offset_ != 0; }
+  uint64_t stored_checksum() const;
+  void verify_checksum() const;
 
  private:
   std::string path_;
   uint64_t data_start_ = 0;
+  uint64_t checksum_offset_ = 0;  // of the 16 hex digits in the file; 0: none
   std::vector<TensorEntry> tensors_;
   std::map<std::string, std::string> metadata_;
 };
@@ -56,7 +71,7 @@ class Writer {
   // The next tensor in the order given; its dtype and shape must match.
   void write(const torch::Tensor& tensor);
   void commit();
-  // FNV-1a (64-bit) of every byte written: the whole file once committed.
+  // The checksum stored in the file (valid once every tensor is written).
   uint64_t checksum() const { return checksum_; }
 
  private:
@@ -66,14 +81,17 @@ class Writer {
   size_t next_ = 0;
   std::FILE* file_ = nullptr;
   uint64_t checksum_;
+  uint64_t checksum_offset_ = 0;
   void append(const void* data, size_t bytes, const std::string& what);
 };
 
+constexpr const char* kChecksumKey = "fsdp_checksum";
 // FNV-1a (64-bit), continuing from `hash` (start with kFnvOffset).
 constexpr uint64_t kFnvOffset = 1469598103934665603ull;
 uint64_t fnv1a(const void* data, size_t bytes, uint64_t hash);
-// The checksum of a whole file, as Writer::checksum() computed it.
-uint64_t file_checksum(const std::string& path);
+// 16 lower-case hex digits, and back (throws on anything else).
+std::string hex64(uint64_t value);
+uint64_t parse_hex64(const std::string& text);
 
 // The safetensors dtype code ("F32", "BF16", ...) of a scalar type, and back.
 std::string dtype_code(torch::ScalarType type);

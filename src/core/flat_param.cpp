@@ -121,10 +121,12 @@ void FlatParam::unshard() {
   is_unsharded_ = true;
 }
 
-torch::Tensor FlatParam::gather_full_master() const {
-  if (!config_.shard_group) return shard_.detach();
-  torch::Tensor full = torch::empty({padded_numel()}, torch::kFloat);
-  config_.shard_group->all_gather(full, shard_.detach())->wait();
+torch::Tensor FlatParam::gather_full(const torch::Tensor& local) const {
+  TORCH_CHECK(local.numel() == shard_numel_, "gather_full: expected a tensor of the shard's ", shard_numel_,
+              " elements, got ", local.numel());
+  if (!config_.shard_group) return local.detach();
+  torch::Tensor full = torch::empty({padded_numel()}, local.options());
+  config_.shard_group->all_gather(full, local.detach().contiguous())->wait();
   return full;
 }
 

@@ -65,6 +65,42 @@ Reader::Reader(const std::string& path) : path_(path) {
   for (auto& t : header.tensors) {
     tensors_.push_back(TensorEntry{TensorSpec{t.name, scalar_type(t.dtype), std::move(t.shape)}, t.begin, t.end});
   }
+  auto stored = metadata_.find(kChecksumKey);
+  if (stored != metadata_.end()) {
+    // The digits' place in the file: after the key, its colon and the quote.
+    const size_t key = json_text.find(std::string("\"") + kChecksumKey + "\"");
+    const size_t quote = key == std::string::npos ? key : json_text.find('"', key + std::strlen(kChecksumKey) + 2);
+    TORCH_CHECK(quote != std::string::npos && json_text.compare(quote + 1, 16, stored->second) == 0 &&
+                    stored->second.size() == 16,
+                "'", path, "': malformed '", kChecksumKey, "' in the header metadata");
+    parse_hex64(stored->second);
+    checksum_offset_ = 8 + quote + 1;
+  }
+}
+
+uint64_t Reader::stored_checksum() const {
+  TORCH_CHECK(has_checksum(), "'", path_, "' carries no checksum (not written by fsdp-cpp)");
+  return parse_hex64(metadata_.at(kChecksumKey));
+}
+
+void Reader::verify_checksum() const {
+  const uint64_t expected = stored_checksum();
+  std::FILE* f = std::fopen(path_.c_str(), "rb");
+  TORCH_CHECK(f, "cannot open '", path_, "': ", std::strerror(errno));
+  std::vector<unsigned char> buffer(1 << 20);
+  uint64_t hash = kFnvOffset, position = 0;
+  size_t got = 0;
+  while ((got = std::fread(buffer.data(), 1, buffer.size(), f)) > 0) {
+    // The stored digits count as the zeros they were when hashed.
+    for (uint64_t i = std::max(position, checksum_offset_); i < std::min(position + got, checksum_offset_ + 16); ++i) {
+      buffer[i - position] = '0';
+    }
+    hash = fnv1a(buffer.data(), got, hash);
+    position += got;
+  }
+  std::fclose(f);
+  TORCH_CHECK(hash == expected, "'", path_, "' is corrupt: its bytes have checksum ", hex64(hash),
+              ", its header says ", hex64(expected));
 }
 
 const TensorEntry* Reader::find(const std::string& name) const {
@@ -77,20 +113,33 @@ torch::Tensor Reader::read(const std::string& name) const {
   const TensorEntry* entry = find(name);
   TORCH_CHECK(entry, "'", path_, "' has no tensor '", name, "'");
   torch::Tensor out = torch::empty(entry->spec.shape, torch::TensorOptions().dtype(entry->spec.dtype));
+  read_into(name, 0, out.view({-1}));
+  return out;
+}
+
+void Reader::read_into(const std::string& name, int64_t offset, const torch::Tensor& out) const {
+  const TensorEntry* entry = find(name);
+  TORCH_CHECK(entry, "'", path_, "' has no tensor '", name, "'");
+  const uint64_t element = c10::elementSize(entry->spec.dtype);
+  const uint64_t numel = (entry->end - entry->begin) / element;
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == entry->spec.dtype && offset >= 0 &&
+                  static_cast<uint64_t>(offset + out.numel()) <= numel,
+              "'", path_, "': cannot read ", out.numel(), " ", out.scalar_type(), " elements at ", offset,
+              " of tensor '", name, "' (", numel, " ", entry->spec.dtype, " elements)");
   std::FILE* f = std::fopen(path_.c_str(), "rb");
   TORCH_CHECK(f, "cannot open '", path_, "': ", std::strerror(errno));
-  const uint64_t bytes = entry->end - entry->begin;
-  bool ok = std::fseek(f, static_cast<long>(data_start_ + entry->begin), SEEK_SET) == 0 &&
+  const uint64_t bytes = out.numel() * element;
+  bool ok = std::fseek(f, static_cast<long>(data_start_ + entry->begin + offset * element), SEEK_SET) == 0 &&
             std::fread(out.data_ptr(), 1, bytes, f) == bytes;
   std::fclose(f);
   TORCH_CHECK(ok, "'", path_, "': could not read the ", bytes, " bytes of tensor '", name, "'");
-  return out;
 }
 
 Writer::Writer(std::string path, std::vector<TensorSpec> specs, std::map<std::string, std::string> metadata)
     : path_(std::move(path)), temp_path_(path_ + ".tmp"), specs_(std::move(specs)), checksum_(kFnvOffset) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  metadata[kChecksumKey] = hex64(0);  // the placeholder, filled in by commit()
+  header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& spec : specs_) {
     uint64_t bytes = c10::elementSize(spec.dtype);
@@ -100,6 +149,7 @@ Writer::Writer(std::string path, std::vector<TensorSpec> specs, std::map<std::st
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
+  checksum_offset_ = 8 + text.find(std::string("\"") + kChecksumKey + "\":\"") + std::strlen(kChecksumKey) + 4;
   file_ = std::fopen(temp_path_.c_str(), "wb");
   TORCH_CHECK(file_, "cannot create '", temp_path_, "': ", std::strerror(errno));
   unsigned char length_bytes[8];
@@ -134,7 +184,10 @@ void Writer::write(const torch::Tensor& tensor) {
 
 void Writer::commit() {
   TORCH_CHECK(next_ == specs_.size(), "'", path_, "': only ", next_, " of ", specs_.size(), " tensors were written");
-  bool ok = std::fflush(file_) == 0 && ::fsync(fileno(file_)) == 0;
+  const std::string digits = hex64(checksum_);
+  bool ok = std::fseek(file_, static_cast<long>(checksum_offset_), SEEK_SET) == 0 &&
+            std::fwrite(digits.data(), 1, digits.size(), file_) == digits.size();
+  ok = ok && std::fflush(file_) == 0 && ::fsync(fileno(file_)) == 0;
   ok = (std::fclose(file_) == 0) && ok;
   file_ = nullptr;
   if (ok) ok = std::rename(temp_path_.c_str(), path_.c_str()) == 0;
@@ -148,15 +201,17 @@ uint64_t fnv1a(const void* data, size_t bytes, uint64_t hash) {
   return hash;
 }
 
-uint64_t file_checksum(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  TORCH_CHECK(f, "cannot open '", path, "': ", std::strerror(errno));
-  std::vector<unsigned char> buffer(1 << 20);
-  uint64_t hash = kFnvOffset;
-  size_t got = 0;
-  while ((got = std::fread(buffer.data(), 1, buffer.size(), f)) > 0) hash = fnv1a(buffer.data(), got, hash);
-  std::fclose(f);
-  return hash;
+std::string hex64(uint64_t value) {
+  static const char* digits = "0123456789abcdef";
+  std::string text(16, '0');
+  for (int i = 15; i >= 0; --i, value >>= 4) text[i] = digits[value & 15];
+  return text;
+}
+
+uint64_t parse_hex64(const std::string& text) {
+  TORCH_CHECK(text.size() == 16 && text.find_first_not_of("0123456789abcdef") == std::string::npos,
+              "expected a checksum of 16 hex digits, found '", text, "'");
+  return std::stoull(text, nullptr, 16);
 }
 
 }  // namespace fsdp::safetensors

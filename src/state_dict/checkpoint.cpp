@@ -1,0 +1,388 @@
+// Checkpoints: writing either format, publishing it whole, and reading any
+// layout back.
+
+#include "fsdp/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "fsdp/error.h"
+#include "fsdp/state_dict.h"
+
+namespace fsdp {
+namespace fs = std::filesystem;
+namespace {
+
+const char* const kStateNames[] = {"param", "exp_avg", "exp_avg_sq"};
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+
+const char* format_tag(CheckpointFormat format) {
+  return format == CheckpointFormat::kSharded ? "fsdp-sharded-v1" : "fsdp-full-v1";
+}
+
+std::string shard_file(int64_t shard_index) { return "shard-" + std::to_string(shard_index) + ".safetensors"; }
+std::string tensor_name(size_t unit, const std::string& what) { return "u" + std::to_string(unit) + "." + what; }
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+void fsync_path(const fs::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// "step-<N>" -> N; "step-<N>.tmp" -> N with *unfinished set; anything else -1.
+int64_t step_of(const fs::path& p, bool* unfinished = nullptr) {
+  std::string name = p.filename().string();
+  const bool tmp = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
+  if (tmp) name.resize(name.size() - 4);
+  if (unfinished) *unfinished = tmp;
+  if (name.rfind("step-", 0) != 0 || name.size() == 5) return -1;
+  if (name.find_first_not_of("0123456789", 5) != std::string::npos) return -1;
+  try {
+    return std::stoll(name.substr(5));
+  } catch (...) {
+    return -1;
+  }
+}
+
+nlohmann::json unit_layout(const FsdpState& state) {
+  nlohmann::json units = nlohmann::json::array();
+  for (const auto& unit : state.units()) {
+    const FlatParam& flat = unit->flat_param();
+    nlohmann::json params = nlohmann::json::array();
+    for (const auto& e : flat.entries()) params.push_back({{"name", e.name}, {"shape", e.shape}, {"offset", e.offset}});
+    units.push_back({{"name", unit->name()}, {"numel", flat.numel()}, {"shard_numel", flat.shard_numel()},
+                     {"params", params}});
+  }
+  return units;
+}
+
+using FileSpecs = std::vector<std::pair<std::string, std::vector<safetensors::TensorSpec>>>;
+
+// Every file a checkpoint with this metadata holds, and its tensors.
+FileSpecs expected_files(const nlohmann::json& meta, CheckpointFormat format) {
+  const nlohmann::json& units = meta.at("units");
+  FileSpecs files;
+  if (format == CheckpointFormat::kSharded) {
+    for (int64_t q = 0; q < meta.at("shard_group_size").get<int64_t>(); ++q) {
+      std::vector<safetensors::TensorSpec> specs;
+      for (size_t u = 0; u < units.size(); ++u) {
+        const int64_t S = units[u].at("shard_numel").get<int64_t>();
+        for (const char* what : kStateNames) specs.push_back({tensor_name(u, what), torch::kFloat, {S}});
+      }
+      files.emplace_back(shard_file(q), std::move(specs));
+    }
+    return files;
+  }
+  std::vector<safetensors::TensorSpec> params, moments;
+  for (const auto& unit : units) {
+    for (const auto& p : unit.at("params")) {
+      const std::string name = p.at("name").get<std::string>();
+      const auto shape = p.at("shape").get<std::vector<int64_t>>();
+      params.push_back({name, torch::kFloat, shape});
+      for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
+        moments.push_back({optimizer_tensor_name(name, moment), torch::kFloat, shape});
+      }
+    }
+  }
+  files.emplace_back(kModelFile, std::move(params));
+  files.emplace_back(kOptimizerFile, std::move(moments));
+  return files;
+}
+
+// The checksum metadata.json carries: FNV-1a of its text without it.
+std::string metadata_checksum(nlohmann::json metadata) {
+  metadata.erase("checksum");
+  const std::string text = metadata.dump(2);
+  return safetensors::hex64(safetensors::fnv1a(text.data(), text.size(), safetensors::kFnvOffset));
+}
+
+// Writes this rank's shard file of a sharded checkpoint (if it is a writer).
+void write_shard_file(FsdpState& state, torch::optim::AdamW& optimizer, const nlohmann::json& meta,
+                      const fs::path& temp_dir) {
+  // One writer per shard: the ranks of the first replica (all ranks unless
+  // the strategy replicates shards across ranks or nodes).
+  if (state.replicate_group() && state.replicate_group()->rank() != 0) return;
+  const int64_t shard_index = state.shard_group() ? state.shard_group()->rank() : 0;
+  auto [name, specs] = expected_files(meta, CheckpointFormat::kSharded).at(shard_index);
+  safetensors::Writer writer((temp_dir / name).string(), std::move(specs),
+                             {{"format", format_tag(CheckpointFormat::kSharded)}, {"shard", std::to_string(shard_index)}});
+  for (size_t u = 0; u < state.units().size(); ++u) {
+    const torch::Tensor& shard = state.units()[u]->flat_param().shard();
+    auto& adam = adamw_state(optimizer, shard);
+    writer.write(shard.detach());
+    writer.write(adam.exp_avg());
+    writer.write(adam.exp_avg_sq());
+    if (u == 0) maybe_kill_for_test(state.group()->rank());
+  }
+  writer.commit();
+}
+
+}  // namespace
+
+std::string checkpoint_format_name(CheckpointFormat format) {
+  return format == CheckpointFormat::kSharded ? "sharded" : "full";
+}
+
+CheckpointFormat parse_checkpoint_format(const std::string& name) {
+  if (name == "sharded") return CheckpointFormat::kSharded;
+  if (name == "full") return CheckpointFormat::kFull;
+  TORCH_CHECK(false, "unknown checkpoint format '", name, "' (expected sharded or full)");
+}
+
+void write_checkpoint_metadata(const std::string& dir, nlohmann::json metadata) {
+  metadata["checksum"] = metadata_checksum(metadata);
+  const fs::path temp = fs::path(dir) / "metadata.json.tmp";
+  {
+    std::ofstream out(temp);
+    out << metadata.dump(2) << "\n";
+    out.flush();
+    TORCH_CHECK(out.good(), "writing '", temp.string(), "' failed");
+  }
+  fsync_path(temp);
+  fs::rename(temp, fs::path(dir) / "metadata.json");
+}
+
+std::string save_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& dir, int64_t step,
+                            const nlohmann::json& extra, CheckpointFormat format) {
+  state.check_idle();
+  const ProcessGroupPtr& group = state.group();
+  const fs::path final_dir = fs::path(dir) / ("step-" + std::to_string(step));
+  const fs::path temp_dir = fs::path(dir) / ("step-" + std::to_string(step) + ".tmp");
+  std::string error;
+  if (group->rank() == 0) {
+    try {
+      fs::create_directories(dir);
+      fs::remove_all(temp_dir);  // an unfinished earlier attempt
+      fs::create_directories(temp_dir);
+    } catch (const std::exception& e) {
+      error = "cannot prepare checkpoint directory '" + temp_dir.string() + "': " + e.what();
+    }
+  }
+  throw_if_any_rank_failed(group, error);
+
+  const int64_t adam_step =
+      state.units().empty() ? 0 : adamw_state(optimizer, state.units()[0]->flat_param().shard()).step();
+  nlohmann::json meta = {{"format", format_tag(format)},
+                         {"step", step},
+                         {"world_size", group->size()},
+                         {"strategy", strategy_name(state.options().strategy())},
+                         {"shard_group_size", state.shard_group() ? state.shard_group()->size() : 1},
+                         {"optimizer", {{"type", "adamw"}, {"step", adam_step}}},
+                         {"units", unit_layout(state)},
+                         {"extra", extra}};
+  if (format == CheckpointFormat::kSharded) {
+    try {
+      write_shard_file(state, optimizer, meta, temp_dir);
+    } catch (const std::exception& e) {
+      error = "rank " + std::to_string(group->rank()) + ": " + error_message(e);
+    }
+    throw_if_any_rank_failed(group, error);
+  } else {
+    save_full_state_dict(state, (temp_dir / kModelFile).string(), {{"format", "pt"}}, &optimizer,
+                         (temp_dir / kOptimizerFile).string());
+  }
+
+  // Every file is whole: rank 0 records their checksums and publishes.
+  group->barrier()->wait();
+  if (group->rank() == 0) {
+    try {
+      nlohmann::json files = nlohmann::json::object();
+      for (const auto& [name, specs] : expected_files(meta, format)) {
+        files[name] = safetensors::hex64(safetensors::Reader((temp_dir / name).string()).stored_checksum());
+      }
+      meta["files"] = files;
+      write_checkpoint_metadata(temp_dir.string(), meta);
+      fsync_path(temp_dir);
+      fs::remove_all(final_dir);  // a complete checkpoint of the same step is replaced
+      fs::rename(temp_dir, final_dir);
+      fsync_path(dir);
+    } catch (const std::exception& e) {
+      error = "publishing checkpoint '" + final_dir.string() + "' failed: " + error_message(e);
+    }
+  }
+  throw_if_any_rank_failed(group, error);
+  return final_dir.string();
+}
+
+std::string latest_checkpoint(const std::string& dir) {
+  if (!fs::is_directory(dir)) return "";
+  fs::path best;
+  int64_t best_step = -1;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    bool unfinished = false;
+    const int64_t step = step_of(entry.path(), &unfinished);
+    if (!unfinished && step > best_step && fs::exists(entry.path() / "metadata.json")) {
+      best_step = step;
+      best = entry.path();
+    }
+  }
+  return best.string();
+}
+
+void prune_checkpoints(const std::string& dir, int keep) {
+  if (keep <= 0 || !fs::is_directory(dir)) return;
+  std::vector<std::pair<int64_t, fs::path>> complete, unfinished;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    bool tmp = false;
+    const int64_t step = step_of(entry.path(), &tmp);
+    if (step < 0) continue;
+    if (tmp) {
+      unfinished.emplace_back(step, entry.path());
+    } else if (fs::exists(entry.path() / "metadata.json")) {
+      complete.emplace_back(step, entry.path());
+    }
+  }
+  if (complete.empty()) return;
+  std::sort(complete.rbegin(), complete.rend());
+  for (size_t i = static_cast<size_t>(keep); i < complete.size(); ++i) fs::remove_all(complete[i].second);
+  for (const auto& [step, path] : unfinished) {
+    if (step < complete.front().first) fs::remove_all(path);
+  }
+}
+
+SavedCheckpoint::SavedCheckpoint(const std::string& path) : path_(path) {
+  const fs::path dir(path);
+  const fs::path meta_path = dir / "metadata.json";
+  {
+    std::ifstream in(meta_path);
+    TORCH_CHECK(in, "'", path, "' is not a complete checkpoint: it has no metadata.json");
+    try {
+      in >> metadata_;
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "'", meta_path.string(), "' is not valid JSON: ", e.what());
+    }
+  }
+  const std::string tag = metadata_.is_object() ? metadata_.value("format", "") : "";
+  TORCH_CHECK(tag == format_tag(CheckpointFormat::kSharded) || tag == format_tag(CheckpointFormat::kFull), "'", path,
+              "' is not an fsdp checkpoint (format '", tag, "', expected '", format_tag(CheckpointFormat::kSharded),
+              "' or '", format_tag(CheckpointFormat::kFull), "')");
+  format_ = tag == format_tag(CheckpointFormat::kSharded) ? CheckpointFormat::kSharded : CheckpointFormat::kFull;
+  const std::string stored = metadata_.value("checksum", "");
+  const std::string found = metadata_checksum(metadata_);
+  TORCH_CHECK(stored == found, "'", meta_path.string(), "' is corrupt: its contents have checksum ", found,
+              ", it says '", stored, "'");
+  // Every file the layout calls for: present, intact, listed, and holding
+  // exactly the tensors the layout describes.
+  for (const auto& [name, specs] : expected_files(metadata_, format_)) {
+    const fs::path file = dir / name;
+    TORCH_CHECK(fs::exists(file), "checkpoint '", path, "' is missing '", name, "'");
+    auto reader = std::make_unique<safetensors::Reader>(file.string());
+    TORCH_CHECK(reader->has_checksum(), "'", file.string(), "' carries no checksum");
+    reader->verify_checksum();
+    const std::string listed = metadata_.at("files").value(name, "");
+    TORCH_CHECK(safetensors::hex64(reader->stored_checksum()) == listed, "'", file.string(), "' has checksum ",
+                safetensors::hex64(reader->stored_checksum()), ", the metadata lists '", listed,
+                "' (a file of another checkpoint?)");
+    for (const auto& spec : specs) {
+      const safetensors::TensorEntry* entry = reader->find(spec.name);
+      TORCH_CHECK(entry, "'", file.string(), "' has no tensor '", spec.name, "'");
+      TORCH_CHECK(entry->spec.dtype == spec.dtype && entry->spec.shape == spec.shape, "'", file.string(),
+                  "': tensor '", spec.name, "' is ", entry->spec.dtype, " of shape ", c10::IntArrayRef(entry->spec.shape),
+                  ", expected ", spec.dtype, " of shape ", c10::IntArrayRef(spec.shape));
+    }
+    if (reader->tensors().size() != specs.size()) {
+      for (const auto& t : reader->tensors()) {
+        const bool known = std::any_of(specs.begin(), specs.end(), [&](const auto& s) { return s.name == t.spec.name; });
+        TORCH_CHECK(known, "'", file.string(), "' has a tensor '", t.spec.name, "' that the checkpoint's layout does not have");
+      }
+    }
+    readers_[name] = std::move(reader);
+  }
+}
+
+SavedCheckpoint::~SavedCheckpoint() = default;
+
+void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t from, int64_t to,
+                                 const torch::Tensor& out) const {
+  const nlohmann::json& units = metadata_.at("units");
+  TORCH_CHECK(unit < units.size(), "checkpoint '", path_, "' has ", units.size(), " units, asked for unit ", unit);
+  TORCH_CHECK(std::find(std::begin(kStateNames), std::end(kStateNames), what) != std::end(kStateNames),
+              "read_range: unknown state '", what, "' (expected param, exp_avg or exp_avg_sq)");
+  TORCH_CHECK(0 <= from && from <= to && to <= units[unit].at("numel").get<int64_t>() && out.numel() == to - from,
+              "read_range: [", from, ", ", to, ") does not fit unit ", unit, " or the output of ", out.numel());
+  // The saved pieces: (file, tensor, flat offset of its first element, elements).
+  std::vector<std::tuple<std::string, std::string, int64_t, int64_t>> pieces;
+  if (format_ == CheckpointFormat::kSharded) {
+    const int64_t S = units[unit].at("shard_numel").get<int64_t>();
+    for (int64_t q = 0; q < metadata_.at("shard_group_size").get<int64_t>(); ++q) {
+      pieces.emplace_back(shard_file(q), tensor_name(unit, what), q * S, S);
+    }
+  } else {
+    for (const auto& p : units[unit].at("params")) {
+      const std::string name = p.at("name").get<std::string>();
+      pieces.emplace_back(what == "param" ? kModelFile : kOptimizerFile,
+                          what == "param" ? name : optimizer_tensor_name(name, what), p.at("offset").get<int64_t>(),
+                          numel_of(p.at("shape").get<std::vector<int64_t>>()));
+    }
+  }
+  for (const auto& [file, name, offset, numel] : pieces) {
+    const int64_t lo = std::max(from, offset), hi = std::min(to, offset + numel);
+    if (lo < hi) readers_.at(file)->read_into(name, lo - offset, out.narrow(0, lo - from, hi - lo));
+  }
+}
+
+nlohmann::json load_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& path) {
+  state.check_idle();
+  SavedCheckpoint saved(path);
+  const nlohmann::json& meta = saved.metadata();
+  // The model must be the one saved: same units, same parameters, same shapes.
+  const nlohmann::json& saved_units = meta.at("units");
+  const nlohmann::json our_units = unit_layout(state);
+  TORCH_CHECK(saved_units.size() == our_units.size(), "checkpoint '", path, "' holds ", saved_units.size(),
+              " units, this model has ", our_units.size(), " (another model configuration or wrap policy)");
+  for (size_t u = 0; u < our_units.size(); ++u) {
+    TORCH_CHECK(saved_units[u].at("params") == our_units[u].at("params"), "checkpoint '", path, "': unit '",
+                our_units[u].at("name").get<std::string>(), "' was saved with other parameters or shapes ",
+                "(another model configuration): saved ", saved_units[u].at("params").dump(), ", model has ",
+                our_units[u].at("params").dump());
+  }
+  const int64_t adam_step = meta.at("optimizer").at("step").get<int64_t>();
+  torch::NoGradGuard no_grad;
+  for (size_t u = 0; u < state.units().size(); ++u) {
+    FlatParam& flat = state.units()[u]->flat_param();
+    // This rank's new shard covers [begin, end) of the real elements; the
+    // padding after them stays zero.
+    const int64_t begin = std::min(flat.shard_rank() * flat.shard_numel(), flat.numel());
+    const int64_t end = std::min(begin + flat.shard_numel(), flat.numel());
+    auto& adam = adamw_state(optimizer, flat.shard());
+    const torch::Tensor targets[] = {flat.shard().detach(), adam.exp_avg(), adam.exp_avg_sq()};
+    for (int k = 0; k < 3; ++k) {
+      targets[k].zero_();
+      saved.read_range(u, kStateNames[k], begin, end, targets[k].narrow(0, 0, end - begin));
+    }
+    adam.step(adam_step);
+  }
+  return meta;
+}
+
+void convert_to_full(const std::string& checkpoint, const std::string& output) {
+  SavedCheckpoint saved(checkpoint);
+  const nlohmann::json& units = saved.metadata().at("units");
+  safetensors::Writer writer(output, expected_files(saved.metadata(), CheckpointFormat::kFull).at(0).second,
+                             {{"format", "pt"}, {"converted_from", checkpoint}});
+  for (size_t u = 0; u < units.size(); ++u) {  // one unit in memory at a time
+    const int64_t numel = units[u].at("numel").get<int64_t>();
+    torch::Tensor full = torch::empty({numel}, torch::kFloat);
+    saved.read_range(u, "param", 0, numel, full);
+    for (const auto& p : units[u].at("params")) {
+      const auto shape = p.at("shape").get<std::vector<int64_t>>();
+      writer.write(full.narrow(0, p.at("offset").get<int64_t>(), numel_of(shape)).view(shape));
+    }
+  }
+  writer.commit();
+}
+
+}  // namespace fsdp

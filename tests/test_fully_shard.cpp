@@ -228,8 +228,11 @@ TEST(FullShard, UnitsAreUnshardedOnlyInsideTheirForwardAndBackward) {
   torch::manual_seed(3);
   ProbeNet net(width, depth, probe);
   unsharded_baseline = fsdp::memory::usage().live(Category::kUnshardedBuffer);
+  // Without prefetch: exactly the running unit (and the root) is gathered.
   auto model = fsdp::fully_shard(net, world_group,
-                                 fsdp::FullyShardOptions().wrap_policy(fsdp::module_type_policy<ProbeBlockImpl>()));
+                                 fsdp::FullyShardOptions()
+                                     .wrap_policy(fsdp::module_type_policy<ProbeBlockImpl>())
+                                     .backward_prefetch(fsdp::BackwardPrefetch::kNone));
   state = &model.state();
   torch::manual_seed(100 + world_group->rank());
   for (int step = 0; step < 2; ++step) {
@@ -241,6 +244,69 @@ TEST(FullShard, UnitsAreUnshardedOnlyInsideTheirForwardAndBackward) {
   EXPECT_EQ(backward_probes, 2 * depth);
   for (const auto& v : violations) ADD_FAILURE() << v;
   (void)W;
+}
+
+// With prefetch, the unit that runs next is being gathered while one runs:
+// in forward the next block, in backward the previous one. The limiter
+// holds it to one unit ahead even when prefetch asks for two; without it,
+// two are gathered ahead. Training is unchanged (the losses match a run
+// without prefetch exactly).
+TEST(FullShard, PrefetchGathersTheNextUnitAheadWithinTheLimiter) {
+  const int64_t width = 24;
+  const int depth = 4;
+  for (bool limit : {true, false}) {
+    SCOPED_TRACE(limit ? "limited" : "unlimited");
+    fsdp::FsdpState* state = nullptr;
+    std::vector<std::string> violations;
+    int64_t baseline = 0;
+    bool check = false;
+    auto probe = [&](int index, bool in_backward) {
+      if (!check) return;
+      const auto& units = state->units();  // units[0] is the root, units[i + 1] block i
+      const int next = in_backward ? index - 1 : index + 1;
+      if (next < 0 || next >= depth) return;
+      const auto& flat = units[next + 1]->flat_param();
+      if (!(flat.unshard_pending() || flat.is_unsharded()) || units[next + 1]->state() != UnitState::kSharded) {
+        violations.push_back(std::string(in_backward ? "backward" : "forward") + " of block " + std::to_string(index) +
+                             ": block " + std::to_string(next) + " was not prefetched");
+      }
+      if (!in_backward && limit) {
+        const int64_t most = (units[0]->flat_param().padded_numel() + units[index + 1]->flat_param().padded_numel() +
+                              flat.padded_numel()) * 4;
+        const int64_t live = fsdp::memory::usage().live(Category::kUnshardedBuffer) - baseline;
+        if (live > most)
+          violations.push_back("forward of block " + std::to_string(index) + ": " + std::to_string(live) +
+                               " unsharded bytes live, the limiter allows " + std::to_string(most));
+      }
+    };
+    torch::manual_seed(3);
+    ProbeNet net(width, depth, probe);
+    baseline = fsdp::memory::usage().live(Category::kUnshardedBuffer);
+    auto model = fsdp::fully_shard(net, world_group,
+                                   fsdp::FullyShardOptions()
+                                       .wrap_policy(fsdp::module_type_policy<ProbeBlockImpl>())
+                                       .forward_prefetch(true)
+                                       .backward_prefetch(fsdp::BackwardPrefetch::kPre)
+                                       .prefetch_depth(2)
+                                       .limit_all_gathers(limit));
+    state = &model.state();
+    torch::manual_seed(100 + world_group->rank());
+    for (int step = 0; step < 3; ++step) {
+      check = step > 0;  // the first pass learns the order
+      state->reset_prefetch_stats();
+      model.forward(torch::randn({5, width})).backward();
+      model.state().check_idle();
+      EXPECT_EQ(fsdp::memory::usage().live(Category::kUnshardedBuffer), baseline);
+    }
+    EXPECT_EQ(state->max_prefetched_unused(), limit ? 1 : 2);
+    // A forward without autograd leaves nothing gathered behind.
+    {
+      torch::NoGradGuard no_grad;
+      model.forward(torch::randn({5, width}));
+    }
+    model.state().check_idle();
+    for (const auto& v : violations) ADD_FAILURE() << v;
+  }
 }
 
 // The GPT's lm head is the token embedding: its gradient must be the sum of

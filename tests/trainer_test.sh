@@ -47,6 +47,13 @@ case "$case_name" in
     "$run" -n 4 -- "$train" --preset tiny --steps 12 --batch 1 --data "$work/data.txt" --log "$work/w4.jsonl" > "$work/out4" 2>&1 || { cat "$work/out4"; fail "W=4 run failed"; }
     compare_losses "$work/w2.jsonl" "$work/w1.jsonl" 1e-5
     compare_losses "$work/w4.jsonl" "$work/w1.jsonl" 1e-5
+    # Prefetch changes when parameters are gathered, never the result.
+    for prefetch in "--forward-prefetch --backward-prefetch post" "--backward-prefetch none --prefetch-depth 2 --no-limit-all-gathers"; do
+      "$run" -n 2 -- "$train" --preset tiny --steps 12 --batch 2 --data "$work/data.txt" $prefetch --log "$work/p.jsonl" > "$work/outp" 2>&1 ||
+        { cat "$work/outp"; fail "run with $prefetch failed"; }
+      [ "$(losses "$work/p.jsonl")" = "$(losses "$work/w2.jsonl")" ] || fail "$prefetch changed the losses"
+    done
+    expect_error "unknown backward prefetch 'sideways'" "$run" -n 2 -- "$train" --preset tiny --backward-prefetch sideways
     grep -q "== summary ==" "$work/out2" || fail "no summary printed"
     grep -q '"model_state_bytes":\[[0-9]*,[0-9]*\]' "$work/w2.jsonl" || fail "log lacks per-rank model_state_bytes"
     grep -q '"peak_tensor_bytes":\[[0-9]*,[0-9]*,[0-9]*,[0-9]*\]' "$work/w4.jsonl" || fail "log lacks per-rank peak_tensor_bytes"
@@ -278,6 +285,22 @@ case "$case_name" in
     expect_error "direct.safetensors' is corrupt" "$run" -n 2 -- "$train" --preset tiny --steps 1 --init-from "$work/direct.safetensors"
     expect_error "is not a complete checkpoint" "$ckpt" convert "$work" "$work/x.safetensors"
     [ ! -e "$work/x.safetensors" ] || fail "a failed convert left a file"
+    ;;
+  trace)
+    # --trace: one Chrome trace per rank with the units' forward and
+    # backward, the collectives on the communication threads, the waits and
+    # the optimizer; the summary splits the step.
+    out=$("$run" -n 2 -- "$train" --preset tiny --steps 3 --forward-prefetch --trace "$work/t.json" 2>&1) || { echo "$out"; fail "traced run failed"; }
+    grep -q "step time split .* compute .* exposed communication .* optimizer" <<<"$out" || { echo "$out"; fail "no step split in the summary"; }
+    for r in 0 1; do
+      f="$work/t.rank$r.json"
+      [ -s "$f" ] || fail "no trace for rank $r"
+      for want in '"name":"forward transformer.h.1"' '"name":"backward <root>"' '"name":"all_gather"' '"name":"reduce_scatter"' \
+                  '"name":"optimizer step"' '"name":"step 3"' '"name":"compute"' '"name":"comm 1"' '"ph":"X"'; do
+        grep -qF "$want" "$f" || fail "trace of rank $r lacks $want"
+      done
+    done
+    expect_error "--trace: the directory '$work/nowhere' does not exist" "$run" -n 2 -- "$train" --preset tiny --trace "$work/nowhere/t.json"
     ;;
   launcher)
     # The exit status passes through, and threads per rank = cores / ranks.

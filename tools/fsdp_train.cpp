@@ -26,6 +26,7 @@
 #include "fsdp/memory.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/token_data.h"
+#include "fsdp/trace.h"
 
 namespace {
 
@@ -58,7 +59,19 @@ struct TrainOptions {
   int ckpt_keep = 2;
   std::string ckpt_format = "sharded";
   bool resume = false;
+  bool forward_prefetch = false;
+  std::string backward_prefetch = "pre";
+  int prefetch_depth = 1;
+  bool no_limit_all_gathers = false;
+  std::string trace;
 };
+
+// --trace FILE.json: rank r writes FILE.rank<r>.json.
+std::string trace_path(const std::string& path, int rank) {
+  const std::string suffix = ".json";
+  const bool json = path.size() > suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return (json ? path.substr(0, path.size() - suffix.size()) : path) + ".rank" + std::to_string(rank) + suffix;
+}
 
 // What each rank reports after a step, gathered to rank 0.
 enum RankFigure { kModelState, kPeakTensors, kParamShards, kGradShards, kOptimizer, kNumFigures };
@@ -147,7 +160,12 @@ fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
   auto options = fsdp::FullyShardOptions()
                      .wrap_policy(fsdp::module_type_policy<fsdp::models::BlockImpl>())
                      .mixed_precision(mp)
-                     .ranks_per_node(ranks_per_node(o));
+                     .ranks_per_node(ranks_per_node(o))
+                     .forward_prefetch(o.forward_prefetch)
+                     .backward_prefetch(fsdp::parse_backward_prefetch(o.backward_prefetch))
+                     .prefetch_depth(o.prefetch_depth)
+                     .limit_all_gathers(!o.no_limit_all_gathers);
+  TORCH_CHECK(o.prefetch_depth >= 1, "--prefetch-depth must be at least 1, got ", o.prefetch_depth);
   if (o.strategy != "auto") options.strategy(fsdp::parse_strategy(o.strategy));
   return options;
 }
@@ -195,6 +213,11 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   TORCH_CHECK(!o.ckpt_dir.empty() || (o.ckpt_every == 0 && !o.resume), "--ckpt-every and --resume need --ckpt-dir");
   run.ckpt_format = fsdp::parse_checkpoint_format(o.ckpt_format);
   run.fsdp_options = make_fsdp_options(o);
+  if (!o.trace.empty()) {
+    const auto dir = std::filesystem::path(trace_path(o.trace, rank)).parent_path();
+    TORCH_CHECK(dir.empty() || std::filesystem::is_directory(dir), "--trace: the directory '", dir.string(),
+                "' does not exist");
+  }
   std::string data_path = o.data.empty() ? std::string(FSDP_DEFAULT_CORPUS) : o.data;
   TORCH_CHECK(!o.data.empty() || std::ifstream(data_path).good(), "the built-in default corpus '", data_path,
               "' is missing: run scripts/setup.sh, or pass --data FILE");
@@ -307,12 +330,14 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     }
   };
 
-  std::vector<double> step_times;
+  std::vector<double> step_times, exposed_comm_times, optimizer_times;
   std::vector<int64_t> last_figures(kNumFigures * W, 0), max_peak(W, 0);
   double final_loss = 0.0;
   int64_t skipped_steps = 0;
+  if (!o.trace.empty()) fsdp::trace::enable();
   const auto run_start = Clock::now();
   for (int64_t step = first_step; step < o.steps; ++step) {
+    fsdp::trace::Span step_span("step " + std::to_string(step + 1), "step");
     fsdp::memory::reset_peaks();
     state.reset_comm_stats();
     const auto start = Clock::now();
@@ -328,7 +353,9 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     }
     double grad_norm = -1.0;
     bool stepped = true;
+    const auto optimizer_start = Clock::now();
     {
+      fsdp::trace::Span span("optimizer step", "optimizer");
       if (scaler) scaler->unscale_();
       if (o.clip_grad_norm > 0) grad_norm = fsdp::clip_grad_norm_(state, o.clip_grad_norm);
       fsdp::memory::MemoryCategoryScope scope(Category::kOptimizerState);
@@ -338,6 +365,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
         optimizer.step();
       }
     }
+    const double optimizer_s = std::chrono::duration<double>(Clock::now() - optimizer_start).count();
     skipped_steps += stepped ? 0 : 1;
     optimizer.zero_grad();
     state.check_idle();
@@ -353,7 +381,11 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     torch::Tensor all = torch::empty({kNumFigures * W}, torch::kLong);
     world->all_gather(all, mine)->wait();
     final_loss = step_loss.item<double>();
-    if (step > first_step || o.steps == first_step + 1) step_times.push_back(step_s);
+    if (step > first_step || o.steps == first_step + 1) {
+      step_times.push_back(step_s);
+      exposed_comm_times.push_back(comm.wait_seconds);
+      optimizer_times.push_back(optimizer_s);
+    }
     if (!o.ckpt_dir.empty() && o.ckpt_every > 0 && ((step + 1) % o.ckpt_every == 0 || step + 1 == o.steps)) {
       save_checkpoint(step + 1);
     }
@@ -382,7 +414,8 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                              {"world_size", W},
                              {"strategy", fsdp::strategy_name(strategy)},
                              {"comm_bytes", comm_bytes},
-                             {"comm_wait_s", comm.wait_seconds},
+                             {"exposed_comm_s", comm.wait_seconds},
+                             {"optimizer_s", optimizer_s},
                              {"model_state_bytes", model_state},
                              {"peak_tensor_bytes", peak}};
       if (grad_norm >= 0) line["grad_norm"] = grad_norm;
@@ -403,6 +436,11 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     }
   }
   const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
+  if (!o.trace.empty()) {
+    fsdp::trace::enable(false);
+    fsdp::trace::write(trace_path(o.trace, rank), rank);
+    if (rank == 0) std::cout << "trace written to " << trace_path(o.trace, 0) << " (one file per rank)\n";
+  }
 
   double save_final_s = 0.0;
   int64_t save_final_peak_extra = 0;
@@ -423,6 +461,11 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
               << "throughput        " << std::setprecision(0) << tokens_per_step / typical << " tokens/s (median step "
               << std::setprecision(3) << typical << " s, first step excluded); wall " << std::setprecision(1)
               << elapsed << " s\n"
+              << "step time split   (rank 0, medians) compute " << std::setprecision(3)
+              << typical - median(exposed_comm_times) - median(optimizer_times) << " s, exposed communication "
+              << median(exposed_comm_times) << " s (" << std::setprecision(1)
+              << 100.0 * median(exposed_comm_times) / typical << "%), optimizer " << std::setprecision(3)
+              << median(optimizer_times) << " s\n"
               << "per-rank memory   (exact tensor bytes from the counting allocator)\n";
     for (int r = 0; r < W; ++r) {
       const int64_t* f = &last_figures[r * kNumFigures];
@@ -492,6 +535,15 @@ int main(int argc, char** argv) {
   app.add_option("--ckpt-every", o.ckpt_every, "save a checkpoint every K steps and after the last (0: never)");
   app.add_option("--ckpt-keep", o.ckpt_keep, "keep the newest N complete checkpoints")->capture_default_str();
   app.add_flag("--resume", o.resume, "continue from the newest complete checkpoint in --ckpt-dir (if any)");
+  app.add_flag("--forward-prefetch", o.forward_prefetch, "issue the next unit's all-gather before this unit's forward");
+  app.add_option("--backward-prefetch", o.backward_prefetch,
+                 "none, pre (before this unit's gradients) or post (after them): when backward gathers the next unit")
+      ->capture_default_str();
+  app.add_option("--prefetch-depth", o.prefetch_depth, "units ahead that prefetch gathers")->capture_default_str();
+  app.add_flag("--no-limit-all-gathers", o.no_limit_all_gathers,
+               "let prefetch keep more than one unused unit gathered (off: at most one)");
+  app.add_option("--trace", o.trace,
+                 "write a Chrome/Perfetto trace per rank: FILE.json becomes FILE.rank<r>.json");
   app.add_option("--collective-timeout", o.collective_timeout,
                  "seconds a collective may wait before the job is ended (default: FSDP_COLLECTIVE_TIMEOUT, else 600)");
   try {

@@ -64,8 +64,13 @@ class FlatParam {
 
   // Makes the parameters views of the full, current values: all-gathers (in
   // the param dtype) unless the buffer already holds the shard's current
-  // version (persistent strategies between optimizer steps).
+  // version (persistent strategies between optimizer steps). Finishes an
+  // all-gather start_unshard() issued, or issues one and waits.
   void unshard();
+  // Issues the all-gather (prefetch) without waiting; the parameters stay
+  // as they are until unshard(). Nothing if already gathered or issued.
+  void start_unshard();
+  bool unshard_pending() const { return pending_unshard_ != nullptr; }
   // Frees the unsharded buffer and points the parameters at empty tensors;
   // nothing for persistent strategies.
   void reshard();
@@ -97,6 +102,8 @@ class FlatParam {
   int64_t gathered_version_ = -1;
   bool stale_ = true;
   torch::Tensor full_grad_;        // full_gradients strategies: the reduced gradient (fp32)
+  WorkHandle pending_unshard_;
+  torch::Tensor pending_unshard_input_;  // the cast shard, alive until the gather ends
   WorkHandle pending_reduce_;
   torch::Tensor pending_result_;
 };

@@ -65,6 +65,8 @@ class Unit {
   // parameters have their full shape and compute dtype, which they fix.
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
   UnitState state_ = UnitState::kSharded;
+  bool prefetched_ = false;  // its all-gather was issued ahead, and it has not run since
+  double span_begin_us_ = -1.0;  // tracing: when the current forward or backward began
   int64_t gradients_pending_ = 0;
   bool entered_in_this_forward_ = false;
   bool backward_done_in_this_pass_ = false;
@@ -108,6 +110,18 @@ class FsdpState {
   // end-of-backward callback that finishes every unit's reduction.
   void on_backward_event();
   void on_forward_entered(Unit& unit);
+  // Prefetch: issues the all-gathers of the units that run after `unit`
+  // in forward, or in backward (the reverse order), within the limiter.
+  void prefetch_after(const Unit& unit, bool backward);
+  // A unit began its forward or backward: a prefetch of it is used up.
+  void on_unit_started(Unit& unit);
+  // The most prefetched units that were waiting unused at once, since the
+  // last reset (what the all-gather limiter bounds).
+  int max_prefetched_unused() const { return max_prefetched_unused_; }
+  void reset_prefetch_stats() { max_prefetched_unused_ = 0; }
+  // Gathers issued ahead for units that did not run (a pass that took
+  // another path, or a forward without backward): waited for and freed.
+  void release_unused_prefetches();
 
   // A forward failed: rethrows the error, naming the units that were never
   // entered through unit_forward in it (their parameters were still
@@ -118,6 +132,8 @@ class FsdpState {
  private:
   void finish_backward();
   void recover_from_failed_backward();
+  void issue_prefetch(Unit* unit, bool backward);
+  void issue_deferred_prefetches();
   void make_groups();
   // Every rank must have planned the same units with the same sizes, or the
   // first collective would pair different buffers: checked at construction.
@@ -130,6 +146,11 @@ class FsdpState {
   std::vector<std::unique_ptr<Unit>> units_;
   bool backward_callback_queued_ = false;
   bool requires_gradient_sync_ = true;
+  // The order units entered forward in this pass and in the last whole one.
+  std::vector<Unit*> forward_order_this_pass_, forward_order_;
+  std::vector<std::pair<Unit*, bool>> deferred_prefetches_;  // (unit, for backward) over the limit
+  int prefetched_unused_ = 0;
+  int max_prefetched_unused_ = 0;
 };
 
 namespace detail {

@@ -53,6 +53,16 @@ struct MixedPrecision {
 torch::ScalarType parse_dtype(const std::string& name);
 const char* dtype_name(torch::ScalarType type);
 
+// When backward issues the next unit's all-gather (PyTorch's BackwardPrefetch):
+//   kPre   at this unit's pre-backward, before its gradients are computed
+//          (most overlap; one more unit's parameters held meanwhile)
+//   kPost  at this unit's post-backward, after its gradients are computed
+//          and before their reduce-scatter
+//   kNone  when the unit's own backward starts
+enum class BackwardPrefetch { kNone, kPre, kPost };
+const char* backward_prefetch_name(BackwardPrefetch prefetch);   // "none", "pre", "post"
+BackwardPrefetch parse_backward_prefetch(const std::string& name);  // throws, listing the names
+
 struct FullyShardOptions {
   FullyShardOptions() = default;
   // Which submodules become units; without one, the whole model is one unit.
@@ -62,6 +72,19 @@ struct FullyShardOptions {
   // Hybrid strategies: ranks per node (the shard group). 0 = the ranks that
   // share memory with this one, as MPI reports them.
   TORCH_ARG(int, ranks_per_node) = 0;
+  // Prefetch: issue the all-gather of the unit that runs next (in the order
+  // the units ran in the previous pass) before waiting on this one's, so
+  // the transfer overlaps compute. Forward: off by default (as PyTorch).
+  TORCH_ARG(bool, forward_prefetch) = false;
+  TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::kPre;
+  // How many units ahead prefetch gathers.
+  TORCH_ARG(int, prefetch_depth) = 1;
+  // The all-gather limiter: at most one prefetched unit waits unused at a
+  // time (two units unsharded by the pipeline: the computing one and the
+  // next), whatever prefetch_depth says, so prefetch never raises the peak
+  // by more than one unit. A prefetch over the limit is issued when a unit
+  // frees its parameters.
+  TORCH_ARG(bool, limit_all_gathers) = true;
 };
 
 }  // namespace fsdp

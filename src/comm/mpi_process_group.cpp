@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "fsdp/comm.h"
+#include "fsdp/trace.h"
 
 namespace fsdp {
 namespace {
@@ -277,6 +278,9 @@ class MpiProcessGroup final : public ProcessGroup {
       std::exception_ptr error;
       try {
         check_signatures(task.signature);
+        const int kind = task.signature.kind;
+        trace::Span span(kind < 0 ? describe(task.signature) : collective_name(static_cast<CollectiveKind>(kind)),
+                         "comm", trace::enabled() ? describe(task.signature) : "");
         task.body();
       } catch (...) {
         error = std::current_exception();

@@ -1,5 +1,6 @@
 // The backend-independent parts of process groups: work handles and byte counters.
 #include "fsdp/comm.h"
+#include "fsdp/trace.h"
 
 #include <torch/torch.h>
 
@@ -25,6 +26,7 @@ Work::Work(std::shared_future<void> done, std::atomic<double>* wait_seconds, std
 
 void Work::wait() {
   if (!is_completed()) {
+    trace::Span span("wait", "wait", trace::enabled() ? description_ : "");
     auto start = std::chrono::steady_clock::now();
     const bool finished =
         done_.wait_for(std::chrono::duration<double>(timeout_s_)) == std::future_status::ready;

@@ -95,27 +95,38 @@ bool FlatParam::shard_aliases_buffer() const {
   return shard_.storage().unsafeGetStorageImpl() == unsharded_.storage().unsafeGetStorageImpl();
 }
 
-void FlatParam::unshard() {
+void FlatParam::start_unshard() {
+  if (pending_unshard_) return;
   const int64_t version = shard_._version();
-  if (!is_unsharded_ || stale_ || gathered_version_ != version) {
-    if (unsharded_.storage().nbytes() == 0) {
-      MemoryCategoryScope scope(buffer_category(config_));
-      compat::allocate_storage(unsharded_, padded_numel() * unsharded_.element_size());
-    }
-    torch::Tensor input;
-    if (shard_aliases_buffer()) {
-      input = unsharded_.narrow(0, shard_rank() * shard_numel_, shard_numel_);  // gathered in place
-    } else {
-      MemoryCategoryScope scope(Category::kUnshardedBuffer);
-      input = shard_.detach().to(unsharded_.scalar_type());  // the cast halves bf16 traffic
-    }
-    if (config_.shard_group) {
-      config_.shard_group->all_gather(unsharded_, input)->wait();
-    } else if (!shard_aliases_buffer()) {
-      unsharded_.copy_(input);
-    }
-    gathered_version_ = version;
-    stale_ = false;
+  if (is_unsharded_ && !stale_ && gathered_version_ == version) return;
+  if (unsharded_.storage().nbytes() == 0) {
+    MemoryCategoryScope scope(buffer_category(config_));
+    compat::allocate_storage(unsharded_, padded_numel() * unsharded_.element_size());
+  }
+  torch::Tensor input;
+  if (shard_aliases_buffer()) {
+    input = unsharded_.narrow(0, shard_rank() * shard_numel_, shard_numel_);  // gathered in place
+  } else {
+    MemoryCategoryScope scope(Category::kUnshardedBuffer);
+    input = shard_.detach().to(unsharded_.scalar_type());  // the cast halves bf16 traffic
+  }
+  if (config_.shard_group) {
+    pending_unshard_ = config_.shard_group->all_gather(unsharded_, input);
+    pending_unshard_input_ = input;
+  } else if (!shard_aliases_buffer()) {
+    unsharded_.copy_(input);
+  }
+  gathered_version_ = version;
+  stale_ = false;
+}
+
+void FlatParam::unshard() {
+  start_unshard();
+  if (pending_unshard_) {
+    WorkHandle work = std::move(pending_unshard_);
+    pending_unshard_ = nullptr;
+    work->wait();
+    pending_unshard_input_.reset();
   }
   for (auto& e : entries_) e.param.set_data(unsharded_.narrow(0, e.offset, e.numel).view(e.shape));
   is_unsharded_ = true;
@@ -132,6 +143,7 @@ torch::Tensor FlatParam::gather_full(const torch::Tensor& local) const {
 
 void FlatParam::reshard() {
   if (config_.persistent_params) return;
+  TORCH_CHECK(!pending_unshard_, "FlatParam: resharding while a prefetched all-gather is in flight");
   torch::Tensor empty = torch::empty({0}, unsharded_.options());
   for (auto& e : entries_) e.param.set_data(empty);
   compat::free_storage(unsharded_);

@@ -2,10 +2,12 @@
 // and the end-of-backward callback that completes every gradient reduction.
 
 #include "fsdp/fully_shard.h"
+#include "fsdp/trace.h"
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 
+#include <algorithm>
 #include <iostream>
 #include <mutex>
 #include <sstream>
@@ -82,6 +84,12 @@ void Unit::transition(std::initializer_list<UnitState> from, UnitState to) {
 void Unit::pre_forward() {
   owner_->on_forward_entered(*this);
   transition({UnitState::kSharded, UnitState::kUnsharded}, UnitState::kForward);
+  span_begin_us_ = trace::enabled() ? trace::now_us() : -1.0;
+  owner_->on_unit_started(*this);
+  // Our own gather is issued first, the next unit's after it: every rank
+  // issues the same sequence.
+  flat_.start_unshard();
+  if (owner_->options().forward_prefetch()) owner_->prefetch_after(*this, /*backward=*/false);
   flat_.unshard();
 }
 
@@ -91,6 +99,8 @@ void Unit::post_forward() {
                        (reshards_after_forward(owner_->options().strategy()) || !torch::GradMode::is_enabled());
   transition({UnitState::kForward}, reshard ? UnitState::kSharded : UnitState::kUnsharded);
   if (reshard) flat_.reshard();
+  trace::complete("forward " + display_name(), "forward", span_begin_us_);
+  if (this == &owner_->root_unit() && !torch::GradMode::is_enabled()) owner_->release_unused_prefetches();
 }
 
 void Unit::pre_backward() {
@@ -99,6 +109,10 @@ void Unit::pre_backward() {
   owner_->on_backward_event();
   if (state_ == UnitState::kBackward || backward_done_in_this_pass_) return;
   transition({UnitState::kSharded, UnitState::kUnsharded}, UnitState::kBackward);
+  span_begin_us_ = trace::enabled() ? trace::now_us() : -1.0;
+  owner_->on_unit_started(*this);
+  flat_.start_unshard();
+  if (owner_->options().backward_prefetch() == BackwardPrefetch::kPre) owner_->prefetch_after(*this, /*backward=*/true);
   flat_.unshard();
   gradients_pending_ = static_cast<int64_t>(grad_accumulators_.size());
 }
@@ -114,8 +128,10 @@ void Unit::post_backward() {
   backward_done_in_this_pass_ = true;
   const bool persistent = flat_.config().persistent_params;
   transition({UnitState::kBackward}, persistent ? UnitState::kUnsharded : UnitState::kSharded);
+  if (owner_->options().backward_prefetch() == BackwardPrefetch::kPost) owner_->prefetch_after(*this, /*backward=*/true);
   if (owner_->requires_gradient_sync()) flat_.start_reduce_gradients();
   flat_.reshard();
+  trace::complete("backward " + display_name(), "backward", span_begin_us_);
 }
 
 FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr group, FullyShardOptions options)
@@ -253,9 +269,75 @@ void FsdpState::on_forward_entered(Unit& unit) {
   // The root's forward encloses every other unit's: it starts a new pass.
   if (&unit == units_.front().get()) {
     if (backward_callback_queued_) recover_from_failed_backward();
+    release_unused_prefetches();
     for (auto& u : units_) u->entered_in_this_forward_ = false;
+    if (!forward_order_this_pass_.empty()) forward_order_ = std::move(forward_order_this_pass_);
+    forward_order_this_pass_.clear();
   }
+  if (!unit.entered_in_this_forward_) forward_order_this_pass_.push_back(&unit);
   unit.entered_in_this_forward_ = true;
+}
+
+void FsdpState::prefetch_after(const Unit& unit, bool backward) {
+  // Backward runs the units in reverse: the root first, then the last
+  // unit to enter forward, and so on.
+  auto at = std::find(forward_order_.begin(), forward_order_.end(), &unit);
+  if (at == forward_order_.end()) return;  // no whole pass seen yet, or the unit did not run in it
+  const int64_t index = at - forward_order_.begin(), n = static_cast<int64_t>(forward_order_.size());
+  for (int64_t d = 1; d <= options_.prefetch_depth(); ++d) {
+    int64_t next = -1;
+    if (!backward) {
+      next = index + d;
+    } else {
+      next = (index == 0 ? n : index) - d;  // from the root: the last unit, backwards
+      if (next <= 0) next = -1;              // the root itself is never prefetched
+    }
+    if (next < 0 || next >= n) break;
+    issue_prefetch(forward_order_[next], backward);
+  }
+}
+
+void FsdpState::issue_prefetch(Unit* unit, bool backward) {
+  const bool already_ran = backward ? (unit->state_ == UnitState::kBackward || unit->backward_done_in_this_pass_)
+                                    : unit->entered_in_this_forward_;
+  const FlatParam& flat = unit->flat_param();
+  if (already_ran || unit->prefetched_ || flat.config().persistent_params || flat.is_unsharded() ||
+      flat.unshard_pending()) {
+    return;
+  }
+  if (options_.limit_all_gathers() && prefetched_unused_ >= 1) {
+    for (const auto& [u, b] : deferred_prefetches_)
+      if (u == unit) return;
+    deferred_prefetches_.emplace_back(unit, backward);
+    return;
+  }
+  unit->flat_param().start_unshard();
+  unit->prefetched_ = true;
+  max_prefetched_unused_ = std::max(max_prefetched_unused_, ++prefetched_unused_);
+}
+
+void FsdpState::on_unit_started(Unit& unit) {
+  if (!unit.prefetched_) return;
+  unit.prefetched_ = false;
+  --prefetched_unused_;
+  issue_deferred_prefetches();
+}
+
+void FsdpState::issue_deferred_prefetches() {
+  auto pending = std::move(deferred_prefetches_);
+  deferred_prefetches_.clear();
+  for (const auto& [unit, backward] : pending) issue_prefetch(unit, backward);
+}
+
+void FsdpState::release_unused_prefetches() {
+  deferred_prefetches_.clear();
+  for (auto& unit : units_) {
+    if (!unit->prefetched_) continue;
+    unit->prefetched_ = false;
+    unit->flat_param().unshard();  // waits for the gather every rank issued
+    unit->flat_param().reshard();
+  }
+  prefetched_unused_ = 0;
 }
 
 void FsdpState::recover_from_failed_backward() {
@@ -263,6 +345,7 @@ void FsdpState::recover_from_failed_backward() {
   // the reductions it started (every rank started the same ones), drop the
   // gradients it left, and return every unit to rest.
   backward_callback_queued_ = false;
+  release_unused_prefetches();
   for (auto& unit : units_) {
     if (unit->flat_param().reduce_pending()) unit->flat_param().finish_reduce_gradients();
     if (unit->state() != UnitState::kBackward) continue;
@@ -300,6 +383,7 @@ void FsdpState::finish_backward() {
   for (auto& unit : units_) {
     if (unit->flat_param().reduce_pending()) unit->flat_param().finish_reduce_gradients();
   }
+  release_unused_prefetches();
 }
 
 namespace detail {

@@ -50,6 +50,22 @@ bool reshards_after_forward(ShardingStrategy s) {
   return s == ShardingStrategy::kFullShard || s == ShardingStrategy::kHybridShard;
 }
 
+const char* backward_prefetch_name(BackwardPrefetch prefetch) {
+  switch (prefetch) {
+    case BackwardPrefetch::kNone: return "none";
+    case BackwardPrefetch::kPre: return "pre";
+    case BackwardPrefetch::kPost: return "post";
+  }
+  return "unknown";
+}
+
+BackwardPrefetch parse_backward_prefetch(const std::string& name) {
+  for (auto p : {BackwardPrefetch::kNone, BackwardPrefetch::kPre, BackwardPrefetch::kPost}) {
+    if (name == backward_prefetch_name(p)) return p;
+  }
+  TORCH_CHECK(false, "unknown backward prefetch '", name, "': expected none, pre or post");
+}
+
 torch::ScalarType parse_dtype(const std::string& name) {
   if (name == "fp32" || name == "float32") return torch::kFloat;
   if (name == "bf16" || name == "bfloat16") return torch::kBFloat16;

@@ -302,6 +302,19 @@ case "$case_name" in
     done
     expect_error "--trace: the directory '$work/nowhere' does not exist" "$run" -n 2 -- "$train" --preset tiny --trace "$work/nowhere/t.json"
     ;;
+  bench-smoke)
+    # The benchmark suite end to end on tiny: every variant runs, and the
+    # table shows each with the planner's model state equal to the measured.
+    FSDP_BUILD="$(cd "$build" && pwd)" "$(dirname "$0")/../bench/suite.sh" --preset tiny --steps 2 --out "$work/suite" > "$work/suite.out" 2>&1 ||
+      { cat "$work/suite.out"; fail "the benchmark suite failed"; }
+    cat "$work/suite.out"
+    [ "$(wc -l < "$work/suite/results.jsonl")" -eq 9 ] || fail "expected 9 result lines"
+    for v in local no_shard zero1 shard_grad_op full_shard full_shard_noprefetch full_shard_bf16 no_shard_w4 full_shard_w4; do
+      line=$(grep "^$v " "$work/suite/table.txt") || fail "no row for $v"
+      read -r measured predicted <<<"$(sed -E 's/.* ([0-9]+) \/ ([0-9]+) .*/\1 \2/' <<<"$line")"
+      [ "$measured" = "$predicted" ] || fail "$v: measured model state $measured, planner $predicted"
+    done
+    ;;
   launcher)
     # The exit status passes through, and threads per rank = cores / ranks.
     "$run" -n 2 -- true || fail "fsdp-run of true failed"

@@ -16,6 +16,8 @@
 #include <sstream>
 #include <thread>
 
+#include <sys/resource.h>
+
 #include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
 #include "fsdp/error.h"
@@ -64,6 +66,7 @@ struct TrainOptions {
   int prefetch_depth = 1;
   bool no_limit_all_gathers = false;
   std::string trace;
+  std::string summary;
 };
 
 // --trace FILE.json: rank r writes FILE.rank<r>.json.
@@ -331,6 +334,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   };
 
   std::vector<double> step_times, exposed_comm_times, optimizer_times;
+  fsdp::CommStats last_comm;
   std::vector<int64_t> last_figures(kNumFigures * W, 0), max_peak(W, 0);
   double final_loss = 0.0;
   int64_t skipped_steps = 0;
@@ -370,6 +374,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     optimizer.zero_grad();
     state.check_idle();
     const fsdp::CommStats comm = state.comm_stats();
+    last_comm = comm;
     // The loss of the step is the global-batch mean: the mean of the ranks' means.
     world->all_reduce(step_loss, fsdp::ReduceOp::kAvg)->wait();
     const double step_s = std::chrono::duration<double>(Clock::now() - start).count();
@@ -436,6 +441,42 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     }
   }
   const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
+  // Every rank's peak resident set (the runtime included), for the summary.
+  struct rusage usage_now {};
+  ::getrusage(RUSAGE_SELF, &usage_now);
+  torch::Tensor rss = torch::empty({W}, torch::kLong);
+  world->all_gather(rss, torch::tensor({static_cast<int64_t>(usage_now.ru_maxrss) * 1024}, torch::kLong))->wait();
+  if (rank == 0 && !o.summary.empty()) {
+    nlohmann::json comm_bytes;
+    for (auto kind : {fsdp::CollectiveKind::kAllGather, fsdp::CollectiveKind::kReduceScatter,
+                      fsdp::CollectiveKind::kAllReduce}) {
+      comm_bytes[fsdp::collective_name(kind)] = last_comm.bytes[static_cast<size_t>(kind)];
+    }
+    std::vector<int64_t> model_state(W), rss_bytes(rss.data_ptr<int64_t>(), rss.data_ptr<int64_t>() + W);
+    for (int r = 0; r < W; ++r) model_state[r] = last_figures[r * kNumFigures + kModelState];
+    const double typical = median(step_times);
+    nlohmann::json summary = {{"preset", o.preset},
+                              {"world_size", W},
+                              {"strategy", fsdp::strategy_name(strategy)},
+                              {"param_dtype", fsdp::dtype_name(mp.param_dtype())},
+                              {"forward_prefetch", o.forward_prefetch},
+                              {"backward_prefetch", o.backward_prefetch},
+                              {"threads_per_rank", torch::get_num_threads()},
+                              {"steps", o.steps},
+                              {"final_loss", final_loss},
+                              {"step_s", typical},
+                              {"tokens_per_s", tokens_per_step / typical},
+                              {"exposed_comm_s", median(exposed_comm_times)},
+                              {"optimizer_s", median(optimizer_times)},
+                              {"peak_tensor_bytes", max_peak},
+                              {"model_state_bytes", model_state},
+                              {"model_state_bytes_predicted", predicted.total()},
+                              {"peak_rss_bytes", rss_bytes},
+                              {"comm_bytes", comm_bytes}};
+    std::ofstream out(o.summary);
+    out << summary.dump() << "\n";
+    TORCH_CHECK(out.good(), "writing the summary '", o.summary, "' failed");
+  }
   if (!o.trace.empty()) {
     fsdp::trace::enable(false);
     fsdp::trace::write(trace_path(o.trace, rank), rank);
@@ -544,6 +585,8 @@ int main(int argc, char** argv) {
                "let prefetch keep more than one unused unit gathered (off: at most one)");
   app.add_option("--trace", o.trace,
                  "write a Chrome/Perfetto trace per rank: FILE.json becomes FILE.rank<r>.json");
+  app.add_option("--summary", o.summary,
+                 "write the run's figures as one JSON object (medians after the first step; per-rank lists)");
   app.add_option("--collective-timeout", o.collective_timeout,
                  "seconds a collective may wait before the job is ended (default: FSDP_COLLECTIVE_TIMEOUT, else 600)");
   try {

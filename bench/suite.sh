@@ -4,13 +4,14 @@
 # threads (fsdp-run gives each rank cores / ranks). Writes one JSON object
 # per variant and round (the trainer's --summary, with per-rank lists) to
 # OUT/results.jsonl and prints a table of medians and ratios.
-#   bench/suite.sh [--preset P] [--batch B] [--steps S] [--rounds R] [--out DIR] [--variants "V ..."]
+#   bench/suite.sh [--preset P] [--batch B] [--steps S] [--rounds R] [--out DIR] [--variants "V ..."] [--report]
+# --report: only print the table of OUT/results.jsonl.
 # B is the per-rank batch at W = 2 (even): local runs 2B, W = 4 runs B/2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${FSDP_BUILD:-build}"
-preset=medium batch=2 steps=4 rounds=1 out=bench/results/suite
-variants="local no_shard zero1 shard_grad_op full_shard full_shard_noprefetch full_shard_bf16 no_shard_w4 full_shard_w4"
+preset=medium batch=2 steps=4 rounds=1 out=bench/results/suite report_only=0
+variants="local no_shard zero1 shard_grad_op full_shard full_shard_noprefetch full_shard_ac full_shard_bf16 no_shard_w4 full_shard_w4"
 while [ $# -gt 0 ]; do
   case "$1" in
     --preset) preset="$2"; shift 2 ;;
@@ -19,6 +20,7 @@ while [ $# -gt 0 ]; do
     --rounds) rounds="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --variants) variants="$2"; shift 2 ;;
+    --report) report_only=1; shift ;;
     *) echo "bench/suite.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -31,6 +33,7 @@ variant_args() {
     no_shard|zero1|shard_grad_op) echo "2 --batch $batch --strategy $1" ;;
     full_shard) echo "2 --batch $batch --strategy full_shard --forward-prefetch --backward-prefetch pre" ;;
     full_shard_noprefetch) echo "2 --batch $batch --strategy full_shard --backward-prefetch none" ;;
+    full_shard_ac) echo "2 --batch $batch --strategy full_shard --forward-prefetch --activation-checkpointing" ;;
     full_shard_bf16) echo "2 --batch $batch --strategy full_shard --forward-prefetch --param-dtype bf16" ;;
     hybrid_shard) echo "4 --batch $((batch / 2)) --strategy hybrid_shard --ranks-per-node 2 --forward-prefetch" ;;
     no_shard_w4) echo "4 --batch $((batch / 2)) --strategy no_shard" ;;
@@ -41,7 +44,8 @@ variant_args() {
 
 mkdir -p "$out"
 results="$out/results.jsonl"
-: > "$results"
+[ "$report_only" = 1 ] || : > "$results"
+[ "$report_only" = 1 ] && rounds=0
 for round in $(seq 1 "$rounds"); do
   for v in $variants; do
     read -r ranks flags <<<"$(variant_args "$v")"

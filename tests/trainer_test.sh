@@ -302,14 +302,34 @@ case "$case_name" in
     done
     expect_error "--trace: the directory '$work/nowhere' does not exist" "$run" -n 2 -- "$train" --preset tiny --trace "$work/nowhere/t.json"
     ;;
+  activation-checkpointing)
+    # Recomputing each block in backward: the same losses bit for bit, the
+    # same bytes all-gathered (the recompute uses the parameters backward
+    # gathered, it does not gather again), and a lower peak.
+    head -c 60000 /dev/urandom | tr -dc 'a-z .\n' | head -c 30000 > "$work/data.txt"
+    common=(--preset tiny --steps 4 --batch 8 --data "$work/data.txt")
+    for ac in off on; do
+      flags=(); [ "$ac" = off ] || flags=(--activation-checkpointing --forward-prefetch)
+      "$run" -n 2 -- "$train" "${common[@]}" "${flags[@]}" --log "$work/$ac.jsonl" --summary "$work/$ac.json" > "$work/$ac.out" 2>&1 ||
+        { cat "$work/$ac.out"; fail "run with activation checkpointing $ac failed"; }
+    done
+    grep -q "activation checkpointing on" "$work/on.out" || fail "the banner does not show activation checkpointing"
+    [ "$(losses "$work/on.jsonl")" = "$(losses "$work/off.jsonl")" ] || fail "activation checkpointing changed the losses"
+    gathered() { sed -n 's/.*"all_gather":\([0-9]*\).*/\1/p' "$1" | tail -1; }
+    [ "$(gathered "$work/on.jsonl")" = "$(gathered "$work/off.jsonl")" ] ||
+      fail "all-gather bytes per step differ: $(gathered "$work/on.jsonl") with recompute, $(gathered "$work/off.jsonl") without"
+    peak() { sed -n 's/.*"peak_tensor_bytes":\[\([0-9]*\).*/\1/p' "$1"; }
+    echo "peak tensor bytes: $(peak "$work/off.json") without, $(peak "$work/on.json") with activation checkpointing"
+    [ "$(peak "$work/on.json")" -lt "$(peak "$work/off.json")" ] || fail "activation checkpointing did not lower the peak"
+    ;;
   bench-smoke)
     # The benchmark suite end to end on tiny: every variant runs, and the
     # table shows each with the planner's model state equal to the measured.
     FSDP_BUILD="$(cd "$build" && pwd)" "$(dirname "$0")/../bench/suite.sh" --preset tiny --steps 2 --out "$work/suite" > "$work/suite.out" 2>&1 ||
       { cat "$work/suite.out"; fail "the benchmark suite failed"; }
     cat "$work/suite.out"
-    [ "$(wc -l < "$work/suite/results.jsonl")" -eq 9 ] || fail "expected 9 result lines"
-    for v in local no_shard zero1 shard_grad_op full_shard full_shard_noprefetch full_shard_bf16 no_shard_w4 full_shard_w4; do
+    [ "$(wc -l < "$work/suite/results.jsonl")" -eq 10 ] || fail "expected 10 result lines"
+    for v in local no_shard zero1 shard_grad_op full_shard full_shard_noprefetch full_shard_ac full_shard_bf16 no_shard_w4 full_shard_w4; do
       line=$(grep "^$v " "$work/suite/table.txt") || fail "no row for $v"
       read -r measured predicted <<<"$(sed -E 's/.* ([0-9]+) \/ ([0-9]+) .*/\1 \2/' <<<"$line")"
       [ "$measured" = "$predicted" ] || fail "$v: measured model state $measured, planner $predicted"

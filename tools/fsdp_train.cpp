@@ -67,6 +67,7 @@ struct TrainOptions {
   bool no_limit_all_gathers = false;
   std::string trace;
   std::string summary;
+  bool activation_checkpointing = false;
 };
 
 // --trace FILE.json: rank r writes FILE.rank<r>.json.
@@ -167,7 +168,8 @@ fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
                      .forward_prefetch(o.forward_prefetch)
                      .backward_prefetch(fsdp::parse_backward_prefetch(o.backward_prefetch))
                      .prefetch_depth(o.prefetch_depth)
-                     .limit_all_gathers(!o.no_limit_all_gathers);
+                     .limit_all_gathers(!o.no_limit_all_gathers)
+                     .activation_checkpointing(o.activation_checkpointing);
   TORCH_CHECK(o.prefetch_depth >= 1, "--prefetch-depth must be at least 1, got ", o.prefetch_depth);
   if (o.strategy != "auto") options.strategy(fsdp::parse_strategy(o.strategy));
   return options;
@@ -276,6 +278,9 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
               << fsdp::dtype_name(mp.effective_reduce_dtype()) << (scaler ? " with loss scaling" : "")
               << ", " << A << " micro-step(s) per step" << (skip_sync ? " (reduced on the last)" : "") << ", "
               << tokens_per_step << " tokens per step\n"
+              << "  prefetch: forward " << (o.forward_prefetch ? "on" : "off") << ", backward " << o.backward_prefetch
+              << ", depth " << o.prefetch_depth << (o.no_limit_all_gathers ? ", unlimited" : ", limited to one unit ahead")
+              << "; activation checkpointing " << (o.activation_checkpointing ? "on" : "off") << "\n"
               << "  data: " << run.data->path() << " (" << run.data->size() << " tokens)\n";
     if (!run.strategy_reason.empty()) std::cout << "  " << run.strategy_reason << "\n";
     if (!o.init_from.empty()) {
@@ -461,6 +466,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"param_dtype", fsdp::dtype_name(mp.param_dtype())},
                               {"forward_prefetch", o.forward_prefetch},
                               {"backward_prefetch", o.backward_prefetch},
+                              {"activation_checkpointing", o.activation_checkpointing},
                               {"threads_per_rank", torch::get_num_threads()},
                               {"steps", o.steps},
                               {"final_loss", final_loss},
@@ -583,6 +589,8 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch-depth", o.prefetch_depth, "units ahead that prefetch gathers")->capture_default_str();
   app.add_flag("--no-limit-all-gathers", o.no_limit_all_gathers,
                "let prefetch keep more than one unused unit gathered (off: at most one)");
+  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
+               "recompute each block's forward in backward instead of keeping its activations");
   app.add_option("--trace", o.trace,
                  "write a Chrome/Perfetto trace per rank: FILE.json becomes FILE.rank<r>.json");
   app.add_option("--summary", o.summary,

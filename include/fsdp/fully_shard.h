@@ -17,7 +17,9 @@
 
 #include <memory>
 #include <string>
+#include <functional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "fsdp/comm.h"
@@ -46,6 +48,11 @@ class Unit {
   FlatParam& flat_param() { return flat_; }
   const torch::nn::Module* module() const { return module_; }
 
+  // Activation checkpointing: whether this unit's forward runs without
+  // keeping activations, and the body that runs (and reruns) it.
+  bool checkpointed() const;
+  std::function<torch::Tensor(const torch::Tensor&)>& checkpoint_body() { return checkpoint_body_; }
+
   // Lifecycle events (called by unit_forward and by autograd hooks).
   void pre_forward();
   void post_forward();
@@ -64,6 +71,7 @@ class Unit {
   // dropped one is recreated later without our post hook. Created while the
   // parameters have their full shape and compute dtype, which they fix.
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+  std::function<torch::Tensor(const torch::Tensor&)> checkpoint_body_;
   UnitState state_ = UnitState::kSharded;
   bool prefetched_ = false;  // its all-gather was issued ahead, and it has not run since
   double span_begin_us_ = -1.0;  // tracing: when the current forward or backward began
@@ -168,6 +176,10 @@ class UnitForwardScope {
   UnitForwardScope& operator=(const UnitForwardScope&) = delete;
   // Registers the pre-backward hook on an output that requires grad.
   void watch_output(const torch::Tensor& output) const;
+  // The unit's forward is to run checkpointed (the option is on, it is not
+  // the root, and autograd is recording).
+  bool checkpointed() const { return unit_ && unit_->checkpointed() && torch::GradMode::is_enabled(); }
+  Unit& unit() const { return *unit_; }
 
  private:
   Unit* unit_;
@@ -183,6 +195,11 @@ void watch_outputs(const UnitForwardScope& scope, const std::tuple<Ts...>& ts) {
 }
 template <class T>
 void watch_outputs(const UnitForwardScope&, const T&) {}  // outputs without tensors
+
+// Runs the unit's checkpoint_body() on `input` keeping no activations;
+// backward reruns it (see FullyShardOptions::activation_checkpointing).
+torch::Tensor checkpointed_call(Unit& unit, const torch::Tensor& input);
+[[noreturn]] void refuse_checkpointing(const Unit& unit);
 
 template <class M>
 M& module_ref(M& module) { return module; }
@@ -200,6 +217,18 @@ template <class M, class... Args>
 auto unit_forward(M&& module, Args&&... args) {
   auto& m = detail::module_ref(module);
   detail::UnitForwardScope scope(&m);
+  using Output = decltype(m.forward(std::forward<Args>(args)...));
+  if (scope.checkpointed()) {
+    if constexpr (sizeof...(Args) == 1 && std::is_same_v<Output, torch::Tensor> &&
+                  (std::is_convertible_v<Args, torch::Tensor> && ...)) {
+      scope.unit().checkpoint_body() = [&m](const torch::Tensor& x) { return m.forward(x); };
+      torch::Tensor output = detail::checkpointed_call(scope.unit(), args...);
+      detail::watch_outputs(scope, output);
+      return output;
+    } else {
+      detail::refuse_checkpointing(scope.unit());
+    }
+  }
   auto output = m.forward(std::forward<Args>(args)...);
   detail::watch_outputs(scope, output);
   return output;

@@ -85,6 +85,12 @@ struct FullyShardOptions {
   // by more than one unit. A prefetch over the limit is issued when a unit
   // frees its parameters.
   TORCH_ARG(bool, limit_all_gathers) = true;
+  // Activation checkpointing of every unit but the root: its forward keeps
+  // no activations (only its input), and backward recomputes it with the
+  // parameters it has just gathered (no second gather), the CPU RNG state
+  // restored. The unit's forward must take one tensor and return one, and
+  // the unit must contain no other unit.
+  TORCH_ARG(bool, activation_checkpointing) = false;
 };
 
 }  // namespace fsdp

@@ -4,6 +4,7 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/trace.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 
@@ -64,6 +65,10 @@ Unit::Unit(FsdpState* owner, UnitPlan plan, FlatParamConfig config)
   for (auto& accumulator : grad_accumulators_) accumulator->add_post_hook(std::make_unique<GradientReadyHook>(this));
   flat_.initialize_views();
   state_ = flat_.config().persistent_params ? UnitState::kUnsharded : UnitState::kSharded;
+}
+
+bool Unit::checkpointed() const {
+  return owner_->options().activation_checkpointing() && this != &owner_->root_unit();
 }
 
 std::string Unit::display_name() const { return name_.empty() ? "<root>" : name_; }
@@ -387,6 +392,52 @@ void FsdpState::finish_backward() {
 }
 
 namespace detail {
+namespace {
+
+// The checkpointed forward of one unit: forward keeps only the input (and
+// the CPU RNG state); backward, entered after the unit's pre-backward hook
+// has gathered its parameters, reruns the unit's body with autograd on and
+// backpropagates through it, which accumulates the parameters' gradients
+// (firing the unit's post-backward) and returns the input's.
+struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input, int64_t unit_address) {
+    Unit* unit = reinterpret_cast<Unit*>(unit_address);
+    ctx->save_for_backward({input});
+    ctx->saved_data["unit"] = unit_address;
+    ctx->saved_data["rng"] = at::detail::getDefaultCPUGenerator().get_state();
+    return unit->checkpoint_body()(input);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    Unit* unit = reinterpret_cast<Unit*>(ctx->saved_data["unit"].toInt());
+    const torch::Tensor saved = ctx->get_saved_variables()[0];
+    torch::Tensor input = saved.detach().requires_grad_(saved.requires_grad());
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    const at::Tensor rng_now = generator.get_state();
+    generator.set_state(ctx->saved_data["rng"].toTensor());
+    torch::Tensor output;
+    {
+      torch::AutoGradMode grad_on(true);
+      trace::Span span("recompute " + unit->display_name(), "backward");
+      output = unit->checkpoint_body()(input);
+    }
+    generator.set_state(rng_now);
+    torch::autograd::backward({output}, {grad_outputs[0]});
+    return {input.requires_grad() ? input.grad() : torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor checkpointed_call(Unit& unit, const torch::Tensor& input) {
+  return CheckpointFunction::apply(input, reinterpret_cast<int64_t>(&unit));
+}
+
+void refuse_checkpointing(const Unit& unit) {
+  TORCH_CHECK(false, "activation checkpointing: unit '", unit.display_name(),
+              "' must take exactly one tensor and return one tensor to be checkpointed");
+}
 
 Unit* find_unit(const torch::nn::Module* module) {
   std::lock_guard<std::mutex> lock(registry_mutex);

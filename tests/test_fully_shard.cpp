@@ -309,6 +309,35 @@ TEST(FullShard, PrefetchGathersTheNextUnitAheadWithinTheLimiter) {
   }
 }
 
+// A model built under DeferredInit has shapes but no memory of its own;
+// fully_shard refuses it without an init function, and with one gives
+// exactly the shards of a model initialized whole.
+TEST(FullShard, ShardedInitializationGivesTheShardsOfTheWholeModel) {
+  GPTConfig config = tiny();
+  auto whole = fsdp::fully_shard(fsdp::testing::make_gpt(config, 5), world_group, block_units());
+  fsdp::models::GPT deferred(nullptr);
+  {
+    fsdp::memory::DeferredInit scope;
+    deferred = fsdp::models::GPT(config);
+  }
+  EXPECT_TRUE(fsdp::memory::is_deferred(deferred->transformer->wte->weight.data_ptr()));
+  try {
+    fsdp::fully_shard(deferred, world_group, block_units());
+    ADD_FAILURE() << "a deferred model was sharded without an init function";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was created under memory::DeferredInit and has no values"), std::string::npos)
+        << e.what();
+  }
+  torch::manual_seed(5);
+  auto sharded = fsdp::fully_shard(
+      deferred, world_group,
+      block_units().param_init_fn([deferred](const std::string& name, torch::Tensor& p) { deferred->init_parameter(name, p); }));
+  ASSERT_EQ(sharded.parameters().size(), whole.parameters().size());
+  for (size_t u = 0; u < whole.parameters().size(); ++u) {
+    EXPECT_TRUE(torch::equal(sharded.parameters()[u], whole.parameters()[u])) << "unit " << u;
+  }
+}
+
 // The GPT's lm head is the token embedding: its gradient must be the sum of
 // the embedding's and the head's, the same as one process computes.
 TEST(FullShard, TiedWeightsReceiveTheSumOfBothUsesGradients) {

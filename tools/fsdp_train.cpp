@@ -68,6 +68,7 @@ struct TrainOptions {
   std::string trace;
   std::string summary;
   bool activation_checkpointing = false;
+  bool sharded_init = false;
 };
 
 // --trace FILE.json: rank r writes FILE.rank<r>.json.
@@ -227,8 +228,16 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   TORCH_CHECK(!o.data.empty() || std::ifstream(data_path).good(), "the built-in default corpus '", data_path,
               "' is missing: run scripts/setup.sh, or pass --data FILE");
   run.data = std::make_unique<fsdp::models::TokenData>(data_path, run.config.context, run.config.vocab);
-  run.model = fsdp::models::GPT(run.config);
-  run.model->init_weights(o.seed);
+  TORCH_CHECK(!o.sharded_init || o.init_from.empty(), "--sharded-init draws the initial weights unit by unit; "
+              "it cannot be combined with --init-from");
+  fsdp::memory::reset_peaks();
+  if (o.sharded_init) {
+    fsdp::memory::DeferredInit deferred;  // shapes only: fully_shard initializes unit by unit
+    run.model = fsdp::models::GPT(run.config);
+  } else {
+    run.model = fsdp::models::GPT(run.config);
+    run.model->init_weights(o.seed);
+  }
   if (!o.init_from.empty()) {
     const auto start = Clock::now();
     fsdp::load_full_weights(*run.model, o.init_from);
@@ -248,7 +257,16 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   const int64_t num_params = run.model->num_parameters();
   std::vector<int64_t> unit_numels;
   for (const auto& plan : fsdp::plan_units(*run.model, run.fsdp_options.wrap_policy())) unit_numels.push_back(plan_numel(plan));
+  if (o.sharded_init) {
+    // The same draws as init_weights: seeded alike, parameter by parameter in named order.
+    torch::manual_seed(o.seed);
+    fsdp::models::GPT gpt = run.model;
+    run.fsdp_options.param_init_fn(
+        [gpt](const std::string& name, torch::Tensor& param) { gpt->init_parameter(name, param); });
+  }
   auto model = fsdp::fully_shard(run.model, world, run.fsdp_options);
+  // Building and sharding the model: this rank's peak tensor bytes so far.
+  const int64_t construction_peak = fsdp::memory::usage().peak_total;
   fsdp::FsdpState& state = model.state();
   const fsdp::ShardingStrategy strategy = run.fsdp_options.strategy();
   torch::optim::AdamW optimizer(model.parameters(),
@@ -289,6 +307,8 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                 << " MB in " << std::setprecision(2) << run.init_seconds << " s on each rank, " << std::setprecision(0)
                 << mb / run.init_seconds << " MB/s)\n";
     }
+    std::cout << "  construction (model built and sharded" << (o.sharded_init ? ", sharded initialization" : "")
+              << "): rank 0's tensor memory peaked at " << human_bytes(construction_peak) << "\n";
     std::cout << "  per-rank model state by formula: " << predicted.total() << " B (params " << predicted.params
               << ", grads " << predicted.grads << ", optimizer " << predicted.optimizer << ")\n";
     std::cout << std::flush;
@@ -467,6 +487,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"forward_prefetch", o.forward_prefetch},
                               {"backward_prefetch", o.backward_prefetch},
                               {"activation_checkpointing", o.activation_checkpointing},
+                              {"construction_peak_bytes", construction_peak},
                               {"threads_per_rank", torch::get_num_threads()},
                               {"steps", o.steps},
                               {"final_loss", final_loss},
@@ -589,6 +610,9 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch-depth", o.prefetch_depth, "units ahead that prefetch gathers")->capture_default_str();
   app.add_flag("--no-limit-all-gathers", o.no_limit_all_gathers,
                "let prefetch keep more than one unused unit gathered (off: at most one)");
+  app.add_flag("--sharded-init", o.sharded_init,
+               "build the model without memory for its weights and initialize it unit by unit while sharding "
+               "(the same weights as the default initialization)");
   app.add_flag("--activation-checkpointing", o.activation_checkpointing,
                "recompute each block's forward in backward instead of keeping its activations");
   app.add_option("--trace", o.trace,

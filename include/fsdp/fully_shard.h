@@ -143,6 +143,9 @@ class FsdpState {
   void issue_prefetch(Unit* unit, bool backward);
   void issue_deferred_prefetches();
   void make_groups();
+  // Builds a Unit per plan (root first), materializing and initializing
+  // parameters through options().param_init_fn() when one is given.
+  void build_units(std::vector<UnitPlan> plans, const FlatParamConfig& config);
   // Every rank must have planned the same units with the same sizes, or the
   // first collective would pair different buffers: checked at construction.
   void check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans) const;

@@ -79,6 +79,10 @@ class GPTImpl : public torch::nn::Module {
   torch::Tensor logits(const torch::Tensor& idx);
   // The spec's seeded initialization; the same for every world size.
   void init_weights(uint64_t seed);
+  // One parameter's initial values, drawn from the global RNG: init_weights
+  // seeds it and calls this for every parameter in named order; sharded
+  // initialization (FullyShardOptions::param_init_fn) calls it the same way.
+  void init_parameter(const std::string& name, torch::Tensor& param) const;
   const GPTConfig& config() const { return config_; }
   int64_t num_parameters() const;  // tied weights counted once
 

@@ -53,4 +53,24 @@ class MemoryCategoryScope {
   Category previous_;
 };
 
+// Deferred initialization (the C++ counterpart of building a model on
+// PyTorch's meta device): while a DeferredInit lives, CPU allocations on
+// this thread take no memory of their own. They all share one lazily
+// committed scratch region, so a model's constructor can run (and write its
+// throwaway initial values) using only as much memory as its largest single
+// tensor. Such "deferred" tensors have the right shapes but no values;
+// fully_shard() with FullyShardOptions::param_init_fn materializes and
+// initializes the parameters one unit at a time, sharding each unit before
+// the next is built. Buffers must not be created in a deferred constructor
+// (they would keep no values). Needs the counting allocator.
+class DeferredInit {
+ public:
+  DeferredInit();
+  ~DeferredInit();  // gives the scratch region's memory back
+  DeferredInit(const DeferredInit&) = delete;
+  DeferredInit& operator=(const DeferredInit&) = delete;
+};
+// Whether a data pointer belongs to a deferred tensor.
+bool is_deferred(const void* data);
+
 }  // namespace fsdp::memory

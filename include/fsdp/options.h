@@ -5,6 +5,7 @@
 #include <torch/arg.h>
 #include <torch/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -63,6 +64,8 @@ enum class BackwardPrefetch { kNone, kPre, kPost };
 const char* backward_prefetch_name(BackwardPrefetch prefetch);   // "none", "pre", "post"
 BackwardPrefetch parse_backward_prefetch(const std::string& name);  // throws, listing the names
 
+using ParamInitFn = std::function<void(const std::string& name, torch::Tensor& param)>;
+
 struct FullyShardOptions {
   FullyShardOptions() = default;
   // Which submodules become units; without one, the whole model is one unit.
@@ -91,6 +94,13 @@ struct FullyShardOptions {
   // restored. The unit's forward must take one tensor and return one, and
   // the unit must contain no other unit.
   TORCH_ARG(bool, activation_checkpointing) = false;
+  // Sharded initialization: called for every parameter, in
+  // named_parameters() order (tied ones once), to give it its initial
+  // values; parameters created under memory::DeferredInit get real memory
+  // first. Each unit is sharded as soon as its last parameter is
+  // initialized, so the full model never exists on any rank. Every rank
+  // must produce the same values (seed the RNG alike before fully_shard).
+  TORCH_ARG(ParamInitFn, param_init_fn) = nullptr;
 };
 
 }  // namespace fsdp

@@ -2,6 +2,7 @@
 // and the end-of-backward callback that completes every gradient reduction.
 
 #include "fsdp/fully_shard.h"
+#include "fsdp/memory.h"
 #include "fsdp/trace.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -158,13 +159,58 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
   const ShardingStrategy strategy = options_.strategy();
   const FlatParamConfig config{shard_group_, replicate_group_, keeps_params_unsharded(strategy),
                                keeps_full_gradients(strategy), options_.mixed_precision()};
-  for (auto& plan : plans) units_.push_back(std::make_unique<Unit>(this, std::move(plan), config));
+  build_units(std::move(plans), config);
   const torch::ScalarType buffer_dtype = options_.mixed_precision().effective_buffer_dtype();
   for (auto& buffer : module_->buffers()) {
     if (buffer.is_floating_point()) buffer.set_data(buffer.to(buffer_dtype));
   }
   std::lock_guard<std::mutex> lock(registry_mutex);
   for (const auto& unit : units_) registry()[unit->module()] = unit.get();
+}
+
+void FsdpState::build_units(std::vector<UnitPlan> plans, const FlatParamConfig& config) {
+  const ParamInitFn& init = options_.param_init_fn();
+  if (!init) {
+    for (const auto& plan : plans) {
+      for (const auto& [name, param] : plan.params) {
+        TORCH_CHECK(!memory::is_deferred(param.data_ptr()), "fully_shard: parameter '", name,
+                    "' was created under memory::DeferredInit and has no values: give FullyShardOptions::param_init_fn");
+      }
+    }
+    for (auto& plan : plans) units_.push_back(std::make_unique<Unit>(this, std::move(plan), config));
+    return;
+  }
+  // Sharded initialization: parameters in named_parameters() order, each
+  // unit sharded (and its full parameters freed) once its last one is done.
+  std::unordered_map<const c10::TensorImpl*, size_t> owner;
+  std::vector<size_t> remaining(plans.size());
+  for (size_t u = 0; u < plans.size(); ++u) {
+    for (const auto& [name, param] : plans[u].params) owner[param.unsafeGetTensorImpl()] = u;
+    remaining[u] = plans[u].params.size();
+  }
+  std::vector<std::unique_ptr<Unit>> built(plans.size());
+  auto build = [&](size_t u) { built[u] = std::make_unique<Unit>(this, std::move(plans[u]), config); };
+  for (size_t u = 0; u < plans.size(); ++u)
+    if (remaining[u] == 0) build(u);  // a unit without parameters of its own
+  for (auto& [name, param] : unique_named_parameters(*module_)) {
+    auto it = owner.find(param.unsafeGetTensorImpl());
+    if (it == owner.end()) continue;  // frozen or otherwise not sharded
+    const std::vector<int64_t> shape = param.sizes().vec();
+    {
+      torch::NoGradGuard no_grad;
+      if (memory::is_deferred(param.data_ptr())) param.set_data(torch::empty(shape, torch::kFloat));
+      init(name, param);
+    }
+    TORCH_CHECK(param.sizes().vec() == shape && param.scalar_type() == torch::kFloat &&
+                    !memory::is_deferred(param.data_ptr()),
+                "fully_shard: param_init_fn left parameter '", name, "' without float32 values of its shape");
+    if (--remaining[it->second] == 0) build(it->second);
+  }
+  for (size_t u = 0; u < plans.size(); ++u) {
+    TORCH_CHECK(built[u], "fully_shard: unit '", u == 0 ? "<root>" : plans[u].name,
+                "' has parameters that named_parameters() does not list");
+    units_.push_back(std::move(built[u]));
+  }
 }
 
 void FsdpState::check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans) const {

@@ -9,6 +9,8 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <sys/mman.h>
+
 #include <mutex>
 #include <unordered_map>
 
@@ -18,6 +20,16 @@ namespace fsdp::memory {
 namespace {
 
 thread_local Category current_category = Category::kOther;
+thread_local int deferred_depth = 0;
+
+// The scratch region every deferred allocation points into: reserved
+// address space, committed only where written, given back (MADV_DONTNEED)
+// when the last DeferredInit ends. Never unmapped, so a deferred tensor
+// that outlives its scope reads zeros rather than crashing.
+constexpr size_t kScratchBytes = size_t{1} << 38;  // 256 GiB of address space
+std::mutex scratch_mutex;
+char* scratch = nullptr;
+size_t scratch_high_water = 0;  // the largest deferred allocation: counted as live "other" bytes
 
 struct Record {
   c10::DataPtr inner;  // frees the memory when destroyed
@@ -64,6 +76,7 @@ class CountingAllocator final : public c10::Allocator {
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
 
   c10::DataPtr allocate(size_t nbytes) FSDP_ALLOCATE_CONST override {
+    if (deferred_depth > 0 && nbytes > 0) return allocate_deferred(nbytes);
     c10::DataPtr inner = inner_->allocate(nbytes);
     void* data = inner.get();
     if (data == nullptr) return inner;  // zero bytes: nothing to count
@@ -78,6 +91,25 @@ class CountingAllocator final : public c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+  static c10::DataPtr allocate_deferred(size_t nbytes) {
+    std::lock_guard<std::mutex> lock(scratch_mutex);
+    if (!scratch) {
+      void* region = ::mmap(nullptr, kScratchBytes, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      TORCH_CHECK(region != MAP_FAILED, "DeferredInit: cannot reserve ", kScratchBytes, " bytes of address space");
+      scratch = static_cast<char*>(region);
+    }
+    TORCH_CHECK(nbytes <= kScratchBytes, "DeferredInit: a tensor of ", nbytes, " bytes exceeds the ", kScratchBytes,
+                "-byte deferred region");
+    if (nbytes > scratch_high_water) {
+      auto& c = counters();
+      std::lock_guard<std::mutex> counters_lock(c.mutex);
+      add(c, Category::kOther, static_cast<int64_t>(nbytes - scratch_high_water));
+      scratch_high_water = nbytes;
+    }
+    return {scratch, scratch, [](void*) {}, c10::Device(c10::DeviceType::CPU)};
+  }
 
 #if FSDP_ALLOCATOR_NEEDS_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
@@ -129,6 +161,28 @@ void reset_peaks() {
   std::lock_guard<std::mutex> lock(c.mutex);
   c.usage.peak_bytes = c.usage.live_bytes;
   c.usage.peak_total = c.usage.live_total;
+}
+
+DeferredInit::DeferredInit() {
+  TORCH_CHECK(counting_allocator_installed(), "DeferredInit needs fsdp::memory::install_counting_allocator() first");
+  ++deferred_depth;
+}
+
+DeferredInit::~DeferredInit() {
+  if (--deferred_depth > 0) return;
+  std::lock_guard<std::mutex> lock(scratch_mutex);
+  if (!scratch || scratch_high_water == 0) return;
+  ::madvise(scratch, scratch_high_water, MADV_DONTNEED);
+  auto& c = counters();
+  std::lock_guard<std::mutex> counters_lock(c.mutex);
+  add(c, Category::kOther, -static_cast<int64_t>(scratch_high_water));
+  scratch_high_water = 0;
+}
+
+bool is_deferred(const void* data) {
+  std::lock_guard<std::mutex> lock(scratch_mutex);
+  const char* p = static_cast<const char*>(data);
+  return scratch && p >= scratch && p < scratch + kScratchBytes;
 }
 
 MemoryCategoryScope::MemoryCategoryScope(Category category) : previous_(current_category) {

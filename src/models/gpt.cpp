@@ -113,20 +113,23 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& ta
 void GPTImpl::init_weights(uint64_t seed) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(seed);
+  for (auto& [name, param] : fsdp::unique_named_parameters(*this)) init_parameter(name, param);  // the tied weight once
+}
+
+void GPTImpl::init_parameter(const std::string& name, torch::Tensor& param) const {
+  torch::NoGradGuard no_grad;
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.layers));
-  for (auto& [name, param] : fsdp::unique_named_parameters(*this)) {  // the tied weight once
-    auto ends_with = [&](const std::string& suffix) {
-      return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-    };
-    if (ends_with(".bias")) {
-      param.zero_();
-    } else if (ends_with("ln_1.weight") || ends_with("ln_2.weight") || ends_with("ln_f.weight")) {
-      param.fill_(1.0);
-    } else if (ends_with("c_proj.weight")) {
-      param.normal_(0.0, proj_std);
-    } else {
-      param.normal_(0.0, 0.02);
-    }
+  auto ends_with = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (ends_with(".bias")) {
+    param.zero_();
+  } else if (ends_with("ln_1.weight") || ends_with("ln_2.weight") || ends_with("ln_f.weight")) {
+    param.fill_(1.0);
+  } else if (ends_with("c_proj.weight")) {
+    param.normal_(0.0, proj_std);
+  } else {
+    param.normal_(0.0, 0.02);
   }
 }
 

@@ -66,16 +66,18 @@ jq -s -r '
   group_by(.variant) | map({variant: .[0].variant, W: .[0].world_size, over: .[0].oversubscribed,
       step_s: (map(.step_s) | median), tokens_per_s: (map(.tokens_per_s) | median),
       exposed: (map(.exposed_comm_s) | median), peak: (map(.peak_tensor_bytes | max) | max),
+      peak_predicted: .[0].peak_tensor_bytes_predicted,
       state: (.[0].model_state_bytes | max), predicted: .[0].model_state_bytes_predicted,
       rss: (map(.peak_rss_bytes | max) | max)}) as $rows
   | ($rows | map(select(.variant == "no_shard")) | .[0].step_s // null) as $ddp
   | ($rows | map(select(.variant == "local")) | .[0].step_s // null) as $local
-  | ["variant", "W", "step_s", "tok/s", "x no_shard", "exposed comm", "scaling eff.", "peak tensors MiB",
+  | ["variant", "W", "step_s", "tok/s", "x no_shard", "exposed comm", "scaling eff.", "peak tensors MiB (measured / planner)",
      "model state B (measured / planner)", "peak RSS MiB"],
     ($rows[] | [.variant, (.W | tostring) + (if .over then "*" else "" end), (.step_s * 1000 | round / 1000),
       (.tokens_per_s | round), (if $ddp then (.step_s / $ddp * 100 | round / 100) else "-" end),
       ((.exposed / .step_s * 1000 | round / 10 | tostring) + "%"),
       (if $local and .variant != "local" then ($local / .step_s * 100 | round | tostring) + "%" else "-" end),
-      (.peak / 1048576 | round), "\(.state) / \(.predicted)", (.rss / 1048576 | round)])
+      "\(.peak / 1048576 | round) / \(.peak_predicted / 1048576 | round)", "\(.state) / \(.predicted)",
+      (.rss / 1048576 | round)])
   | @tsv' "$results" | column -t -s $'\t' | tee "$out/table.txt"
 echo "(* oversubscribed: more ranks than the $(nproc) cores. Results: $results)"

@@ -180,6 +180,12 @@ TEST(Strategies, CommunicationPerStepMatchesTheStrategyTable) {
     EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kReduceScatter)], reduce_scatter);
     EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kAllReduce)], all_reduce);
     EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kBroadcast)], 0);
+    // The planner's figures are the same.
+    const fsdp::CommBytes planned = fsdp::estimate_comm_per_step(tiny_unit_numels(), c.strategy, W, kRanksPerNode,
+                                                                 fsdp::MixedPrecision().param_dtype(c.dtype));
+    EXPECT_EQ(planned.all_gather, all_gather);
+    EXPECT_EQ(planned.reduce_scatter, reduce_scatter);
+    EXPECT_EQ(planned.all_reduce, all_reduce);
   }
 }
 

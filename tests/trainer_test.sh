@@ -338,6 +338,33 @@ case "$case_name" in
     expect_error "--sharded-init draws the initial weights unit by unit; it cannot be combined with --init-from" \
       "$run" -n 2 -- "$train" --preset tiny --sharded-init --init-from "$work/x.safetensors"
     ;;
+  planner)
+    # fsdp-plan against real runs: the model state to the byte, the peak
+    # within 15% (measured: within 8% for the presets); the textbook 70B
+    # table; a recommendation for a budget; a calibrated step-time estimate.
+    plan="$build/fsdp-plan"
+    for cfg in "tiny 2 full_shard" "tiny 4 zero1" "small 2 no_shard" "small 2 full_shard --activation-checkpointing"; do
+      read -r preset world strategy extra <<<"$cfg"
+      "$run" -n "$world" -- "$train" --preset "$preset" --steps 2 --strategy "$strategy" $extra --summary "$work/s.json" \
+        > "$work/s.out" 2>&1 || { cat "$work/s.out"; fail "$cfg: run failed"; }
+      measured_state=$(jq '.model_state_bytes[0]' "$work/s.json")
+      planned_state=$("$plan" --preset "$preset" --world "$world" --strategy "$strategy" $extra | sed -n "s/.*measures it: $strategy \([0-9]*\))/\1/p")
+      [ "$measured_state" = "$planned_state" ] || fail "$cfg: model state measured $measured_state, planned $planned_state"
+      jq -e '(.peak_tensor_bytes | max) as $m | (.peak_tensor_bytes_predicted - $m) / $m | fabs < 0.15' "$work/s.json" >/dev/null ||
+        fail "$cfg: peak measured $(jq -c .peak_tensor_bytes "$work/s.json"), planned $(jq .peak_tensor_bytes_predicted "$work/s.json")"
+      echo "ok: $cfg: model state $measured_state B as planned; peak $(jq '.peak_tensor_bytes | max' "$work/s.json") B measured, $(jq .peak_tensor_bytes_predicted "$work/s.json") B planned"
+    done
+    out=$("$plan" --params 70e9 --layers 80 --width 8192 --world 8 --param-dtype bf16 --seed-accounting) || fail "70B plan failed"
+    grep -q "DDP, optimizer 4 B/param  *140.0  *140.0  *280.0  *560.0" <<<"$out" || { echo "$out"; fail "no textbook DDP row"; }
+    grep -q "FSDP / 8, optimizer 12 B/param  *17.5  *17.5  *105.0  *140.0" <<<"$out" || { echo "$out"; fail "no Adam FSDP row"; }
+    "$plan" --preset medium --world 2 --budget 600e6 | grep -q "recommended for a budget of .*: full_shard" || fail "600 MB should need full_shard"
+    "$plan" --preset medium --world 2 --budget 2e9 | grep -q "recommended for a budget of .*: no_shard" || fail "2 GB should allow no_shard"
+    "$run" -n 2 -- "$plan" calibrate > "$work/cluster.json" 2>"$work/cal.err" || { cat "$work/cal.err"; fail "calibrate failed"; }
+    jq -e '.flops > 0 and .intra_node_bandwidth > 0' "$work/cluster.json" >/dev/null || fail "calibration wrote no figures"
+    "$plan" --preset medium --world 2 --cluster "$work/cluster.json" | grep -q "full_shard .* scaling efficiency [0-9]*%" || fail "no step-time estimate"
+    expect_error "give --preset or --params" "$plan" --world 2
+    expect_error "--offload must be none or cpu" "$plan" --preset tiny --offload disk
+    ;;
   bench-smoke)
     # The benchmark suite end to end on tiny: every variant runs, and the
     # table shows each with the planner's model state equal to the measured.

@@ -283,6 +283,10 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
 
   const fsdp::ModelStateBytes predicted = fsdp::estimate_model_state(
       unit_numels, strategy, W, state.shard_group() ? state.shard_group()->size() : 1, mp);
+  const fsdp::StepPeak predicted_peak = fsdp::estimate_step_peak(
+      fsdp::TransformerShape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch}, strategy, W,
+      state.shard_group() ? state.shard_group()->size() : 1, mp,
+      o.forward_prefetch || o.backward_prefetch != "none", o.activation_checkpointing);
   const int64_t A = o.grad_accum;
   const int64_t tokens_per_step = c.batch * c.context * W * A;
   const int64_t print_every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 20);
@@ -498,6 +502,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"peak_tensor_bytes", max_peak},
                               {"model_state_bytes", model_state},
                               {"model_state_bytes_predicted", predicted.total()},
+                              {"peak_tensor_bytes_predicted", predicted_peak.total()},
                               {"peak_rss_bytes", rss_bytes},
                               {"comm_bytes", comm_bytes}};
     std::ofstream out(o.summary);
@@ -541,6 +546,10 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                 << human_bytes(f[kParamShards]) << ", grads " << human_bytes(f[kGradShards]) << ", optimizer "
                 << human_bytes(f[kOptimizer]) << "), peak tensors " << human_bytes(max_peak[r]) << "\n";
     }
+    std::cout << "  the planner predicted a peak of " << human_bytes(predicted_peak.total()) << " (model state "
+              << human_bytes(predicted_peak.state.total()) << ", gathered " << human_bytes(predicted_peak.gathered)
+              << ", activations " << human_bytes(predicted_peak.activations) << ", backward transient "
+              << human_bytes(predicted_peak.backward_transient) << ")\n";
     std::cout << "  full model state on one process would be " << human_bytes(16 * num_params)
               << " (16 bytes x parameters)\n";
     if (!o.save_final.empty()) {

@@ -38,4 +38,42 @@ ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, Sh
                                      int ranks_per_node, const MixedPrecision& mixed_precision,
                                      int64_t optimizer_bytes_per_element = 8);
 
+// Bytes each collective kind moves per rank in one step (as the
+// communicator counts them: a gather's full output, a reduction's full
+// input), for units of the given element counts.
+struct CommBytes {
+  int64_t all_gather = 0;
+  int64_t reduce_scatter = 0;
+  int64_t all_reduce = 0;
+  int64_t total() const { return all_gather + reduce_scatter + all_reduce; }
+};
+CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
+                                 int ranks_per_node, const MixedPrecision& mixed_precision);
+
+// A decoder-only transformer as shared/spec/gpt.md builds it (pre-norm
+// blocks, a 4x MLP, materialized attention scores, a tied head), and the
+// per-rank batch.
+struct TransformerShape {
+  int64_t vocab = 0, context = 0, layers = 0, heads = 0, width = 0, batch = 0;
+  // The units fully_shard makes with one unit per block: the root (the
+  // embeddings and the final norm) first, then each block.
+  std::vector<int64_t> unit_numels() const;
+};
+
+// The peak tensor bytes of one training step, per rank, by category: the
+// model state at rest, the gathered parameters, the activations autograd
+// keeps (all of them at the start of backward), and what backward adds on
+// top at its peak: the loss's gradients (2 M V fp32) at its start, or a
+// unit's gradient buffers once its own activations are freed. Within a few percent of what the counting
+// allocator measures for the presets (tests/trainer_test.sh "planner").
+struct StepPeak {
+  ModelStateBytes state;
+  int64_t gathered = 0;
+  int64_t activations = 0;
+  int64_t backward_transient = 0;
+  int64_t total() const { return state.total() + gathered + activations + backward_transient; }
+};
+StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy strategy, int world, int ranks_per_node,
+                            const MixedPrecision& mixed_precision, bool prefetch, bool activation_checkpointing);
+
 }  // namespace fsdp

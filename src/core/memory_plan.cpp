@@ -48,4 +48,70 @@ ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, Sh
   return bytes;
 }
 
+CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
+                                 int ranks_per_node, const MixedPrecision& mixed_precision) {
+  const int64_t K = shard_group_size(strategy, world, ranks_per_node);
+  const int64_t p = c10::elementSize(mixed_precision.param_dtype());
+  const int64_t r = c10::elementSize(mixed_precision.effective_reduce_dtype());
+  int64_t padded = 0;
+  for (int64_t n : unit_numels) padded += (n + K - 1) / K * K;
+  CommBytes bytes;
+  if (world == 1 && strategy == ShardingStrategy::kNoShard) return bytes;
+  switch (strategy) {
+    case ShardingStrategy::kNoShard: bytes.all_reduce = r * padded; break;
+    case ShardingStrategy::kZero1: bytes.all_reduce = r * padded, bytes.all_gather = p * padded; break;
+    case ShardingStrategy::kShardGradOp: bytes.all_gather = p * padded, bytes.reduce_scatter = r * padded; break;
+    case ShardingStrategy::kFullShard: bytes.all_gather = 2 * p * padded, bytes.reduce_scatter = r * padded; break;
+    case ShardingStrategy::kHybridShard:
+    case ShardingStrategy::kHybridShardZero2:
+      bytes.all_gather = (strategy == ShardingStrategy::kHybridShard ? 2 : 1) * p * padded;
+      bytes.reduce_scatter = r * padded;
+      if (world > K) bytes.all_reduce = r * padded / K;  // the shard, across nodes
+      break;
+  }
+  return bytes;
+}
+
+std::vector<int64_t> TransformerShape::unit_numels() const {
+  const int64_t C = width;
+  std::vector<int64_t> numels = {vocab * C + context * C + 2 * C};  // wte (tied with the head), wpe, ln_f
+  for (int64_t i = 0; i < layers; ++i) numels.push_back(12 * C * C + 13 * C);
+  return numels;
+}
+
+StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy strategy, int world, int ranks_per_node,
+                            const MixedPrecision& mixed_precision, bool prefetch, bool activation_checkpointing) {
+  const std::vector<int64_t> units = shape.unit_numels();
+  StepPeak peak;
+  peak.state = estimate_model_state(units, strategy, world, ranks_per_node, mixed_precision);
+  const int64_t K = shard_group_size(strategy, world, ranks_per_node);
+  const int64_t p = c10::elementSize(mixed_precision.param_dtype());
+  const int64_t r = c10::elementSize(mixed_precision.effective_reduce_dtype());
+  const int64_t block = units.size() > 1 ? (units[1] + K - 1) / K * K : 0;  // padded
+  peak.gathered = peak.state.gathered_peak;
+  if (prefetch && reshards_after_forward(strategy)) peak.gathered += p * block;  // one unit gathered ahead
+  // What autograd keeps, M = batch x context tokens: per block the first
+  // norm's output, q/k/v, the attention probabilities, the attention
+  // output, the residual, the second norm's output, the MLP's two 4C
+  // activations, the block output (15 M C elements), the probabilities
+  // (B H T^2), and the norms' statistics (fp32); outside the blocks the
+  // embeddings' sum, the final norm's output, the mask, and the fp32
+  // log-probabilities (M V). Checkpointed blocks keep only their input, and
+  // one block's activations exist again while it is recomputed.
+  const int64_t M = shape.batch * shape.context, C = shape.width, T = shape.context;
+  const int64_t per_block = 15 * M * C * p + shape.batch * shape.heads * T * T * p + 4 * M * 4;
+  const int64_t outside = 2 * M * C * p + M * shape.vocab * 4 + T * T;
+  peak.activations = activation_checkpointing ? shape.layers * M * C * p + per_block + outside
+                                              : shape.layers * per_block + outside;
+  // Backward's own buffers at its peak: at its start the loss's gradients
+  // (the log-probabilities' and the logits', fp32); later, in a unit, its
+  // parameters' gradients (compute dtype) and, for sharded gradients, the
+  // flat gradient being reduced and the previous unit's reduction in flight,
+  // while the unit's activations (unless recomputed) are already freed.
+  const int64_t unit_gradients = keeps_full_gradients(strategy) ? p * block : (p + 2 * r) * block;
+  peak.backward_transient =
+      std::max(2 * M * shape.vocab * 4, unit_gradients - (activation_checkpointing ? 0 : per_block));
+  return peak;
+}
+
 }  // namespace fsdp

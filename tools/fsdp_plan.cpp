@@ -1,0 +1,311 @@
+// fsdp-plan: the memory planner. Per-rank memory and communication of every
+// strategy for a model, a world and a precision, a strategy recommendation
+// for a budget, and (with a cluster description) step time and scaling
+// efficiency. Its model-state figures are the ones a run measures, to the
+// byte; its peaks are within a few percent for the reference GPT.
+//   fsdp-plan --preset medium --world 2
+//   fsdp-plan --params 70e9 --layers 80 --width 8192 --world 8 --param-dtype bf16
+//   fsdp-plan --preset large --world 16 --nodes 2 --cluster cluster.json
+//   build/fsdp-run -n 2 -- build/fsdp-plan calibrate > cluster.json
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+
+#include "fsdp/comm.h"
+#include "fsdp/error.h"
+#include "fsdp/gpt.h"
+#include "fsdp/memory_plan.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string gib(double bytes) {
+  std::ostringstream s;
+  if (bytes >= 1e9 * 1.073741824) {
+    s << std::fixed << std::setprecision(bytes >= 1e11 ? 0 : 1) << bytes / 1073741824.0 << " GiB";
+  } else {
+    s << std::fixed << std::setprecision(1) << bytes / 1048576.0 << " MiB";
+  }
+  return s.str();
+}
+
+// A cluster: devices per node, each device's FLOP/s, and per-link bandwidth
+// (bytes/s) and latency (s) inside a node and across nodes.
+struct Cluster {
+  double flops = 0, intra_bandwidth = 0, intra_latency = 0, inter_bandwidth = 0, inter_latency = 0;
+  static Cluster load(const std::string& path) {
+    std::ifstream in(path);
+    TORCH_CHECK(in, "cannot open the cluster description '", path, "'");
+    nlohmann::json j;
+    try {
+      in >> j;
+      Cluster c{j.at("flops").get<double>(), j.at("intra_node_bandwidth").get<double>(),
+                j.at("intra_node_latency").get<double>(), j.at("inter_node_bandwidth").get<double>(),
+                j.at("inter_node_latency").get<double>()};
+      TORCH_CHECK(c.flops > 0 && c.intra_bandwidth > 0 && c.inter_bandwidth > 0, "values must be positive");
+      return c;
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "'", path, "': expected {flops, intra_node_bandwidth, intra_node_latency, ",
+                  "inter_node_bandwidth, inter_node_latency}: ", fsdp::error_message(e));
+    }
+  }
+};
+
+// Ring collectives over k ranks: an all-gather or reduce-scatter of a full
+// buffer of `bytes` moves (k-1)/k of it over each link, in k-1 steps; an
+// all-reduce twice that.
+double ring_seconds(double bytes, int k, double bandwidth, double latency, double passes) {
+  if (k <= 1) return 0.0;
+  return passes * ((k - 1.0) / k * bytes / bandwidth + (k - 1) * latency);
+}
+
+struct Plan {
+  fsdp::ShardingStrategy strategy;
+  fsdp::StepPeak peak;
+  fsdp::CommBytes comm;
+};
+
+int calibrate(int* argc, char*** argv) {
+  fsdp::MpiEnvironment mpi(argc, argv);
+  auto world = mpi.world();
+  // FLOP/s of one rank's fp32 GEMMs with the threads fsdp-run gives it.
+  const int64_t n = 1024;
+  torch::Tensor a = torch::randn({n, n}), b = torch::randn({n, n});
+  torch::mm(a, b);
+  auto start = Clock::now();
+  const int reps = 10;
+  for (int i = 0; i < reps; ++i) torch::mm(a, b);
+  const double flops = 2.0 * n * n * n * reps / std::chrono::duration<double>(Clock::now() - start).count();
+  // All-gather bandwidth (64 MiB gathered) and latency (8 bytes), as the ring model reads them.
+  const int k = world->size();
+  auto time_gather = [&](int64_t elements, int reps_) {
+    torch::Tensor out = torch::empty({elements * k}), in = torch::ones({elements});
+    world->all_gather(out, in)->wait();
+    world->barrier()->wait();
+    auto t0 = Clock::now();
+    for (int i = 0; i < reps_; ++i) world->all_gather(out, in)->wait();
+    return std::chrono::duration<double>(Clock::now() - t0).count() / reps_;
+  };
+  const double latency_s = k > 1 ? time_gather(2, 50) / (k - 1) : 0.0;
+  const double big = static_cast<double>(16 << 20) * k * 4;  // bytes of the gathered buffer
+  const double t = time_gather(16 << 20, 3);
+  const double bandwidth = k > 1 ? (k - 1.0) / k * big / std::max(t - (k - 1) * latency_s, 1e-9) : 0.0;
+  if (world->rank() == 0) {
+    nlohmann::json j = {{"flops", flops},
+                        {"intra_node_bandwidth", bandwidth},
+                        {"intra_node_latency", latency_s},
+                        {"inter_node_bandwidth", bandwidth},
+                        {"inter_node_latency", latency_s},
+                        {"measured_with", std::to_string(k) + " ranks on one host, " +
+                                              std::to_string(torch::get_num_threads()) + " threads each"}};
+    std::cout << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"The memory planner: per-rank memory, communication and step time of each sharding strategy."};
+  std::string preset;
+  double params = 0;
+  int64_t layers = 0, width = 0, vocab = 0, context = 0, heads = 0, batch = 0;
+  int world = 2, nodes = 1;
+  std::string strategy = "all", param_dtype = "fp32", reduce_dtype, cluster_path, offload = "none";
+  bool checkpointing = false, prefetch = true, seed_accounting = false;
+  double budget = 0;
+  app.add_option("--preset", preset, "a reference GPT preset: tiny, small, medium, large");
+  app.add_option("--params", params, "or a model of this many parameters (with --layers; e.g. 70e9)");
+  app.add_option("--layers", layers, "blocks (one unit each)");
+  app.add_option("--width", width, "hidden width (activation estimate; default: from --params)");
+  app.add_option("--vocab", vocab, "vocabulary (default: the preset's, else 32000)");
+  app.add_option("--context", context, "sequence length (default: the preset's, else 4096)");
+  app.add_option("--heads", heads, "attention heads (default: the preset's, else width / 128)");
+  app.add_option("--batch", batch, "sequences per rank (default: the preset's, else 1)");
+  app.add_option("--world", world, "ranks")->capture_default_str();
+  app.add_option("--nodes", nodes, "nodes (hybrid strategies shard inside a node)")->capture_default_str();
+  app.add_option("--strategy", strategy, "one strategy, or all")->capture_default_str();
+  app.add_option("--param-dtype", param_dtype, "fp32, bf16, fp16")->capture_default_str();
+  app.add_option("--reduce-dtype", reduce_dtype, "default: the param dtype");
+  app.add_flag("--activation-checkpointing", checkpointing, "recompute blocks in backward");
+  app.add_flag("!--no-prefetch", prefetch, "no unit gathered ahead (default: one)");
+  app.add_option("--offload", offload, "none, or cpu: fp32 masters, gradients and optimizer state in host memory")
+      ->capture_default_str();
+  app.add_option("--budget", budget, "per-device bytes: recommend the strategy with the least communication that fits");
+  app.add_option("--cluster", cluster_path, "cluster JSON (fsdp-plan calibrate writes one): estimate step time");
+  app.add_flag("--seed-accounting", seed_accounting,
+               "also print the textbook DDP-versus-FSDP table, with the optimizer state at 4 B per parameter "
+               "(the common shortcut) and at Adam's real 12");
+  auto* calibrate_cmd = app.add_subcommand("calibrate", "measure FLOP/s and all-gather bandwidth here (under fsdp-run)");
+  CLI11_PARSE(app, argc, argv);
+  if (calibrate_cmd->parsed()) return calibrate(&argc, &argv);
+  try {
+    TORCH_CHECK(preset.empty() != (params == 0), "give --preset or --params (with --layers), not both");
+    TORCH_CHECK(world > 0 && nodes > 0 && world % nodes == 0, "--world must be a positive multiple of --nodes");
+    TORCH_CHECK(offload == "none" || offload == "cpu", "--offload must be none or cpu, got '", offload, "'");
+    fsdp::TransformerShape shape;
+    if (!preset.empty()) {
+      const auto c = fsdp::models::GPTConfig::preset(preset);
+      shape = {c.vocab, c.context, c.layers, c.heads, c.width, c.batch};
+    } else {
+      TORCH_CHECK(layers > 0, "--params needs --layers");
+      shape.layers = layers;
+      shape.vocab = vocab > 0 ? vocab : 32000;
+      // 12 C^2 per block dominates: C from the parameter count unless given.
+      shape.width = width > 0 ? width : static_cast<int64_t>(std::sqrt(params / (12.0 * layers)));
+      shape.context = context > 0 ? context : 4096;
+      shape.heads = heads > 0 ? heads : std::max<int64_t>(1, shape.width / 128);
+      shape.batch = 1;
+    }
+    if (vocab > 0) shape.vocab = vocab;
+    if (context > 0) shape.context = context;
+    if (heads > 0) shape.heads = heads;
+    if (batch > 0) shape.batch = batch;
+    std::vector<int64_t> units = shape.unit_numels();
+    if (params > 0) {  // exactly the count asked for: the blocks take what the embeddings leave
+      const double block = (params - static_cast<double>(units[0])) / static_cast<double>(layers);
+      TORCH_CHECK(block > 0, "--params ", params, " is smaller than the embeddings alone");
+      for (size_t u = 1; u < units.size(); ++u) units[u] = static_cast<int64_t>(block);
+    }
+    int64_t total_params = 0;
+    for (int64_t n : units) total_params += n;
+    fsdp::MixedPrecision mp;
+    mp.param_dtype(fsdp::parse_dtype(param_dtype));
+    if (!reduce_dtype.empty()) mp.reduce_dtype(fsdp::parse_dtype(reduce_dtype));
+    const int per_node = world / nodes;
+
+    std::vector<fsdp::ShardingStrategy> strategies;
+    if (strategy == "all") {
+      for (auto s : {fsdp::ShardingStrategy::kNoShard, fsdp::ShardingStrategy::kZero1,
+                     fsdp::ShardingStrategy::kShardGradOp, fsdp::ShardingStrategy::kFullShard,
+                     fsdp::ShardingStrategy::kHybridShard, fsdp::ShardingStrategy::kHybridShardZero2}) {
+        if (!fsdp::is_hybrid(s) || nodes > 1) strategies.push_back(s);
+      }
+    } else {
+      strategies.push_back(fsdp::parse_strategy(strategy));
+    }
+    std::vector<Plan> plans;
+    for (auto s : strategies) {
+      Plan plan{s, {}, fsdp::estimate_comm_per_step(units, s, world, per_node, mp)};
+      if (params > 0) {
+        // A generic model: the same accounting, units of the sizes above.
+        plan.peak.state = fsdp::estimate_model_state(units, s, world, per_node, mp);
+        fsdp::StepPeak shaped = fsdp::estimate_step_peak(shape, s, world, per_node, mp, prefetch, checkpointing);
+        const int64_t K = fsdp::shard_group_size(s, world, per_node);
+        const int64_t p = c10::elementSize(mp.param_dtype());
+        plan.peak.gathered = plan.peak.state.gathered_peak +
+                             (prefetch && fsdp::reshards_after_forward(s) ? p * ((units[1] + K - 1) / K * K) : 0);
+        plan.peak.activations = shaped.activations;
+        plan.peak.backward_transient = shaped.backward_transient * units[1] / std::max<int64_t>(1, shape.unit_numels()[1]);
+      } else {
+        plan.peak = fsdp::estimate_step_peak(shape, s, world, per_node, mp, prefetch, checkpointing);
+      }
+      plans.push_back(plan);
+    }
+
+    std::cout << "model: " << total_params << " parameters in " << units.size() << " units (" << shape.layers
+              << " blocks of " << units.back() << "); vocab " << shape.vocab << ", context " << shape.context
+              << ", width " << shape.width << ", heads " << shape.heads << ", batch " << shape.batch << " per rank\n"
+              << "world: " << world << " ranks on " << nodes << " node(s); params " << fsdp::dtype_name(mp.param_dtype())
+              << ", reduce " << fsdp::dtype_name(mp.effective_reduce_dtype()) << "; prefetch " << (prefetch ? "on" : "off")
+              << "; activation checkpointing " << (checkpointing ? "on" : "off") << "; offload " << offload << "\n"
+              << "per rank (AdamW: fp32 master + two fp32 moments = 12 B per parameter, sharded as the strategy says):\n";
+    const char* columns[] = {"strategy", "params", "grads", "optimizer", "gathered", "activations", "bwd transient",
+                             "device total", "host (offload)", "comm / step"};
+    std::cout << std::left << std::setw(20) << columns[0];
+    for (int i = 1; i < 10; ++i) std::cout << std::right << std::setw(i >= 5 ? 15 : 12) << columns[i];
+    std::cout << "\n";
+    for (const auto& plan : plans) {
+      const auto& st = plan.peak.state;
+      // Offload keeps fp32 masters, gradient shards and optimizer state in host memory (ZeRO-Offload's split).
+      const int64_t host = offload == "cpu" ? st.total() : 0;
+      const int64_t device = plan.peak.total() - host;
+      std::cout << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << std::right << std::setw(12)
+                << gib(st.params) << std::setw(12) << gib(st.grads) << std::setw(12) << gib(st.optimizer)
+                << std::setw(12) << gib(plan.peak.gathered) << std::setw(15) << gib(plan.peak.activations)
+                << std::setw(15) << gib(plan.peak.backward_transient) << std::setw(15) << gib(device) << std::setw(15)
+                << gib(host) << std::setw(15) << gib(plan.comm.total()) << "\n";
+    }
+    std::cout << "  (model state in bytes, as a run of fsdp-train measures it:";
+    for (const auto& plan : plans) std::cout << " " << fsdp::strategy_name(plan.strategy) << " " << plan.peak.state.total();
+    std::cout << ")\n";
+    if (seed_accounting) {
+      // The textbook table (bf16 parameters and gradients, replicated or
+      // divided by the world): a shortcut counts 4 B of optimizer state per
+      // parameter; Adam with fp32 master weights needs 12 (master, two moments).
+      const double N = static_cast<double>(total_params), gb = 1e9;
+      std::cout << "textbook accounting, per device (GB = 1e9 B; bf16 params and grads):\n"
+                << "  layout                         params    grads  optimizer    total\n";
+      for (int sharded = 0; sharded < 2; ++sharded) {
+        for (double optimizer_bytes : {4.0, 12.0}) {
+          const double d = sharded ? world : 1.0;
+          std::ostringstream name;
+          name << (sharded ? "FSDP / " + std::to_string(world) : std::string("DDP")) << ", optimizer "
+               << optimizer_bytes << " B/param";
+          std::cout << "  " << std::left << std::setw(30) << name.str() << std::right << std::fixed
+                    << std::setprecision(1) << std::setw(9) << 2 * N / d / gb << std::setw(9) << 2 * N / d / gb
+                    << std::setw(11) << optimizer_bytes * N / d / gb << std::setw(9)
+                    << (4 + optimizer_bytes) * N / d / gb << "\n"
+                    << std::defaultfloat;
+        }
+      }
+      std::cout << "  (this project keeps fp32 gradient shards and a separate fp32 master, as the table above shows)\n";
+    }
+    if (budget > 0) {
+      const Plan* best = nullptr;
+      for (const auto& plan : plans) {
+        const int64_t device = plan.peak.total() - (offload == "cpu" ? plan.peak.state.total() : 0);
+        if (device <= budget && (!best || plan.comm.total() < best->comm.total())) best = &plan;
+      }
+      if (best) {
+        std::cout << "recommended for a budget of " << gib(budget) << " per device: "
+                  << fsdp::strategy_name(best->strategy) << " (fits, with the least communication of those that do)\n";
+      } else {
+        std::cout << "no strategy fits " << gib(budget)
+                  << " per device: add ranks, lower precision, activation checkpointing or offload\n";
+      }
+    }
+    if (!cluster_path.empty()) {
+      const Cluster c = Cluster::load(cluster_path);
+      const double tokens = static_cast<double>(shape.batch * shape.context);
+      // 6 N FLOPs per token for forward and backward, 2 N more to recompute.
+      const double compute = (checkpointing ? 8.0 : 6.0) * total_params * tokens / c.flops;
+      std::cout << "step time per rank on the cluster (compute " << std::setprecision(3) << compute
+                << " s; communication overlapped with it, except the first unit's gather):\n";
+      for (const auto& plan : plans) {
+        const int64_t K = fsdp::shard_group_size(plan.strategy, world, per_node);
+        const bool across_nodes = K > per_node || (!fsdp::is_hybrid(plan.strategy) && nodes > 1);
+        const double bw = across_nodes ? c.inter_bandwidth : c.intra_bandwidth;
+        const double lat = across_nodes ? c.inter_latency : c.intra_latency;
+        const int64_t n_units = static_cast<int64_t>(units.size());
+        double comm = ring_seconds(plan.comm.all_gather, K, bw, lat / n_units, 1.0) +
+                      ring_seconds(plan.comm.reduce_scatter, K, bw, lat / n_units, 1.0);
+        if (plan.strategy == fsdp::ShardingStrategy::kNoShard || plan.strategy == fsdp::ShardingStrategy::kZero1) {
+          comm += ring_seconds(plan.comm.all_reduce, world, nodes > 1 ? c.inter_bandwidth : c.intra_bandwidth,
+                               nodes > 1 ? c.inter_latency : c.intra_latency, 2.0);
+        } else if (plan.comm.all_reduce > 0) {
+          comm += ring_seconds(plan.comm.all_reduce, nodes, c.inter_bandwidth, c.inter_latency, 2.0);
+        }
+        const double first_gather = ring_seconds(static_cast<double>(plan.comm.all_gather) / std::max<int64_t>(1, n_units),
+                                                 K, bw, lat, 1.0);
+        const double step = std::max(compute, comm) + (plan.comm.all_gather > 0 ? first_gather : 0.0);
+        std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << " comm "
+                  << std::setprecision(3) << comm << " s, step " << step << " s, scaling efficiency "
+                  << std::setprecision(0) << std::fixed << 100.0 * compute / step << "%\n"
+                  << std::defaultfloat;
+      }
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp-plan: error: " << fsdp::error_message(e) << "\n";
+    return 1;
+  }
+  return 0;
+}

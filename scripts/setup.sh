@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake libtorch-dev libopenblas0-pthread libopenmpi-dev openmpi-bin
-          nlohmann-json3-dev libcli11-dev libgtest-dev clang libclang-rt-14-dev procps jq bsdextrautils)
+          nlohmann-json3-dev libcli11-dev libgtest-dev clang libclang-rt-14-dev procps jq bsdextrautils gnuplot-nox)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -338,6 +338,17 @@ case "$case_name" in
     expect_error "--sharded-init draws the initial weights unit by unit; it cannot be combined with --init-from" \
       "$run" -n 2 -- "$train" --preset tiny --sharded-init --init-from "$work/x.safetensors"
     ;;
+  plot)
+    # --plot: the loss and memory PNGs from the log; fsdp-plot refuses what is not a log.
+    out=$("$run" -n 2 -- "$train" --preset tiny --steps 5 --plot "$work/plots" 2>&1) || { echo "$out"; fail "run with --plot failed"; }
+    for f in loss memory; do
+      [ "$(head -c 4 "$work/plots/$f.png" | od -An -c | tr -d ' ')" = "211PNG" ] || fail "$f.png is not a PNG"
+    done
+    [ "$(wc -l < "$work/plots/log.jsonl")" -eq 5 ] || fail "--plot did not keep its log"
+    printf 'not json\n' > "$work/bad.jsonl"
+    expect_error "is not an fsdp-train log" "$build/fsdp-plot" "$work/bad.jsonl" "$work/p2"
+    expect_error "the log '$work/none.jsonl' is missing or empty" "$build/fsdp-plot" "$work/none.jsonl" "$work/p2"
+    ;;
   planner)
     # fsdp-plan against real runs: the model state to the byte, the peak
     # within 15% (measured: within 8% for the presets); the textbook 70B

@@ -69,6 +69,7 @@ struct TrainOptions {
   std::string summary;
   bool activation_checkpointing = false;
   bool sharded_init = false;
+  std::string plot;
 };
 
 // --trace FILE.json: rank r writes FILE.rank<r>.json.
@@ -244,6 +245,11 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
     run.init_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   }
   if (o.strategy == "auto") run.fsdp_options.strategy(pick_strategy(o, run, world->size()));
+  if (!o.plot.empty()) {
+    TORCH_CHECK(std::system("command -v gnuplot > /dev/null 2>&1") == 0,
+                "--plot needs gnuplot (Debian: apt-get install gnuplot-nox)");
+    std::filesystem::create_directories(o.plot);
+  }
   if (rank == 0 && !o.log.empty()) {
     run.log.open(o.log, o.resume ? std::ios::app : std::ios::trunc);
     TORCH_CHECK(run.log, "cannot open the log file '", o.log, "' for writing");
@@ -509,6 +515,13 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     out << summary.dump() << "\n";
     TORCH_CHECK(out.good(), "writing the summary '", o.summary, "' failed");
   }
+  if (rank == 0 && !o.plot.empty()) {
+    run.log.close();
+    // fsdp-plot sits next to this executable.
+    const auto self = std::filesystem::read_symlink("/proc/self/exe").parent_path();
+    const std::string command = "'" + (self / "fsdp-plot").string() + "' '" + o.log + "' '" + o.plot + "'";
+    if (std::system(command.c_str()) != 0) std::cerr << "fsdp-train: warning: plotting failed: " << command << "\n";
+  }
   if (!o.trace.empty()) {
     fsdp::trace::enable(false);
     fsdp::trace::write(trace_path(o.trace, rank), rank);
@@ -624,6 +637,8 @@ int main(int argc, char** argv) {
                "(the same weights as the default initialization)");
   app.add_flag("--activation-checkpointing", o.activation_checkpointing,
                "recompute each block's forward in backward instead of keeping its activations");
+  app.add_option("--plot", o.plot,
+                 "write DIR/loss.png and DIR/memory.png from the log after training (the log defaults to DIR/log.jsonl)");
   app.add_option("--trace", o.trace,
                  "write a Chrome/Perfetto trace per rank: FILE.json becomes FILE.rank<r>.json");
   app.add_option("--summary", o.summary,
@@ -638,6 +653,7 @@ int main(int argc, char** argv) {
     return e.get_exit_code();
   }
 
+  if (!o.plot.empty() && o.log.empty()) o.log = (std::filesystem::path(o.plot) / "log.jsonl").string();
   torch::set_num_threads(o.threads > 0 ? o.threads : default_threads(world->size()));
   if (o.collective_timeout > 0) world->set_timeout(o.collective_timeout);  // the units' groups inherit it
   Run run;

@@ -482,6 +482,12 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   torch::Tensor rss = torch::empty({W}, torch::kLong);
   world->all_gather(rss, torch::tensor({static_cast<int64_t>(usage_now.ru_maxrss) * 1024}, torch::kLong))->wait();
   if (rank == 0 && !o.summary.empty()) {
+    nlohmann::json peak_by_category;  // each category's own peak in the last step (they need not coincide)
+    const auto usage_last = fsdp::memory::usage();
+    for (size_t k = 0; k < fsdp::memory::kNumCategories; ++k) {
+      const auto category = static_cast<Category>(k);
+      peak_by_category[fsdp::memory::category_name(category)] = usage_last.peak(category);
+    }
     nlohmann::json comm_bytes;
     for (auto kind : {fsdp::CollectiveKind::kAllGather, fsdp::CollectiveKind::kReduceScatter,
                       fsdp::CollectiveKind::kAllReduce}) {
@@ -510,6 +516,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"model_state_bytes_predicted", predicted.total()},
                               {"peak_tensor_bytes_predicted", predicted_peak.total()},
                               {"peak_rss_bytes", rss_bytes},
+                              {"last_step_peak_by_category_rank0", peak_by_category},
                               {"comm_bytes", comm_bytes}};
     std::ofstream out(o.summary);
     out << summary.dump() << "\n";

@@ -80,6 +80,13 @@ class FlatParam {
   // all-reduce for full gradients). finish_reduce_gradients() waits, reduces
   // across replicas (hybrid), and accumulates into shard().grad().
   void start_reduce_gradients();
+  // Before backward computes the unit's gradients: makes each parameter's
+  // .grad a view into one flat, zeroed buffer, so autograd accumulates into
+  // the buffer the reduction reads (no second full-size copy). Only where
+  // that buffer is the reduction's input: sharded gradients, reduce dtype ==
+  // param dtype, and no gradients left from micro-steps without sync.
+  void prepare_gradient_buffer();
+  void drop_gradient_buffer();
   void finish_reduce_gradients();
   bool reduce_pending() const { return pending_reduce_ != nullptr; }
 
@@ -102,6 +109,7 @@ class FlatParam {
   int64_t gathered_version_ = -1;
   bool stale_ = true;
   torch::Tensor full_grad_;        // full_gradients strategies: the reduced gradient (fp32)
+  torch::Tensor gradient_buffer_;  // see prepare_gradient_buffer()
   WorkHandle pending_unshard_;
   torch::Tensor pending_unshard_input_;  // the cast shard, alive until the gather ends
   WorkHandle pending_reduce_;

@@ -127,6 +127,9 @@ class FsdpState {
   // last reset (what the all-gather limiter bounds).
   int max_prefetched_unused() const { return max_prefetched_unused_; }
   void reset_prefetch_stats() { max_prefetched_unused_ = 0; }
+  // Waits for the gradient reductions in flight and accumulates them into
+  // the shards' gradients (hybrid: after the all-reduce across replicas).
+  void finish_reductions_in_flight();
   // Gathers issued ahead for units that did not run (a pass that took
   // another path, or a forward without backward): waited for and freed.
   void release_unused_prefetches();

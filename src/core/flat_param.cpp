@@ -155,15 +155,21 @@ void FlatParam::start_reduce_gradients() {
   torch::NoGradGuard no_grad;
   const torch::ScalarType reduce_dtype = config_.mixed_precision.effective_reduce_dtype();
   torch::Tensor flat_grad;
-  {
-    MemoryCategoryScope scope(Category::kUnshardedBuffer);
-    flat_grad = torch::zeros({padded_numel()}, reduce_dtype);
-  }
-  for (auto& e : entries_) {
-    torch::Tensor& grad = e.param.mutable_grad();
-    if (!grad.defined()) continue;
-    flat_grad.narrow(0, e.offset, e.numel).copy_(grad.reshape({-1}));
-    grad.reset();  // the full-size gradient is not kept: that is the point of sharding it
+  if (gradient_buffer_.defined()) {
+    flat_grad = std::move(gradient_buffer_);  // autograd accumulated into it
+    gradient_buffer_ = torch::Tensor();
+    for (auto& e : entries_) e.param.mutable_grad().reset();  // views of it
+  } else {
+    {
+      MemoryCategoryScope scope(Category::kUnshardedBuffer);
+      flat_grad = torch::zeros({padded_numel()}, reduce_dtype);
+    }
+    for (auto& e : entries_) {
+      torch::Tensor& grad = e.param.mutable_grad();
+      if (!grad.defined()) continue;
+      flat_grad.narrow(0, e.offset, e.numel).copy_(grad.reshape({-1}));
+      grad.reset();  // the full-size gradient is not kept: that is the point of sharding it
+    }
   }
   if (config_.full_gradients) {
     const ProcessGroupPtr& group = config_.shard_group ? config_.shard_group : config_.replicate_group;
@@ -179,6 +185,28 @@ void FlatParam::start_reduce_gradients() {
     pending_result_ = torch::empty({shard_numel_}, reduce_dtype);
   }
   pending_reduce_ = config_.shard_group->reduce_scatter(pending_result_, flat_grad, ReduceOp::kAvg);
+}
+
+void FlatParam::prepare_gradient_buffer() {
+  if (config_.full_gradients || !config_.shard_group || gradient_buffer_.defined() ||
+      config_.mixed_precision.effective_reduce_dtype() != config_.mixed_precision.param_dtype()) {
+    return;
+  }
+  for (const auto& e : entries_)
+    if (e.param.grad().defined()) return;  // unreduced gradients of earlier micro-steps: the copying path adds them
+  {
+    MemoryCategoryScope scope(Category::kUnshardedBuffer);
+    gradient_buffer_ = torch::zeros({padded_numel()}, config_.mixed_precision.param_dtype());
+  }
+  for (auto& e : entries_) {
+    if (e.param.requires_grad()) e.param.mutable_grad() = gradient_buffer_.narrow(0, e.offset, e.numel).view(e.shape);
+  }
+}
+
+void FlatParam::drop_gradient_buffer() {
+  if (!gradient_buffer_.defined()) return;
+  for (auto& e : entries_) e.param.mutable_grad().reset();
+  gradient_buffer_ = torch::Tensor();
 }
 
 void FlatParam::finish_reduce_gradients() {

@@ -120,6 +120,7 @@ void Unit::pre_backward() {
   flat_.start_unshard();
   if (owner_->options().backward_prefetch() == BackwardPrefetch::kPre) owner_->prefetch_after(*this, /*backward=*/true);
   flat_.unshard();
+  if (owner_->requires_gradient_sync()) flat_.prepare_gradient_buffer();
   gradients_pending_ = static_cast<int64_t>(grad_accumulators_.size());
 }
 
@@ -135,7 +136,14 @@ void Unit::post_backward() {
   const bool persistent = flat_.config().persistent_params;
   transition({UnitState::kBackward}, persistent ? UnitState::kUnsharded : UnitState::kSharded);
   if (owner_->options().backward_prefetch() == BackwardPrefetch::kPost) owner_->prefetch_after(*this, /*backward=*/true);
-  if (owner_->requires_gradient_sync()) flat_.start_reduce_gradients();
+  if (owner_->requires_gradient_sync()) {
+    // A reduction in flight holds its input (full size) and its result
+    // (full size for full gradients, a shard otherwise) until finished:
+    // finish the previous units' (overlapped with this unit's backward)
+    // before starting ours, so at most one is in flight.
+    owner_->finish_reductions_in_flight();
+    flat_.start_reduce_gradients();
+  }
   flat_.reshard();
   trace::complete("backward " + display_name(), "backward", span_begin_us_);
 }
@@ -400,6 +408,7 @@ void FsdpState::recover_from_failed_backward() {
   for (auto& unit : units_) {
     if (unit->flat_param().reduce_pending()) unit->flat_param().finish_reduce_gradients();
     if (unit->state() != UnitState::kBackward) continue;
+    unit->flat_param().drop_gradient_buffer();
     for (const auto& e : unit->flat_param().entries()) e.param.mutable_grad().reset();
     unit->flat_param().reshard();
     unit->state_ = unit->flat_param().config().persistent_params ? UnitState::kUnsharded : UnitState::kSharded;
@@ -422,6 +431,12 @@ void FsdpState::on_backward_event() {
   backward_callback_queued_ = true;  // the first event of a new backward pass
   for (auto& unit : units_) unit->backward_done_in_this_pass_ = false;
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+}
+
+void FsdpState::finish_reductions_in_flight() {
+  for (auto& unit : units_) {
+    if (unit->flat_param().reduce_pending()) unit->flat_param().finish_reduce_gradients();
+  }
 }
 
 void FsdpState::finish_backward() {

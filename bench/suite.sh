@@ -49,10 +49,9 @@ results="$out/results.jsonl"
 for round in $(seq 1 "$rounds"); do
   for v in $variants; do
     read -r ranks flags <<<"$(variant_args "$v")"
-    ranks_flag=(); [[ "$flags" == *ranks-per-node* ]] && ranks_flag=(--ranks-per-node 2) && flags="${flags/--ranks-per-node 2/}"
     echo "round $round: $v (W=$ranks $flags)" >&2
     # shellcheck disable=SC2086
-    "$build/fsdp-run" -n "$ranks" "${ranks_flag[@]}" -- "$build/fsdp-train" --preset "$preset" --steps "$steps" $flags \
+    "$build/fsdp-run" -n "$ranks" -- "$build/fsdp-train" --preset "$preset" --steps "$steps" $flags \
       --print-every "$steps" --summary "$out/summary.json" > "$out/$v.r$round.out" 2>&1 ||
       { cat "$out/$v.r$round.out" >&2; exit 1; }
     jq -c --arg v "$v" --argjson round "$round" --argjson ranks "$ranks" \

@@ -194,21 +194,8 @@ int main(int argc, char** argv) {
     }
     std::vector<Plan> plans;
     for (auto s : strategies) {
-      Plan plan{s, {}, fsdp::estimate_comm_per_step(units, s, world, per_node, mp)};
-      if (params > 0) {
-        // A generic model: the same accounting, units of the sizes above.
-        plan.peak.state = fsdp::estimate_model_state(units, s, world, per_node, mp);
-        fsdp::StepPeak shaped = fsdp::estimate_step_peak(shape, s, world, per_node, mp, prefetch, checkpointing);
-        const int64_t K = fsdp::shard_group_size(s, world, per_node);
-        const int64_t p = c10::elementSize(mp.param_dtype());
-        plan.peak.gathered = plan.peak.state.gathered_peak +
-                             (prefetch && fsdp::reshards_after_forward(s) ? p * ((units[1] + K - 1) / K * K) : 0);
-        plan.peak.activations = shaped.activations;
-        plan.peak.backward_transient = shaped.backward_transient * units[1] / std::max<int64_t>(1, shape.unit_numels()[1]);
-      } else {
-        plan.peak = fsdp::estimate_step_peak(shape, s, world, per_node, mp, prefetch, checkpointing);
-      }
-      plans.push_back(plan);
+      plans.push_back({s, fsdp::estimate_step_peak(shape, s, world, per_node, mp, prefetch, checkpointing, units),
+                       fsdp::estimate_comm_per_step(units, s, world, per_node, mp)});
     }
 
     std::cout << "model: " << total_params << " parameters in " << units.size() << " units (" << shape.layers

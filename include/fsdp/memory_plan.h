@@ -73,7 +73,10 @@ struct StepPeak {
   int64_t backward_transient = 0;
   int64_t total() const { return state.total() + gathered + activations + backward_transient; }
 };
+// `unit_numels` overrides shape.unit_numels() (a model of another
+// parameter count with the same block structure; the blocks equal).
 StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy strategy, int world, int ranks_per_node,
-                            const MixedPrecision& mixed_precision, bool prefetch, bool activation_checkpointing);
+                            const MixedPrecision& mixed_precision, bool prefetch, bool activation_checkpointing,
+                            const std::vector<int64_t>& unit_numels = {});
 
 }  // namespace fsdp

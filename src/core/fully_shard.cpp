@@ -405,8 +405,8 @@ void FsdpState::recover_from_failed_backward() {
   // gradients it left, and return every unit to rest.
   backward_callback_queued_ = false;
   release_unused_prefetches();
+  finish_reductions_in_flight();
   for (auto& unit : units_) {
-    if (unit->flat_param().reduce_pending()) unit->flat_param().finish_reduce_gradients();
     if (unit->state() != UnitState::kBackward) continue;
     unit->flat_param().drop_gradient_buffer();
     for (const auto& e : unit->flat_param().entries()) e.param.mutable_grad().reset();
@@ -446,9 +446,7 @@ void FsdpState::finish_backward() {
   for (auto& unit : units_) {
     if (unit->state() == UnitState::kBackward) unit->post_backward();
   }
-  for (auto& unit : units_) {
-    if (unit->flat_param().reduce_pending()) unit->flat_param().finish_reduce_gradients();
-  }
+  finish_reductions_in_flight();
   release_unused_prefetches();
 }
 

@@ -80,8 +80,9 @@ std::vector<int64_t> TransformerShape::unit_numels() const {
 }
 
 StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy strategy, int world, int ranks_per_node,
-                            const MixedPrecision& mixed_precision, bool prefetch, bool activation_checkpointing) {
-  const std::vector<int64_t> units = shape.unit_numels();
+                            const MixedPrecision& mixed_precision, bool prefetch, bool activation_checkpointing,
+                            const std::vector<int64_t>& unit_numels) {
+  const std::vector<int64_t> units = unit_numels.empty() ? shape.unit_numels() : unit_numels;
   StepPeak peak;
   peak.state = estimate_model_state(units, strategy, world, ranks_per_node, mixed_precision);
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);

@@ -460,3 +460,85 @@ TEST(FullShard, CallingAUnitOutsideUnitForwardIsAClearError) {
   }
   model.state().check_idle();  // the failed forward left every unit sharded
 }
+
+// Units per attention and per MLP (the trainer's --wrap sublayer), with and
+// without activation checkpointing: the first step's gradients are the
+// single-process ones, and the largest gathered buffer is an MLP's, not a
+// block's.
+TEST(FullShard, SublayerUnitsGiveTheGradientsOfOneProcess) {
+  const int W = world_group->size(), r = world_group->rank();
+  GPTConfig config = tiny();
+  fsdp::models::TokenData data(fsdp::testing::make_token_file("sublayer", 5000, config.vocab), config.context,
+                               config.vocab);
+  auto [gx, gy] = data.batch(0, 0, 0, 1, 1, W * 2);
+  GPT reference = make_gpt(config);
+  reference->forward(gx, gy).backward();
+  for (bool checkpointing : {false, true}) {
+    using namespace fsdp::models;
+    auto sharded = fsdp::fully_shard(make_gpt(config), world_group,
+                                     fsdp::FullyShardOptions()
+                                         .wrap_policy(fsdp::module_type_policy<AttentionImpl, MLPImpl>())
+                                         .activation_checkpointing(checkpointing));
+    ASSERT_EQ(sharded.state().units().size(), static_cast<size_t>(1 + 2 * config.layers));
+    auto [x, y] = data.batch(0, 0, r, W, 1, 2);
+    sharded.forward(x, y).backward();
+    for (const auto& unit : sharded.state().units()) {
+      const auto& flat = unit->flat_param();
+      torch::Tensor full = gather_flat(flat, flat.shard().grad());
+      for (const auto& e : flat.entries()) {
+        torch::Tensor expected = reference->named_parameters()[e.name].grad();
+        EXPECT_LT(fsdp::testing::max_relative_difference(full.narrow(0, e.offset, e.numel).view(e.shape), expected),
+                  1e-4)
+            << "gradient of " << e.name << (checkpointing ? " with" : " without") << " activation checkpointing";
+      }
+    }
+    sharded.state().check_idle();
+  }
+}
+
+namespace {
+// Two linear units, the first fed raw data (which requires no gradient).
+struct DataFedNetImpl : torch::nn::Module {
+  DataFedNetImpl() {
+    first = register_module("first", torch::nn::Linear(8, 16));
+    second = register_module("second", torch::nn::Linear(16, 1));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fsdp::unit_forward(second, torch::tanh(fsdp::unit_forward(first, x))).sum();
+  }
+  torch::nn::Linear first{nullptr}, second{nullptr};
+};
+TORCH_MODULE(DataFedNet);
+}  // namespace
+
+// A checkpointed unit whose input needs no gradient still gets its
+// parameters' gradients (its recompute must not be skipped by autograd).
+TEST(FullShard, ACheckpointedUnitFedDataGetsItsGradients) {
+  torch::manual_seed(3);
+  DataFedNet reference;
+  DataFedNet copy;
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < reference->parameters().size(); ++i) copy->parameters()[i].copy_(reference->parameters()[i]);
+  torch::Tensor x = torch::randn({4, 8});
+  {
+    torch::AutoGradMode grad_on(true);
+    reference->forward(x).backward();
+    auto sharded = fsdp::fully_shard(copy, world_group,
+                                     fsdp::FullyShardOptions()
+                                         .wrap_policy(fsdp::module_type_policy<torch::nn::LinearImpl>())
+                                         .activation_checkpointing(true));
+    sharded.forward(x).backward();
+    for (const auto& unit : sharded.state().units()) {
+      const auto& flat = unit->flat_param();
+      if (flat.entries().empty()) continue;
+      ASSERT_TRUE(flat.shard().grad().defined()) << "unit " << unit->display_name() << " got no gradient";
+      torch::Tensor full = gather_flat(flat, flat.shard().grad());
+      for (const auto& e : flat.entries()) {
+        torch::Tensor expected = reference->named_parameters()[e.name].grad();
+        EXPECT_LT(fsdp::testing::max_relative_difference(full.narrow(0, e.offset, e.numel).view(e.shape), expected),
+                  1e-5)
+            << e.name;
+      }
+    }
+  }
+}

@@ -308,13 +308,23 @@ case "$case_name" in
     # gathered, it does not gather again), and a lower peak.
     head -c 60000 /dev/urandom | tr -dc 'a-z .\n' | head -c 30000 > "$work/data.txt"
     common=(--preset tiny --steps 4 --batch 8 --data "$work/data.txt")
-    for ac in off on; do
-      flags=(); [ "$ac" = off ] || flags=(--activation-checkpointing --forward-prefetch)
+    # Units per attention and per MLP (--wrap sublayer) train the same
+    # model too: same losses bit for bit (at W = 2 each averaged element is
+    # the same two numbers whatever the unit), twice the units.
+    for ac in off on sublayer; do
+      case $ac in
+        off) flags=() ;;
+        on) flags=(--activation-checkpointing --forward-prefetch) ;;
+        sublayer) flags=(--activation-checkpointing --wrap sublayer) ;;
+      esac
       "$run" -n 2 -- "$train" "${common[@]}" "${flags[@]}" --log "$work/$ac.jsonl" --summary "$work/$ac.json" > "$work/$ac.out" 2>&1 ||
         { cat "$work/$ac.out"; fail "run with activation checkpointing $ac failed"; }
     done
     grep -q "activation checkpointing on" "$work/on.out" || fail "the banner does not show activation checkpointing"
     [ "$(losses "$work/on.jsonl")" = "$(losses "$work/off.jsonl")" ] || fail "activation checkpointing changed the losses"
+    grep -q "5 units (wrap sublayer)" "$work/sublayer.out" || { cat "$work/sublayer.out"; fail "sublayer wrapping did not make 5 units"; }
+    [ "$(losses "$work/sublayer.jsonl")" = "$(losses "$work/off.jsonl")" ] || fail "sublayer units changed the losses"
+    expect_error "--wrap must be block or sublayer, got 'layer'" "$run" -n 2 -- "$train" --preset tiny --wrap layer
     gathered() { sed -n 's/.*"all_gather":\([0-9]*\).*/\1/p' "$1" | tail -1; }
     [ "$(gathered "$work/on.jsonl")" = "$(gathered "$work/off.jsonl")" ] ||
       fail "all-gather bytes per step differ: $(gathered "$work/on.jsonl") with recompute, $(gathered "$work/off.jsonl") without"
@@ -354,7 +364,8 @@ case "$case_name" in
     # within 15% (measured: within 8% for the presets); the textbook 70B
     # table; a recommendation for a budget; a calibrated step-time estimate.
     plan="$build/fsdp-plan"
-    for cfg in "tiny 2 full_shard" "tiny 4 zero1" "small 2 no_shard" "small 2 full_shard --activation-checkpointing"; do
+    for cfg in "tiny 2 full_shard" "tiny 4 zero1" "small 2 no_shard" "small 2 full_shard --activation-checkpointing" \
+               "small 2 full_shard --activation-checkpointing --wrap sublayer"; do
       read -r preset world strategy extra <<<"$cfg"
       "$run" -n "$world" -- "$train" --preset "$preset" --steps 2 --strategy "$strategy" $extra --summary "$work/s.json" \
         > "$work/s.out" 2>&1 || { cat "$work/s.out"; fail "$cfg: run failed"; }

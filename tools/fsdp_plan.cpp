@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -119,7 +120,7 @@ int main(int argc, char** argv) {
   double params = 0;
   int64_t layers = 0, width = 0, vocab = 0, context = 0, heads = 0, batch = 0;
   int world = 2, nodes = 1;
-  std::string strategy = "all", param_dtype = "fp32", reduce_dtype, cluster_path, offload = "none";
+  std::string strategy = "all", param_dtype = "fp32", reduce_dtype, cluster_path, offload = "none", wrap = "block";
   bool checkpointing = false, prefetch = true, seed_accounting = false;
   double budget = 0;
   app.add_option("--preset", preset, "a reference GPT preset: tiny, small, medium, large");
@@ -135,7 +136,8 @@ int main(int argc, char** argv) {
   app.add_option("--strategy", strategy, "one strategy, or all")->capture_default_str();
   app.add_option("--param-dtype", param_dtype, "fp32, bf16, fp16")->capture_default_str();
   app.add_option("--reduce-dtype", reduce_dtype, "default: the param dtype");
-  app.add_flag("--activation-checkpointing", checkpointing, "recompute blocks in backward");
+  app.add_flag("--activation-checkpointing", checkpointing, "recompute units in backward");
+  app.add_option("--wrap", wrap, "block (a unit per block) or sublayer (per attention and per MLP)")->capture_default_str();
   app.add_flag("!--no-prefetch", prefetch, "no unit gathered ahead (default: one)");
   app.add_option("--offload", offload, "none, or cpu: fp32 masters, gradients and optimizer state in host memory")
       ->capture_default_str();
@@ -151,6 +153,7 @@ int main(int argc, char** argv) {
     TORCH_CHECK(preset.empty() != (params == 0), "give --preset or --params (with --layers), not both");
     TORCH_CHECK(world > 0 && nodes > 0 && world % nodes == 0, "--world must be a positive multiple of --nodes");
     TORCH_CHECK(offload == "none" || offload == "cpu", "--offload must be none or cpu, got '", offload, "'");
+    TORCH_CHECK(wrap == "block" || wrap == "sublayer", "--wrap must be block or sublayer, got '", wrap, "'");
     fsdp::TransformerShape shape;
     if (!preset.empty()) {
       const auto c = fsdp::models::GPTConfig::preset(preset);
@@ -169,11 +172,16 @@ int main(int argc, char** argv) {
     if (context > 0) shape.context = context;
     if (heads > 0) shape.heads = heads;
     if (batch > 0) shape.batch = batch;
+    shape.sublayer_units = wrap == "sublayer";
     std::vector<int64_t> units = shape.unit_numels();
     if (params > 0) {  // exactly the count asked for: the blocks take what the embeddings leave
       const double block = (params - static_cast<double>(units[0])) / static_cast<double>(layers);
       TORCH_CHECK(block > 0, "--params ", params, " is smaller than the embeddings alone");
-      for (size_t u = 1; u < units.size(); ++u) units[u] = static_cast<int64_t>(block);
+      for (size_t u = 1; u < units.size(); ++u) {
+        // Per sublayer: attention 4 C^2 and MLP 8 C^2 of a block's 12 C^2.
+        const double share = !shape.sublayer_units ? 1.0 : (u % 2 == 1 ? 1.0 / 3 : 2.0 / 3);
+        units[u] = static_cast<int64_t>(block * share);
+      }
     }
     int64_t total_params = 0;
     for (int64_t n : units) total_params += n;
@@ -199,7 +207,7 @@ int main(int argc, char** argv) {
     }
 
     std::cout << "model: " << total_params << " parameters in " << units.size() << " units (" << shape.layers
-              << " blocks of " << units.back() << "); vocab " << shape.vocab << ", context " << shape.context
+              << " blocks, " << wrap << " units, the largest " << *std::max_element(units.begin() + 1, units.end()) << "); vocab " << shape.vocab << ", context " << shape.context
               << ", width " << shape.width << ", heads " << shape.heads << ", batch " << shape.batch << " per rank\n"
               << "world: " << world << " ranks on " << nodes << " node(s); params " << fsdp::dtype_name(mp.param_dtype())
               << ", reduce " << fsdp::dtype_name(mp.effective_reduce_dtype()) << "; prefetch " << (prefetch ? "on" : "off")

@@ -63,6 +63,7 @@ struct TrainOptions {
   bool resume = false;
   bool forward_prefetch = false;
   std::string backward_prefetch = "pre";
+  std::string wrap = "block";
   int prefetch_depth = 1;
   bool no_limit_all_gathers = false;
   std::string trace;
@@ -159,12 +160,21 @@ int ranks_per_node(const TrainOptions& o) {
   return env ? std::atoi(env) : 0;
 }
 
+// --wrap: a unit per transformer block, or one per attention and per MLP
+// (half the largest gathered buffer, twice the collectives).
+fsdp::WrapPolicy make_wrap_policy(const std::string& wrap) {
+  using namespace fsdp::models;
+  if (wrap == "block") return fsdp::module_type_policy<BlockImpl>();
+  if (wrap == "sublayer") return fsdp::module_type_policy<AttentionImpl, MLPImpl>();
+  TORCH_CHECK(false, "--wrap must be block or sublayer, got '", wrap, "'");
+}
+
 fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
   fsdp::MixedPrecision mp;
   mp.param_dtype(fsdp::parse_dtype(o.param_dtype));
   if (!o.reduce_dtype.empty()) mp.reduce_dtype(fsdp::parse_dtype(o.reduce_dtype));
   auto options = fsdp::FullyShardOptions()
-                     .wrap_policy(fsdp::module_type_policy<fsdp::models::BlockImpl>())
+                     .wrap_policy(make_wrap_policy(o.wrap))
                      .mixed_precision(mp)
                      .ranks_per_node(ranks_per_node(o))
                      .forward_prefetch(o.forward_prefetch)
@@ -290,7 +300,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   const fsdp::ModelStateBytes predicted = fsdp::estimate_model_state(
       unit_numels, strategy, W, state.shard_group() ? state.shard_group()->size() : 1, mp);
   const fsdp::StepPeak predicted_peak = fsdp::estimate_step_peak(
-      fsdp::TransformerShape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch}, strategy, W,
+      fsdp::TransformerShape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch, o.wrap == "sublayer"}, strategy, W,
       state.shard_group() ? state.shard_group()->size() : 1, mp,
       o.forward_prefetch || o.backward_prefetch != "none", o.activation_checkpointing);
   const int64_t A = o.grad_accum;
@@ -301,7 +311,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
               << "  " << fsdp::strategy_name(strategy) << " over " << W << " rank(s)";
     if (state.shard_group()) std::cout << ", shard group of " << state.shard_group()->size();
     if (state.replicate_group()) std::cout << ", replicate group of " << state.replicate_group()->size();
-    std::cout << ", " << state.units().size() << " units, " << torch::get_num_threads() << " thread(s) per rank\n"
+    std::cout << ", " << state.units().size() << " units (wrap " << o.wrap << "), " << torch::get_num_threads() << " thread(s) per rank\n"
               << "  params " << fsdp::dtype_name(mp.param_dtype()) << ", reduce "
               << fsdp::dtype_name(mp.effective_reduce_dtype()) << (scaler ? " with loss scaling" : "")
               << ", " << A << " micro-step(s) per step" << (skip_sync ? " (reduced on the last)" : "") << ", "
@@ -503,6 +513,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"forward_prefetch", o.forward_prefetch},
                               {"backward_prefetch", o.backward_prefetch},
                               {"activation_checkpointing", o.activation_checkpointing},
+                              {"wrap", o.wrap},
                               {"construction_peak_bytes", construction_peak},
                               {"threads_per_rank", torch::get_num_threads()},
                               {"steps", o.steps},
@@ -635,6 +646,8 @@ int main(int argc, char** argv) {
   app.add_flag("--forward-prefetch", o.forward_prefetch, "issue the next unit's all-gather before this unit's forward");
   app.add_option("--backward-prefetch", o.backward_prefetch,
                  "none, pre (before this unit's gradients) or post (after them): when backward gathers the next unit")
+      ->capture_default_str();
+  app.add_option("--wrap", o.wrap, "block (a unit per transformer block) or sublayer (per attention and per MLP)")
       ->capture_default_str();
   app.add_option("--prefetch-depth", o.prefetch_depth, "units ahead that prefetch gathers")->capture_default_str();
   app.add_flag("--no-limit-all-gathers", o.no_limit_all_gathers,

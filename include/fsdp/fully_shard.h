@@ -57,6 +57,9 @@ class Unit {
   void pre_forward();
   void post_forward();
   void pre_backward();
+  // A checkpointed unit's backward, after its forward was recomputed and
+  // before its gradients are computed.
+  void before_recomputed_gradients();
   void on_gradient_ready();
   void post_backward();
 
@@ -207,10 +210,16 @@ void watch_outputs(const UnitForwardScope&, const T&) {}  // outputs without ten
 torch::Tensor checkpointed_call(Unit& unit, const torch::Tensor& input);
 [[noreturn]] void refuse_checkpointing(const Unit& unit);
 
+// The module behind a plain module, a ModuleHolder (including the classes
+// TORCH_MODULE declares) or a shared_ptr.
 template <class M>
-M& module_ref(M& module) { return module; }
-template <class Impl>
-Impl& module_ref(torch::nn::ModuleHolder<Impl>& holder) { return *holder; }
+auto& module_ref(M& module) {
+  if constexpr (torch::detail::is_module_holder<M>::value) {
+    return *module.get();
+  } else {
+    return module;
+  }
+}
 template <class Impl>
 Impl& module_ref(const std::shared_ptr<Impl>& ptr) { return *ptr; }
 

@@ -55,8 +55,11 @@ CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, Shardi
 // per-rank batch.
 struct TransformerShape {
   int64_t vocab = 0, context = 0, layers = 0, heads = 0, width = 0, batch = 0;
-  // The units fully_shard makes with one unit per block: the root (the
-  // embeddings and the final norm) first, then each block.
+  // One unit per attention and one per MLP instead of one per block (the
+  // trainer's --wrap sublayer); the norms then belong to the root.
+  bool sublayer_units = false;
+  // The units fully_shard makes: the root (the embeddings and the final
+  // norm) first, then each block's (or attention's and MLP's).
   std::vector<int64_t> unit_numels() const;
 };
 

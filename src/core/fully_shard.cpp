@@ -120,8 +120,19 @@ void Unit::pre_backward() {
   flat_.start_unshard();
   if (owner_->options().backward_prefetch() == BackwardPrefetch::kPre) owner_->prefetch_after(*this, /*backward=*/true);
   flat_.unshard();
-  if (owner_->requires_gradient_sync()) flat_.prepare_gradient_buffer();
+  // A checkpointed unit recomputes its forward first: its gradient buffer
+  // waits until then (before_recomputed_gradients).
+  if (owner_->requires_gradient_sync() && !checkpointed()) flat_.prepare_gradient_buffer();
   gradients_pending_ = static_cast<int64_t>(grad_accumulators_.size());
+}
+
+void Unit::before_recomputed_gradients() {
+  if (!owner_->requires_gradient_sync()) return;
+  // The previous unit's reduction overlapped the recompute; finishing it
+  // before this unit's gradient buffer exists keeps one full-size gradient
+  // buffer alive instead of two.
+  owner_->finish_reductions_in_flight();
+  flat_.prepare_gradient_buffer();
 }
 
 void Unit::on_gradient_ready() {
@@ -459,7 +470,10 @@ namespace {
 // backpropagates through it, which accumulates the parameters' gradients
 // (firing the unit's post-backward) and returns the input's.
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input, int64_t unit_address) {
+  // `anchor` requires grad, so the output does even when the input does not
+  // (a first layer fed data): the unit's parameters still get gradients.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
+                               const torch::Tensor& /*anchor*/, int64_t unit_address) {
     Unit* unit = reinterpret_cast<Unit*>(unit_address);
     ctx->save_for_backward({input});
     ctx->saved_data["unit"] = unit_address;
@@ -482,15 +496,17 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       output = unit->checkpoint_body()(input);
     }
     generator.set_state(rng_now);
+    unit->before_recomputed_gradients();
     torch::autograd::backward({output}, {grad_outputs[0]});
-    return {input.requires_grad() ? input.grad() : torch::Tensor(), torch::Tensor()};
+    return {input.requires_grad() ? input.grad() : torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
 torch::Tensor checkpointed_call(Unit& unit, const torch::Tensor& input) {
-  return CheckpointFunction::apply(input, reinterpret_cast<int64_t>(&unit));
+  static const torch::Tensor anchor = torch::empty({0}).requires_grad_();
+  return CheckpointFunction::apply(input, anchor, reinterpret_cast<int64_t>(&unit));
 }
 
 void refuse_checkpointing(const Unit& unit) {

@@ -75,7 +75,15 @@ CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, Shardi
 std::vector<int64_t> TransformerShape::unit_numels() const {
   const int64_t C = width;
   std::vector<int64_t> numels = {vocab * C + context * C + 2 * C};  // wte (tied with the head), wpe, ln_f
-  for (int64_t i = 0; i < layers; ++i) numels.push_back(12 * C * C + 13 * C);
+  for (int64_t i = 0; i < layers; ++i) {
+    if (!sublayer_units) {
+      numels.push_back(12 * C * C + 13 * C);
+      continue;
+    }
+    numels[0] += 4 * C;                  // the block's two norms
+    numels.push_back(4 * C * C + 4 * C);  // attention: c_attn, c_proj
+    numels.push_back(8 * C * C + 5 * C);  // MLP: c_fc, c_proj
+  }
   return numels;
 }
 
@@ -88,30 +96,51 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
   const int64_t r = c10::elementSize(mixed_precision.effective_reduce_dtype());
-  const int64_t block = units.size() > 1 ? (units[1] + K - 1) / K * K : 0;  // padded
+  int64_t largest = 0;  // the largest unit but the root, padded
+  for (size_t u = 1; u < units.size(); ++u) largest = std::max(largest, (units[u] + K - 1) / K * K);
   peak.gathered = peak.state.gathered_peak;
-  if (prefetch && reshards_after_forward(strategy)) peak.gathered += p * block;  // one unit gathered ahead
+  if (prefetch && reshards_after_forward(strategy)) peak.gathered += p * largest;  // one unit gathered ahead
   // What autograd keeps, M = batch x context tokens: per block the first
   // norm's output, q/k/v, the attention probabilities, the attention
   // output, the residual, the second norm's output, the MLP's two 4C
   // activations, the block output (15 M C elements), the probabilities
   // (B H T^2), and the norms' statistics (fp32); outside the blocks the
   // embeddings' sum, the final norm's output, the mask, and the fp32
-  // log-probabilities (M V). Checkpointed blocks keep only their input, and
-  // one block's activations exist again while it is recomputed.
+  // log-probabilities (M V). Checkpointed units keep only their input (per
+  // block: the block's input; per sublayer: also both norms' inputs and
+  // outputs, which live outside the units), and the largest unit's
+  // activations exist again while it is recomputed.
   const int64_t M = shape.batch * shape.context, C = shape.width, T = shape.context;
-  const int64_t per_block = 15 * M * C * p + shape.batch * shape.heads * T * T * p + 4 * M * 4;
+  const int64_t probabilities = shape.batch * shape.heads * T * T * p, norm_stats = 4 * M * 4;
+  const int64_t per_block = 15 * M * C * p + probabilities + norm_stats;
+  const int64_t largest_unit_activations =
+      shape.sublayer_units ? std::max(4 * M * C * p + probabilities, 8 * M * C * p) : per_block;
+  const int64_t kept_per_layer = shape.sublayer_units ? 4 * M * C * p + norm_stats : M * C * p;
   const int64_t outside = 2 * M * C * p + M * shape.vocab * 4 + T * T;
-  peak.activations = activation_checkpointing ? shape.layers * M * C * p + per_block + outside
+  peak.activations = activation_checkpointing ? shape.layers * kept_per_layer + largest_unit_activations + outside
                                               : shape.layers * per_block + outside;
   // Backward's own buffers at its peak: at its start the loss's gradients
   // (the log-probabilities' and the logits', fp32); later, in a unit, its
   // parameters' gradients (compute dtype) and, for sharded gradients, the
   // flat gradient being reduced and the previous unit's reduction in flight,
-  // while the unit's activations (unless recomputed) are already freed.
-  const int64_t unit_gradients = keeps_full_gradients(strategy) ? p * block : (p + 2 * r) * block;
+  // while the unit's activations are already freed. A recomputed unit
+  // finishes the previous reduction before its gradients exist; its
+  // recomputed activations are live (counted above), with the largest of
+  // their gradients and one weight's gradient (4 C^2, before autograd adds
+  // it into the flat buffer).
+  const bool flat_in_place = mixed_precision.effective_reduce_dtype() == mixed_precision.param_dtype();
+  int64_t unit_gradients = 0;
+  if (keeps_full_gradients(strategy)) {
+    unit_gradients = p * largest;
+  } else if (activation_checkpointing) {
+    unit_gradients = (flat_in_place ? p : p + r) * largest;
+  } else {
+    unit_gradients = (p + 2 * r) * largest;
+  }
   peak.backward_transient =
-      std::max(2 * M * shape.vocab * 4, unit_gradients - (activation_checkpointing ? 0 : per_block));
+      std::max(2 * M * shape.vocab * 4,
+               activation_checkpointing ? unit_gradients + 4 * C * C * p + std::max(probabilities, 4 * M * C * p)
+                                        : unit_gradients - largest_unit_activations);
   return peak;
 }
 

@@ -1,5 +1,6 @@
-// The reference GPT (shared/spec/gpt.md). Blocks are called through
-// fsdp::unit_forward: that one line per block is the unit boundary.
+// The reference GPT (shared/spec/gpt.md). Blocks, and inside them attention
+// and MLP, are called through fsdp::unit_forward: those calls are the unit
+// boundaries a wrap policy can choose from.
 
 #include "fsdp/gpt.h"
 
@@ -72,8 +73,10 @@ BlockImpl::BlockImpl(const GPTConfig& c) {
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  torch::Tensor h = x + attn(ln_1(x));
-  return h + mlp(ln_2(h));
+  // Attention and MLP are unit boundaries too, for policies that wrap them
+  // (finer units: smaller gathered buffers); a plain call otherwise.
+  torch::Tensor h = x + fsdp::unit_forward(attn, ln_1(x));
+  return h + fsdp::unit_forward(mlp, ln_2(h));
 }
 
 TransformerImpl::TransformerImpl(const GPTConfig& c) {

@@ -504,7 +504,8 @@ struct DataFedNetImpl : torch::nn::Module {
     second = register_module("second", torch::nn::Linear(16, 1));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    return fsdp::unit_forward(second, torch::tanh(fsdp::unit_forward(first, x))).sum();
+    // A holder and a shared_ptr: both name the module.
+    return fsdp::unit_forward(second, torch::tanh(fsdp::unit_forward(first.ptr(), x))).sum();
   }
   torch::nn::Linear first{nullptr}, second{nullptr};
 };

@@ -212,16 +212,18 @@ torch::Tensor checkpointed_call(Unit& unit, const torch::Tensor& input);
 
 // The module behind a plain module, a ModuleHolder (including the classes
 // TORCH_MODULE declares) or a shared_ptr.
+template <class T>
+struct is_shared_ptr : std::false_type {};
+template <class T>
+struct is_shared_ptr<std::shared_ptr<T>> : std::true_type {};
 template <class M>
 auto& module_ref(M& module) {
-  if constexpr (torch::detail::is_module_holder<M>::value) {
-    return *module.get();
+  if constexpr (torch::detail::is_module_holder<M>::value || is_shared_ptr<std::remove_cv_t<M>>::value) {
+    return *module;
   } else {
     return module;
   }
 }
-template <class Impl>
-Impl& module_ref(const std::shared_ptr<Impl>& ptr) { return *ptr; }
 
 }  // namespace detail
 

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${FSDP_BUILD:-build}"
 preset=medium batch=2 steps=4 rounds=1 out=bench/results/suite report_only=0
-variants="local no_shard zero1 shard_grad_op full_shard full_shard_noprefetch full_shard_ac full_shard_bf16 no_shard_w4 full_shard_w4"
+variants="local no_shard no_shard_ac no_shard_bf16 zero1 shard_grad_op full_shard full_shard_noprefetch full_shard_ac full_shard_bf16 full_shard_lowmem no_shard_w4 full_shard_w4"
 while [ $# -gt 0 ]; do
   case "$1" in
     --preset) preset="$2"; shift 2 ;;
@@ -31,10 +31,14 @@ variant_args() {
   case "$1" in
     local) echo "1 --batch $((2 * batch)) --strategy no_shard" ;;
     no_shard|zero1|shard_grad_op) echo "2 --batch $batch --strategy $1" ;;
+    no_shard_ac) echo "2 --batch $batch --strategy no_shard --activation-checkpointing" ;;
+    no_shard_bf16) echo "2 --batch $batch --strategy no_shard --param-dtype bf16" ;;
     full_shard) echo "2 --batch $batch --strategy full_shard --forward-prefetch --backward-prefetch pre" ;;
     full_shard_noprefetch) echo "2 --batch $batch --strategy full_shard --backward-prefetch none" ;;
     full_shard_ac) echo "2 --batch $batch --strategy full_shard --forward-prefetch --activation-checkpointing" ;;
     full_shard_bf16) echo "2 --batch $batch --strategy full_shard --forward-prefetch --param-dtype bf16" ;;
+    # The least memory: sublayer units, recomputed, nothing gathered ahead.
+    full_shard_lowmem) echo "2 --batch $batch --strategy full_shard --activation-checkpointing --wrap sublayer --backward-prefetch none" ;;
     hybrid_shard) echo "4 --batch $((batch / 2)) --strategy hybrid_shard --ranks-per-node 2 --forward-prefetch" ;;
     no_shard_w4) echo "4 --batch $((batch / 2)) --strategy no_shard" ;;
     full_shard_w4) echo "4 --batch $((batch / 2)) --strategy full_shard --forward-prefetch" ;;

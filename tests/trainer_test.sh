@@ -393,8 +393,9 @@ case "$case_name" in
     FSDP_BUILD="$(cd "$build" && pwd)" "$(dirname "$0")/../bench/suite.sh" --preset tiny --steps 2 --out "$work/suite" > "$work/suite.out" 2>&1 ||
       { cat "$work/suite.out"; fail "the benchmark suite failed"; }
     cat "$work/suite.out"
-    [ "$(wc -l < "$work/suite/results.jsonl")" -eq 10 ] || fail "expected 10 result lines"
-    for v in local no_shard zero1 shard_grad_op full_shard full_shard_noprefetch full_shard_ac full_shard_bf16 no_shard_w4 full_shard_w4; do
+    [ "$(wc -l < "$work/suite/results.jsonl")" -eq 13 ] || fail "expected 13 result lines"
+    for v in local no_shard no_shard_ac no_shard_bf16 zero1 shard_grad_op full_shard full_shard_noprefetch full_shard_ac \
+             full_shard_bf16 full_shard_lowmem no_shard_w4 full_shard_w4; do
       line=$(grep "^$v " "$work/suite/table.txt") || fail "no row for $v"
       read -r measured predicted <<<"$(sed -E 's/.* ([0-9]+) \/ ([0-9]+) .*/\1 \2/' <<<"$line")"
       [ "$measured" = "$predicted" ] || fail "$v: measured model state $measured, planner $predicted"

@@ -207,7 +207,8 @@ int main(int argc, char** argv) {
     }
 
     std::cout << "model: " << total_params << " parameters in " << units.size() << " units (" << shape.layers
-              << " blocks, " << wrap << " units, the largest " << *std::max_element(units.begin() + 1, units.end()) << "); vocab " << shape.vocab << ", context " << shape.context
+              << " blocks, " << wrap << " units, the largest " << *std::max_element(units.begin() + 1, units.end())
+              << "); vocab " << shape.vocab << ", context " << shape.context
               << ", width " << shape.width << ", heads " << shape.heads << ", batch " << shape.batch << " per rank\n"
               << "world: " << world << " ranks on " << nodes << " node(s); params " << fsdp::dtype_name(mp.param_dtype())
               << ", reduce " << fsdp::dtype_name(mp.effective_reduce_dtype()) << "; prefetch " << (prefetch ? "on" : "off")

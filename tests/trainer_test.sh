@@ -409,6 +409,9 @@ case "$case_name" in
     [ "$threads" = "$(nproc)" ] || fail "1 rank got $threads threads, expected $(nproc)"
     many=$(( $(nproc) * 2 ))
     [ "$("$run" -n "$many" -- printenv OMP_NUM_THREADS | sort -u)" = 1 ] || fail "oversubscribed ranks did not get 1 thread"
+    # MPI yields the core while it waits (the communication thread's busy-poll
+    # would take it from the compute threads).
+    [ "$("$run" -n 2 -- printenv OMPI_MCA_mpi_yield_when_idle | sort -u)" = 1 ] || fail "MPI does not yield when idle"
     echo "ok: launcher"
     ;;
   example)

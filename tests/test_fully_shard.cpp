@@ -38,6 +38,28 @@ torch::Tensor gather_flat(const fsdp::FlatParam& flat, const torch::Tensor& shar
   return full;
 }
 
+// Each unit's gathered gradient against the same parameter's gradient in a
+// single-process reference, to a relative tolerance.
+void expect_gradients_match(const fsdp::FsdpState& state, const torch::nn::Module& reference, double tolerance,
+                            const std::string& context = "") {
+  const auto expected_grads = reference.named_parameters();
+  for (const auto& unit : state.units()) {
+    const auto& flat = unit->flat_param();
+    if (flat.entries().empty()) continue;
+    if (!flat.shard().grad().defined()) {
+      ADD_FAILURE() << "unit " << unit->display_name() << " got no gradient" << context;
+      continue;
+    }
+    torch::Tensor full = gather_flat(flat, flat.shard().grad());
+    for (const auto& e : flat.entries()) {
+      torch::Tensor expected = expected_grads[e.name].grad();
+      EXPECT_LT(fsdp::testing::max_relative_difference(full.narrow(0, e.offset, e.numel).view(e.shape), expected),
+                tolerance)
+          << "gradient of " << e.name << context;
+    }
+  }
+}
+
 }  // namespace
 
 // The project's first correctness test: W ranks with batch B train the same
@@ -76,16 +98,7 @@ TEST(FullShard, TrainsTheSameModelAsOneProcessWithTheGlobalBatch) {
     if (step == 0) {
       // The gradients themselves (Adam's update is scale-invariant, so the
       // losses alone would not catch a sum where a mean belongs).
-      for (const auto& unit : sharded.state().units()) {
-        const auto& flat = unit->flat_param();
-        torch::Tensor full = gather_flat(flat, flat.shard().grad());
-        for (const auto& e : flat.entries()) {
-          torch::Tensor expected = reference->named_parameters()[e.name].grad();
-          EXPECT_LT(fsdp::testing::max_relative_difference(full.narrow(0, e.offset, e.numel).view(e.shape), expected),
-                    1e-4)
-              << "gradient of " << e.name;
-        }
-      }
+      expect_gradients_match(sharded.state(), *reference, 1e-4);
     }
     reference_opt.step();
 
@@ -482,16 +495,8 @@ TEST(FullShard, SublayerUnitsGiveTheGradientsOfOneProcess) {
     ASSERT_EQ(sharded.state().units().size(), static_cast<size_t>(1 + 2 * config.layers));
     auto [x, y] = data.batch(0, 0, r, W, 1, 2);
     sharded.forward(x, y).backward();
-    for (const auto& unit : sharded.state().units()) {
-      const auto& flat = unit->flat_param();
-      torch::Tensor full = gather_flat(flat, flat.shard().grad());
-      for (const auto& e : flat.entries()) {
-        torch::Tensor expected = reference->named_parameters()[e.name].grad();
-        EXPECT_LT(fsdp::testing::max_relative_difference(full.narrow(0, e.offset, e.numel).view(e.shape), expected),
-                  1e-4)
-            << "gradient of " << e.name << (checkpointing ? " with" : " without") << " activation checkpointing";
-      }
-    }
+    expect_gradients_match(sharded.state(), *reference, 1e-4,
+                           checkpointing ? " with activation checkpointing" : " without activation checkpointing");
     sharded.state().check_idle();
   }
 }
@@ -529,17 +534,6 @@ TEST(FullShard, ACheckpointedUnitFedDataGetsItsGradients) {
                                          .wrap_policy(fsdp::module_type_policy<torch::nn::LinearImpl>())
                                          .activation_checkpointing(true));
     sharded.forward(x).backward();
-    for (const auto& unit : sharded.state().units()) {
-      const auto& flat = unit->flat_param();
-      if (flat.entries().empty()) continue;
-      ASSERT_TRUE(flat.shard().grad().defined()) << "unit " << unit->display_name() << " got no gradient";
-      torch::Tensor full = gather_flat(flat, flat.shard().grad());
-      for (const auto& e : flat.entries()) {
-        torch::Tensor expected = reference->named_parameters()[e.name].grad();
-        EXPECT_LT(fsdp::testing::max_relative_difference(full.narrow(0, e.offset, e.numel).view(e.shape), expected),
-                  1e-5)
-            << e.name;
-      }
-    }
+    expect_gradients_match(sharded.state(), *reference, 1e-5);
   }
 }

@@ -148,10 +148,16 @@ double directory_bytes(const std::string& path) {
   return total;
 }
 
-int64_t plan_numel(const fsdp::UnitPlan& plan) {
-  int64_t n = 0;
-  for (const auto& p : plan.params) n += p.second.numel();
-  return n;
+// The element count of each unit the run's wrap policy makes, root first
+// (what the planner's estimates take).
+std::vector<int64_t> planned_unit_numels(Run& run) {
+  std::vector<int64_t> numels;
+  for (const auto& plan : fsdp::plan_units(*run.model, run.fsdp_options.wrap_policy())) {
+    int64_t n = 0;
+    for (const auto& p : plan.params) n += p.second.numel();
+    numels.push_back(n);
+  }
+  return numels;
 }
 
 int ranks_per_node(const TrainOptions& o) {
@@ -192,8 +198,7 @@ fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
 fsdp::ShardingStrategy pick_strategy(const TrainOptions& o, Run& run, int world) {
   TORCH_CHECK(o.memory_budget > 0,
               "--strategy auto needs --memory-budget BYTES (per-rank model state plus gathered parameters)");
-  std::vector<int64_t> unit_numels;
-  for (const auto& plan : fsdp::plan_units(*run.model, run.fsdp_options.wrap_policy())) unit_numels.push_back(plan_numel(plan));
+  const std::vector<int64_t> unit_numels = planned_unit_numels(run);
   using S = fsdp::ShardingStrategy;
   const int per_node = run.fsdp_options.ranks_per_node();
   std::vector<S> candidates = {S::kNoShard, S::kZero1, S::kShardGradOp, S::kFullShard};
@@ -271,8 +276,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   const int rank = world->rank(), W = world->size();
   const auto& c = run.config;
   const int64_t num_params = run.model->num_parameters();
-  std::vector<int64_t> unit_numels;
-  for (const auto& plan : fsdp::plan_units(*run.model, run.fsdp_options.wrap_policy())) unit_numels.push_back(plan_numel(plan));
+  const std::vector<int64_t> unit_numels = planned_unit_numels(run);
   if (o.sharded_init) {
     // The same draws as init_weights: seeded alike, parameter by parameter in named order.
     torch::manual_seed(o.seed);
@@ -297,12 +301,11 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   // gradients between micro-steps, so it is asked for with --no-sync.
   const bool skip_sync = o.grad_accum > 1 && (fsdp::keeps_full_gradients(strategy) || o.no_sync);
 
-  const fsdp::ModelStateBytes predicted = fsdp::estimate_model_state(
-      unit_numels, strategy, W, state.shard_group() ? state.shard_group()->size() : 1, mp);
+  const int shard_group_size = state.shard_group() ? state.shard_group()->size() : 1;
+  const fsdp::ModelStateBytes predicted = fsdp::estimate_model_state(unit_numels, strategy, W, shard_group_size, mp);
   const fsdp::StepPeak predicted_peak = fsdp::estimate_step_peak(
       fsdp::TransformerShape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch, o.wrap == "sublayer"}, strategy, W,
-      state.shard_group() ? state.shard_group()->size() : 1, mp,
-      o.forward_prefetch || o.backward_prefetch != "none", o.activation_checkpointing);
+      shard_group_size, mp, o.forward_prefetch || o.backward_prefetch != "none", o.activation_checkpointing, unit_numels);
   const int64_t A = o.grad_accum;
   const int64_t tokens_per_step = c.batch * c.context * W * A;
   const int64_t print_every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 20);

@@ -1,12 +1,14 @@
 #pragma once
 // The one place where LibTorch version differences live. The code builds
-// against Debian's LibTorch 1.13 and against LibTorch 2.x on GPU machines.
+// and is tested against Debian's LibTorch 1.13 and the PyPI wheel's 2.x.
 
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #define FSDP_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) ||       \
@@ -24,6 +26,12 @@
 
 namespace fsdp::compat {
 
+// What autograd hands out for a gradient accumulator: std::shared_ptr<Node>
+// up to LibTorch 2.0, c10::intrusive_ptr<Node> after. Either way autograd
+// itself keeps only a weak reference, so whoever needs the node (and the
+// hooks on it) to live must hold one of these.
+using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const torch::Tensor&>()));
+
 // Frees a tensor's memory while keeping its storage object, so that every
 // view of it (including the ones autograd saved during forward) sees the
 // memory again once allocate_storage refills it. This is how unsharded
@@ -37,7 +45,11 @@ template <class Optimizer>
 auto optimizer_state_key(const Optimizer& optimizer, const torch::Tensor& param) {
   using Key = typename std::decay_t<decltype(optimizer.state())>::key_type;
   if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(param.unsafeGetTensorImpl());
+    // LibTorch 1.x keys by the address printed as text (what its own
+    // c10::guts::to_string did; that helper is gone in 2.x).
+    std::ostringstream key;
+    key << param.unsafeGetTensorImpl();
+    return key.str();
   } else {
     return static_cast<Key>(param.unsafeGetTensorImpl());
   }

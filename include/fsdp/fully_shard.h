@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "fsdp/comm.h"
+#include "fsdp/compat.h"
 #include "fsdp/flat_param.h"
 #include "fsdp/options.h"
 #include "fsdp/wrap_policy.h"
@@ -73,7 +74,7 @@ class Unit {
   // Held here because autograd keeps gradient accumulators only weakly: a
   // dropped one is recreated later without our post hook. Created while the
   // parameters have their full shape and compute dtype, which they fix.
-  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+  std::vector<compat::NodePtr> grad_accumulators_;
   std::function<torch::Tensor(const torch::Tensor&)> checkpoint_body_;
   UnitState state_ = UnitState::kSharded;
   bool prefetched_ = false;  // its all-gather was issued ahead, and it has not run since

@@ -35,8 +35,8 @@ struct GradientReadyHook final : torch::autograd::FunctionPostHook {
   Unit* unit;
 };
 
-std::vector<std::shared_ptr<torch::autograd::Node>> make_accumulators(const std::vector<FlatParamEntry>& entries) {
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+std::vector<compat::NodePtr> make_accumulators(const std::vector<FlatParamEntry>& entries) {
+  std::vector<compat::NodePtr> accumulators;
   for (const auto& e : entries) {
     if (!e.param.requires_grad()) continue;  // frozen: no gradient to wait for
     TORCH_CHECK(e.param.is_leaf(), "parameter '", e.name, "' is not a leaf tensor and cannot be sharded");

@@ -7,6 +7,7 @@
 
 #include <numeric>
 
+#include "core/unit.h"
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/gpt.h"
@@ -361,7 +362,7 @@ TEST(FullShard, TiedWeightsReceiveTheSumOfBothUsesGradients) {
   auto sharded = fsdp::fully_shard(make_gpt(config), world_group, block_units());
   auto [x, y] = data.batch(0, 0, r, W, 1, 2);
   sharded.forward(x, y).backward();
-  const auto& root = sharded.state().root_unit().flat_param();
+  const auto& root = sharded.state().units().front()->flat_param();
   ASSERT_EQ(root.entries().front().name, "transformer.wte.weight");
   torch::Tensor grad = gather_flat(root, root.shard().grad());
   const auto& wte_entry = root.entries().front();

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 
+#include "core/unit.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"

@@ -1,7 +1,8 @@
 #pragma once
-// Training checkpoints: the model's fp32 masters and AdamW's state (step
-// count included), in one of two formats, plus metadata.json (layout,
-// every file's checksum, training position, and its own checksum).
+// Training checkpoints: the model's fp32 masters and the optimizer's state
+// (Adam, AdamW or SGD: see optimizer_state.h; the step count included), in
+// one of two formats, plus metadata.json (layout, the optimizer's type and
+// state names, every file's checksum, training position, its own checksum).
 //  - sharded: every shard in its own safetensors file, written by its rank
 //    at once; the fast path for large models.
 //  - full: the full state dict, gathered unit by unit and written by rank 0:
@@ -32,20 +33,21 @@ CheckpointFormat parse_checkpoint_format(const std::string& name);  // throws li
 
 // Collective. Writes DIR/step-<step> and returns its path. `extra` is kept
 // in the metadata (e.g. the trainer's configuration and loss scale).
-// The optimizer must be torch::optim::AdamW over state.parameters().
-std::string save_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& dir, int64_t step,
+// The optimizer must be one OptimizerState accepts, over state.parameters().
+std::string save_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& dir, int64_t step,
                             const nlohmann::json& extra = nlohmann::json::object(),
                             CheckpointFormat format = CheckpointFormat::kSharded);
 
 // Collective. Loads a checkpoint of either format, on any world size and
-// strategy, after verifying every file's checksum and contents and that the
-// model's units and parameters match. Returns its metadata.
-nlohmann::json load_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& path);
+// strategy, after verifying every file's checksum and contents, that the
+// model's units and parameters match, and that the optimizer keeps the state
+// that was saved. Returns its metadata.
+nlohmann::json load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& path);
 
 // A saved checkpoint, opened without any process group: its metadata, every
 // file verified on opening (present, checksum, exactly the tensors the
 // layout describes), and any range of a unit's saved flat state ("param",
-// "exp_avg", "exp_avg_sq").
+// or one of the optimizer's state tensors, e.g. "exp_avg").
 class SavedCheckpoint {
  public:
   explicit SavedCheckpoint(const std::string& path);  // throws naming the problem file and tensor

@@ -74,6 +74,9 @@ class FlatParam {
   // Frees the unsharded buffer and points the parameters at empty tensors;
   // nothing for persistent strategies.
   void reshard();
+  // Copies this rank's part of the unsharded buffer (float32) into the
+  // shard: changes made to the whole parameters become the master's.
+  void write_back_shard();
 
   // Flattens the parameters' gradients (zeros where a parameter got none),
   // drops them, and starts the averaging reduction (reduce-scatter, or

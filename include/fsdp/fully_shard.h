@@ -23,69 +23,19 @@
 #include <vector>
 
 #include "fsdp/comm.h"
-#include "fsdp/compat.h"
 #include "fsdp/flat_param.h"
 #include "fsdp/options.h"
 #include "fsdp/wrap_policy.h"
 
 namespace fsdp {
 
-// Where a unit is in its step. Every transition is checked:
-//   kSharded|kUnsharded -> kForward -> kSharded (full_shard, hybrid_shard) or kUnsharded (the others)
-//   kSharded|kUnsharded -> kBackward -> kSharded, or kUnsharded (no_shard, zero1: never sharded)
-// kForward and kBackward always hold the parameters unsharded.
-enum class UnitState { kSharded, kUnsharded, kForward, kBackward };
-const char* unit_state_name(UnitState state);
+class Unit;  // one unit's parameters and lifecycle: the engine's own (src/core/unit.h)
+namespace detail {
+class UnitForwardScope;
+}
 
-class FsdpState;
-
-class Unit {
- public:
-  Unit(FsdpState* owner, UnitPlan plan, FlatParamConfig config);
-  const std::string& name() const { return name_; }  // "" for the root
-  std::string display_name() const;
-  UnitState state() const { return state_; }
-  const FlatParam& flat_param() const { return flat_; }
-  FlatParam& flat_param() { return flat_; }
-  const torch::nn::Module* module() const { return module_; }
-
-  // Activation checkpointing: whether this unit's forward runs without
-  // keeping activations, and the body that runs (and reruns) it.
-  bool checkpointed() const;
-  std::function<torch::Tensor(const torch::Tensor&)>& checkpoint_body() { return checkpoint_body_; }
-
-  // Lifecycle events (called by unit_forward and by autograd hooks).
-  void pre_forward();
-  void post_forward();
-  void pre_backward();
-  // A checkpointed unit's backward, after its forward was recomputed and
-  // before its gradients are computed.
-  void before_recomputed_gradients();
-  void on_gradient_ready();
-  void post_backward();
-
- private:
-  void transition(std::initializer_list<UnitState> from, UnitState to);
-
-  FsdpState* owner_;
-  std::string name_;
-  torch::nn::Module* module_;
-  FlatParam flat_;
-  // Held here because autograd keeps gradient accumulators only weakly: a
-  // dropped one is recreated later without our post hook. Created while the
-  // parameters have their full shape and compute dtype, which they fix.
-  std::vector<compat::NodePtr> grad_accumulators_;
-  std::function<torch::Tensor(const torch::Tensor&)> checkpoint_body_;
-  UnitState state_ = UnitState::kSharded;
-  bool prefetched_ = false;  // its all-gather was issued ahead, and it has not run since
-  double span_begin_us_ = -1.0;  // tracing: when the current forward or backward began
-  int64_t gradients_pending_ = 0;
-  bool entered_in_this_forward_ = false;
-  bool backward_done_in_this_pass_ = false;
-  friend class FsdpState;
-};
-
-// Everything fully_shard() attaches to a model: the units and their hooks.
+// Everything fully_shard() attaches to a model: its units and their hooks.
+// What a user calls is public; the engine's autograd-driven hooks are not.
 class FsdpState {
  public:
   FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr group, FullyShardOptions options);
@@ -95,11 +45,13 @@ class FsdpState {
 
   // The local shards, one leaf per unit: hand these to the optimizer.
   std::vector<torch::Tensor> parameters() const;
+  // The units, root first (opaque outside the library).
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
-  Unit& root_unit() const { return *units_.front(); }
+  size_t num_units() const { return units_.size(); }
   // The group fully_shard() was given (every rank of the model).
   const ProcessGroupPtr& group() const { return group_; }
   const FullyShardOptions& options() const { return options_; }
+  torch::nn::Module& module() const { return *module_; }
   // The groups the units communicate over (not the caller's group, so that
   // their traffic is counted apart): null where the strategy has none.
   const ProcessGroupPtr& shard_group() const { return shard_group_; }
@@ -113,11 +65,23 @@ class FsdpState {
   // backward with sync on reduces the sum.
   void set_requires_gradient_sync(bool sync) { requires_gradient_sync_ = sync; }
   bool requires_gradient_sync() const { return requires_gradient_sync_; }
-  torch::nn::Module& module() const { return *module_; }
-  // Throws unless every unit is sharded and no reduction is in flight (the
+  // Throws unless every unit is at rest and no reduction is in flight (the
   // state between steps).
   void check_idle() const;
 
+  // Diagnostics of the all-gather limiter: the most prefetched units that
+  // were waiting unused at once, since the last reset.
+  int max_prefetched_unused() const { return max_prefetched_unused_; }
+  void reset_prefetch_stats() { max_prefetched_unused_ = 0; }
+
+ private:
+  friend class Unit;
+  friend class detail::UnitForwardScope;
+  friend class UnshardScope;
+  template <class M>
+  friend class FullyShardedModule;
+
+  Unit& root_unit() const { return *units_.front(); }
   // Called by units: the first backward event of a pass queues the
   // end-of-backward callback that finishes every unit's reduction.
   void on_backward_event();
@@ -127,24 +91,21 @@ class FsdpState {
   void prefetch_after(const Unit& unit, bool backward);
   // A unit began its forward or backward: a prefetch of it is used up.
   void on_unit_started(Unit& unit);
-  // The most prefetched units that were waiting unused at once, since the
-  // last reset (what the all-gather limiter bounds).
-  int max_prefetched_unused() const { return max_prefetched_unused_; }
-  void reset_prefetch_stats() { max_prefetched_unused_ = 0; }
   // Waits for the gradient reductions in flight and accumulates them into
   // the shards' gradients (hybrid: after the all-reduce across replicas).
   void finish_reductions_in_flight();
   // Gathers issued ahead for units that did not run (a pass that took
   // another path, or a forward without backward): waited for and freed.
   void release_unused_prefetches();
-
   // A forward failed: rethrows the error, naming the units that were never
   // entered through unit_forward in it (their parameters were still
   // sharded, the usual cause of the shape errors a direct call produces).
   // Call only from a catch block (it may rethrow the error being handled).
   [[noreturn]] void rethrow_forward_error(const c10::Error& error) const;
+  // UnshardScope: every unit gathered (or, leaving, back at rest).
+  void set_unsharded_scope(bool on, bool writeback);
+  bool in_unshard_scope() const { return unshard_scope_; }
 
- private:
   void finish_backward();
   void recover_from_failed_backward();
   void issue_prefetch(Unit* unit, bool backward);
@@ -164,6 +125,7 @@ class FsdpState {
   std::vector<std::unique_ptr<Unit>> units_;
   bool backward_callback_queued_ = false;
   bool requires_gradient_sync_ = true;
+  bool unshard_scope_ = false;
   // The order units entered forward in this pass and in the last whole one.
   std::vector<Unit*> forward_order_this_pass_, forward_order_;
   std::vector<std::pair<Unit*, bool>> deferred_prefetches_;  // (unit, for backward) over the limit
@@ -171,13 +133,30 @@ class FsdpState {
   int max_prefetched_unused_ = 0;
 };
 
+// Gathers every unit's whole parameters for the scope's life (PyTorch's
+// summon_full_params, FSDP2's unshard()): to evaluate or generate with them,
+// read them, or call the model's modules directly. Collective on entry and
+// on exit; the model must be between steps. The parameters are in the param
+// dtype. A forward inside the scope keeps them; a backward is refused. With
+// writeback (fp32 params only), changes made to the parameters in the scope
+// are copied into the shards on exit; without, they are discarded.
+//   { fsdp::UnshardScope whole(model.state());  auto logits = model->logits(idx); }
+class UnshardScope {
+ public:
+  explicit UnshardScope(FsdpState& state, bool writeback = false);
+  ~UnshardScope();
+  UnshardScope(const UnshardScope&) = delete;
+  UnshardScope& operator=(const UnshardScope&) = delete;
+
+ private:
+  FsdpState& state_;
+  bool writeback_;
+};
+
 namespace detail {
 
-// The unit registered for a module, or nullptr if the module is no unit.
-Unit* find_unit(const torch::nn::Module* module);
-
 // Runs the unit's pre-forward on construction and its post-forward on
-// destruction (also when forward throws).
+// destruction (also when forward throws). Nothing for a module that is no unit.
 class UnitForwardScope {
  public:
   explicit UnitForwardScope(const torch::nn::Module* module);
@@ -188,8 +167,12 @@ class UnitForwardScope {
   void watch_output(const torch::Tensor& output) const;
   // The unit's forward is to run checkpointed (the option is on, it is not
   // the root, and autograd is recording).
-  bool checkpointed() const { return unit_ && unit_->checkpointed() && torch::GradMode::is_enabled(); }
-  Unit& unit() const { return *unit_; }
+  bool checkpointed() const;
+  // Runs `body` on `input` keeping no activations; backward reruns it (see
+  // FullyShardOptions::activation_checkpointing).
+  torch::Tensor run_checkpointed(std::function<torch::Tensor(const torch::Tensor&)> body,
+                                 const torch::Tensor& input) const;
+  [[noreturn]] void refuse_checkpointing() const;
 
  private:
   Unit* unit_;
@@ -205,11 +188,6 @@ void watch_outputs(const UnitForwardScope& scope, const std::tuple<Ts...>& ts) {
 }
 template <class T>
 void watch_outputs(const UnitForwardScope&, const T&) {}  // outputs without tensors
-
-// Runs the unit's checkpoint_body() on `input` keeping no activations;
-// backward reruns it (see FullyShardOptions::activation_checkpointing).
-torch::Tensor checkpointed_call(Unit& unit, const torch::Tensor& input);
-[[noreturn]] void refuse_checkpointing(const Unit& unit);
 
 // The module behind a plain module, a ModuleHolder (including the classes
 // TORCH_MODULE declares) or a shared_ptr.
@@ -239,12 +217,11 @@ auto unit_forward(M&& module, Args&&... args) {
   if (scope.checkpointed()) {
     if constexpr (sizeof...(Args) == 1 && std::is_same_v<Output, torch::Tensor> &&
                   (std::is_convertible_v<Args, torch::Tensor> && ...)) {
-      scope.unit().checkpoint_body() = [&m](const torch::Tensor& x) { return m.forward(x); };
-      torch::Tensor output = detail::checkpointed_call(scope.unit(), args...);
+      torch::Tensor output = scope.run_checkpointed([&m](const torch::Tensor& x) { return m.forward(x); }, args...);
       detail::watch_outputs(scope, output);
       return output;
     } else {
-      detail::refuse_checkpointing(scope.unit());
+      scope.refuse_checkpointing();
     }
   }
   auto output = m.forward(std::forward<Args>(args)...);

@@ -40,6 +40,11 @@ class GradScaler {
   // Steps the optimizer unless an overflow was found, then adapts the scale.
   bool step(torch::optim::Optimizer& optimizer);
   double scale_factor() const { return scale_; }
+  // Restores a scale (e.g. the one a checkpoint saved).
+  void set_scale_factor(double scale) {
+    TORCH_CHECK(scale > 0, "GradScaler: the scale must be positive, got ", scale);
+    scale_ = scale;
+  }
 
  private:
   FsdpState& state_;

@@ -150,6 +150,14 @@ void FlatParam::reshard() {
   is_unsharded_ = false;
 }
 
+void FlatParam::write_back_shard() {
+  TORCH_CHECK(is_unsharded_ && unsharded_.scalar_type() == torch::kFloat,
+              "FlatParam: write_back_shard needs the float32 parameters gathered");
+  if (shard_aliases_buffer()) return;  // the shard is a slice of the buffer already
+  torch::NoGradGuard no_grad;
+  shard_.detach().copy_(unsharded_.narrow(0, shard_rank() * shard_numel_, shard_numel_));
+}
+
 void FlatParam::start_reduce_gradients() {
   TORCH_CHECK(!pending_reduce_, "FlatParam: a gradient reduction is already in flight");
   torch::NoGradGuard no_grad;

@@ -4,6 +4,7 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
 #include "fsdp/trace.h"
+#include "core/unit.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/engine.h>
@@ -100,8 +101,9 @@ void Unit::pre_forward() {
 }
 
 void Unit::post_forward() {
-  // Without autograd there is no backward to keep the parameters for.
-  const bool reshard = !flat_.config().persistent_params &&
+  // Without autograd there is no backward to keep the parameters for; an
+  // UnshardScope keeps them for its whole life.
+  const bool reshard = !flat_.config().persistent_params && !owner_->in_unshard_scope() &&
                        (reshards_after_forward(owner_->options().strategy()) || !torch::GradMode::is_enabled());
   transition({UnitState::kForward}, reshard ? UnitState::kSharded : UnitState::kUnsharded);
   if (reshard) flat_.reshard();
@@ -112,6 +114,9 @@ void Unit::post_forward() {
 void Unit::pre_backward() {
   // A unit with several outputs hears this once per output; the first wins
   // (also when a late one arrives after the unit's gradients were reduced).
+  TORCH_CHECK(!owner_->in_unshard_scope(), "FSDP unit '", display_name(),
+              "': backward inside an fsdp::UnshardScope (the scope is for evaluation and generation; run "
+              "backward outside it, or under torch::NoGradGuard inside it)");
   owner_->on_backward_event();
   if (state_ == UnitState::kBackward || backward_done_in_this_pass_) return;
   transition({UnitState::kSharded, UnitState::kUnsharded}, UnitState::kBackward);
@@ -166,7 +171,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
   std::vector<UnitPlan> plans = plan_units(*module_, options_.wrap_policy());
   // Everything is checked before any parameter is touched: a refused model stays intact.
   for (const auto& plan : plans) {
-    TORCH_CHECK(!detail::find_unit(plan.module), "fully_shard: module '", plan.name.empty() ? "<root>" : plan.name,
+    TORCH_CHECK(!find_unit(plan.module), "fully_shard: module '", plan.name.empty() ? "<root>" : plan.name,
                 "' is already part of a sharded model");
     for (const auto& [name, param] : plan.params) {
       TORCH_CHECK(param.device().is_cpu() && param.scalar_type() == torch::kFloat, "fully_shard: parameter '", name,
@@ -185,6 +190,43 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
   }
   std::lock_guard<std::mutex> lock(registry_mutex);
   for (const auto& unit : units_) registry()[unit->module()] = unit.get();
+}
+
+void FsdpState::set_unsharded_scope(bool on, bool writeback) {
+  if (on) {
+    check_idle();
+    TORCH_CHECK(!unshard_scope_, "fsdp::UnshardScope: the model is already inside one");
+    TORCH_CHECK(!writeback || options_.mixed_precision().param_dtype() == torch::kFloat,
+                "fsdp::UnshardScope: writeback needs float32 parameters; the parameters are gathered in ",
+                options_.mixed_precision().param_dtype());
+    for (auto& unit : units_) {
+      unit->flat_param().unshard();  // every rank gathers every unit, in the same order
+      unit->state_ = UnitState::kUnsharded;
+    }
+    unshard_scope_ = true;
+    return;
+  }
+  unshard_scope_ = false;
+  for (auto& unit : units_) {
+    TORCH_CHECK(unit->state_ == UnitState::kUnsharded, "FSDP unit '", unit->display_name(), "' is ",
+                unit_state_name(unit->state_), " when its UnshardScope ends (expected UNSHARDED)");
+    if (writeback) unit->flat_param().write_back_shard();
+    if (unit->flat_param().config().persistent_params) continue;
+    unit->flat_param().reshard();
+    unit->state_ = UnitState::kSharded;
+  }
+}
+
+UnshardScope::UnshardScope(FsdpState& state, bool writeback) : state_(state), writeback_(writeback) {
+  state_.set_unsharded_scope(true, writeback_);
+}
+
+UnshardScope::~UnshardScope() {
+  try {
+    state_.set_unsharded_scope(false, writeback_);
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp: leaving an UnshardScope failed: " << e.what() << "\n";
+  }
 }
 
 void FsdpState::build_units(std::vector<UnitPlan> plans, const FlatParamConfig& config) {
@@ -504,20 +546,20 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
 }  // namespace
 
-torch::Tensor checkpointed_call(Unit& unit, const torch::Tensor& input) {
+bool UnitForwardScope::checkpointed() const {
+  return unit_ && unit_->checkpointed() && torch::GradMode::is_enabled();
+}
+
+torch::Tensor UnitForwardScope::run_checkpointed(std::function<torch::Tensor(const torch::Tensor&)> body,
+                                                 const torch::Tensor& input) const {
   static const torch::Tensor anchor = torch::empty({0}).requires_grad_();
-  return CheckpointFunction::apply(input, anchor, reinterpret_cast<int64_t>(&unit));
+  unit_->checkpoint_body() = std::move(body);
+  return CheckpointFunction::apply(input, anchor, reinterpret_cast<int64_t>(unit_));
 }
 
-void refuse_checkpointing(const Unit& unit) {
-  TORCH_CHECK(false, "activation checkpointing: unit '", unit.display_name(),
+void UnitForwardScope::refuse_checkpointing() const {
+  TORCH_CHECK(false, "activation checkpointing: unit '", unit_->display_name(),
               "' must take exactly one tensor and return one tensor to be checkpointed");
-}
-
-Unit* find_unit(const torch::nn::Module* module) {
-  std::lock_guard<std::mutex> lock(registry_mutex);
-  auto it = registry().find(module);
-  return it == registry().end() ? nullptr : it->second;
 }
 
 UnitForwardScope::UnitForwardScope(const torch::nn::Module* module) : unit_(find_unit(module)) {
@@ -540,4 +582,11 @@ void UnitForwardScope::watch_output(const torch::Tensor& output) const {
 }
 
 }  // namespace detail
+
+Unit* find_unit(const torch::nn::Module* module) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  auto it = registry().find(module);
+  return it == registry().end() ? nullptr : it->second;
+}
+
 }  // namespace fsdp

@@ -2,6 +2,7 @@
 // layout back.
 
 #include "fsdp/checkpoint.h"
+#include "core/unit.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -11,13 +12,14 @@
 #include <fstream>
 
 #include "fsdp/error.h"
+#include "fsdp/optimizer_state.h"
 #include "fsdp/state_dict.h"
+#include "state_dict/fault_injection.h"
 
 namespace fsdp {
 namespace fs = std::filesystem;
 namespace {
 
-const char* const kStateNames[] = {"param", "exp_avg", "exp_avg_sq"};
 constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 
@@ -69,6 +71,20 @@ nlohmann::json unit_layout(const FsdpState& state) {
   return units;
 }
 
+// What a checkpoint holds of every unit: "param" (the fp32 master), then
+// the optimizer's element-wise state tensors. Checkpoints from before other
+// optimizers were supported hold AdamW's two moments and say nothing.
+std::vector<std::string> state_names(const nlohmann::json& meta) {
+  std::vector<std::string> names = {"param"};
+  const nlohmann::json& optimizer = meta.at("optimizer");
+  if (optimizer.contains("state")) {
+    for (const auto& name : optimizer.at("state")) names.push_back(name.get<std::string>());
+  } else {
+    names.insert(names.end(), {"exp_avg", "exp_avg_sq"});
+  }
+  return names;
+}
+
 using FileSpecs = std::vector<std::pair<std::string, std::vector<safetensors::TensorSpec>>>;
 
 // Every file a checkpoint with this metadata holds, and its tensors.
@@ -80,20 +96,21 @@ FileSpecs expected_files(const nlohmann::json& meta, CheckpointFormat format) {
       std::vector<safetensors::TensorSpec> specs;
       for (size_t u = 0; u < units.size(); ++u) {
         const int64_t S = units[u].at("shard_numel").get<int64_t>();
-        for (const char* what : kStateNames) specs.push_back({tensor_name(u, what), torch::kFloat, {S}});
+        for (const auto& what : state_names(meta)) specs.push_back({tensor_name(u, what), torch::kFloat, {S}});
       }
       files.emplace_back(shard_file(q), std::move(specs));
     }
     return files;
   }
+  const std::vector<std::string> names = state_names(meta);
   std::vector<safetensors::TensorSpec> params, moments;
   for (const auto& unit : units) {
     for (const auto& p : unit.at("params")) {
       const std::string name = p.at("name").get<std::string>();
       const auto shape = p.at("shape").get<std::vector<int64_t>>();
       params.push_back({name, torch::kFloat, shape});
-      for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
-        moments.push_back({optimizer_tensor_name(name, moment), torch::kFloat, shape});
+      for (size_t k = 1; k < names.size(); ++k) {
+        moments.push_back({optimizer_tensor_name(name, names[k]), torch::kFloat, shape});
       }
     }
   }
@@ -110,7 +127,7 @@ std::string metadata_checksum(nlohmann::json metadata) {
 }
 
 // Writes this rank's shard file of a sharded checkpoint (if it is a writer).
-void write_shard_file(FsdpState& state, torch::optim::AdamW& optimizer, const nlohmann::json& meta,
+void write_shard_file(FsdpState& state, const OptimizerState& optimizer, const nlohmann::json& meta,
                       const fs::path& temp_dir) {
   // One writer per shard: the ranks of the first replica (all ranks unless
   // the strategy replicates shards across ranks or nodes).
@@ -121,11 +138,9 @@ void write_shard_file(FsdpState& state, torch::optim::AdamW& optimizer, const nl
                              {{"format", format_tag(CheckpointFormat::kSharded)}, {"shard", std::to_string(shard_index)}});
   for (size_t u = 0; u < state.units().size(); ++u) {
     const torch::Tensor& shard = state.units()[u]->flat_param().shard();
-    auto& adam = adamw_state(optimizer, shard);
     writer.write(shard.detach());
-    writer.write(adam.exp_avg());
-    writer.write(adam.exp_avg_sq());
-    if (u == 0) maybe_kill_for_test(state.group()->rank());
+    for (const auto& name : optimizer.tensor_names()) writer.write(optimizer.value(shard, name));
+    if (u == 0) detail::maybe_kill_for_test(state.group()->rank());
   }
   writer.commit();
 }
@@ -155,9 +170,10 @@ void write_checkpoint_metadata(const std::string& dir, nlohmann::json metadata) 
   fs::rename(temp, fs::path(dir) / "metadata.json");
 }
 
-std::string save_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& dir, int64_t step,
+std::string save_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& dir, int64_t step,
                             const nlohmann::json& extra, CheckpointFormat format) {
   state.check_idle();
+  const OptimizerState optimizer_state(optimizer);
   const ProcessGroupPtr& group = state.group();
   const fs::path final_dir = fs::path(dir) / ("step-" + std::to_string(step));
   const fs::path temp_dir = fs::path(dir) / ("step-" + std::to_string(step) + ".tmp");
@@ -173,19 +189,22 @@ std::string save_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, co
   }
   throw_if_any_rank_failed(group, error);
 
-  const int64_t adam_step =
-      state.units().empty() ? 0 : adamw_state(optimizer, state.units()[0]->flat_param().shard()).step();
+  const torch::Tensor first_shard = state.units().front()->flat_param().shard();
+  nlohmann::json optimizer_meta = {{"type", optimizer_state.type()},
+                                   {"step", optimizer_state.step(first_shard)},
+                                   {"state", optimizer_state.tensor_names()},
+                                   {"has_state", optimizer_state.has_state(first_shard)}};
   nlohmann::json meta = {{"format", format_tag(format)},
                          {"step", step},
                          {"world_size", group->size()},
                          {"strategy", strategy_name(state.options().strategy())},
                          {"shard_group_size", state.shard_group() ? state.shard_group()->size() : 1},
-                         {"optimizer", {{"type", "adamw"}, {"step", adam_step}}},
+                         {"optimizer", optimizer_meta},
                          {"units", unit_layout(state)},
                          {"extra", extra}};
   if (format == CheckpointFormat::kSharded) {
     try {
-      write_shard_file(state, optimizer, meta, temp_dir);
+      write_shard_file(state, optimizer_state, meta, temp_dir);
     } catch (const std::exception& e) {
       error = "rank " + std::to_string(group->rank()) + ": " + error_message(e);
     }
@@ -309,8 +328,9 @@ void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t f
                                  const torch::Tensor& out) const {
   const nlohmann::json& units = metadata_.at("units");
   TORCH_CHECK(unit < units.size(), "checkpoint '", path_, "' has ", units.size(), " units, asked for unit ", unit);
-  TORCH_CHECK(std::find(std::begin(kStateNames), std::end(kStateNames), what) != std::end(kStateNames),
-              "read_range: unknown state '", what, "' (expected param, exp_avg or exp_avg_sq)");
+  const std::vector<std::string> names = state_names(metadata_);
+  TORCH_CHECK(std::find(names.begin(), names.end(), what) != names.end(), "read_range: checkpoint '", path_,
+              "' holds no state '", what, "' (it holds ", nlohmann::json(names).dump(), ")");
   TORCH_CHECK(0 <= from && from <= to && to <= units[unit].at("numel").get<int64_t>() && out.numel() == to - from,
               "read_range: [", from, ", ", to, ") does not fit unit ", unit, " or the output of ", out.numel());
   // The saved pieces: (file, tensor, flat offset of its first element, elements).
@@ -334,8 +354,9 @@ void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t f
   }
 }
 
-nlohmann::json load_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& path) {
+nlohmann::json load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& path) {
   state.check_idle();
+  OptimizerState optimizer_state(optimizer);
   SavedCheckpoint saved(path);
   const nlohmann::json& meta = saved.metadata();
   // The model must be the one saved: same units, same parameters, same shapes.
@@ -349,7 +370,15 @@ nlohmann::json load_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer,
                 "(another model configuration): saved ", saved_units[u].at("params").dump(), ", model has ",
                 our_units[u].at("params").dump());
   }
-  const int64_t adam_step = meta.at("optimizer").at("step").get<int64_t>();
+  // The optimizer must keep the state that was saved (Adam and AdamW keep
+  // the same; SGD with momentum another).
+  const std::vector<std::string> saved_names = state_names(meta);
+  const std::vector<std::string> our_names(saved_names.begin() + 1, saved_names.end());
+  TORCH_CHECK(our_names == optimizer_state.tensor_names(), "checkpoint '", path, "' holds the state of optimizer '",
+              meta.at("optimizer").value("type", "adamw"), "' (", nlohmann::json(our_names).dump(), "), but ",
+              optimizer_name(optimizer), " keeps ", nlohmann::json(optimizer_state.tensor_names()).dump());
+  const int64_t optimizer_step = meta.at("optimizer").at("step").get<int64_t>();
+  const bool has_state = meta.at("optimizer").value("has_state", true);
   torch::NoGradGuard no_grad;
   for (size_t u = 0; u < state.units().size(); ++u) {
     FlatParam& flat = state.units()[u]->flat_param();
@@ -357,13 +386,17 @@ nlohmann::json load_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer,
     // padding after them stays zero.
     const int64_t begin = std::min(flat.shard_rank() * flat.shard_numel(), flat.numel());
     const int64_t end = std::min(begin + flat.shard_numel(), flat.numel());
-    auto& adam = adamw_state(optimizer, flat.shard());
-    const torch::Tensor targets[] = {flat.shard().detach(), adam.exp_avg(), adam.exp_avg_sq()};
-    for (int k = 0; k < 3; ++k) {
-      targets[k].zero_();
-      saved.read_range(u, kStateNames[k], begin, end, targets[k].narrow(0, 0, end - begin));
+    std::vector<torch::Tensor> targets = {flat.shard().detach()};
+    if (has_state) {
+      for (const auto& name : our_names) targets.push_back(optimizer_state.tensor(flat.shard(), name));
+      optimizer_state.set_step(flat.shard(), optimizer_step);
+    } else {
+      optimizer_state.clear(flat.shard());  // saved before its first step: it starts afresh
     }
-    adam.step(adam_step);
+    for (size_t k = 0; k < targets.size(); ++k) {
+      targets[k].zero_();
+      saved.read_range(u, saved_names[k], begin, end, targets[k].narrow(0, 0, end - begin));
+    }
   }
   return meta;
 }

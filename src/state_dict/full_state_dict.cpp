@@ -1,12 +1,17 @@
 #include "fsdp/state_dict.h"
+#include "core/unit.h"
+#include "state_dict/fault_injection.h"
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
+#include <optional>
 #include <set>
 
 #include "fsdp/compat.h"
 #include "fsdp/error.h"
 #include "fsdp/memory.h"
+#include "fsdp/optimizer_state.h"
 #include "fsdp/safetensors.h"
 
 namespace fsdp {
@@ -35,25 +40,108 @@ void load_full_weights(torch::nn::Module& module, const std::string& path) {
   for (size_t i = 0; i < params.size(); ++i) params[i].second.copy_(values[i]);
 }
 
-std::string optimizer_tensor_name(const std::string& param, const std::string& moment) {
-  return param + "." + moment;
+std::string optimizer_tensor_name(const std::string& param, const std::string& state_name) {
+  return param + "." + state_name;
 }
 
-torch::optim::AdamWParamState& adamw_state(torch::optim::AdamW& optimizer, const torch::Tensor& shard) {
-  auto key = compat::optimizer_state_key(optimizer, shard);
-  auto& slot = optimizer.state()[key];
-  if (!slot) {
-    memory::MemoryCategoryScope scope(memory::Category::kOptimizerState);
-    auto fresh = std::make_unique<torch::optim::AdamWParamState>();
-    fresh->exp_avg(torch::zeros_like(shard.detach()));
-    fresh->exp_avg_sq(torch::zeros_like(shard.detach()));
-    slot = std::move(fresh);
+StateDict full_state_dict(FsdpState& state, FullStateDictOptions options) {
+  state.check_idle();
+  const bool keep = !options.rank0_only() || state.group()->rank() == 0;
+  StateDict dict;
+  for (const auto& unit : state.units()) {
+    const FlatParam& flat = unit->flat_param();
+    torch::Tensor full = flat.gather_full(flat.shard());  // the fp32 masters, one unit at a time
+    if (!keep) continue;
+    for (const auto& e : flat.entries()) dict.insert(e.name, full.narrow(0, e.offset, e.numel).view(e.shape).clone());
   }
-  auto* state = dynamic_cast<torch::optim::AdamWParamState*>(slot.get());
-  TORCH_CHECK(state, "expected AdamW state for the shard, found the state of another optimizer");
-  return *state;
+  return dict;
 }
 
+void load_full_state_dict(FsdpState& state, const StateDict& dict) {
+  state.check_idle();
+  // Everything is checked before anything changes.
+  size_t expected = 0;
+  for (const auto& unit : state.units()) {
+    for (const auto& e : unit->flat_param().entries()) {
+      ++expected;
+      const torch::Tensor* value = dict.find(e.name);
+      TORCH_CHECK(value, "load_full_state_dict: the state dict has no '", e.name, "' (expected shape ",
+                  c10::IntArrayRef(e.shape), ")");
+      TORCH_CHECK(value->sizes().vec() == e.shape && value->is_floating_point(), "load_full_state_dict: '", e.name,
+                  "' is ", value->scalar_type(), " of shape ", value->sizes(), ", expected a float tensor of shape ",
+                  c10::IntArrayRef(e.shape));
+    }
+  }
+  if (dict.size() != expected) {
+    for (const auto& item : dict) {
+      bool known = false;
+      for (const auto& unit : state.units())
+        for (const auto& e : unit->flat_param().entries()) known = known || e.name == item.key();
+      TORCH_CHECK(known, "load_full_state_dict: the model has no parameter '", item.key(), "'");
+    }
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& unit : state.units()) {
+    FlatParam& flat = unit->flat_param();
+    // This rank's shard covers [begin, end) of the unit's flat elements.
+    const int64_t begin = flat.shard_rank() * flat.shard_numel(), end = begin + flat.shard_numel();
+    torch::Tensor shard = flat.shard().detach();
+    shard.zero_();  // the padding stays zero; the in-place writes mark the gathered copy stale
+    for (const auto& e : flat.entries()) {
+      const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
+      if (lo >= hi) continue;
+      torch::Tensor source = dict[e.name].detach().reshape({-1}).narrow(0, lo - e.offset, hi - lo);
+      shard.narrow(0, lo - begin, hi - lo).copy_(source);
+    }
+  }
+}
+
+ShardedStateDict sharded_state_dict(const FsdpState& state) {
+  ShardedStateDict dict;
+  for (const auto& unit : state.units()) {
+    const FlatParam& flat = unit->flat_param();
+    const int64_t begin = flat.shard_rank() * flat.shard_numel(), end = begin + flat.shard_numel();
+    for (const auto& e : flat.entries()) {
+      const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
+      if (lo >= hi) {
+        dict.insert(e.name, ShardedTensor{e.shape, 0, torch::empty({0}, torch::kFloat)});
+      } else {
+        dict.insert(e.name, ShardedTensor{e.shape, lo - e.offset, flat.shard().detach().narrow(0, lo - begin, hi - lo).clone()});
+      }
+    }
+  }
+  return dict;
+}
+
+void load_sharded_state_dict(FsdpState& state, const ShardedStateDict& dict) {
+  state.check_idle();
+  const ShardedStateDict mine = sharded_state_dict(state);  // the layout this rank holds
+  TORCH_CHECK(dict.size() == mine.size(), "load_sharded_state_dict: the state dict has ", dict.size(),
+              " parameters, the model ", mine.size());
+  for (const auto& item : mine) {
+    const ShardedTensor* given = dict.find(item.key());
+    TORCH_CHECK(given, "load_sharded_state_dict: the state dict has no '", item.key(), "'");
+    const ShardedTensor& want = item.value();
+    TORCH_CHECK(given->shape == want.shape && given->offset == want.offset && given->local.defined() &&
+                    given->local.numel() == want.local.numel(),
+                "load_sharded_state_dict: '", item.key(), "' holds elements [", given->offset, ", ",
+                given->offset + (given->local.defined() ? given->local.numel() : 0), ") of shape ",
+                c10::IntArrayRef(given->shape), "; this rank holds [", want.offset, ", ",
+                want.offset + want.local.numel(), ") of shape ", c10::IntArrayRef(want.shape),
+                " (saved with another world size, strategy or wrapping? use a full state dict or a checkpoint)");
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& unit : state.units()) {
+    FlatParam& flat = unit->flat_param();
+    const int64_t begin = flat.shard_rank() * flat.shard_numel(), end = begin + flat.shard_numel();
+    for (const auto& e : flat.entries()) {
+      const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
+      if (lo < hi) flat.shard().detach().narrow(0, lo - begin, hi - lo).copy_(dict[e.name].local.reshape({-1}));
+    }
+  }
+}
+
+namespace detail {
 void maybe_kill_for_test(int rank) {
   static const char* spec = std::getenv("FSDP_TEST_KILL_IN_SAVE");
   static int saves = 0;
@@ -61,34 +149,39 @@ void maybe_kill_for_test(int rank) {
   int victim = -1, nth = -1;
   if (std::sscanf(spec, "%d:%d", &victim, &nth) == 2 && victim == rank && ++saves == nth) std::raise(SIGKILL);
 }
+}  // namespace detail
 
 void save_full_state_dict(FsdpState& state, const std::string& model_path,
-                          const std::map<std::string, std::string>& metadata, torch::optim::AdamW* optimizer,
+                          const std::map<std::string, std::string>& metadata, torch::optim::Optimizer* optimizer,
                           const std::string& optimizer_path) {
   state.check_idle();
   TORCH_CHECK(!optimizer || !optimizer_path.empty(), "save_full_state_dict: an optimizer needs an optimizer_path");
+  std::optional<OptimizerState> optimizer_state;
+  if (optimizer) optimizer_state.emplace(*optimizer);
   const ProcessGroupPtr& group = state.group();
   std::unique_ptr<safetensors::Writer> model_writer, optimizer_writer;
   std::string error;
   if (group->rank() == 0) {
     try {
-      // File order: unit by unit; in the optimizer file a unit's exp_avg
-      // of every parameter, then its exp_avg_sq (one gathered moment at a time).
+      // File order: unit by unit; in the optimizer file a unit's first
+      // state tensor (exp_avg) of every parameter, then the next (one
+      // gathered state tensor at a time).
       std::vector<safetensors::TensorSpec> params, moments;
       for (const auto& unit : state.units()) {
         for (const auto& e : unit->flat_param().entries()) params.push_back({e.name, torch::kFloat, e.shape});
-        for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
+        if (!optimizer_state) continue;
+        for (const auto& name : optimizer_state->tensor_names()) {
           for (const auto& e : unit->flat_param().entries()) {
-            moments.push_back({optimizer_tensor_name(e.name, moment), torch::kFloat, e.shape});
+            moments.push_back({optimizer_tensor_name(e.name, name), torch::kFloat, e.shape});
           }
         }
       }
       model_writer = std::make_unique<safetensors::Writer>(model_path, std::move(params), metadata);
       if (optimizer) {
         auto optimizer_metadata = metadata;
-        const int64_t step =
-            state.units().empty() ? 0 : adamw_state(*optimizer, state.units()[0]->flat_param().shard()).step();
-        optimizer_metadata["adamw_step"] = std::to_string(step);
+        optimizer_metadata["optimizer"] = optimizer_state->type();
+        optimizer_metadata["optimizer_step"] =
+            std::to_string(optimizer_state->step(state.units().front()->flat_param().shard()));
         optimizer_writer = std::make_unique<safetensors::Writer>(optimizer_path, std::move(moments), optimizer_metadata);
       }
     } catch (const std::exception& e) {
@@ -108,12 +201,12 @@ void save_full_state_dict(FsdpState& state, const std::string& model_path,
   for (size_t u = 0; u < state.units().size(); ++u) {
     const FlatParam& flat = state.units()[u]->flat_param();
     stream(flat, flat.shard(), model_writer.get());  // the fp32 masters, not the compute-dtype copies
-    if (optimizer) {
-      auto& adam = adamw_state(*optimizer, flat.shard());
-      stream(flat, adam.exp_avg(), optimizer_writer.get());
-      stream(flat, adam.exp_avg_sq(), optimizer_writer.get());
+    if (optimizer_state) {
+      for (const auto& name : optimizer_state->tensor_names()) {
+        stream(flat, optimizer_state->value(flat.shard(), name), optimizer_writer.get());
+      }
     }
-    if (u == 0) maybe_kill_for_test(group->rank());
+    if (u == 0) detail::maybe_kill_for_test(group->rank());
   }
   try {
     if (model_writer && error.empty()) model_writer->commit();

@@ -1,0 +1,125 @@
+// The training step every loop needs, on top of fully_shard's hooks.
+
+#include "fsdp/train_step.h"
+
+#include <chrono>
+#include <cstring>
+#include <unordered_set>
+
+#include "fsdp/optimizer_state.h"
+#include "fsdp/trace.h"
+
+namespace fsdp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using memory::Category;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+bool uses_fp16(const MixedPrecision& mp) {
+  return mp.param_dtype() == torch::kHalf || mp.effective_reduce_dtype() == torch::kHalf;
+}
+
+// The optimizer must step the shards and nothing else: a loop that built it
+// over the module's own parameters (empty while sharded) would silently
+// train nothing.
+void check_optimizer_steps_the_shards(const FsdpState& state, const torch::optim::Optimizer& optimizer) {
+  std::unordered_set<const c10::TensorImpl*> shards;
+  for (const auto& shard : state.parameters()) shards.insert(shard.unsafeGetTensorImpl());
+  size_t found = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& param : group.params()) {
+      TORCH_CHECK(shards.count(param.unsafeGetTensorImpl()), "fsdp::TrainStep: the optimizer steps a tensor of shape ",
+                  param.sizes(), " that is no shard of the model: build it over model.parameters() (the local "
+                  "shards), not over the module's own parameters");
+      ++found;
+    }
+  }
+  TORCH_CHECK(found == shards.size(), "fsdp::TrainStep: the optimizer steps ", found, " of the model's ",
+              shards.size(), " shards: build it over model.parameters()");
+}
+
+RankFigures figures_now() {
+  const memory::Usage usage = memory::usage();
+  return RankFigures{usage.model_state(), usage.peak_total, usage.live(Category::kParameterShard),
+                     usage.live(Category::kGradientShard), usage.live(Category::kOptimizerState)};
+}
+
+std::vector<RankFigures> gather_figures(const ProcessGroupPtr& group, const RankFigures& mine) {
+  constexpr int64_t kFields = sizeof(RankFigures) / sizeof(int64_t);
+  static_assert(sizeof(RankFigures) == kFields * sizeof(int64_t), "RankFigures holds int64_t fields only");
+  torch::Tensor local = torch::empty({kFields}, torch::kLong);
+  std::memcpy(local.data_ptr<int64_t>(), &mine, sizeof(RankFigures));
+  torch::Tensor all = torch::empty({kFields * group->size()}, torch::kLong);
+  group->all_gather(all, local)->wait();
+  std::vector<RankFigures> per_rank(group->size());
+  std::memcpy(per_rank.data(), all.data_ptr<int64_t>(), sizeof(RankFigures) * per_rank.size());
+  return per_rank;
+}
+
+}  // namespace
+
+TrainStep::TrainStep(FsdpState& state, torch::optim::Optimizer& optimizer, TrainStepOptions options)
+    : state_(state), optimizer_(optimizer), options_(std::move(options)) {
+  TORCH_CHECK(options_.micro_steps() >= 1, "fsdp::TrainStep: micro_steps must be at least 1, got ",
+              options_.micro_steps());
+  TORCH_CHECK(options_.clip_grad_norm() >= 0, "fsdp::TrainStep: clip_grad_norm must be >= 0 (0: off), got ",
+              options_.clip_grad_norm());
+  OptimizerState{optimizer_};  // refuses, by name, an optimizer whose state cannot be sharded
+  check_optimizer_steps_the_shards(state_, optimizer_);
+  if (options_.loss_scaling().value_or(uses_fp16(state_.options().mixed_precision()))) {
+    scaler_ = std::make_unique<GradScaler>(state_, options_.grad_scaler());
+  }
+  // Skipping the reduction on all but the last micro-step costs nothing
+  // where gradients are kept whole anyway; elsewhere it keeps full-size
+  // gradients between micro-steps, so it is asked for.
+  skip_sync_ = options_.micro_steps() > 1 && (keeps_full_gradients(state_.options().strategy()) || options_.no_sync());
+}
+
+StepResult TrainStep::operator()(const LossFn& loss_fn) {
+  StepResult result;
+  memory::reset_peaks();
+  state_.reset_comm_stats();
+  const auto start = Clock::now();
+  const int64_t A = options_.micro_steps();
+  torch::Tensor step_loss = torch::zeros({}, torch::kDouble);
+  for (int64_t micro = 0; micro < A; ++micro) {
+    state_.set_requires_gradient_sync(!skip_sync_ || micro == A - 1);
+    torch::Tensor loss = loss_fn(micro);
+    TORCH_CHECK(loss.defined() && loss.numel() == 1 && loss.requires_grad(), "fsdp::TrainStep: the loss function ",
+                "must return a scalar that requires grad (micro-step ", micro, ")");
+    // Each micro-step's mean is 1/A of the step's: the gradient is that of
+    // the mean over the global batch.
+    loss = loss / static_cast<double>(A);
+    (scaler_ ? scaler_->scale(loss) : loss).backward();
+    step_loss += loss.detach().to(torch::kDouble);
+  }
+  state_.set_requires_gradient_sync(true);
+  const auto optimizer_start = Clock::now();
+  {
+    trace::Span span("optimizer step", "optimizer");
+    if (scaler_) scaler_->unscale_();
+    if (options_.clip_grad_norm() > 0) result.grad_norm = clip_grad_norm_(state_, options_.clip_grad_norm());
+    memory::MemoryCategoryScope scope(Category::kOptimizerState);
+    if (scaler_) {
+      result.stepped = scaler_->step(optimizer_);
+      result.loss_scale = scaler_->scale_factor();
+    } else {
+      optimizer_.step();
+    }
+  }
+  result.optimizer_s = seconds_since(optimizer_start);
+  optimizer_.zero_grad();
+  state_.check_idle();
+  result.comm = state_.comm_stats();
+  // The loss of the step is the global-batch mean: the mean of the ranks' means.
+  state_.group()->all_reduce(step_loss, ReduceOp::kAvg)->wait();
+  result.loss = step_loss.item<double>();
+  result.step_s = seconds_since(start);
+  result.figures = figures_now();
+  if (options_.gather_rank_figures()) result.per_rank = gather_figures(state_.group(), result.figures);
+  return result;
+}
+
+}  // namespace fsdp

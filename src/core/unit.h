@@ -1,0 +1,75 @@
+#pragma once
+// One FSDP unit: its flat parameter and its checked state machine, driven by
+// unit_forward and by autograd hooks. The engine's own; not installed.
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fsdp/compat.h"
+#include "fsdp/flat_param.h"
+#include "fsdp/fully_shard.h"
+
+namespace fsdp {
+
+// Where a unit is in its step. Every transition is checked:
+//   kSharded|kUnsharded -> kForward -> kSharded (full_shard, hybrid_shard) or kUnsharded (the others)
+//   kSharded|kUnsharded -> kBackward -> kSharded, or kUnsharded (no_shard, zero1: never sharded)
+// kForward and kBackward always hold the parameters unsharded.
+enum class UnitState { kSharded, kUnsharded, kForward, kBackward };
+const char* unit_state_name(UnitState state);
+
+class FsdpState;
+
+class Unit {
+ public:
+  Unit(FsdpState* owner, UnitPlan plan, FlatParamConfig config);
+  const std::string& name() const { return name_; }  // "" for the root
+  std::string display_name() const;
+  UnitState state() const { return state_; }
+  const FlatParam& flat_param() const { return flat_; }
+  FlatParam& flat_param() { return flat_; }
+  const torch::nn::Module* module() const { return module_; }
+
+  // Activation checkpointing: whether this unit's forward runs without
+  // keeping activations, and the body that runs (and reruns) it.
+  bool checkpointed() const;
+  std::function<torch::Tensor(const torch::Tensor&)>& checkpoint_body() { return checkpoint_body_; }
+
+  // Lifecycle events (called by unit_forward and by autograd hooks).
+  void pre_forward();
+  void post_forward();
+  void pre_backward();
+  // A checkpointed unit's backward, after its forward was recomputed and
+  // before its gradients are computed.
+  void before_recomputed_gradients();
+  void on_gradient_ready();
+  void post_backward();
+
+ private:
+  void transition(std::initializer_list<UnitState> from, UnitState to);
+
+  FsdpState* owner_;
+  std::string name_;
+  torch::nn::Module* module_;
+  FlatParam flat_;
+  // Held here because autograd keeps gradient accumulators only weakly: a
+  // dropped one is recreated later without our post hook. Created while the
+  // parameters have their full shape and compute dtype, which they fix.
+  std::vector<compat::NodePtr> grad_accumulators_;
+  std::function<torch::Tensor(const torch::Tensor&)> checkpoint_body_;
+  UnitState state_ = UnitState::kSharded;
+  bool prefetched_ = false;  // its all-gather was issued ahead, and it has not run since
+  double span_begin_us_ = -1.0;  // tracing: when the current forward or backward began
+  int64_t gradients_pending_ = 0;
+  bool entered_in_this_forward_ = false;
+  bool backward_done_in_this_pass_ = false;
+  friend class FsdpState;
+};
+
+// The unit registered for a module, or nullptr if the module is no unit.
+Unit* find_unit(const torch::nn::Module* module);
+
+}  // namespace fsdp

@@ -47,12 +47,19 @@ std::string optimizer_tensor_name(const std::string& param, const std::string& s
 StateDict full_state_dict(FsdpState& state, FullStateDictOptions options) {
   state.check_idle();
   const bool keep = !options.rank0_only() || state.group()->rank() == 0;
-  StateDict dict;
+  std::map<std::string, torch::Tensor> gathered;
   for (const auto& unit : state.units()) {
     const FlatParam& flat = unit->flat_param();
     torch::Tensor full = flat.gather_full(flat.shard());  // the fp32 masters, one unit at a time
     if (!keep) continue;
-    for (const auto& e : flat.entries()) dict.insert(e.name, full.narrow(0, e.offset, e.numel).view(e.shape).clone());
+    for (const auto& e : flat.entries()) gathered[e.name] = full.narrow(0, e.offset, e.numel).view(e.shape).clone();
+  }
+  StateDict dict;
+  if (!keep) return dict;
+  // The model's own order, as its named_parameters() (tied ones once).
+  for (const auto& [name, param] : unique_named_parameters(state.module())) {
+    auto it = gathered.find(name);
+    if (it != gathered.end()) dict.insert(name, std::move(it->second));
   }
   return dict;
 }

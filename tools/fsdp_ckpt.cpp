@@ -1,5 +1,5 @@
 // fsdp-ckpt: look into checkpoints and weight files without starting ranks.
-//   fsdp-ckpt inspect PATH          a checkpoint directory or a .safetensors file
+//   fsdp-ckpt inspect PATH          a checkpoint directory, a folder of them (--ckpt-dir) or a .safetensors file
 //   fsdp-ckpt verify PATH           checksums, completeness, every tensor readable
 //   fsdp-ckpt convert CKPT OUT      a checkpoint's weights as one full .safetensors file
 
@@ -59,6 +59,36 @@ void inspect_checkpoint(const std::string& path) {
   if (!m.at("extra").empty()) std::cout << "  extra: " << m.at("extra").dump() << "\n";
 }
 
+// A checkpoint folder (fsdp-train --ckpt-dir): its step-N and step-N.tmp
+// directories, newest first, one line each: name, complete or unfinished,
+// then the layout or what is wrong.
+void inspect_folder(const std::string& path, const std::vector<fsdp::CheckpointEntry>& entries) {
+  std::cout << "checkpoint folder " << path << ": " << entries.size() << " checkpoint(s), newest first\n";
+  for (const auto& e : entries) {
+    std::cout << "  " << std::left << std::setw(16) << fs::path(e.path).filename().string() << std::setw(12)
+              << (e.complete ? "complete" : "unfinished");
+    if (e.complete) {
+      const auto& m = e.metadata;
+      std::cout << fsdp::checkpoint_format_name(e.format) << ", step " << m.at("step") << ", world size "
+                << m.at("world_size") << ", " << m.at("strategy").get<std::string>() << "\n";
+    } else {
+      std::cout << e.problem << "\n";
+    }
+  }
+}
+
+// A checkpoint (DIR/metadata.json), else a folder of them.
+void inspect_directory(const std::string& path) {
+  if (fs::exists(fs::path(path) / "metadata.json")) {
+    inspect_checkpoint(path);
+    return;
+  }
+  const auto entries = fsdp::list_checkpoints(path);
+  TORCH_CHECK(!entries.empty(), "'", path, "' is not a complete checkpoint (it has no metadata.json) ",
+              "nor a checkpoint folder (it holds no step-N directories)");
+  inspect_folder(path, entries);
+}
+
 void inspect_file(const std::string& path) {
   fsdp::safetensors::Reader reader(path);
   std::cout << "safetensors file " << path << " (" << fs::file_size(path) << " B)\n";
@@ -100,8 +130,11 @@ int main(int argc, char** argv) {
   CLI::App app{"Inspect, verify and convert fsdp-cpp checkpoints and weight files."};
   app.require_subcommand(1);
   std::string path, output;
-  auto* inspect = app.add_subcommand("inspect", "tensors, shapes, dtypes, bytes, step, world size and strategy");
-  inspect->add_option("path", path, "checkpoint directory or .safetensors file")->required();
+  auto* inspect = app.add_subcommand("inspect",
+                                     "tensors, shapes, dtypes, bytes, step, world size and strategy; of a folder, "
+                                     "its checkpoints newest first, complete or unfinished");
+  inspect->add_option("path", path, "checkpoint directory, folder of checkpoints (--ckpt-dir) or .safetensors file")
+      ->required();
   auto* check = app.add_subcommand("verify", "checksums and completeness; every tensor read");
   check->add_option("path", path, "checkpoint directory or .safetensors file")->required();
   auto* convert = app.add_subcommand("convert", "a checkpoint's weights to one full .safetensors file, offline");
@@ -110,7 +143,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (inspect->parsed()) {
-      fs::is_directory(path) ? inspect_checkpoint(path) : inspect_file(path);
+      fs::is_directory(path) ? inspect_directory(path) : inspect_file(path);
     } else if (check->parsed()) {
       return verify(path);
     } else {

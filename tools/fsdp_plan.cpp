@@ -2,10 +2,13 @@
 // strategy for a model, a world and a precision, a strategy recommendation
 // for a budget, and (with a cluster description) step time and scaling
 // efficiency. Its model-state figures are the ones a run measures, to the
-// byte; its peaks are within a few percent for the reference GPT.
+// byte; its peaks are within a few percent for the reference GPT. --budget
+// applies fsdp::choose_strategy, fsdp-train --strategy auto's rule; --json
+// prints all of it as one JSON object for scripts.
 //   fsdp-plan --preset medium --world 2
 //   fsdp-plan --params 70e9 --layers 80 --width 8192 --world 8 --param-dtype bf16
 //   fsdp-plan --preset large --world 16 --nodes 2 --cluster cluster.json
+//   fsdp-plan --preset tiny --world 4 --budget 800000 --json
 //   build/fsdp-run -n 2 -- build/fsdp-plan calibrate > cluster.json
 
 #include <CLI/CLI.hpp>
@@ -18,6 +21,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 
 #include "fsdp/comm.h"
 #include "fsdp/error.h"
@@ -68,11 +72,102 @@ double ring_seconds(double bytes, int k, double bandwidth, double latency, doubl
   return passes * ((k - 1.0) / k * bytes / bandwidth + (k - 1) * latency);
 }
 
+// One strategy's figures, per rank.
 struct Plan {
   fsdp::ShardingStrategy strategy;
   fsdp::StepPeak peak;
   fsdp::CommBytes comm;
+  int64_t host = 0;  // with --offload cpu: the model state, in host memory
+  int64_t device() const { return peak.total() - host; }
 };
+
+// Step time on a cluster: compute, and communication overlapped with it
+// except the first unit's gather.
+struct StepTime {
+  double comm = 0, step = 0, efficiency = 0;
+};
+
+StepTime step_time(const Plan& plan, const Cluster& c, double compute, int world, int nodes, int64_t n_units) {
+  const int per_node = world / nodes;
+  const int64_t K = fsdp::shard_group_size(plan.strategy, world, per_node);
+  const bool across_nodes = K > per_node || (!fsdp::is_hybrid(plan.strategy) && nodes > 1);
+  const double bw = across_nodes ? c.inter_bandwidth : c.intra_bandwidth;
+  const double lat = across_nodes ? c.inter_latency : c.intra_latency;
+  StepTime t;
+  t.comm = ring_seconds(plan.comm.all_gather, K, bw, lat / n_units, 1.0) +
+           ring_seconds(plan.comm.reduce_scatter, K, bw, lat / n_units, 1.0);
+  if (plan.strategy == fsdp::ShardingStrategy::kNoShard || plan.strategy == fsdp::ShardingStrategy::kZero1) {
+    t.comm += ring_seconds(plan.comm.all_reduce, world, nodes > 1 ? c.inter_bandwidth : c.intra_bandwidth,
+                           nodes > 1 ? c.inter_latency : c.intra_latency, 2.0);
+  } else if (plan.comm.all_reduce > 0) {
+    t.comm += ring_seconds(plan.comm.all_reduce, nodes, c.inter_bandwidth, c.inter_latency, 2.0);
+  }
+  const double first_gather =
+      ring_seconds(static_cast<double>(plan.comm.all_gather) / std::max<int64_t>(1, n_units), K, bw, lat, 1.0);
+  t.step = std::max(compute, t.comm) + (plan.comm.all_gather > 0 ? first_gather : 0.0);
+  t.efficiency = compute / t.step;
+  return t;
+}
+
+nlohmann::json comm_json(const fsdp::CommBytes& comm) {
+  return {{"all_gather", comm.all_gather},
+          {"reduce_scatter", comm.reduce_scatter},
+          {"all_reduce", comm.all_reduce},
+          {"total", comm.total()}};
+}
+
+nlohmann::json plan_json(const Plan& plan, int world, int per_node) {
+  const auto& st = plan.peak.state;
+  return {{"strategy", fsdp::strategy_name(plan.strategy)},
+          {"shard_group_size", fsdp::shard_group_size(plan.strategy, world, per_node)},
+          {"params_bytes", st.params},
+          {"grads_bytes", st.grads},
+          {"optimizer_bytes", st.optimizer},
+          {"model_state_bytes", st.total()},
+          {"needed_bytes", st.total_with_gathered()},
+          {"gathered_bytes", plan.peak.gathered},
+          {"activations_bytes", plan.peak.activations},
+          {"backward_transient_bytes", plan.peak.backward_transient},
+          {"device_total_bytes", plan.device()},
+          {"host_bytes", plan.host},
+          {"comm_bytes", comm_json(plan.comm)}};
+}
+
+// --budget: fsdp::choose_strategy's answer, or why nothing fits.
+struct Recommendation {
+  int64_t budget = 0;
+  std::optional<fsdp::StrategyChoice> choice;
+  std::vector<fsdp::StrategyCandidate> candidates;
+  std::string reason;  // choice->reason, or the error naming every candidate's need
+};
+
+Recommendation recommend(const std::vector<int64_t>& units, int world, int per_node, const fsdp::MixedPrecision& mp,
+                         int64_t budget) {
+  Recommendation r;
+  r.budget = budget;
+  r.candidates = fsdp::strategy_candidates(units, world, per_node, mp);
+  try {
+    r.choice = fsdp::choose_strategy(units, world, per_node, mp, budget);
+    r.reason = r.choice->reason;
+  } catch (const c10::Error& e) {  // nothing fits: an answer too, not a failure of the planner
+    r.reason = fsdp::error_message(e);
+  }
+  return r;
+}
+
+nlohmann::json recommendation_json(const Recommendation& r) {
+  nlohmann::json candidates = nlohmann::json::array();
+  for (const auto& c : r.candidates) {
+    candidates.push_back({{"strategy", fsdp::strategy_name(c.strategy)},
+                          {"needed_bytes", c.needed()},
+                          {"fits", c.needed() <= r.budget},
+                          {"comm_bytes", c.comm.total()}});
+  }
+  return {{"budget_bytes", r.budget},
+          {"strategy", r.choice ? nlohmann::json(fsdp::strategy_name(r.choice->strategy)) : nlohmann::json(nullptr)},
+          {"reason", r.reason},
+          {"candidates", candidates}};
+}
 
 int calibrate(int* argc, char*** argv) {
   fsdp::MpiEnvironment mpi(argc, argv);
@@ -121,7 +216,7 @@ int main(int argc, char** argv) {
   int64_t layers = 0, width = 0, vocab = 0, context = 0, heads = 0, batch = 0;
   int world = 2, nodes = 1;
   std::string strategy = "all", param_dtype = "fp32", reduce_dtype, cluster_path, offload = "none", wrap = "block";
-  bool checkpointing = false, prefetch = true, seed_accounting = false;
+  bool checkpointing = false, prefetch = true, seed_accounting = false, json = false;
   double budget = 0;
   app.add_option("--preset", preset, "a reference GPT preset: tiny, small, medium, large");
   app.add_option("--params", params, "or a model of this many parameters (with --layers; e.g. 70e9)");
@@ -141,11 +236,14 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-prefetch", prefetch, "no unit gathered ahead (default: one)");
   app.add_option("--offload", offload, "none, or cpu: fp32 masters, gradients and optimizer state in host memory")
       ->capture_default_str();
-  app.add_option("--budget", budget, "per-device bytes: recommend the strategy with the least communication that fits");
+  app.add_option("--budget", budget,
+                 "per-rank bytes for model state plus gathered parameters: the strategy fsdp-train --strategy auto "
+                 "--memory-budget picks (the first that fits, from least to most communication)");
   app.add_option("--cluster", cluster_path, "cluster JSON (fsdp-plan calibrate writes one): estimate step time");
   app.add_flag("--seed-accounting", seed_accounting,
                "also print the textbook DDP-versus-FSDP table, with the optimizer state at 4 B per parameter "
                "(the common shortcut) and at Adam's real 12");
+  app.add_flag("--json", json, "print the whole plan as one JSON object instead (fields: README.md)");
   auto* calibrate_cmd = app.add_subcommand("calibrate", "measure FLOP/s and all-gather bandwidth here (under fsdp-run)");
   CLI11_PARSE(app, argc, argv);
   if (calibrate_cmd->parsed()) return calibrate(&argc, &argv);
@@ -154,6 +252,10 @@ int main(int argc, char** argv) {
     TORCH_CHECK(world > 0 && nodes > 0 && world % nodes == 0, "--world must be a positive multiple of --nodes");
     TORCH_CHECK(offload == "none" || offload == "cpu", "--offload must be none or cpu, got '", offload, "'");
     TORCH_CHECK(wrap == "block" || wrap == "sublayer", "--wrap must be block or sublayer, got '", wrap, "'");
+    TORCH_CHECK(budget >= 0, "--budget must be a positive number of bytes, got ", budget);
+    // The budget is fsdp-train's: model state and gathered parameters on the device.
+    TORCH_CHECK(budget == 0 || offload == "none", "--budget covers the model state on the device, as fsdp-train "
+                "--memory-budget does; it cannot be combined with --offload ", offload);
     fsdp::TransformerShape shape;
     if (!preset.empty()) {
       const auto c = fsdp::models::GPTConfig::preset(preset);
@@ -185,6 +287,7 @@ int main(int argc, char** argv) {
     }
     int64_t total_params = 0;
     for (int64_t n : units) total_params += n;
+    const int64_t largest_unit = *std::max_element(units.begin() + 1, units.end());
     fsdp::MixedPrecision mp;
     mp.param_dtype(fsdp::parse_dtype(param_dtype));
     if (!reduce_dtype.empty()) mp.reduce_dtype(fsdp::parse_dtype(reduce_dtype));
@@ -202,12 +305,83 @@ int main(int argc, char** argv) {
     }
     std::vector<Plan> plans;
     for (auto s : strategies) {
-      plans.push_back({s, fsdp::estimate_step_peak(shape, s, world, per_node, mp, prefetch, checkpointing, units),
-                       fsdp::estimate_comm_per_step(units, s, world, per_node, mp)});
+      Plan plan{s, fsdp::estimate_step_peak(shape, s, world, per_node, mp, prefetch, checkpointing, units),
+                fsdp::estimate_comm_per_step(units, s, world, per_node, mp)};
+      // Offload keeps fp32 masters, gradient shards and optimizer state in host memory (ZeRO-Offload's split).
+      if (offload == "cpu") plan.host = plan.peak.state.total();
+      plans.push_back(plan);
+    }
+    std::optional<Recommendation> recommendation;
+    if (budget > 0) recommendation = recommend(units, world, per_node, mp, static_cast<int64_t>(std::llround(budget)));
+    std::optional<Cluster> cluster;
+    if (!cluster_path.empty()) cluster = Cluster::load(cluster_path);
+    // 6 N FLOPs per token for forward and backward, 2 N more to recompute.
+    const double compute = cluster ? (checkpointing ? 8.0 : 6.0) * total_params *
+                                         static_cast<double>(shape.batch * shape.context) / cluster->flops
+                                   : 0.0;
+    const int64_t n_units = static_cast<int64_t>(units.size());
+
+    if (json) {
+      nlohmann::json out;
+      const nlohmann::json null_json(nullptr);
+      out["inputs"] = {{"preset", preset.empty() ? null_json : nlohmann::json(preset)},
+                       {"params", params > 0 ? nlohmann::json(params) : null_json},
+                       {"layers", shape.layers},
+                       {"width", shape.width},
+                       {"vocab", shape.vocab},
+                       {"context", shape.context},
+                       {"heads", shape.heads},
+                       {"batch", shape.batch},
+                       {"world", world},
+                       {"nodes", nodes},
+                       {"ranks_per_node", per_node},
+                       {"strategy", strategy},
+                       {"param_dtype", fsdp::dtype_name(mp.param_dtype())},
+                       {"reduce_dtype", fsdp::dtype_name(mp.effective_reduce_dtype())},
+                       {"activation_checkpointing", checkpointing},
+                       {"wrap", wrap},
+                       {"prefetch", prefetch},
+                       {"offload", offload},
+                       {"budget_bytes", recommendation ? nlohmann::json(recommendation->budget) : null_json},
+                       {"cluster", cluster ? nlohmann::json(cluster_path) : null_json}};
+      out["model"] = {{"parameters", total_params}, {"unit_numels", units}, {"largest_unit_numel", largest_unit}};
+      out["strategies"] = nlohmann::json::array();
+      for (const auto& plan : plans) out["strategies"].push_back(plan_json(plan, world, per_node));
+      out["recommendation"] = recommendation ? recommendation_json(*recommendation) : nlohmann::json(nullptr);
+      out["cluster"] = nullptr;
+      if (cluster) {
+        nlohmann::json times = nlohmann::json::array();
+        for (const auto& plan : plans) {
+          const StepTime t = step_time(plan, *cluster, compute, world, nodes, n_units);
+          times.push_back({{"strategy", fsdp::strategy_name(plan.strategy)},
+                           {"comm_s", t.comm},
+                           {"step_s", t.step},
+                           {"scaling_efficiency", t.efficiency}});
+        }
+        out["cluster"] = {{"flops", cluster->flops}, {"compute_s", compute}, {"strategies", times}};
+      }
+      if (seed_accounting) {
+        // The textbook table below, in bytes.
+        const double N = static_cast<double>(total_params);
+        out["seed_accounting"] = nlohmann::json::array();
+        for (int sharded = 0; sharded < 2; ++sharded) {
+          for (double optimizer_bytes : {4.0, 12.0}) {
+            const double d = sharded ? world : 1.0;
+            out["seed_accounting"].push_back({{"layout", sharded ? "fsdp" : "ddp"},
+                                              {"optimizer_bytes_per_param", optimizer_bytes},
+                                              {"params_bytes", 2 * N / d},
+                                              {"grads_bytes", 2 * N / d},
+                                              {"optimizer_bytes", optimizer_bytes * N / d},
+                                              {"total_bytes", (4 + optimizer_bytes) * N / d}});
+          }
+        }
+      }
+      std::cout << out.dump(2) << "\n";
+      return 0;
     }
 
     std::cout << "model: " << total_params << " parameters in " << units.size() << " units (" << shape.layers
-              << " blocks, " << wrap << " units, the largest " << *std::max_element(units.begin() + 1, units.end())
+              << " blocks, " << wrap << " units, the largest " << largest_unit
               << "); vocab " << shape.vocab << ", context " << shape.context
               << ", width " << shape.width << ", heads " << shape.heads << ", batch " << shape.batch << " per rank\n"
               << "world: " << world << " ranks on " << nodes << " node(s); params " << fsdp::dtype_name(mp.param_dtype())
@@ -221,14 +395,11 @@ int main(int argc, char** argv) {
     std::cout << "\n";
     for (const auto& plan : plans) {
       const auto& st = plan.peak.state;
-      // Offload keeps fp32 masters, gradient shards and optimizer state in host memory (ZeRO-Offload's split).
-      const int64_t host = offload == "cpu" ? st.total() : 0;
-      const int64_t device = plan.peak.total() - host;
       std::cout << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << std::right << std::setw(12)
                 << gib(st.params) << std::setw(12) << gib(st.grads) << std::setw(12) << gib(st.optimizer)
                 << std::setw(12) << gib(plan.peak.gathered) << std::setw(15) << gib(plan.peak.activations)
-                << std::setw(15) << gib(plan.peak.backward_transient) << std::setw(15) << gib(device) << std::setw(15)
-                << gib(host) << std::setw(15) << gib(plan.comm.total()) << "\n";
+                << std::setw(15) << gib(plan.peak.backward_transient) << std::setw(15) << gib(plan.device())
+                << std::setw(15) << gib(plan.host) << std::setw(15) << gib(plan.comm.total()) << "\n";
     }
     std::cout << "  (model state in bytes, as a run of fsdp-train measures it:";
     for (const auto& plan : plans) std::cout << " " << fsdp::strategy_name(plan.strategy) << " " << plan.peak.state.total();
@@ -255,47 +426,25 @@ int main(int argc, char** argv) {
       }
       std::cout << "  (this project keeps fp32 gradient shards and a separate fp32 master, as the table above shows)\n";
     }
-    if (budget > 0) {
-      const Plan* best = nullptr;
-      for (const auto& plan : plans) {
-        const int64_t device = plan.peak.total() - (offload == "cpu" ? plan.peak.state.total() : 0);
-        if (device <= budget && (!best || plan.comm.total() < best->comm.total())) best = &plan;
-      }
-      if (best) {
-        std::cout << "recommended for a budget of " << gib(budget) << " per device: "
-                  << fsdp::strategy_name(best->strategy) << " (fits, with the least communication of those that do)\n";
-      } else {
-        std::cout << "no strategy fits " << gib(budget)
-                  << " per device: add ranks, lower precision, activation checkpointing or offload\n";
+    if (recommendation) {
+      // The same text fsdp-train --strategy auto prints.
+      std::cout << "--budget (" << gib(recommendation->budget) << " per rank): " << recommendation->reason << "\n";
+      if (recommendation->choice) {
+        const auto chosen = fsdp::estimate_step_peak(shape, recommendation->choice->strategy, world, per_node, mp,
+                                                     prefetch, checkpointing, units);
+        std::cout << "  (on top of the budget: prefetch's unit ahead, activations and backward's buffers; "
+                  << fsdp::strategy_name(recommendation->choice->strategy) << "'s step peak is "
+                  << gib(chosen.total()) << ")\n";
       }
     }
-    if (!cluster_path.empty()) {
-      const Cluster c = Cluster::load(cluster_path);
-      const double tokens = static_cast<double>(shape.batch * shape.context);
-      // 6 N FLOPs per token for forward and backward, 2 N more to recompute.
-      const double compute = (checkpointing ? 8.0 : 6.0) * total_params * tokens / c.flops;
+    if (cluster) {
       std::cout << "step time per rank on the cluster (compute " << std::setprecision(3) << compute
                 << " s; communication overlapped with it, except the first unit's gather):\n";
       for (const auto& plan : plans) {
-        const int64_t K = fsdp::shard_group_size(plan.strategy, world, per_node);
-        const bool across_nodes = K > per_node || (!fsdp::is_hybrid(plan.strategy) && nodes > 1);
-        const double bw = across_nodes ? c.inter_bandwidth : c.intra_bandwidth;
-        const double lat = across_nodes ? c.inter_latency : c.intra_latency;
-        const int64_t n_units = static_cast<int64_t>(units.size());
-        double comm = ring_seconds(plan.comm.all_gather, K, bw, lat / n_units, 1.0) +
-                      ring_seconds(plan.comm.reduce_scatter, K, bw, lat / n_units, 1.0);
-        if (plan.strategy == fsdp::ShardingStrategy::kNoShard || plan.strategy == fsdp::ShardingStrategy::kZero1) {
-          comm += ring_seconds(plan.comm.all_reduce, world, nodes > 1 ? c.inter_bandwidth : c.intra_bandwidth,
-                               nodes > 1 ? c.inter_latency : c.intra_latency, 2.0);
-        } else if (plan.comm.all_reduce > 0) {
-          comm += ring_seconds(plan.comm.all_reduce, nodes, c.inter_bandwidth, c.inter_latency, 2.0);
-        }
-        const double first_gather = ring_seconds(static_cast<double>(plan.comm.all_gather) / std::max<int64_t>(1, n_units),
-                                                 K, bw, lat, 1.0);
-        const double step = std::max(compute, comm) + (plan.comm.all_gather > 0 ? first_gather : 0.0);
+        const StepTime t = step_time(plan, *cluster, compute, world, nodes, n_units);
         std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << " comm "
-                  << std::setprecision(3) << comm << " s, step " << step << " s, scaling efficiency "
-                  << std::setprecision(0) << std::fixed << 100.0 * compute / step << "%\n"
+                  << std::setprecision(3) << t.comm << " s, step " << t.step << " s, scaling efficiency "
+                  << std::setprecision(0) << std::fixed << 100.0 * t.efficiency << "%\n"
                   << std::defaultfloat;
       }
     }

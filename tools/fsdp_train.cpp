@@ -193,33 +193,16 @@ fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
   return options;
 }
 
-// --strategy auto: the lightest strategy (least communication) whose
-// per-rank model state fits the budget.
+// --strategy auto: fsdp::choose_strategy's rule, the one fsdp-plan --budget
+// applies too (model state plus gathered parameters, least communication first).
 fsdp::ShardingStrategy pick_strategy(const TrainOptions& o, Run& run, int world) {
   TORCH_CHECK(o.memory_budget > 0,
               "--strategy auto needs --memory-budget BYTES (per-rank model state plus gathered parameters)");
-  const std::vector<int64_t> unit_numels = planned_unit_numels(run);
-  using S = fsdp::ShardingStrategy;
-  const int per_node = run.fsdp_options.ranks_per_node();
-  std::vector<S> candidates = {S::kNoShard, S::kZero1, S::kShardGradOp, S::kFullShard};
-  if (per_node > 0 && per_node < world) {
-    candidates = {S::kNoShard, S::kZero1, S::kHybridShardZero2, S::kShardGradOp, S::kHybridShard, S::kFullShard};
-  }
-  // A strategy needs its model state plus the parameters it holds gathered
-  // at its peak (shard_grad_op: all of them from forward to backward).
-  std::ostringstream why;
-  for (S s : candidates) {
-    auto bytes = fsdp::estimate_model_state(unit_numels, s, world, per_node, run.fsdp_options.mixed_precision());
-    why << (why.tellp() > 0 ? "; " : "") << fsdp::strategy_name(s) << " needs " << bytes.total_with_gathered()
-        << " B (" << bytes.total() << " at rest + " << bytes.gathered_peak << " gathered)";
-    if (bytes.total_with_gathered() <= o.memory_budget) {
-      run.strategy_reason = "auto picked " + std::string(fsdp::strategy_name(s)) + ", the lightest that fits " +
-                            std::to_string(o.memory_budget) + " B per rank: " + why.str();
-      return s;
-    }
-  }
-  TORCH_CHECK(false, "--strategy auto: no strategy fits a per-rank model state of ", o.memory_budget, " bytes at ",
-              world, " ranks: ", why.str());
+  const fsdp::StrategyChoice choice =
+      fsdp::choose_strategy(planned_unit_numels(run), world, run.fsdp_options.ranks_per_node(),
+                            run.fsdp_options.mixed_precision(), o.memory_budget);
+  run.strategy_reason = choice.reason;
+  return choice.strategy;
 }
 
 
@@ -508,6 +491,13 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     }
     std::vector<int64_t> model_state(W), rss_bytes(rss.data_ptr<int64_t>(), rss.data_ptr<int64_t>() + W);
     for (int r = 0; r < W; ++r) model_state[r] = last_figures[r * kNumFigures + kModelState];
+    nlohmann::json model_state_by_kind;  // per rank, split as fsdp-plan splits it
+    for (int r = 0; r < W; ++r) {
+      const int64_t* f = &last_figures[r * kNumFigures];
+      model_state_by_kind["params"].push_back(f[kParamShards]);
+      model_state_by_kind["grads"].push_back(f[kGradShards]);
+      model_state_by_kind["optimizer"].push_back(f[kOptimizer]);
+    }
     const double typical = median(step_times);
     nlohmann::json summary = {{"preset", o.preset},
                               {"world_size", W},
@@ -531,7 +521,9 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"peak_tensor_bytes_predicted", predicted_peak.total()},
                               {"peak_rss_bytes", rss_bytes},
                               {"last_step_peak_by_category_rank0", peak_by_category},
+                              {"model_state_bytes_by_kind", model_state_by_kind},
                               {"comm_bytes", comm_bytes}};
+    if (!run.strategy_reason.empty()) summary["strategy_reason"] = run.strategy_reason;
     std::ofstream out(o.summary);
     out << summary.dump() << "\n";
     TORCH_CHECK(out.good(), "writing the summary '", o.summary, "' failed");
@@ -629,7 +621,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--ranks-per-node", o.ranks_per_node,
                  "hybrid strategies: ranks per (simulated) node (default: from fsdp-run, else MPI's shared-memory nodes)");
-  app.add_option("--memory-budget", o.memory_budget, "--strategy auto: per-rank model-state budget in bytes");
+  app.add_option("--memory-budget", o.memory_budget,
+                 "--strategy auto: per-rank bytes for model state plus gathered parameters "
+                 "(the rule of fsdp-plan --budget)");
   app.add_option("--param-dtype", o.param_dtype, "fp32, bf16 or fp16: the dtype gathered and computed with")
       ->capture_default_str();
   app.add_option("--reduce-dtype", o.reduce_dtype, "fp32, bf16 or fp16: the dtype gradients are reduced in "

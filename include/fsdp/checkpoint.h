@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fsdp/fully_shard.h"
 #include "fsdp/safetensors.h"
@@ -74,6 +75,23 @@ void convert_to_full(const std::string& checkpoint, const std::string& output);
 
 // The newest complete checkpoint under dir ("" if there is none).
 std::string latest_checkpoint(const std::string& dir);
+
+// One DIR/step-N (or DIR/step-N.tmp) of a checkpoint folder.
+struct CheckpointEntry {
+  std::string path;
+  int64_t step = -1;
+  // step-N with a metadata.json that parses, names a known format and
+  // matches its own checksum (the data files are not read: SavedCheckpoint
+  // verifies those).
+  bool complete = false;
+  CheckpointFormat format = CheckpointFormat::kSharded;  // when complete
+  nlohmann::json metadata;                               // when complete
+  std::string problem;                                   // why not complete
+};
+
+// Every step-N and step-N.tmp directory under dir, newest step first (at
+// equal steps the complete one first); empty if dir holds none.
+std::vector<CheckpointEntry> list_checkpoints(const std::string& dir);
 
 // Removes all but the newest `keep` complete checkpoints and any unfinished
 // ones older than the newest complete (call on one rank).

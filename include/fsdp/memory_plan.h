@@ -3,6 +3,7 @@
 // the figures a run measures with the counting allocator, to the byte.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "fsdp/options.h"
@@ -50,6 +51,51 @@ struct CommBytes {
 CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                  int ranks_per_node, const MixedPrecision& mixed_precision);
 
+// Choosing a strategy for a per-rank memory budget: the one rule that
+// fsdp-train --strategy auto --memory-budget and fsdp-plan --budget share.
+//
+// The budget covers the per-rank model state (parameters, gradients and
+// AdamW state, as estimate_model_state counts them) plus the parameters the
+// strategy holds gathered at its peak (gathered_peak: every unit for
+// shard_grad_op, the root and the largest other unit for full_shard). These
+// are exact for any model from its units' sizes alone; activations and
+// backward's transient buffers depend on the batch and come on top (see
+// estimate_step_peak).
+//
+// Candidates are tried from least to most communication, and the first that
+// fits is chosen: no_shard (one all-reduce of the gradients), zero1 (the
+// all-reduce and an all-gather of the updated parameters), shard_grad_op
+// (an all-gather and a reduce-scatter per unit), full_shard (a second
+// all-gather in backward). Over several nodes (0 < ranks_per_node < world)
+// each hybrid variant comes before its world-sharded counterpart, since its
+// gathers and reductions stay inside a node and only the shard crosses
+// nodes: no_shard, zero1, hybrid_shard_zero2, shard_grad_op, hybrid_shard,
+// full_shard.
+struct StrategyCandidate {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  ModelStateBytes state;
+  CommBytes comm;
+  int64_t needed() const { return state.total_with_gathered(); }  // what the budget is compared with
+};
+
+// Every candidate for the world and nodes, in the order tried, with its figures.
+std::vector<StrategyCandidate> strategy_candidates(const std::vector<int64_t>& unit_numels, int world,
+                                                   int ranks_per_node, const MixedPrecision& mixed_precision);
+
+struct StrategyChoice {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  int64_t budget = 0;
+  std::vector<StrategyCandidate> candidates;  // all of them, in the order tried
+  // One line for people, the same wherever it is printed: the choice, the
+  // rule, and every candidate's need.
+  std::string reason;
+};
+
+// The first candidate whose needed() is at most `budget` bytes; throws
+// naming the budget and every candidate's need when none fits.
+StrategyChoice choose_strategy(const std::vector<int64_t>& unit_numels, int world, int ranks_per_node,
+                               const MixedPrecision& mixed_precision, int64_t budget);
+
 // A decoder-only transformer as shared/spec/gpt.md builds it (pre-norm
 // blocks, a 4x MLP, materialized attention scores, a tied head), and the
 // per-rank batch.
@@ -68,7 +114,7 @@ struct TransformerShape {
 // keeps (all of them at the start of backward), and what backward adds on
 // top at its peak: the loss's gradients (2 M V fp32) at its start, or a
 // unit's gradient buffers once its own activations are freed. Within a few percent of what the counting
-// allocator measures for the presets (tests/trainer_test.sh "planner").
+// allocator measures for the presets (tests/trainer/planner.sh).
 struct StepPeak {
   ModelStateBytes state;
   int64_t gathered = 0;

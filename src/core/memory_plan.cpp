@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <sstream>
 
 namespace fsdp {
 
@@ -70,6 +71,58 @@ CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, Shardi
       break;
   }
   return bytes;
+}
+
+std::vector<StrategyCandidate> strategy_candidates(const std::vector<int64_t>& unit_numels, int world,
+                                                   int ranks_per_node, const MixedPrecision& mixed_precision) {
+  using S = ShardingStrategy;
+  std::vector<S> order = {S::kNoShard, S::kZero1, S::kShardGradOp, S::kFullShard};
+  if (ranks_per_node > 0 && ranks_per_node < world) {
+    order = {S::kNoShard, S::kZero1, S::kHybridShardZero2, S::kShardGradOp, S::kHybridShard, S::kFullShard};
+  }
+  std::vector<StrategyCandidate> candidates;
+  for (S s : order) {
+    candidates.push_back({s, estimate_model_state(unit_numels, s, world, ranks_per_node, mixed_precision),
+                          estimate_comm_per_step(unit_numels, s, world, ranks_per_node, mixed_precision)});
+  }
+  return candidates;
+}
+
+namespace {
+
+// "no_shard needs 1896448 B (1896448 model state + 0 gathered), ..."
+std::string describe_needs(const std::vector<StrategyCandidate>& candidates) {
+  std::ostringstream s;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const auto& c = candidates[i];
+    s << (i ? ", " : "") << strategy_name(c.strategy) << " needs " << c.needed() << " B (" << c.state.total()
+      << " model state + " << c.state.gathered_peak << " gathered)";
+  }
+  return s.str();
+}
+
+}  // namespace
+
+StrategyChoice choose_strategy(const std::vector<int64_t>& unit_numels, int world, int ranks_per_node,
+                               const MixedPrecision& mixed_precision, int64_t budget) {
+  TORCH_CHECK(budget > 0, "a memory budget must be a positive number of bytes, got ", budget);
+  StrategyChoice choice;
+  choice.budget = budget;
+  choice.candidates = strategy_candidates(unit_numels, world, ranks_per_node, mixed_precision);
+  std::string order;
+  for (const auto& c : choice.candidates) order += (order.empty() ? "" : ", ") + std::string(strategy_name(c.strategy));
+  const auto fits = std::find_if(choice.candidates.begin(), choice.candidates.end(),
+                                 [&](const StrategyCandidate& c) { return c.needed() <= budget; });
+  TORCH_CHECK(fits != choice.candidates.end(), "no strategy fits a per-rank budget of ", budget,
+              " B (model state plus gathered parameters) at ", world, " ranks: ", describe_needs(choice.candidates),
+              "; more ranks would shard the state further");
+  choice.strategy = fits->strategy;
+  std::ostringstream reason;
+  reason << "picked " << strategy_name(choice.strategy) << ", the first of " << order
+         << " (least to most communication) whose per-rank model state plus gathered parameters fits " << budget
+         << " B: " << describe_needs(choice.candidates);
+  choice.reason = reason.str();
+  return choice;
 }
 
 std::vector<int64_t> TransformerShape::unit_numels() const {

@@ -126,6 +126,32 @@ std::string metadata_checksum(nlohmann::json metadata) {
   return safetensors::hex64(safetensors::fnv1a(text.data(), text.size(), safetensors::kFnvOffset));
 }
 
+// The metadata.json of the checkpoint at `path`, checked without opening a
+// data file: valid JSON, a known format, and its own checksum matching.
+nlohmann::json read_metadata(const std::string& path, CheckpointFormat* format) {
+  const fs::path meta_path = fs::path(path) / "metadata.json";
+  nlohmann::json metadata;
+  {
+    std::ifstream in(meta_path);
+    TORCH_CHECK(in, "'", path, "' is not a complete checkpoint: it has no metadata.json");
+    try {
+      in >> metadata;
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "'", meta_path.string(), "' is not valid JSON: ", e.what());
+    }
+  }
+  const std::string tag = metadata.is_object() ? metadata.value("format", "") : "";
+  TORCH_CHECK(tag == format_tag(CheckpointFormat::kSharded) || tag == format_tag(CheckpointFormat::kFull), "'", path,
+              "' is not an fsdp checkpoint (format '", tag, "', expected '", format_tag(CheckpointFormat::kSharded),
+              "' or '", format_tag(CheckpointFormat::kFull), "')");
+  *format = tag == format_tag(CheckpointFormat::kSharded) ? CheckpointFormat::kSharded : CheckpointFormat::kFull;
+  const std::string stored = metadata.value("checksum", "");
+  const std::string found = metadata_checksum(metadata);
+  TORCH_CHECK(stored == found, "'", meta_path.string(), "' is corrupt: its contents have checksum ", found,
+              ", it says '", stored, "'");
+  return metadata;
+}
+
 // Writes this rank's shard file of a sharded checkpoint (if it is a writer).
 void write_shard_file(FsdpState& state, const OptimizerState& optimizer, const nlohmann::json& meta,
                       const fs::path& temp_dir) {
@@ -251,6 +277,35 @@ std::string latest_checkpoint(const std::string& dir) {
   return best.string();
 }
 
+std::vector<CheckpointEntry> list_checkpoints(const std::string& dir) {
+  std::vector<CheckpointEntry> entries;
+  if (!fs::is_directory(dir)) return entries;
+  for (const auto& item : fs::directory_iterator(dir)) {
+    CheckpointEntry entry;
+    bool unfinished = false;
+    entry.step = step_of(item.path(), &unfinished);
+    if (entry.step < 0 || !item.is_directory()) continue;
+    entry.path = item.path().string();
+    if (unfinished) {
+      entry.problem = "a save that did not finish (never renamed to step-" + std::to_string(entry.step) + ")";
+    } else {
+      try {
+        entry.metadata = read_metadata(entry.path, &entry.format);
+        entry.complete = true;
+      } catch (const std::exception& e) {
+        entry.problem = error_message(e);
+      }
+    }
+    entries.push_back(std::move(entry));
+  }
+  std::sort(entries.begin(), entries.end(), [](const CheckpointEntry& a, const CheckpointEntry& b) {
+    if (a.step != b.step) return a.step > b.step;
+    if (a.complete != b.complete) return a.complete;
+    return a.path < b.path;
+  });
+  return entries;
+}
+
 void prune_checkpoints(const std::string& dir, int keep) {
   if (keep <= 0 || !fs::is_directory(dir)) return;
   std::vector<std::pair<int64_t, fs::path>> complete, unfinished;
@@ -274,25 +329,7 @@ void prune_checkpoints(const std::string& dir, int keep) {
 
 SavedCheckpoint::SavedCheckpoint(const std::string& path) : path_(path) {
   const fs::path dir(path);
-  const fs::path meta_path = dir / "metadata.json";
-  {
-    std::ifstream in(meta_path);
-    TORCH_CHECK(in, "'", path, "' is not a complete checkpoint: it has no metadata.json");
-    try {
-      in >> metadata_;
-    } catch (const std::exception& e) {
-      TORCH_CHECK(false, "'", meta_path.string(), "' is not valid JSON: ", e.what());
-    }
-  }
-  const std::string tag = metadata_.is_object() ? metadata_.value("format", "") : "";
-  TORCH_CHECK(tag == format_tag(CheckpointFormat::kSharded) || tag == format_tag(CheckpointFormat::kFull), "'", path,
-              "' is not an fsdp checkpoint (format '", tag, "', expected '", format_tag(CheckpointFormat::kSharded),
-              "' or '", format_tag(CheckpointFormat::kFull), "')");
-  format_ = tag == format_tag(CheckpointFormat::kSharded) ? CheckpointFormat::kSharded : CheckpointFormat::kFull;
-  const std::string stored = metadata_.value("checksum", "");
-  const std::string found = metadata_checksum(metadata_);
-  TORCH_CHECK(stored == found, "'", meta_path.string(), "' is corrupt: its contents have checksum ", found,
-              ", it says '", stored, "'");
+  metadata_ = read_metadata(path, &format_);
   // Every file the layout calls for: present, intact, listed, and holding
   // exactly the tensors the layout describes.
   for (const auto& [name, specs] : expected_files(metadata_, format_)) {

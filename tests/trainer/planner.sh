@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# fsdp-plan --json against real runs: the model state to the byte, split
+# into parameters, gradients and optimizer state as the allocator counts
+# them; the peak within 15% (measured: within 8% for the presets) and equal
+# to the trainer's own prediction; the textbook 70B table; a recommendation
+# for a budget; a calibrated step-time estimate.
+source "$(dirname "$0")/lib.sh" "$@"
+plan="$build/fsdp-plan"
+
+for cfg in "tiny 2 full_shard" "tiny 4 zero1" "small 2 no_shard" "small 2 full_shard --activation-checkpointing" \
+           "small 2 full_shard --activation-checkpointing --wrap sublayer" "tiny 2 zero1 --param-dtype bf16"; do
+  read -r preset world strategy extra <<<"$cfg"
+  train_run s "$world" --preset "$preset" --steps 2 --strategy "$strategy" $extra
+  "$plan" --preset "$preset" --world "$world" --strategy "$strategy" $extra --json > "$work/plan.json" ||
+    fail "$cfg: fsdp-plan --json failed"
+  # Every rank's measured figure equals the planned one, for the total and each kind.
+  jq -e --slurpfile s "$work/s.json" '.strategies[0] as $p | $s[0] as $m
+      | ($m.model_state_bytes | unique) == [$p.model_state_bytes]
+      and ($m.model_state_bytes_by_kind.params | unique) == [$p.params_bytes]
+      and ($m.model_state_bytes_by_kind.grads | unique) == [$p.grads_bytes]
+      and ($m.model_state_bytes_by_kind.optimizer | unique) == [$p.optimizer_bytes]
+      and $p.model_state_bytes == $p.params_bytes + $p.grads_bytes + $p.optimizer_bytes' "$work/plan.json" >/dev/null ||
+    fail "$cfg: measured $(jq -c '[.model_state_bytes, .model_state_bytes_by_kind]' "$work/s.json"), planned $(jq -c '.strategies[0]' "$work/plan.json")"
+  # The trainer's prediction is the planner's device total; the measured peak is within 15% of it.
+  jq -e --slurpfile s "$work/s.json" '.strategies[0].device_total_bytes as $p | $s[0] as $m
+      | $m.peak_tensor_bytes_predicted == $p
+      and (($p - ($m.peak_tensor_bytes | max)) / ($m.peak_tensor_bytes | max) | fabs) < 0.15' "$work/plan.json" >/dev/null ||
+    fail "$cfg: peak measured $(jq -c .peak_tensor_bytes "$work/s.json"), trainer predicted $(jq .peak_tensor_bytes_predicted "$work/s.json"), planned $(jq .strategies[0].device_total_bytes "$work/plan.json")"
+  echo "ok: $cfg: model state $(jq '.strategies[0].model_state_bytes' "$work/plan.json") B as planned;" \
+       "peak $(jq '.peak_tensor_bytes | max' "$work/s.json") B measured, $(jq .strategies[0].device_total_bytes "$work/plan.json") B planned"
+done
+
+# The plan's own arithmetic: the device total is the sum of its parts, the
+# budget's figure the model state plus at most the gathered bytes, and the
+# inputs are echoed back.
+"$plan" --preset medium --world 4 --nodes 2 --json > "$work/medium.json" || fail "medium plan failed"
+jq -e '[.strategies[] | .device_total_bytes == .model_state_bytes + .gathered_bytes + .activations_bytes + .backward_transient_bytes
+         and .needed_bytes >= .model_state_bytes and .needed_bytes <= .model_state_bytes + .gathered_bytes
+         and .comm_bytes.total == .comm_bytes.all_gather + .comm_bytes.reduce_scatter + .comm_bytes.all_reduce
+         and .host_bytes == 0] | all' "$work/medium.json" >/dev/null || fail "a strategy's figures do not add up"
+jq -e '[.strategies[].strategy] == ["no_shard", "zero1", "shard_grad_op", "full_shard", "hybrid_shard", "hybrid_shard_zero2"]
+       and .inputs.world == 4 and .inputs.nodes == 2 and .inputs.ranks_per_node == 2 and .inputs.preset == "medium"
+       and .model.parameters == (.model.unit_numels | add) and .recommendation == null and .cluster == null' \
+  "$work/medium.json" >/dev/null || fail "medium plan: strategies, inputs or model wrong"
+"$plan" --preset medium --world 2 --offload cpu --json > "$work/offload.json" || fail "offload plan failed"
+jq -e '[.strategies[] | .host_bytes == .model_state_bytes and .device_total_bytes == .gathered_bytes + .activations_bytes + .backward_transient_bytes] | all' \
+  "$work/offload.json" >/dev/null || fail "offload does not move the model state to the host"
+
+# The textbook table for 70B on 8 devices (bf16 parameters and gradients).
+"$plan" --params 70e9 --layers 80 --width 8192 --world 8 --param-dtype bf16 --seed-accounting --json > "$work/70b.json" ||
+  fail "70B plan failed"
+jq -e '.model.parameters == 70000000000 or (.model.parameters - 70e9 | fabs) < 100' "$work/70b.json" >/dev/null ||
+  fail "the 70B plan has $(jq .model.parameters "$work/70b.json") parameters"
+jq -e '.seed_accounting as $t
+       | ($t[] | select(.layout == "ddp" and .optimizer_bytes_per_param == 4) | [.params_bytes, .grads_bytes, .optimizer_bytes, .total_bytes] | map(. / 1e8 | round))
+         == [1400, 1400, 2800, 5600]
+       and ($t[] | select(.layout == "fsdp" and .optimizer_bytes_per_param == 12) | [.params_bytes, .grads_bytes, .optimizer_bytes, .total_bytes] | map(. / 1e8 | round))
+         == [175, 175, 1050, 1400]' "$work/70b.json" >/dev/null || { jq -c .seed_accounting "$work/70b.json" >&2; fail "wrong textbook rows"; }
+
+# --budget: the first strategy, from least to most communication, whose
+# model state plus gathered parameters fits (auto.sh holds fsdp-train
+# --strategy auto to the same answers). A budget of exactly a strategy's
+# need picks it.
+args=(--preset small --world 2 --param-dtype bf16)
+"$plan" "${args[@]}" --json > "$work/small.json" || fail "small plan failed"
+for strategy in no_shard zero1 shard_grad_op full_shard; do
+  need=$(jq --arg s "$strategy" '.strategies[] | select(.strategy == $s) | .needed_bytes' "$work/small.json")
+  "$plan" "${args[@]}" --budget "$need" --json > "$work/b.json" || fail "plan with --budget $need failed"
+  [ "$(jq -r .recommendation.strategy "$work/b.json")" = "$strategy" ] &&
+    jq -e '.inputs.budget_bytes == .recommendation.budget_bytes
+           and ([.recommendation.candidates[] | select(.fits)][0].strategy == .recommendation.strategy)
+           and ([.recommendation.candidates[] | .fits == (.needed_bytes <= $b)] | all)
+           and [.recommendation.candidates[].strategy] == ["no_shard", "zero1", "shard_grad_op", "full_shard"]' \
+      --argjson b "$need" "$work/b.json" >/dev/null || { jq -c .recommendation "$work/b.json" >&2; fail "a budget of $need did not pick $strategy"; }
+  # The candidates' figures are the strategies' own.
+  jq -e --slurpfile all "$work/small.json" '[.recommendation.candidates[] as $c | $all[0].strategies[] | select(.strategy == $c.strategy)
+         | .needed_bytes == $c.needed_bytes and .comm_bytes.total == $c.comm_bytes] | length == 4 and all' "$work/b.json" >/dev/null ||
+    fail "the recommendation's candidates differ from the strategies' figures"
+  # The text output prints the same reason.
+  "$plan" "${args[@]}" --budget "$need" | grep -qF -- "$(jq -r .recommendation.reason "$work/b.json")" ||
+    fail "the text output lacks the JSON's reason"
+  echo "ok: --budget $need picks $strategy"
+done
+least=$(jq '[.strategies[].needed_bytes] | min' "$work/small.json")
+"$plan" "${args[@]}" --budget $((least - 1)) --json > "$work/none.json" || fail "plan with a budget nothing fits failed"
+jq -e '.recommendation.strategy == null and ([.recommendation.candidates[].fits] | any | not)' "$work/none.json" >/dev/null ||
+  fail "a budget below every need recommended $(jq .recommendation.strategy "$work/none.json")"
+grep -qF "no strategy fits a per-rank budget of $((least - 1)) B" <<<"$(jq -r .recommendation.reason "$work/none.json")" ||
+  fail "no reason why nothing fits: $(jq -r .recommendation.reason "$work/none.json")"
+
+# A calibrated cluster: a step-time estimate per strategy.
+"$run" -n 2 -- "$plan" calibrate > "$work/cluster.json" 2>"$work/cal.err" || { cat "$work/cal.err"; fail "calibrate failed"; }
+jq -e '.flops > 0 and .intra_node_bandwidth > 0' "$work/cluster.json" >/dev/null || fail "calibration wrote no figures"
+"$plan" --preset medium --world 2 --cluster "$work/cluster.json" --json > "$work/timed.json" || fail "plan with --cluster failed"
+jq -e '.cluster.compute_s > 0 and ([.cluster.strategies[] | .step_s >= $c and .scaling_efficiency > 0 and .scaling_efficiency <= 1
+         and (.step_s * .scaling_efficiency - $c | fabs) < 1e-9 * $c] | all) and (.cluster.strategies | length) == 4' \
+  --argjson c "$(jq .cluster.compute_s "$work/timed.json" 2>/dev/null || echo 0)" "$work/timed.json" >/dev/null ||
+  { jq -c .cluster "$work/timed.json" >&2; fail "no step-time estimate"; }
+
+expect_error "give --preset or --params" "$plan" --world 2
+expect_error "--offload must be none or cpu" "$plan" --preset tiny --offload disk
+expect_error "cannot be combined with --offload cpu" "$plan" --preset tiny --offload cpu --budget 1e9
+pass

@@ -38,9 +38,13 @@ void inspect_checkpoint(const std::string& path) {
             << (saved.format() == fsdp::CheckpointFormat::kSharded
                     ? " (" + std::to_string(m.at("shard_group_size").get<int64_t>()) + " shards)"
                     : std::string())
-            << ", AdamW step " << m.at("optimizer").at("step") << "\n";
+            << ", optimizer " << m.at("optimizer").value("type", "adamw") << " step " << m.at("optimizer").at("step")
+            << "\n";
+  // Checkpoints from before other optimizers were supported hold AdamW's two moments.
+  const nlohmann::json state = m.at("optimizer").value("state", nlohmann::json::array({"exp_avg", "exp_avg_sq"}));
   int64_t total = 0;
-  std::cout << "  parameters (fp32 masters; AdamW keeps two moments of each):\n";
+  std::cout << "  parameters (fp32 masters; the optimizer keeps " << (state.empty() ? "no state" : state.dump())
+            << " of each):\n";
   for (const auto& unit : m.at("units")) {
     std::string name = unit.at("name").get<std::string>();
     std::cout << "    unit " << (name.empty() ? "<root>" : name) << ": " << unit.at("numel") << " elements\n";

@@ -29,6 +29,7 @@
 #include "fsdp/state_dict.h"
 #include "fsdp/token_data.h"
 #include "fsdp/trace.h"
+#include "fsdp/train_step.h"
 
 namespace {
 
@@ -71,6 +72,10 @@ struct TrainOptions {
   bool activation_checkpointing = false;
   bool sharded_init = false;
   std::string plot;
+  int64_t sample = 0;
+  double temperature = 0.8;
+  std::string prompt = "The ";
+  uint64_t sample_seed = 0;
 };
 
 // --trace FILE.json: rank r writes FILE.rank<r>.json.
@@ -79,9 +84,6 @@ std::string trace_path(const std::string& path, int rank) {
   const bool json = path.size() > suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
   return (json ? path.substr(0, path.size() - suffix.size()) : path) + ".rank" + std::to_string(rank) + suffix;
 }
-
-// What each rank reports after a step, gathered to rank 0.
-enum RankFigure { kModelState, kPeakTensors, kParamShards, kGradShards, kOptimizer, kNumFigures };
 
 std::string human_bytes(int64_t bytes) {
   std::ostringstream s;
@@ -213,6 +215,7 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   TORCH_CHECK(o.steps > 0, "--steps must be positive, got ", o.steps);
   TORCH_CHECK(o.lr > 0, "--lr must be positive, got ", o.lr);
   TORCH_CHECK(o.grad_accum > 0, "--grad-accum must be positive, got ", o.grad_accum);
+  TORCH_CHECK(o.sample >= 0 && o.temperature >= 0, "--sample and --temperature must be >= 0");
   TORCH_CHECK(o.clip_grad_norm >= 0, "--clip-grad-norm must be positive, got ", o.clip_grad_norm);
   TORCH_CHECK(o.ckpt_every >= 0 && o.ckpt_keep >= 1, "--ckpt-every must be >= 0 and --ckpt-keep >= 1");
   TORCH_CHECK(!o.ckpt_dir.empty() || (o.ckpt_every == 0 && !o.resume), "--ckpt-every and --resume need --ckpt-dir");
@@ -255,6 +258,41 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   return run;
 }
 
+// --sample N: rank 0 generates N tokens from --prompt with the whole
+// parameters (an UnshardScope: collective on entry and exit, nothing
+// collective inside it), greedily at temperature 0, else sampled.
+void print_sample(fsdp::FullyShardedModule<fsdp::models::GPTImpl>& model, const TrainOptions& o, int rank) {
+  fsdp::UnshardScope whole(model.state());
+  if (rank != 0) return;
+  const auto& c = model->config();
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(o.sample_seed);
+  std::vector<int64_t> tokens;
+  for (unsigned char ch : o.prompt) tokens.push_back(static_cast<int64_t>(ch) % c.vocab);
+  if (tokens.empty()) tokens.push_back('\n' % c.vocab);
+  for (int64_t i = 0; i < o.sample; ++i) {
+    const int64_t window = std::min<int64_t>(static_cast<int64_t>(tokens.size()), c.context);
+    torch::Tensor idx = torch::tensor(std::vector<int64_t>(tokens.end() - window, tokens.end()), torch::kLong).view({1, -1});
+    torch::Tensor last = model->logits(idx).select(1, window - 1).squeeze(0).to(torch::kFloat);
+    const int64_t next = o.temperature <= 0 ? last.argmax().item<int64_t>()
+                                            : torch::multinomial(torch::softmax(last / o.temperature, 0), 1).item<int64_t>();
+    tokens.push_back(next);
+  }
+  std::cout << "\n== sample (" << o.sample << " tokens, ";
+  if (o.temperature <= 0) {
+    std::cout << "greedy";
+  } else {
+    std::cout << "temperature " << o.temperature;
+  }
+  std::cout << ", prompt included) ==\n";
+  if (c.vocab <= 256) {
+    for (int64_t t : tokens) std::cout << static_cast<char>(t);
+  } else {
+    for (size_t i = 0; i < tokens.size(); ++i) std::cout << (i ? " " : "") << tokens[i];
+  }
+  std::cout << "\n" << std::flush;
+}
+
 int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   const int rank = world->rank(), W = world->size();
   const auto& c = run.config;
@@ -275,14 +313,13 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   torch::optim::AdamW optimizer(model.parameters(),
                                 torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0));
   const auto& mp = run.fsdp_options.mixed_precision();
-  std::unique_ptr<fsdp::GradScaler> scaler;
-  if (mp.param_dtype() == torch::kHalf || mp.effective_reduce_dtype() == torch::kHalf) {
-    scaler = std::make_unique<fsdp::GradScaler>(state);
-  }
-  // Skipping the reduction on all but the last micro-step costs nothing
-  // where gradients are kept whole anyway; elsewhere it keeps full-size
-  // gradients between micro-steps, so it is asked for with --no-sync.
-  const bool skip_sync = o.grad_accum > 1 && (fsdp::keeps_full_gradients(strategy) || o.no_sync);
+  // The step itself (accumulation, loss scaling, clipping, skipping on
+  // overflow, the figures) is the library's: this tool is a front end to it.
+  fsdp::TrainStep train_step(model, optimizer,
+                             fsdp::TrainStepOptions().micro_steps(o.grad_accum).no_sync(o.no_sync).clip_grad_norm(
+                                 o.clip_grad_norm));
+  fsdp::GradScaler* scaler = train_step.scaler();
+  const bool skip_sync = train_step.syncs_only_last_micro_step();
 
   const int shard_group_size = state.shard_group() ? state.shard_group()->size() : 1;
   const fsdp::ModelStateBytes predicted = fsdp::estimate_model_state(unit_numels, strategy, W, shard_group_size, mp);
@@ -332,8 +369,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
       const double load_s = std::chrono::duration<double>(Clock::now() - load_start).count();
       first_step = meta.at("step").get<int64_t>();
       if (scaler && meta.at("extra").contains("loss_scale")) {
-        scaler = std::make_unique<fsdp::GradScaler>(
-            state, fsdp::GradScalerOptions().init_scale(meta.at("extra").at("loss_scale").get<double>()));
+        scaler->set_scale_factor(meta.at("extra").at("loss_scale").get<double>());
       }
       if (rank == 0) {
         const double mb = directory_bytes(latest) / 1e6;
@@ -343,6 +379,13 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                   << std::setprecision(0) << mb / load_s << " MB/s)\n";
       }
     }
+  }
+  if (first_step >= o.steps) {
+    if (rank == 0) {
+      std::cout << "nothing left to train: the checkpoint is at step " << first_step << " and --steps is " << o.steps
+                << " (raise --steps to continue training)\n";
+    }
+    return 0;
   }
   auto save_checkpoint = [&](int64_t completed_steps) {
     nlohmann::json extra = {{"config", c.describe()}, {"preset", o.preset}};
@@ -366,73 +409,40 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
 
   std::vector<double> step_times, exposed_comm_times, optimizer_times;
   fsdp::CommStats last_comm;
-  std::vector<int64_t> last_figures(kNumFigures * W, 0), max_peak(W, 0);
+  std::vector<fsdp::RankFigures> last_figures(W);
+  std::vector<int64_t> max_peak(W, 0);
   double final_loss = 0.0;
   int64_t skipped_steps = 0;
   if (!o.trace.empty()) fsdp::trace::enable();
   const auto run_start = Clock::now();
   for (int64_t step = first_step; step < o.steps; ++step) {
     fsdp::trace::Span step_span("step " + std::to_string(step + 1), "step");
-    fsdp::memory::reset_peaks();
-    state.reset_comm_stats();
-    const auto start = Clock::now();
-    torch::Tensor step_loss = torch::zeros({}, torch::kFloat);
-    for (int64_t micro = 0; micro < A; ++micro) {
-      state.set_requires_gradient_sync(!skip_sync || micro == A - 1);
+    const fsdp::StepResult result = train_step([&](int64_t micro) {
       auto [x, y] = run.data->batch(step, micro, rank, W, A, c.batch);
-      // Each micro-step's mean is 1/A of the step's: the gradient is that of
-      // the mean over the global batch.
-      torch::Tensor loss = model.forward(x, y) / static_cast<double>(A);
-      (scaler ? scaler->scale(loss) : loss).backward();
-      step_loss += loss.detach();
-    }
-    double grad_norm = -1.0;
-    bool stepped = true;
-    const auto optimizer_start = Clock::now();
-    {
-      fsdp::trace::Span span("optimizer step", "optimizer");
-      if (scaler) scaler->unscale_();
-      if (o.clip_grad_norm > 0) grad_norm = fsdp::clip_grad_norm_(state, o.clip_grad_norm);
-      fsdp::memory::MemoryCategoryScope scope(Category::kOptimizerState);
-      if (scaler) {
-        stepped = scaler->step(optimizer);
-      } else {
-        optimizer.step();
-      }
-    }
-    const double optimizer_s = std::chrono::duration<double>(Clock::now() - optimizer_start).count();
+      return model.forward(x, y);
+    });
+    const double step_s = result.step_s;
+    const fsdp::CommStats& comm = result.comm;
+    const bool stepped = result.stepped;
+    const double grad_norm = result.grad_norm.value_or(-1.0);
     skipped_steps += stepped ? 0 : 1;
-    optimizer.zero_grad();
-    state.check_idle();
-    const fsdp::CommStats comm = state.comm_stats();
     last_comm = comm;
-    // The loss of the step is the global-batch mean: the mean of the ranks' means.
-    world->all_reduce(step_loss, fsdp::ReduceOp::kAvg)->wait();
-    const double step_s = std::chrono::duration<double>(Clock::now() - start).count();
-
-    auto usage = fsdp::memory::usage();
-    torch::Tensor mine = torch::tensor({usage.model_state(), usage.peak_total, usage.live(Category::kParameterShard),
-                                        usage.live(Category::kGradientShard), usage.live(Category::kOptimizerState)},
-                                       torch::kLong);
-    torch::Tensor all = torch::empty({kNumFigures * W}, torch::kLong);
-    world->all_gather(all, mine)->wait();
-    final_loss = step_loss.item<double>();
+    final_loss = result.loss;
     if (step > first_step || o.steps == first_step + 1) {
       step_times.push_back(step_s);
       exposed_comm_times.push_back(comm.wait_seconds);
-      optimizer_times.push_back(optimizer_s);
+      optimizer_times.push_back(result.optimizer_s);
     }
-    if (!o.ckpt_dir.empty() && o.ckpt_every > 0 && ((step + 1) % o.ckpt_every == 0 || step + 1 == o.steps)) {
+    if (!o.ckpt_dir.empty() && ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps)) {
       save_checkpoint(step + 1);
     }
     if (rank != 0) continue;
 
-    std::vector<int64_t> figures(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
-    last_figures = figures;
+    last_figures = result.per_rank;
     std::vector<int64_t> model_state(W), peak(W);
     for (int r = 0; r < W; ++r) {
-      model_state[r] = figures[r * kNumFigures + kModelState];
-      peak[r] = figures[r * kNumFigures + kPeakTensors];
+      model_state[r] = last_figures[r].model_state_bytes;
+      peak[r] = last_figures[r].peak_tensor_bytes;
       max_peak[r] = std::max(max_peak[r], peak[r]);
     }
     const double tokens_per_s = tokens_per_step / step_s;
@@ -451,7 +461,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                              {"strategy", fsdp::strategy_name(strategy)},
                              {"comm_bytes", comm_bytes},
                              {"exposed_comm_s", comm.wait_seconds},
-                             {"optimizer_s", optimizer_s},
+                             {"optimizer_s", result.optimizer_s},
                              {"model_state_bytes", model_state},
                              {"peak_tensor_bytes", peak}};
       if (grad_norm >= 0) line["grad_norm"] = grad_norm;
@@ -490,13 +500,12 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
       comm_bytes[fsdp::collective_name(kind)] = last_comm.bytes[static_cast<size_t>(kind)];
     }
     std::vector<int64_t> model_state(W), rss_bytes(rss.data_ptr<int64_t>(), rss.data_ptr<int64_t>() + W);
-    for (int r = 0; r < W; ++r) model_state[r] = last_figures[r * kNumFigures + kModelState];
+    for (int r = 0; r < W; ++r) model_state[r] = last_figures[r].model_state_bytes;
     nlohmann::json model_state_by_kind;  // per rank, split as fsdp-plan splits it
     for (int r = 0; r < W; ++r) {
-      const int64_t* f = &last_figures[r * kNumFigures];
-      model_state_by_kind["params"].push_back(f[kParamShards]);
-      model_state_by_kind["grads"].push_back(f[kGradShards]);
-      model_state_by_kind["optimizer"].push_back(f[kOptimizer]);
+      model_state_by_kind["params"].push_back(last_figures[r].param_shard_bytes);
+      model_state_by_kind["grads"].push_back(last_figures[r].grad_shard_bytes);
+      model_state_by_kind["optimizer"].push_back(last_figures[r].optimizer_state_bytes);
     }
     const double typical = median(step_times);
     nlohmann::json summary = {{"preset", o.preset},
@@ -541,6 +550,8 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     if (rank == 0) std::cout << "trace written to " << trace_path(o.trace, 0) << " (one file per rank)\n";
   }
 
+  if (o.sample > 0) print_sample(model, o, rank);
+
   double save_final_s = 0.0;
   int64_t save_final_peak_extra = 0;
   if (!o.save_final.empty()) {
@@ -567,10 +578,10 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
               << median(optimizer_times) << " s\n"
               << "per-rank memory   (exact tensor bytes from the counting allocator)\n";
     for (int r = 0; r < W; ++r) {
-      const int64_t* f = &last_figures[r * kNumFigures];
-      std::cout << "  rank " << r << ": model state " << human_bytes(f[kModelState]) << " (params "
-                << human_bytes(f[kParamShards]) << ", grads " << human_bytes(f[kGradShards]) << ", optimizer "
-                << human_bytes(f[kOptimizer]) << "), peak tensors " << human_bytes(max_peak[r]) << "\n";
+      const fsdp::RankFigures& f = last_figures[r];
+      std::cout << "  rank " << r << ": model state " << human_bytes(f.model_state_bytes) << " (params "
+                << human_bytes(f.param_shard_bytes) << ", grads " << human_bytes(f.grad_shard_bytes) << ", optimizer "
+                << human_bytes(f.optimizer_state_bytes) << "), peak tensors " << human_bytes(max_peak[r]) << "\n";
     }
     std::cout << "  the planner predicted a peak of " << human_bytes(predicted_peak.total()) << " (model state "
               << human_bytes(predicted_peak.state.total()) << ", gathered " << human_bytes(predicted_peak.gathered)
@@ -637,7 +648,8 @@ int main(int argc, char** argv) {
   app.add_option("--ckpt-format", o.ckpt_format,
                  "sharded (each rank writes its shards) or full (rank 0 writes model and optimizer safetensors)")
       ->capture_default_str();
-  app.add_option("--ckpt-every", o.ckpt_every, "save a checkpoint every K steps and after the last (0: never)");
+  app.add_option("--ckpt-every", o.ckpt_every,
+                 "save a checkpoint every K steps; with --ckpt-dir one is always saved after the last step (0: only then)");
   app.add_option("--ckpt-keep", o.ckpt_keep, "keep the newest N complete checkpoints")->capture_default_str();
   app.add_flag("--resume", o.resume, "continue from the newest complete checkpoint in --ckpt-dir (if any)");
   app.add_flag("--forward-prefetch", o.forward_prefetch, "issue the next unit's all-gather before this unit's forward");
@@ -656,6 +668,10 @@ int main(int argc, char** argv) {
                "recompute each block's forward in backward instead of keeping its activations");
   app.add_option("--plot", o.plot,
                  "write DIR/loss.png and DIR/memory.png from the log after training (the log defaults to DIR/log.jsonl)");
+  app.add_option("--sample", o.sample, "after training, print N tokens the model generates from --prompt (0: none)");
+  app.add_option("--temperature", o.temperature, "--sample: softmax temperature (0: greedy)")->capture_default_str();
+  app.add_option("--prompt", o.prompt, "--sample: the text generation starts from")->capture_default_str();
+  app.add_option("--sample-seed", o.sample_seed, "--sample: seed of the sampling")->capture_default_str();
   app.add_option("--trace", o.trace,
                  "write a Chrome/Perfetto trace per rank: FILE.json becomes FILE.rank<r>.json");
   app.add_option("--summary", o.summary,
@@ -690,7 +706,8 @@ int main(int argc, char** argv) {
   try {
     return train(o, run, world);
   } catch (const std::exception& e) {
-    std::cerr << "fsdp-train: rank " << rank << ": error: " << fsdp::error_message(e) << "\n" << std::flush;
-    fsdp::MpiEnvironment::abort(1);
+    // Ranks that fail alike print one message; MPI then ends the job.
+    std::cout << std::flush;
+    fsdp::MpiEnvironment::abort_with_message("fsdp-train: error: " + fsdp::error_message(e));
   }
 }

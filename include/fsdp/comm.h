@@ -111,6 +111,10 @@ class MpiEnvironment {
   // Ends every rank of the job (for errors after which ranks may disagree on
   // what comes next, and would otherwise wait for each other forever).
   [[noreturn]] static void abort(int exit_code);
+  // Prints `message` (one line, written at once so ranks' messages never
+  // interleave) and ends the job as abort() does. Ranks of one host that
+  // fail with the same message print it once between them.
+  [[noreturn]] static void abort_with_message(const std::string& message, int exit_code = 1);
 
  private:
   ProcessGroupPtr world_;

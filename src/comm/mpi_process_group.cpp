@@ -7,12 +7,18 @@
 // reducing garbage.
 
 #include <mpi.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
 #include <condition_variable>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <functional>
@@ -340,6 +346,28 @@ MpiEnvironment::~MpiEnvironment() {
   MPI_Finalize();
 }
 
-void MpiEnvironment::abort(int exit_code) { MPI_Abort(MPI_COMM_WORLD, exit_code); }
+void MpiEnvironment::abort(int exit_code) {
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort does not return; this tells the compiler so
+}
+
+void MpiEnvironment::abort_with_message(const std::string& message, int exit_code) {
+  // The first rank on this host to bind an abstract socket named after the
+  // message (and the job's local launcher, the ranks' common parent) prints
+  // it; the others find the name taken. The name vanishes with the process.
+  const uint64_t hash = std::hash<std::string>()(message);
+  const std::string name = "fsdp-error-" + std::to_string(::getppid()) + "-" + std::to_string(hash);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path + 1, name.data(), std::min(name.size(), sizeof(address.sun_path) - 2));
+  const socklen_t length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  const bool first = fd < 0 || ::bind(fd, reinterpret_cast<const sockaddr*>(&address), length) == 0;
+  if (first) {
+    const std::string line = message + (message.empty() || message.back() != '\n' ? "\n" : "");
+    [[maybe_unused]] ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
+  }
+  abort(exit_code);
+}
 
 }  // namespace fsdp

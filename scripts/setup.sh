@@ -1,12 +1,30 @@
 #!/usr/bin/env bash
-# Installs what fsdp-cpp needs from Debian's packages (as root), builds it in
-# build/, and makes the built-in default corpus. Safe to run again: each step
-# is skipped when already done.
+# Installs what fsdp-cpp needs (Debian's packages, as root; PyPI's torch into
+# .venv/ for the wheel's LibTorch), builds it, and makes the built-in default
+# corpus. Safe to run again: each step is skipped when already done.
+#
+#   scripts/setup.sh [wheel|debian]
+#
+#   wheel   LibTorch 2.x from PyPI's torch wheel (pinned in libtorch_kinds.sh)
+#   debian  Debian's libtorch-dev 1.13
+# The default (scripts/libtorch_kinds.sh) builds into build/, the other into
+# build-<kind>/. FSDP_LIBTORCH_KIND picks the kind when no argument is given;
+# FSDP_BUILD_DIR overrides the build folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/libtorch_kinds.sh
 
-packages=(build-essential cmake libtorch-dev libopenblas0-pthread libopenmpi-dev openmpi-bin
+kind="${1:-${FSDP_LIBTORCH_KIND:-$default_libtorch_kind}}"
+case "$kind" in
+  wheel|debian) ;;
+  *) echo "setup: unknown LibTorch '$kind' (expected wheel or debian)" >&2; exit 2 ;;
+esac
+build="$(build_dir "$kind")"
+torch_version="$wheel_torch_version"
+
+packages=(build-essential cmake libopenblas0-pthread libopenmpi-dev openmpi-bin
           nlohmann-json3-dev libcli11-dev libgtest-dev clang libclang-rt-14-dev procps jq bsdextrautils gnuplot-nox)
+if [ "$kind" = debian ]; then packages+=(libtorch-dev); else packages+=(python3-venv python3-pip); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -16,6 +34,24 @@ if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+fi
+
+libtorch=""  # Debian's: CMake's own search finds it
+if [ "$kind" = wheel ]; then
+  # A virtual environment inside the checkout (ignored by git) holds the
+  # wheel; its torch/ folder is the LibTorch (headers, libraries, CMake files).
+  if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
+    echo "setup: installing torch==$torch_version from PyPI into .venv/ (a few GB with its CUDA libraries)"
+    python3 -m venv .venv
+    .venv/bin/python -m pip install -q --disable-pip-version-check "torch==$torch_version"
+  fi
+  libtorch="$(.venv/bin/python -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null)"
+fi
+# A build folder configured for another LibTorch keeps that one's cached
+# paths: start it afresh.
+if [ -f "$build/CMakeCache.txt" ] && [ "$(sed -n 's/^FSDP_LIBTORCH:PATH=//p' "$build/CMakeCache.txt")" != "$libtorch" ]; then
+  echo "setup: $build/ was configured for another LibTorch; rebuilding it"
+  rm -rf "$build"
 fi
 
 # The default corpus: real English prose that every Debian system carries
@@ -28,6 +64,7 @@ if [ ! -s "$corpus" ]; then
   mv "$corpus.tmp" "$corpus"
 fi
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > build.log 2>&1 || { cat build.log; exit 1; }
-cmake --build build -j "$(nproc)" >> build.log 2>&1 || { tail -50 build.log; exit 1; }
-echo "setup: built build/fsdp-train, build/fsdp-run and the tests (log in build.log)"
+log="$build.log"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DFSDP_LIBTORCH="$libtorch" > "$log" 2>&1 || { cat "$log"; exit 1; }
+cmake --build "$build" -j "$(nproc)" >> "$log" 2>&1 || { tail -50 "$log"; exit 1; }
+echo "setup: built $build/ against LibTorch $(sed -n 's/^-- fsdp-cpp: LibTorch \(.*\)/\1/p' "$log" | tail -1) (log in $log)"

@@ -2,8 +2,8 @@
 
 #include "fsdp/train_step.h"
 
+#include <array>
 #include <chrono>
-#include <cstring>
 #include <unordered_set>
 
 #include "fsdp/optimizer_state.h"
@@ -47,14 +47,21 @@ RankFigures figures_now() {
 }
 
 std::vector<RankFigures> gather_figures(const ProcessGroupPtr& group, const RankFigures& mine) {
-  constexpr int64_t kFields = sizeof(RankFigures) / sizeof(int64_t);
-  static_assert(sizeof(RankFigures) == kFields * sizeof(int64_t), "RankFigures holds int64_t fields only");
+  auto fields = [](RankFigures& f) {
+    return std::array<int64_t*, 5>{&f.model_state_bytes, &f.peak_tensor_bytes, &f.param_shard_bytes,
+                                   &f.grad_shard_bytes, &f.optimizer_state_bytes};
+  };
+  constexpr int64_t kFields = 5;
+  RankFigures copy = mine;
   torch::Tensor local = torch::empty({kFields}, torch::kLong);
-  std::memcpy(local.data_ptr<int64_t>(), &mine, sizeof(RankFigures));
+  for (int64_t k = 0; k < kFields; ++k) local[k] = *fields(copy)[k];
   torch::Tensor all = torch::empty({kFields * group->size()}, torch::kLong);
   group->all_gather(all, local)->wait();
   std::vector<RankFigures> per_rank(group->size());
-  std::memcpy(per_rank.data(), all.data_ptr<int64_t>(), sizeof(RankFigures) * per_rank.size());
+  const int64_t* values = all.data_ptr<int64_t>();
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    for (int64_t k = 0; k < kFields; ++k) *fields(per_rank[r])[k] = values[r * kFields + k];
+  }
   return per_rank;
 }
 

@@ -1,0 +1,13 @@
+# Sourced by setup.sh, main.sh and test.sh: the LibTorches fsdp-cpp is set up
+# with, which is the default, and where each one's build lives.
+default_libtorch_kind=wheel       # the faster one here (README: Which LibTorch)
+libtorch_kinds=(wheel debian)     # the ones scripts/test.sh runs the suite against
+wheel_torch_version=2.15.0        # PyPI's torch, pinned
+
+# build_dir KIND: build/ for the default, build-KIND/ for another
+# (FSDP_BUILD_DIR overrides).
+build_dir() {
+  if [ -n "${FSDP_BUILD_DIR:-}" ]; then echo "$FSDP_BUILD_DIR"
+  elif [ "$1" = "$default_libtorch_kind" ]; then echo build
+  else echo "build-$1"; fi
+}

@@ -358,6 +358,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   }
 
   int64_t first_step = 0;
+  std::string resumed_from;  // the checkpoint loaded by --resume, for the summary
   if (o.resume) {
     const std::string latest = fsdp::latest_checkpoint(o.ckpt_dir);
     if (latest.empty()) {
@@ -368,6 +369,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
       world->barrier()->wait();
       const double load_s = std::chrono::duration<double>(Clock::now() - load_start).count();
       first_step = meta.at("step").get<int64_t>();
+      resumed_from = latest;
       if (scaler && meta.at("extra").contains("loss_scale")) {
         scaler->set_scale_factor(meta.at("extra").at("loss_scale").get<double>());
       }
@@ -531,7 +533,14 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"peak_rss_bytes", rss_bytes},
                               {"last_step_peak_by_category_rank0", peak_by_category},
                               {"model_state_bytes_by_kind", model_state_by_kind},
-                              {"comm_bytes", comm_bytes}};
+                              {"comm_bytes", comm_bytes},
+                              {"units", state.units().size()},
+                              {"shard_group_size", shard_group_size},
+                              {"replicate_group_size", state.replicate_group() ? state.replicate_group()->size() : 1},
+                              {"prefetch_depth", o.prefetch_depth},
+                              {"limit_all_gathers", !o.no_limit_all_gathers},
+                              {"first_step", first_step},
+                              {"resumed_from", resumed_from.empty() ? nlohmann::json() : nlohmann::json(resumed_from)}};
     if (!run.strategy_reason.empty()) summary["strategy_reason"] = run.strategy_reason;
     std::ofstream out(o.summary);
     out << summary.dump() << "\n";

@@ -85,3 +85,59 @@ same_losses() {
   [ "$(losses "$a" | wc -l)" -gt 0 ] || fail "$a holds no losses"
   [ "$(losses "$a")" = "$(losses "$b")" ] || fail "losses of $a and $b differ"
 }
+
+# json_is FILE FILTER WANT: the jq filter's value in a JSON file (as jq -r
+# prints it) is WANT.   json_is "$work/w2.json" .strategy full_shard
+json_is() {
+  local got; got=$(jq -r "$2" "$1" 2>&1) || fail "$1: jq '$2' failed: $got"
+  [ "$got" = "$3" ] || fail "$(basename "$1"): $2 is '$got', expected '$3'"
+  echo "ok: $(basename "$1"): $2 = $3"
+}
+
+# json_ok FILE FILTER [MESSAGE]: the jq filter is true of a JSON file.
+json_ok() {
+  jq -e "$2" "$1" >/dev/null 2>&1 || fail "${3:-$(basename "$1"): not $2}"
+}
+
+# log_is / log_ok LOG ...: the same, of a JSON-lines log read as one array
+# of its records.   log_ok "$work/w2.jsonl" 'all(.grad_norm | type == "number")'
+log_is() {
+  local got; got=$(jq -rs "$2" "$1" 2>&1) || fail "$1: jq -s '$2' failed: $got"
+  [ "$got" = "$3" ] || fail "$(basename "$1"): $2 is '$got', expected '$3'"
+  echo "ok: $(basename "$1"): $2 = $3"
+}
+log_ok() {
+  jq -se "$2" "$1" >/dev/null 2>&1 || fail "${3:-$(basename "$1"): not $2}"
+}
+
+# require_step_numbers LOG FIRST LAST: the log's records are steps FIRST,
+# FIRST+1, ..., LAST, in order, each once (so LAST-FIRST+1 records).
+require_step_numbers() {
+  require_steps "$1" $(( $3 - $2 + 1 ))
+  log_ok "$1" "[.[].step] == [range($2; $3 + 1)]" "$1 does not hold steps $2..$3 in order: $(jq -sc '[.[].step]' "$1")"
+}
+
+# log_steps LOG FIRST LAST: the records of steps FIRST..LAST (JSON lines).
+log_steps() { jq -c "select(.step >= $2 and .step <= $3)" "$1"; }
+
+# safetensors_header FILE: the JSON header of a safetensors file (its first
+# 8 bytes are the header's length, little-endian).
+safetensors_header() {
+  local n; n=$(od -An -tu8 -N8 "$1" | tr -d ' ')
+  [ -n "$n" ] && [ "$n" -gt 0 ] && [ "$n" -lt "$(stat -c %s "$1")" ] || { echo "{}"; return 1; }
+  head -c $(( n + 8 )) "$1" | tail -c "$n"
+}
+
+# rank_pids PID PROGRAM: the processes started below PID (its children,
+# theirs, ...) whose program, the base name of argv[0], is PROGRAM: under
+# fsdp-run (mpirun), the ranks. One pid a line.
+rank_pids() {
+  local queue=("$1") pid child exe
+  while [ ${#queue[@]} -gt 0 ]; do
+    pid=${queue[0]}; queue=("${queue[@]:1}")
+    for child in $(pgrep -P "$pid"); do
+      exe=$(tr '\0' '\n' < "/proc/$child/cmdline" 2>/dev/null | head -1)
+      if [ "$(basename -- "${exe:-none}")" = "$2" ]; then echo "$child"; else queue+=("$child"); fi
+    done
+  done
+}

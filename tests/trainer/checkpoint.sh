@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Resume is exact, in both formats: stopped at step 6 (checkpoints at 3 and
+# 6) and resumed to 10 gives the uninterrupted run's losses bit for bit;
+# resumed from step 3 on other world sizes and strategies (same global
+# batch), within 1e-5. Bad checkpoints are refused, naming the file; a rank
+# killed mid-save leaves the previous checkpoint loadable.
+source "$(dirname "$0")/lib.sh" "$@"
+
+make_text_data
+common=(--preset tiny --data "$work/data.txt")
+train_run straight 2 "${common[@]}" --steps 10
+require_step_numbers "$work/straight.jsonl" 1 10
+json_ok "$work/straight.json" '.first_step == 0 and .resumed_from == null' "a run without --resume reports a resume"
+for format in sharded full; do
+  ck="$work/ck-$format"
+  name="resumed-$format"
+  train_run "$name" 2 "${common[@]}" --steps 6 --ckpt-dir "$ck" --ckpt-every 3 --ckpt-format "$format"
+  require_step_numbers "$work/$name.jsonl" 1 6
+  json_ok "$work/$name.json" '.first_step == 0 and .resumed_from == null' "$format: the first run reports a resume"
+  [ -f "$ck/step-3/metadata.json" ] && [ -f "$ck/step-6/metadata.json" ] || fail "$format checkpoints missing"
+  cp -r "$ck/step-3" "$work/$format-step-3"  # the resume below prunes it (--ckpt-keep 2)
+  # Resumed with the same log: steps 7..10 are appended to the first run's 1..6.
+  train_run "$name" 2 "${common[@]}" --steps 10 --ckpt-dir "$ck" --ckpt-every 100 --ckpt-format "$format" --resume
+  json_is "$work/$name.json" .resumed_from "$ck/step-6"
+  json_is "$work/$name.json" .first_step 6
+  json_is "$work/$name.json" .steps 10
+  require_step_numbers "$work/$name.jsonl" 1 10
+  same_losses "$work/$name.jsonl" "$work/straight.jsonl" 10
+  echo "ok: bitwise resume ($format)"
+done
+[ -f "$work/ck-full/step-6/model.safetensors" ] && [ -f "$work/ck-full/step-6/optimizer.safetensors" ] || fail "full checkpoint files missing"
+
+# Resharded: from step 3 on other world sizes and strategies, steps 4..10.
+log_steps "$work/straight.jsonl" 4 10 > "$work/straight-4-10.jsonl"
+for cfg in "sharded 4 zero1 2" "sharded 4 hybrid_shard 2" "sharded 1 no_shard 8" "full 4 shard_grad_op 2"; do
+  read -r format ranks strategy batch <<<"$cfg"
+  rm -rf "$work/ck3" && mkdir -p "$work/ck3" && cp -r "$work/$format-step-3" "$work/ck3/step-3"
+  name="reshard-$format-$ranks-$strategy"
+  launcher=(); [ "$ranks" -eq 1 ] || launcher=(--ranks-per-node 2 --)
+  train_run "$name" "$ranks" "${launcher[@]}" "${common[@]}" --steps 10 --batch "$batch" --strategy "$strategy" \
+    --ckpt-dir "$work/ck3" --resume
+  json_is "$work/$name.json" '[.strategy, .world_size, .first_step] | @csv' "\"$strategy\",$ranks,3"
+  json_is "$work/$name.json" .resumed_from "$work/ck3/step-3"
+  [ "$strategy" != hybrid_shard ] || json_is "$work/$name.json" '[.shard_group_size, .replicate_group_size] | @csv' "2,2"
+  require_step_numbers "$work/$name.jsonl" 4 10
+  compare_losses "$work/$name.jsonl" "$work/straight-4-10.jsonl" 1e-5 7
+done
+
+# Bad checkpoints are refused, naming the file.
+bad_ckpt() { rm -rf "$work/ckbad" && mkdir -p "$work/ckbad" && cp -r "$work/$1-step-3" "$work/ckbad/step-3"; }
+resume_bad=("$run" -n 2 -- "$train" "${common[@]}" --steps 5 --ckpt-dir "$work/ckbad" --resume)
+bad_ckpt sharded
+corrupt_byte "$work/ckbad/step-3/shard-1.safetensors"
+expect_error "shard-1.safetensors' is corrupt: its bytes have checksum" "${resume_bad[@]}"
+rm "$work/ckbad/step-3/shard-1.safetensors"
+expect_error "is missing 'shard-1.safetensors'" "${resume_bad[@]}"
+bad_ckpt full
+corrupt_byte "$work/ckbad/step-3/model.safetensors"
+expect_error "model.safetensors' is corrupt" "${resume_bad[@]}"
+bad_ckpt full
+truncate -s -100 "$work/ckbad/step-3/optimizer.safetensors"
+expect_error "optimizer.safetensors': tensor 'transformer.h.1.mlp.c_proj.bias.exp_avg_sq': data_offsets [947968, 948224] lie outside the data section" "${resume_bad[@]}"
+bad_ckpt full
+sed -i 's/"step": 3/"step": 4/' "$work/ckbad/step-3/metadata.json"
+expect_error "metadata.json' is corrupt" "${resume_bad[@]}"
+expect_error "(another model configuration)" "$run" -n 2 -- "$train" "${common[@]}" --width 32 --steps 5 --ckpt-dir "$work/ck-full" --resume
+expect_error "unknown checkpoint format 'zip'" "$run" -n 2 -- "$train" "${common[@]}" --ckpt-dir "$work/x" --ckpt-format zip
+
+# A rank killed (kill -9) in the middle of a save (its second, step 4: rank
+# 1 while writing its shard; rank 0, the only writer, of a full save) leaves
+# step 2 complete and loadable, and the resumed run continues exactly,
+# steps 3..6. Unfinished saves are ignored and later pruned.
+log_steps "$work/straight.jsonl" 3 6 > "$work/straight-3-6.jsonl"
+for cfg in "sharded 1" "full 0"; do
+  read -r format victim <<<"$cfg"
+  ck="$work/kill-$format"
+  FSDP_TEST_KILL_IN_SAVE="$victim:2" "$run" -n 2 -- "$train" "${common[@]}" --steps 6 --ckpt-dir "$ck" --ckpt-every 2 \
+    --ckpt-format "$format" > "$work/kill.out" 2>&1 && { cat "$work/kill.out"; fail "the job survived a rank killed mid-save"; }
+  [ -d "$ck/step-4.tmp" ] && [ ! -e "$ck/step-4" ] && [ -f "$ck/step-2/metadata.json" ] || { ls -R "$ck"; fail "$format: not killed mid-save"; }
+  "$build/fsdp-ckpt" verify "$ck/step-2" >/dev/null || fail "$format: step 2 does not verify after the kill"
+  name="after-kill-$format"
+  train_run "$name" 2 "${common[@]}" --steps 6 --ckpt-dir "$ck" --ckpt-every 2 --ckpt-format "$format" --resume
+  json_is "$work/$name.json" .resumed_from "$ck/step-2"
+  json_is "$work/$name.json" .first_step 2
+  require_step_numbers "$work/$name.jsonl" 3 6
+  same_losses "$work/$name.jsonl" "$work/straight-3-6.jsonl" 4
+  [ ! -e "$ck/step-4.tmp" ] && [ -f "$ck/step-6/metadata.json" ] || { ls "$ck"; fail "$format: the unfinished save was not replaced"; }
+  echo "ok: rank $victim killed mid-save ($format): resumed from step 2, losses exact"
+done
+pass

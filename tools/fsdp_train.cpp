@@ -282,7 +282,9 @@ void print_sample(fsdp::FullyShardedModule<fsdp::models::GPTImpl>& model, const 
   if (o.temperature <= 0) {
     std::cout << "greedy";
   } else {
-    std::cout << "temperature " << o.temperature;
+    std::ostringstream temperature;  // as given (std::cout may hold std::fixed from the progress lines)
+    temperature << o.temperature;
+    std::cout << "temperature " << temperature.str();
   }
   std::cout << ", prompt included) ==\n";
   if (c.vocab <= 256) {

@@ -55,4 +55,21 @@ auto optimizer_state_key(const Optimizer& optimizer, const torch::Tensor& param)
   }
 }
 
+// Zeroes the gradients and keeps their memory (LibTorch 1.x's zero_grad();
+// 2.x's sets them to none by default, which frees the gradient shards
+// between steps and so changes what model state measures).
+template <class Optimizer, class = void>
+struct has_set_to_none : std::false_type {};
+template <class Optimizer>
+struct has_set_to_none<Optimizer, std::void_t<decltype(std::declval<Optimizer&>().zero_grad(false))>> : std::true_type {};
+
+template <class Optimizer>
+void zero_grad_keeping_memory(Optimizer& optimizer) {
+  if constexpr (has_set_to_none<Optimizer>::value) {
+    optimizer.zero_grad(/*set_to_none=*/false);
+  } else {
+    optimizer.zero_grad();
+  }
+}
+
 }  // namespace fsdp::compat

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <unordered_set>
 
+#include "fsdp/compat.h"
 #include "fsdp/optimizer_state.h"
 #include "fsdp/trace.h"
 
@@ -117,7 +118,9 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
     }
   }
   result.optimizer_s = seconds_since(optimizer_start);
-  optimizer_.zero_grad();
+  // Zeroed, not freed, alike on every LibTorch: the gradient shards are
+  // model state (what the planner counts and the memory figures measure).
+  compat::zero_grad_keeping_memory(optimizer_);
   state_.check_idle();
   result.comm = state_.comm_stats();
   // The loss of the step is the global-batch mean: the mean of the ranks' means.

@@ -10,10 +10,21 @@ if [ -z "$wheel" ] || [ ! -e /usr/lib/x86_64-linux-gnu/libtorch.so ]; then
   echo "skipped: needs both the wheel's LibTorch (.venv) and Debian's libtorch-dev (scripts/test.sh installs both)"
   pass
 fi
-expect_error "its library TORCH_LIBRARY was found at /usr/lib/x86_64-linux-gnu/libtorch.so" \
-  cmake -S "$src" -B "$work/mismatch" -DCMAKE_PREFIX_PATH="$wheel/share/cmake"
-expect_error "LibTorch's headers and CMake files come from $(realpath "$wheel")" \
-  cmake -S "$src" -B "$work/mismatch2" -DCMAKE_PREFIX_PATH="$wheel/share/cmake"
-expect_error "FSDP_LIBTORCH=$work holds no share/cmake/Torch/TorchConfig.cmake" \
-  cmake -S "$src" -B "$work/nowhere" -DFSDP_LIBTORCH="$work"
+# cmake_error WANT... -- CMAKE ARGS: configuring fails, and its message (CMake
+# wraps it over lines: joined here) holds every WANT.
+cmake_error() {
+  local wants=() out
+  while [ "$1" != "--" ]; do wants+=("$1"); shift; done
+  shift
+  out=$(cmake "$@" 2>&1) && { echo "$out"; fail "cmake $* succeeded"; }
+  out=$(tr -s ' \n' ' ' <<<"$out")
+  for want in "${wants[@]}"; do
+    grep -qF -- "$want" <<<"$out" || { echo "$out"; fail "CMake's message lacks '$want'"; }
+    echo "ok: '$want'"
+  done
+}
+cmake_error "LibTorch's headers and CMake files come from $(realpath "$wheel")" \
+  "its library TORCH_LIBRARY was found at /usr/lib/x86_64-linux-gnu/libtorch.so" -- \
+  -S "$src" -B "$work/mismatch" -DCMAKE_PREFIX_PATH="$wheel/share/cmake"
+cmake_error "FSDP_LIBTORCH=$work holds no share/cmake/Torch/TorchConfig.cmake" -- -S "$src" -B "$work/nowhere" -DFSDP_LIBTORCH="$work"
 pass

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The two LibTorches side by side: the same fsdp-train commands built against
-# each (PyPI's wheel in build/, Debian's 1.13 in build-debian/), alternating
+# each (Debian's 1.13 in build/, PyPI's wheel in build-wheel/), alternating
 # in one run, so that the machine's drift hits both alike. Per preset and
 # strategy: the median step time (after the first step) and the peak RSS.
 #   bench/libtorch.sh [--presets "medium large"] [--strategies "full_shard no_shard"] [--steps S] [--rounds R] [--out DIR]
@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 presets="medium large" strategies="full_shard no_shard" steps=4 rounds=2 out=bench/results/libtorch
-builds="build build-debian"
+builds="build-wheel build"
 while [ $# -gt 0 ]; do
   case "$1" in
     --presets) presets="$2"; shift 2 ;;

@@ -1,7 +1,7 @@
 # Sourced by setup.sh, main.sh and test.sh: the LibTorches fsdp-cpp is set up
 # with, which is the default, and where each one's build lives.
-default_libtorch_kind=wheel       # the faster one here (README: Which LibTorch)
-libtorch_kinds=(wheel debian)     # the ones scripts/test.sh runs the suite against
+default_libtorch_kind=debian      # the faster and leaner one here (README: Which LibTorch)
+libtorch_kinds=(debian wheel)     # the ones scripts/test.sh runs the suite against
 wheel_torch_version=2.15.0        # PyPI's torch, pinned
 
 # build_dir KIND: build/ for the default, build-KIND/ for another

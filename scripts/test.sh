@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test suite: sets up and builds fsdp-cpp against both LibTorches (PyPI's
-# wheel, 2.x, in build/; Debian's 1.13 in build-debian/) and runs every test
+# The test suite: sets up and builds fsdp-cpp against both LibTorches
+# (scripts/libtorch_kinds.sh: Debian's 1.13 in build/, PyPI's wheel in
+# build-wheel/) and runs every test
 # against each (multi-rank ones under fsdp-run). Ends with ctest's summary per
 # LibTorch and one line over both. Extra arguments go to ctest (e.g. -R trainer_).
 set -uo pipefail

@@ -24,11 +24,8 @@ using fsdp::testing::world_group;
 
 namespace {
 
-GPTConfig tiny() { return GPTConfig::preset("tiny"); }
-
-fsdp::FullyShardOptions block_units(fsdp::ShardingStrategy strategy = fsdp::ShardingStrategy::kFullShard) {
-  return fsdp::FullyShardOptions().wrap_policy(fsdp::module_type_policy<fsdp::models::BlockImpl>()).strategy(strategy);
-}
+using fsdp::testing::block_units;
+using fsdp::testing::tiny;
 
 // The batch of micro-step `micro` of step `step` in the spec's order.
 std::pair<torch::Tensor, torch::Tensor> batch(const fsdp::models::TokenData& data, int64_t step, int64_t micro,

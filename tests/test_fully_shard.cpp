@@ -24,13 +24,11 @@ using fsdp::testing::world_group;
 
 namespace {
 
-GPTConfig tiny() { return GPTConfig::preset("tiny"); }
+using fsdp::testing::tiny;
 using fsdp::testing::make_gpt;
 using fsdp::testing::spec_adamw;
 
-fsdp::FullyShardOptions block_units() {
-  return fsdp::FullyShardOptions().wrap_policy(fsdp::module_type_policy<fsdp::models::BlockImpl>());
-}
+using fsdp::testing::block_units;
 
 // The full value of a unit's parameters, gathered from the shards.
 torch::Tensor gather_flat(const fsdp::FlatParam& flat, const torch::Tensor& shard_tensor) {

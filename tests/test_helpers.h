@@ -10,6 +10,7 @@
 #include <string>
 
 #include "fsdp/gpt.h"
+#include "fsdp/options.h"
 #include "fsdp/wrap_policy.h"
 
 namespace fsdp::testing {
@@ -18,6 +19,13 @@ inline models::GPT make_gpt(const models::GPTConfig& config, uint64_t seed = 1) 
   models::GPT model(config);
   model->init_weights(seed);
   return model;
+}
+
+inline models::GPTConfig tiny() { return models::GPTConfig::preset("tiny"); }
+
+// A unit per transformer block (the GPT's natural wrapping).
+inline FullyShardOptions block_units(ShardingStrategy strategy = ShardingStrategy::kFullShard) {
+  return FullyShardOptions().wrap_policy(module_type_policy<models::BlockImpl>()).strategy(strategy);
 }
 
 // The spec's AdamW.

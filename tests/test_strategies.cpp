@@ -36,7 +36,7 @@ const std::vector<ShardingStrategy> kAllStrategies = {
     ShardingStrategy::kNoShard,     ShardingStrategy::kZero1,        ShardingStrategy::kShardGradOp,
     ShardingStrategy::kFullShard,   ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardZero2};
 
-GPTConfig tiny() { return GPTConfig::preset("tiny"); }
+using fsdp::testing::tiny;
 
 fsdp::FullyShardOptions options_for(ShardingStrategy strategy, torch::ScalarType param_dtype = torch::kFloat) {
   return fsdp::FullyShardOptions()

@@ -138,6 +138,11 @@ struct Run {
   std::string strategy_reason;  // why --strategy auto picked what it did
   fsdp::CheckpointFormat ckpt_format = fsdp::CheckpointFormat::kSharded;
   double init_seconds = 0.0;     // reading --init-from
+  // The sharded model, held here too: an error in training reaches main's
+  // handler, which ends the job, with the model's process groups alive.
+  // Destroying a group whose collective is stuck (the watchdog's case)
+  // would wait for it forever.
+  std::shared_ptr<void> sharded_model;
   std::ofstream log;
 };
 
@@ -308,6 +313,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
         [gpt](const std::string& name, torch::Tensor& param) { gpt->init_parameter(name, param); });
   }
   auto model = fsdp::fully_shard(run.model, world, run.fsdp_options);
+  run.sharded_model = std::make_shared<decltype(model)>(model);
   // Building and sharding the model: this rank's peak tensor bytes so far.
   const int64_t construction_peak = fsdp::memory::usage().peak_total;
   fsdp::FsdpState& state = model.state();

@@ -2,8 +2,9 @@
 # Resume is exact, in both formats: stopped at step 6 (checkpoints at 3 and
 # 6) and resumed to 10 gives the uninterrupted run's losses bit for bit;
 # resumed from step 3 on other world sizes and strategies (same global
-# batch), within 1e-5. Bad checkpoints are refused, naming the file; a rank
-# killed mid-save leaves the previous checkpoint loadable.
+# batch), and across W = 2 -> 3 -> 4 with padded units, within 1e-5. Bad
+# checkpoints are refused, naming the file; a rank killed mid-save leaves
+# the previous checkpoint loadable.
 source "$(dirname "$0")/lib.sh" "$@"
 
 make_text_data
@@ -44,6 +45,29 @@ for cfg in "sharded 4 zero1 2" "sharded 4 hybrid_shard 2" "sharded 1 no_shard 8"
   [ "$strategy" != hybrid_shard ] || json_is "$work/$name.json" '[.shard_group_size, .replicate_group_size] | @csv' "2,2"
   require_step_numbers "$work/$name.jsonl" 4 10
   compare_losses "$work/$name.jsonl" "$work/straight-4-10.jsonl" 1e-5 7
+done
+
+# Resharded over padded units, W = 2 -> 3 -> 4 (global batch 12): saved at
+# step 3 by 2 ranks, resumed and saved at step 6 by 3, resumed to step 9 by
+# 4, in both formats, follows the uninterrupted run within 1e-5. Width 35
+# (5 heads), context 31: no unit (root 10115 elements, blocks 15155)
+# divides by 2, 3 or 4, so every save and load crosses padding.
+uneven=(--preset tiny --width 35 --heads 5 --context 31 --data "$work/data.txt")
+train_run uneven-straight 2 "${uneven[@]}" --steps 9 --batch 6
+for format in sharded full; do
+  ck="$work/ck-uneven-$format"
+  name="uneven-$format"
+  for cfg in "2 6 3 0" "3 4 6 3" "4 3 9 6"; do
+    read -r ranks batch steps first <<<"$cfg"
+    resume=(); [ "$first" -eq 0 ] || resume=(--resume)
+    train_run "$name" "$ranks" "${uneven[@]}" --steps "$steps" --batch "$batch" --ckpt-dir "$ck" --ckpt-format "$format" "${resume[@]}"
+    json_is "$work/$name.json" '[.world_size, .first_step] | @csv' "$ranks,$first"
+    [ "$first" -eq 0 ] || json_is "$work/$name.json" .resumed_from "$ck/step-$first"
+    json_is "$ck/step-$steps/metadata.json" '[.world_size, .step] | @csv' "$ranks,$steps"
+  done
+  require_step_numbers "$work/$name.jsonl" 1 9
+  compare_losses "$work/$name.jsonl" "$work/uneven-straight.jsonl" 1e-5 9
+  echo "ok: resharded W = 2 -> 3 -> 4 over padded units ($format)"
 done
 
 # Bad checkpoints are refused, naming the file.

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A rank that never makes a collective: the others' watchdog ends the job
-# within the timeout, naming the call. A rank killed (kill -9) in the
-# middle of training: the job ends non-zero, soon.
+# within the timeout, naming the call (a probe program, then fsdp-train's
+# own --collective-timeout with a rank stopped by SIGSTOP mid-training). A
+# rank killed (kill -9) in the middle of training: the job ends non-zero,
+# soon. No rank process outlives its job.
 source "$(dirname "$0")/lib.sh" "$@"
 
 start=$(date +%s%N)
@@ -11,40 +13,86 @@ elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
 echo "stalled job ended after ${elapsed_ms} ms (timeout 2 s)"
 [ "$elapsed_ms" -lt 20000 ] || fail "the stalled job took ${elapsed_ms} ms to end"
 
-# fsdp-run execs mpirun: $job is mpirun, and the ranks are the fsdp-train
-# processes below it (never the launcher itself).
-"$run" -n 2 -- "$train" --preset tiny --steps 100000 --print-every 1 --collective-timeout 10 --log "$work/kill.jsonl" > "$work/kill.out" 2>&1 &
-job=$!
-# On failure: the ranks first (killing mpirun alone would orphan them), then mpirun.
+# start_training NAME TIMEOUT_S: a long fsdp-train job of 2 ranks in the
+# background, $job its launcher (fsdp-run execs mpirun), $work/NAME.jsonl
+# its log; returns once training is under way, with ranks (an array) the
+# fsdp-train processes below the launcher (never the launcher itself).
+job=""
+ranks=()
+start_training() {
+  "$run" -n 2 -- "$train" --preset tiny --steps 100000 --print-every 1 --collective-timeout "$2" \
+    --log "$work/$1.jsonl" > "$work/$1.out" 2>&1 &
+  job=$!
+  for _ in $(seq 1 150); do [ -s "$work/$1.jsonl" ] && break; sleep 0.2; done
+  [ -s "$work/$1.jsonl" ] || { cat "$work/$1.out" >&2; fail "$1: training did not start"; }
+  mapfile -t ranks < <(rank_pids "$job" fsdp-train)
+  [ "${#ranks[@]}" -eq 2 ] || { ps -ef --forest >&2; fail "$1: found ${#ranks[@]} fsdp-train rank(s) below the job ($job), expected 2: ${ranks[*]}"; }
+  local pid
+  for pid in "${ranks[@]}"; do
+    [ "$pid" != "$job" ] && [ "$(basename -- "$(tr '\0' '\n' < "/proc/$pid/cmdline" | head -1)")" = fsdp-train ] &&
+      grep -qF -- "--steps 100000" <<<"$(tr '\0' ' ' < "/proc/$pid/cmdline")" || fail "$1: $pid is not a rank"
+  done
+}
+# On any exit: the ranks first (SIGKILL: a stopped process takes no other
+# signal; killing mpirun alone would orphan them), then the launcher.
 stop_job() {
   local pid
-  for pid in $(rank_pids "$job" fsdp-train); do kill -9 "$pid" 2>/dev/null; done
+  [ -n "$job" ] || return 0
+  for pid in "${ranks[@]}" $(rank_pids "$job" fsdp-train); do kill -9 "$pid" 2>/dev/null; done
   kill -9 "$job" 2>/dev/null; wait "$job" 2>/dev/null
+  job=""
 }
-for _ in $(seq 1 150); do [ -s "$work/kill.jsonl" ] && break; sleep 0.2; done
-[ -s "$work/kill.jsonl" ] || { stop_job; cat "$work/kill.out" >&2; fail "training did not start"; }
-mapfile -t ranks < <(rank_pids "$job" fsdp-train)
-[ "${#ranks[@]}" -eq 2 ] || { ps -ef --forest >&2; stop_job; fail "found ${#ranks[@]} fsdp-train rank(s) below the job ($job), expected 2: ${ranks[*]}"; }
+trap 'stop_job; rm -rf "$work"' EXIT
+# wait_job BOUND_MS: waits for the job to end, at most BOUND_MS after
+# $start; status and elapsed_ms say how it ended.
+wait_job() {
+  while kill -0 "$job" 2>/dev/null && [ $(( ($(date +%s%N) - start) / 1000000 )) -lt "$1" ]; do sleep 0.1; done
+  elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  kill -0 "$job" 2>/dev/null && fail "the job was still running ${elapsed_ms} ms after a rank was stopped or killed"
+  status=0
+  wait "$job" || status=$?
+  job=""
+}
+running() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null) && [ "${st:0:1}" != Z ]; }  # zombies are over
+# no_rank_left NAME: training was under way, and stopped; no rank remains.
+no_rank_left() {
+  local records pid
+  records=$(jq -s length "$work/$1.jsonl")
+  [ "$records" -ge 1 ] && [ "$records" -lt 100000 ] || fail "$1: the log holds $records records"
+  for pid in "${ranks[@]}"; do
+    for _ in $(seq 1 50); do running "$pid" || break; sleep 0.1; done
+    ! running "$pid" || fail "$1: rank process $pid outlived the job"
+  done
+}
+
+# fsdp-train --collective-timeout 3 with rank 1 stopped (SIGSTOP): rank 0
+# waits in its next collective, and its watchdog ends the job 3 s into that
+# wait, naming the collective. Bounds: at least 2 s after the stop (rank 0
+# may already be waiting when rank 1 stops) and well before the default
+# timeout (600 s).
+start_training stop 3
 victim=${ranks[1]}
-[ "$victim" != "$job" ] || { stop_job; fail "the victim is the launcher"; }
-cmdline=$(tr '\0' ' ' < "/proc/$victim/cmdline")
-[ "$(basename -- "$(tr '\0' '\n' < "/proc/$victim/cmdline" | head -1)")" = fsdp-train ] &&
-  grep -qF -- "--steps 100000" <<<"$cmdline" || { stop_job; fail "the victim $victim is not a rank: $cmdline"; }
-echo "killing rank process $victim ($cmdline), child of $(ps -o comm= -p "$(ps -o ppid= -p "$victim" | tr -d ' ')")"
+echo "stopping rank process $victim ($(tr '\0' ' ' < "/proc/$victim/cmdline"))"
 start=$(date +%s%N)
-kill -9 "$victim" || { stop_job; fail "could not kill $victim"; }
-status=0
-wait $job || status=$?
-elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+kill -STOP "$victim" || fail "could not stop $victim"
+wait_job 30000
+echo "job ended with status $status ${elapsed_ms} ms after a rank was stopped"
+[ "$status" -ne 0 ] || fail "the job exited 0 after a rank was stopped"
+[ "$elapsed_ms" -ge 2000 ] || { cat "$work/stop.out" >&2; fail "the job ended ${elapsed_ms} ms after the stop, before the 3 s timeout"; }
+message=$(grep -m1 "collective watchdog: " "$work/stop.out") || { cat "$work/stop.out" >&2; fail "no watchdog message"; }
+echo "$message"
+grep -qE "collective watchdog: (all_gather|reduce_scatter|all_reduce|broadcast)\(.*\) \(call #[0-9]+ of a group of 2 ranks.* did not complete within 3 s" \
+  <<<"$message" || fail "the watchdog message does not name the collective and the 3 s timeout: $message"
+no_rank_left stop
+
+# A rank killed (kill -9) in the middle of training.
+start_training kill 10
+victim=${ranks[1]}
+echo "killing rank process $victim ($(tr '\0' ' ' < "/proc/$victim/cmdline")), child of $(ps -o comm= -p "$(ps -o ppid= -p "$victim" | tr -d ' ')")"
+start=$(date +%s%N)
+kill -9 "$victim" || fail "could not kill $victim"
+wait_job 30000
 echo "job ended with status $status ${elapsed_ms} ms after a rank was killed"
 [ "$status" -ne 0 ] || fail "the job exited 0 after a rank was killed"
-[ "$elapsed_ms" -lt 30000 ] || fail "the job took ${elapsed_ms} ms to end after a rank was killed"
-# Training was under way, and stopped: no rank is left behind.
-records=$(jq -s length "$work/kill.jsonl")
-[ "$records" -ge 1 ] && [ "$records" -lt 100000 ] || fail "the log holds $records records"
-running() { local st; st=$(ps -o stat= -p "$1" 2>/dev/null) && [ "${st:0:1}" != Z ]; }  # zombies are over
-for pid in "${ranks[@]}"; do
-  for _ in $(seq 1 50); do running "$pid" || break; sleep 0.1; done
-  ! running "$pid" || fail "rank process $pid outlived the job"
-done
+no_rank_left kill
 pass

@@ -128,6 +128,33 @@ safetensors_header() {
   head -c $(( n + 8 )) "$1" | tail -c "$n"
 }
 
+# same_safetensors A B: the two files hold the same tensors (names, dtypes,
+# shapes, offsets) with the same bytes; their __metadata__ may differ.
+same_safetensors() {
+  local ha hb
+  ha=$(safetensors_header "$1") || fail "$1 has no safetensors header"
+  hb=$(safetensors_header "$2") || fail "$2 has no safetensors header"
+  [ "$(jq -S 'del(.__metadata__)' <<<"$ha")" = "$(jq -S 'del(.__metadata__)' <<<"$hb")" ] ||
+    fail "$(basename "$1") and $(basename "$2") list different tensors"
+  cmp -s <(tail -c +$(( $(od -An -tu8 -N8 "$1" | tr -d ' ') + 9 )) "$1") \
+         <(tail -c +$(( $(od -An -tu8 -N8 "$2" | tr -d ' ') + 9 )) "$2") ||
+    fail "the tensors of $(basename "$1") and $(basename "$2") differ: $(first_different_tensor "$1" "$2")"
+  echo "ok: $(basename "$1") and $(basename "$2") hold the same $(jq 'del(.__metadata__) | length' <<<"$ha") tensors bit for bit"
+}
+
+# first_different_tensor A B: the name of the first tensor (in file order)
+# whose bytes differ between two files of the same layout.
+first_different_tensor() {
+  local na nb name begin end
+  na=$(od -An -tu8 -N8 "$1" | tr -d ' '); nb=$(od -An -tu8 -N8 "$2" | tr -d ' ')
+  while read -r name begin end; do
+    cmp -s <(tail -c +$(( na + 9 + begin )) "$1" | head -c $(( end - begin ))) \
+           <(tail -c +$(( nb + 9 + begin )) "$2" | head -c $(( end - begin ))) || { echo "$name"; return; }
+  done < <(safetensors_header "$1" | jq -r 'del(.__metadata__) | to_entries | sort_by(.value.data_offsets[0]) | .[] |
+                                          "\(.key) \(.value.data_offsets[0]) \(.value.data_offsets[1])"')
+  echo "(none: the files differ outside their tensors)"
+}
+
 # rank_pids PID PROGRAM: the processes started below PID (its children,
 # theirs, ...) whose program, the base name of argv[0], is PROGRAM: under
 # fsdp-run (mpirun), the ranks. One pid a line.

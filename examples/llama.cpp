@@ -224,6 +224,7 @@ int main(int argc, char** argv) {
     fsdp::throw_if_any_rank_failed(group, log_failed ? "cannot write the log '" + args.log + "'" : "");
     log << std::setprecision(17);
 
+    double first_loss = 0.0, last_loss = 0.0;  // global-batch means, alike on every rank
     for (int64_t step = 0; step < args.steps; ++step) {
       fsdp::StepResult result = train_step([&](int64_t micro) {
         auto [tokens, targets] = data.batch(step, micro, rank, world, args.micro_steps, args.batch);
@@ -231,6 +232,13 @@ int main(int argc, char** argv) {
       });
       if (rank == 0) std::cout << "step " << step << " loss " << result.loss << std::endl;
       if (log.is_open()) log << "{\"step\": " << step << ", \"loss\": " << result.loss << "}" << std::endl;
+      last_loss = result.loss;
+      if (step == 0) first_loss = last_loss;
+    }
+    // It learned: with more than one step, the last loss is below the first.
+    if (args.steps > 1 && !(last_loss < first_loss)) {
+      throw std::runtime_error("the loss did not fall: " + std::to_string(first_loss) + " at step 0, " +
+                               std::to_string(last_loss) + " at step " + std::to_string(args.steps - 1));
     }
   } catch (const std::exception& e) {
     // Every rank fails alike on bad options or data; the message once

@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   torch::manual_seed(1234);
   torch::Tensor w_true = torch::randn({16});
   torch::manual_seed(1000 + rank);
+  double first_loss = 0.0, last_loss = 0.0;  // the mean over the ranks, alike on every rank
   for (int step = 1; step <= 100; ++step) {
     torch::Tensor x = torch::randn({32, 16});
     torch::Tensor y = torch::sin(x.matmul(w_true));
@@ -65,6 +66,8 @@ int main(int argc, char** argv) {
     optimizer.step();
     torch::Tensor mean_loss = loss.detach().clone();
     group->all_reduce(mean_loss, fsdp::ReduceOp::kAvg)->wait();
+    last_loss = mean_loss.item<double>();
+    if (step == 1) first_loss = last_loss;
     if (rank == 0 && (step == 1 || step % 20 == 0))
       std::cout << "step " << step << " loss " << mean_loss.item<double>() << "\n";
   }
@@ -72,5 +75,10 @@ int main(int argc, char** argv) {
   for (const auto& shard : model.parameters()) shard_elements += shard.numel();
   std::cout << "rank " << rank << " of " << world << " holds " << shard_elements << " parameter elements in "
             << model.state().units().size() << " unit shards\n";
+  // It learned: every rank exits non-zero if the loss did not fall.
+  if (!(last_loss < first_loss)) {
+    if (rank == 0) std::cerr << "example-mlp: the loss did not fall: " << first_loss << " -> " << last_loss << "\n";
+    return 1;
+  }
   return 0;
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The sharded MLP example at W = 2: it trains, and each rank reports its
-# shard ("rank R of W holds N parameter elements in U unit shards").
+# The sharded MLP example at W = 2: it trains (the program itself exits
+# non-zero unless its loss fell), and each rank reports its shard ("rank R
+# of W holds N parameter elements in U unit shards").
 source "$(dirname "$0")/lib.sh" "$@"
 
 out=$("$run" -n 2 -- "$build/example-mlp" 2>&1) || { echo "$out"; fail "example failed"; }

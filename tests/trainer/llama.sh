@@ -2,7 +2,8 @@
 # examples/llama.cpp, the user-written Llama trained through fsdp::TrainStep:
 # W ranks with batch B train the same model as 1 rank with batch W*B (also
 # with gradient accumulation), its parameters really are sharded, and the
-# loss goes down.
+# loss goes down (the program itself exits non-zero unless its last loss is
+# below its first, so every run below checks that too).
 source "$(dirname "$0")/lib.sh" "$@"
 llama="$build/example-llama"
 steps=10

@@ -117,7 +117,9 @@ TEST(Collectives, ACollectiveIsInFlightUntilTheLastRankJoins) {
   if (late) std::this_thread::sleep_for(std::chrono::milliseconds(500));
   fsdp::WorkHandle work = world_group->all_gather(output, rank_values(r, 3));
   const bool completed_at_once = work->is_completed();
-  if (!late) EXPECT_FALSE(completed_at_once) << "the all_gather completed before rank " << W - 1 << " joined it";
+  if (!late)
+    EXPECT_FALSE(completed_at_once) << "the all_gather was complete when the call returned, though rank " << W - 1
+                                    << " joins it 500 ms late: the call waited for it";
   work->wait();
   EXPECT_TRUE(work->is_completed());
   std::vector<torch::Tensor> expected;

@@ -1,4 +1,4 @@
-// The API a user's own loop calls, on 2 and 4 ranks: TrainStep against the
+// The API a user's own loop calls, on 2, 3 and 4 ranks: TrainStep against the
 // hand-written step, in-memory full and sharded state dicts, UnshardScope,
 // and checkpoints of every optimizer the library can shard.
 

@@ -1,7 +1,12 @@
-// The MPI process group: results for uneven and padded sizes, every dtype
-// path, sub-groups, byte counters, and mismatched calls failing on every rank.
+// The MPI process group: whole outputs for padded buffers whose real size
+// does not divide by the ranks, every dtype path, asynchrony (a collective
+// stays in flight while a rank has not joined), sub-groups, byte counters,
+// and mismatched calls failing on every rank.
 
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
 
 #include "fsdp/comm.h"
 #include "fsdp/error.h"
@@ -49,49 +54,77 @@ TEST(Collectives, ReduceScatterSumAndAverage) {
     world_group->reduce_scatter(sum, input, ReduceOp::kSum)->wait();
     EXPECT_TRUE(torch::equal(sum, expected)) << "numel " << numel;
 
+    // The sums are of integers, exact in double: the average is the same division.
     torch::Tensor avg = torch::empty({shard}, torch::kDouble);
     world_group->reduce_scatter(avg, input, ReduceOp::kAvg)->wait();
-    EXPECT_TRUE(torch::allclose(avg, expected / W)) << "numel " << numel;
-    // Padding reduces to exactly zero.
-    if (r == W - 1 && shard * W > numel) {
-      EXPECT_EQ(sum.narrow(0, numel - r * shard, shard * W - numel).abs().sum().item<double>(), 0.0);
-    }
+    EXPECT_TRUE(torch::equal(avg, expected / W)) << "numel " << numel;
+    // The expected slices hold the padding's zeros: the padding reduces to exactly zero.
   }
 }
 
 TEST(Collectives, AllReduceBroadcastAndHalfTypes) {
   const int W = world_group->size(), r = world_group->rank();
   for (auto type : {torch::kFloat, torch::kDouble, torch::kLong, torch::kBFloat16, torch::kHalf}) {
-    torch::Tensor t = torch::full({5}, r + 1).to(type);
+    // Element i of rank q is q + 1 + i: sums of small integers, exact in every type.
+    torch::Tensor t = (torch::arange(5) + r + 1).to(type);
     world_group->all_reduce(t, ReduceOp::kSum)->wait();
-    EXPECT_EQ(t.to(torch::kDouble)[0].item<double>(), W * (W + 1) / 2.0) << type;
+    EXPECT_TRUE(torch::equal(t, (torch::arange(5) * W + W * (W + 1) / 2).to(type))) << type << ": " << t;
   }
+  // (W - 1) / 2 is exact in float for any W.
   torch::Tensor avg = torch::full({3}, static_cast<double>(r));
   world_group->all_reduce(avg, ReduceOp::kAvg)->wait();
-  EXPECT_NEAR(avg[0].item<double>(), (W - 1) / 2.0, 1e-6);
+  EXPECT_TRUE(torch::equal(avg, torch::full({3}, (W - 1) / 2.0))) << avg;
 
   torch::Tensor b = rank_values(r, 9);
   world_group->broadcast(b, W - 1)->wait();
   EXPECT_TRUE(torch::equal(b, rank_values(W - 1, 9)));
 
   torch::Tensor gathered = torch::empty({4 * W}, torch::kBFloat16);
-  world_group->all_gather(gathered, torch::full({4}, r).to(torch::kBFloat16))->wait();
-  for (int q = 0; q < W; ++q) EXPECT_EQ(gathered[4 * q].item<double>(), q);
+  world_group->all_gather(gathered, rank_values(r, 4, torch::kBFloat16))->wait();
+  std::vector<torch::Tensor> expected;
+  for (int q = 0; q < W; ++q) expected.push_back(rank_values(q, 4, torch::kBFloat16));
+  EXPECT_TRUE(torch::equal(gathered, torch::cat(expected)));
 }
 
-TEST(Collectives, AsyncWorkOverlapsAndCompletesInOrder) {
-  const int W = world_group->size();
+// Eight gathers issued before any is waited for: each completes with its
+// own whole result (they run in issue order on the communication thread).
+TEST(Collectives, ManyCollectivesInFlightEachCompleteWithItsOwnResult) {
+  const int W = world_group->size(), r = world_group->rank();
   std::vector<fsdp::WorkHandle> works;
   std::vector<torch::Tensor> outs;
   for (int i = 0; i < 8; ++i) {
     outs.push_back(torch::empty({W * 1000}));
-    works.push_back(world_group->all_gather(outs.back(), torch::full({1000}, static_cast<float>(i))));
+    works.push_back(world_group->all_gather(outs.back(), rank_values(r, 1000) + 10000.0 * i));
   }
   for (int i = 0; i < 8; ++i) {
     works[i]->wait();
     EXPECT_TRUE(works[i]->is_completed());
-    EXPECT_EQ(outs[i].min().item<float>(), i);
+    std::vector<torch::Tensor> expected;
+    for (int q = 0; q < W; ++q) expected.push_back(rank_values(q, 1000) + 10000.0 * i);
+    EXPECT_TRUE(torch::equal(outs[i], torch::cat(expected))) << "gather " << i;
   }
+}
+
+// Asynchrony itself: the call returns with the collective still in flight.
+// The last rank joins 500 ms late, so on every other rank the Work cannot be
+// complete straight after the call (checked long before that rank joins)
+// unless the call waited for it; it completes once wait() returns.
+TEST(Collectives, ACollectiveIsInFlightUntilTheLastRankJoins) {
+  const int W = world_group->size(), r = world_group->rank();
+  const bool late = r == W - 1;
+  torch::Tensor output = torch::empty({3 * W});
+  world_group->barrier()->wait();  // the ranks leave it together
+  if (late) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  fsdp::WorkHandle work = world_group->all_gather(output, rank_values(r, 3));
+  const bool completed_at_once = work->is_completed();
+  if (!late)
+    EXPECT_FALSE(completed_at_once) << "the all_gather was complete when the call returned, though rank " << W - 1
+                                    << " joins it 500 ms late: the call waited for it";
+  work->wait();
+  EXPECT_TRUE(work->is_completed());
+  std::vector<torch::Tensor> expected;
+  for (int q = 0; q < W; ++q) expected.push_back(rank_values(q, 3));
+  EXPECT_TRUE(torch::equal(output, torch::cat(expected)));
 }
 
 TEST(Collectives, SubGroups) {
@@ -105,7 +138,7 @@ TEST(Collectives, SubGroups) {
   node->all_reduce(t, ReduceOp::kSum)->wait();
   double expected = 0;
   for (int q = r % 2; q < W; q += 2) expected += q;
-  EXPECT_EQ(t[0].item<double>(), expected);
+  EXPECT_TRUE(torch::equal(t, torch::full({2}, expected))) << t;
 }
 
 TEST(Collectives, CountsBytesPerKind) {
@@ -147,7 +180,7 @@ TEST(Collectives, MismatchedSizesFailOnEveryRank) {
   }
   torch::Tensor ok = torch::ones({2});
   world_group->all_reduce(ok, ReduceOp::kSum)->wait();
-  EXPECT_EQ(ok[0].item<float>(), W);
+  EXPECT_TRUE(torch::equal(ok, torch::full({2}, static_cast<float>(W)))) << ok;
 }
 
 TEST(Collectives, LocalMisuseIsRefusedBeforeAnyCommunication) {

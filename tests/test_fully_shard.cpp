@@ -1,11 +1,15 @@
-// FULL_SHARD on 2 and 4 ranks: the same training as one process with the
+// FULL_SHARD on 2, 3 and 4 ranks: the same training as one process with the
 // global batch, exact per-rank shares measured by the allocator, units
-// unsharded only inside their forward and backward, tied weights, wrap
-// policies and the state machine.
+// unsharded only inside their forward and backward, the gathered and
+// gradient buffers that prefetch, the limiter and activation checkpointing
+// keep alive (measured by the allocator in forward and backward), tied
+// weights, wrap policies and the state machine.
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "core/unit.h"
 #include "fsdp/error.h"
@@ -166,6 +170,17 @@ TEST(FullShard, EachRankHoldsExactlyItsShareMeasuredByTheAllocator) {
 
 namespace {
 
+// The probe models' units (the root's embedding and each block) are one
+// Linear(25, 25) each: 650 elements, which pad at W = 3 (to 651) and 4 (to 652).
+constexpr int64_t kProbeWidth = 25;
+
+// The bytes of one probe unit's gathered fp32 buffer (or full-size gradient
+// buffer) at W ranks: its elements padded to a multiple of W, from the spec.
+int64_t probe_unit_bytes(int W) {
+  const int64_t numel = kProbeWidth * kProbeWidth + kProbeWidth;
+  return (numel + W - 1) / W * W * 4;
+}
+
 // A block that reports, from inside its forward and its backward, which
 // units are unsharded and how many bytes of unsharded buffers are live.
 struct ProbeBlockImpl : torch::nn::Module {
@@ -208,7 +223,7 @@ TORCH_MODULE(ProbeNet);
 
 TEST(FullShard, UnitsAreUnshardedOnlyInsideTheirForwardAndBackward) {
   const int W = world_group->size();
-  const int64_t width = 24;  // 24*24+24 = 600 elements per unit: padding at W = 4? 600 % 4 == 0; root too
+  const int64_t width = kProbeWidth, unit_bytes = probe_unit_bytes(W);
   const int depth = 3;
   fsdp::FsdpState* state = nullptr;
   std::vector<std::string> violations;
@@ -229,8 +244,7 @@ TEST(FullShard, UnitsAreUnshardedOnlyInsideTheirForwardAndBackward) {
       }
     }
     if (!in_backward) {
-      const auto& units = state->units();
-      int64_t expected = (units[0]->flat_param().padded_numel() + units[index + 1]->flat_param().padded_numel()) * 4;
+      const int64_t expected = 2 * unit_bytes;  // the root's parameters and the running block's
       int64_t live = fsdp::memory::usage().live(Category::kUnshardedBuffer) - unsharded_baseline;
       if (live != expected)
         violations.push_back("forward of block " + std::to_string(index) + ": " + std::to_string(live) +
@@ -255,40 +269,49 @@ TEST(FullShard, UnitsAreUnshardedOnlyInsideTheirForwardAndBackward) {
   EXPECT_EQ(forward_probes, 2 * depth);
   EXPECT_EQ(backward_probes, 2 * depth);
   for (const auto& v : violations) ADD_FAILURE() << v;
-  (void)W;
 }
 
 // With prefetch, the unit that runs next is being gathered while one runs:
 // in forward the next block, in backward the previous one. The limiter
 // holds it to one unit ahead even when prefetch asks for two; without it,
-// two are gathered ahead. Training is unchanged (the losses match a run
-// without prefetch exactly).
+// two are gathered ahead. Both are measured by the allocator's unsharded
+// bytes, in forward and in backward, against what the limiter allows:
+//   forward:  the root's parameters, the running block's, one prefetched;
+//   backward: the root's parameters and gradient buffer, the running
+//             block's parameters and gradient buffer, one prefetched, and
+//             the previous block's gradient while its reduction may still be
+//             in flight (none before the first block in backward, where the
+//             bound is exact).
+// Without the limiter the bound is exceeded in both. Training is unchanged
+// (the losses match a run without prefetch exactly).
 TEST(FullShard, PrefetchGathersTheNextUnitAheadWithinTheLimiter) {
-  const int64_t width = 24;
+  const int W = world_group->size();
+  const int64_t width = kProbeWidth, unit_bytes = probe_unit_bytes(W);
   const int depth = 4;
   for (bool limit : {true, false}) {
     SCOPED_TRACE(limit ? "limited" : "unlimited");
     fsdp::FsdpState* state = nullptr;
     std::vector<std::string> violations;
     int64_t baseline = 0;
-    bool check = false;
+    bool check = false, exceeded = false;
     auto probe = [&](int index, bool in_backward) {
       if (!check) return;
+      const char* pass = in_backward ? "backward" : "forward";
+      const int64_t allowed_units = in_backward ? 5 + (index < depth - 1 ? 1 : 0) : 3;
+      const int64_t live = fsdp::memory::usage().live(Category::kUnshardedBuffer) - baseline;
+      if (live > allowed_units * unit_bytes) {
+        exceeded = true;
+        if (limit)
+          violations.push_back(std::string(pass) + " of block " + std::to_string(index) + ": " + std::to_string(live) +
+                               " unsharded bytes live, the limiter allows " + std::to_string(allowed_units * unit_bytes));
+      }
       const auto& units = state->units();  // units[0] is the root, units[i + 1] block i
       const int next = in_backward ? index - 1 : index + 1;
       if (next < 0 || next >= depth) return;
       const auto& flat = units[next + 1]->flat_param();
       if (!(flat.unshard_pending() || flat.is_unsharded()) || units[next + 1]->state() != UnitState::kSharded) {
-        violations.push_back(std::string(in_backward ? "backward" : "forward") + " of block " + std::to_string(index) +
-                             ": block " + std::to_string(next) + " was not prefetched");
-      }
-      if (!in_backward && limit) {
-        const int64_t most = (units[0]->flat_param().padded_numel() + units[index + 1]->flat_param().padded_numel() +
-                              flat.padded_numel()) * 4;
-        const int64_t live = fsdp::memory::usage().live(Category::kUnshardedBuffer) - baseline;
-        if (live > most)
-          violations.push_back("forward of block " + std::to_string(index) + ": " + std::to_string(live) +
-                               " unsharded bytes live, the limiter allows " + std::to_string(most));
+        violations.push_back(std::string(pass) + " of block " + std::to_string(index) + ": block " +
+                             std::to_string(next) + " was not prefetched");
       }
     };
     torch::manual_seed(3);
@@ -311,12 +334,76 @@ TEST(FullShard, PrefetchGathersTheNextUnitAheadWithinTheLimiter) {
       EXPECT_EQ(fsdp::memory::usage().live(Category::kUnshardedBuffer), baseline);
     }
     EXPECT_EQ(state->max_prefetched_unused(), limit ? 1 : 2);
+    // The bound is tight enough to tell: two units ahead break it.
+    if (!limit) EXPECT_TRUE(exceeded) << "the unlimited run kept within the limiter's bound";
     // A forward without autograd leaves nothing gathered behind.
     {
       torch::NoGradGuard no_grad;
       model.forward(torch::randn({5, width}));
     }
     model.state().check_idle();
+    for (const auto& v : violations) ADD_FAILURE() << v;
+  }
+}
+
+// With activation checkpointing, the previous unit's reduction is finished
+// before the recomputed unit's gradient buffer is made: besides the root's,
+// one unit's full-size gradient is alive at a time (its buffer, or the input
+// of its reduction in flight). Without checkpointing, the previous unit's
+// reduction overlaps this unit's backward, and two are. To make the overlap
+// certain, the last rank sleeps inside the first block's backward (block
+// depth - 1, before its gradients are done), so on the other ranks that
+// block's reduction is still in flight while the next block's backward runs.
+// The allocator's unsharded bytes, at each block's backward and at the
+// step's peak, in units: the root's parameters and gradient buffer (2), the
+// running block's parameters and gradient buffer (2), the block prefetched
+// ahead (1, but none for block 0), and without checkpointing the held-back
+// reduction's input (1).
+TEST(FullShard, ActivationCheckpointingKeepsOneFullGradientAliveAtATime) {
+  const int W = world_group->size(), r = world_group->rank();
+  if (W < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int64_t width = kProbeWidth, unit_bytes = probe_unit_bytes(W);
+  const int depth = 3;
+  const bool held_back_here = r == W - 1;
+  for (bool checkpointing : {true, false}) {
+    SCOPED_TRACE(checkpointing ? "with activation checkpointing" : "without activation checkpointing");
+    std::vector<std::string> violations;
+    int64_t baseline = 0;
+    bool check = false;
+    auto probe = [&](int index, bool in_backward) {
+      if (!check || !in_backward) return;
+      if (index == depth - 1 && held_back_here) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      const bool after_held_back = index == depth - 2;
+      // Without checkpointing, a reduction not held back may or may not have
+      // finished by now; on the last rank, the held-back one too.
+      if (!checkpointing && (!after_held_back || held_back_here)) return;
+      const int64_t expected_units = 4 + (index > 0 ? 1 : 0) + (!checkpointing ? 1 : 0);
+      const int64_t live = fsdp::memory::usage().live(Category::kUnshardedBuffer) - baseline;
+      if (live != expected_units * unit_bytes)
+        violations.push_back("backward of block " + std::to_string(index) + ": " + std::to_string(live) +
+                             " unsharded bytes live, expected " + std::to_string(expected_units * unit_bytes));
+    };
+    torch::manual_seed(3);
+    ProbeNet net(width, depth, probe);
+    baseline = fsdp::memory::usage().live(Category::kUnshardedBuffer);
+    auto model = fsdp::fully_shard(net, world_group,
+                                   fsdp::FullyShardOptions()
+                                       .wrap_policy(fsdp::module_type_policy<ProbeBlockImpl>())
+                                       .backward_prefetch(fsdp::BackwardPrefetch::kPre)
+                                       .activation_checkpointing(checkpointing));
+    torch::manual_seed(100 + r);
+    for (int step = 0; step < 2; ++step) {
+      check = step > 0;  // the first pass learns the order prefetch follows
+      fsdp::memory::reset_peaks();
+      model.forward(torch::randn({5, width})).backward();
+      model.state().check_idle();
+    }
+    const int64_t peak = fsdp::memory::usage().peak(Category::kUnshardedBuffer) - baseline;
+    if (checkpointing) {
+      EXPECT_EQ(peak, 5 * unit_bytes) << "the step's peak of unsharded bytes";
+    } else if (!held_back_here) {
+      EXPECT_EQ(peak, 6 * unit_bytes) << "the step's peak of unsharded bytes";
+    }
     for (const auto& v : violations) ADD_FAILURE() << v;
   }
 }

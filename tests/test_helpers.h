@@ -1,14 +1,20 @@
 #pragma once
-// Shared by the tests: a deterministic token file and a float comparison
-// that says where two tensors differ.
+// Shared by the tests: a deterministic token file, GPT configurations, a
+// float comparison that says where two tensors differ, and a sharded
+// model's gradients gathered and compared with a single process's.
 
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
+#include "core/unit.h"
+#include "fsdp/fully_shard.h"
 #include "fsdp/gpt.h"
 #include "fsdp/options.h"
 #include "fsdp/wrap_policy.h"
@@ -22,6 +28,25 @@ inline models::GPT make_gpt(const models::GPTConfig& config, uint64_t seed = 1) 
 }
 
 inline models::GPTConfig tiny() { return models::GPTConfig::preset("tiny"); }
+
+// A GPT whose every unit pads at W = 2, 3 and 4 alike (the presets' units,
+// C a multiple of 64, divide by 2 and 4): with width C = 35 and context
+// T = 17, the root's C(vocab + T + 2) = 35 * 275 = 9625 elements and a
+// block's 12C^2 + 13C = 35 * 433 = 15155 are odd and not multiples of 3.
+inline models::GPTConfig uneven() {
+  models::GPTConfig c;
+  c.vocab = 256, c.context = 17, c.layers = 2, c.heads = 5, c.width = 35, c.batch = 2;
+  return c;
+}
+
+// The GPT's unit sizes (block units) from the spec's shapes, not from the
+// library: the root (wte, wpe, ln_f), then each block.
+inline std::vector<int64_t> gpt_unit_numels(const models::GPTConfig& c) {
+  const int64_t C = c.width;
+  std::vector<int64_t> numels = {c.vocab * C + c.context * C + 2 * C};
+  for (int64_t i = 0; i < c.layers; ++i) numels.push_back(12 * C * C + 13 * C);
+  return numels;
+}
 
 // A unit per transformer block (the GPT's natural wrapping).
 inline FullyShardOptions block_units(ShardingStrategy strategy = ShardingStrategy::kFullShard) {
@@ -62,6 +87,40 @@ inline std::string make_token_file(const std::string& name, int64_t n, int64_t v
 
 inline double max_relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
   return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item<double>();
+}
+
+// The padding at the end of a unit's whole (gathered) flat buffer.
+inline torch::Tensor padding_of(const FlatParam& flat, const torch::Tensor& full) {
+  return full.narrow(0, flat.numel(), flat.padded_numel() - flat.numel());
+}
+
+// Each unit's reduced gradient, gathered over its shard group, against the
+// same parameter's gradient in a single-process reference, to a relative
+// tolerance; and the padding's gradient exactly zero (it would otherwise
+// count in the clipping norm and move the padding). Works for every
+// strategy: a rank's shard().grad() is its slice of the unit (the whole unit
+// for no_shard), whether the strategy keeps the rest (zero1) or not.
+// Collective: every rank of the model's world must call it.
+inline void expect_gradients_match(const FsdpState& state, const torch::nn::Module& reference, double tolerance,
+                                   const std::string& context = "") {
+  const auto expected_grads = reference.named_parameters();
+  for (const auto& unit : state.units()) {
+    const auto& flat = unit->flat_param();
+    if (flat.entries().empty()) continue;
+    torch::Tensor local = flat.shard().grad();
+    if (!local.defined()) {
+      ADD_FAILURE() << "unit " << unit->display_name() << " got no gradient" << context;
+      local = torch::full_like(flat.shard(), std::nan(""));  // still gathered: the other ranks wait on it
+    }
+    const torch::Tensor full = flat.gather_full(local);
+    for (const auto& e : flat.entries()) {
+      const torch::Tensor expected = expected_grads[e.name].grad();
+      EXPECT_LT(max_relative_difference(full.narrow(0, e.offset, e.numel).view(e.shape), expected), tolerance)
+          << "gradient of " << e.name << context;
+    }
+    EXPECT_TRUE(padding_of(flat, full).eq(0).all().item<bool>())
+        << "gradient of unit " << unit->display_name() << "'s padding" << context;
+  }
 }
 
 }  // namespace fsdp::testing

@@ -1,8 +1,10 @@
-// Every sharding strategy at W = 2 and W = 4 (hybrid: nodes of 2 ranks)
-// against a single process with the global batch: the same training, the
+// Every sharding strategy at W = 2, 3 and 4 against a single process with
+// the global batch: the first step's gradients, the same training, the
 // communication of the strategy table to the byte, and the model state of
 // the ZeRO formulas to the byte. Also gradient accumulation, clipping, and
-// fp16 loss scaling.
+// fp16 loss scaling. Besides the tiny preset (whose units pad only at
+// W = 3), a model whose units pad at every W (uneven()), so that padding is
+// in every comparison.
 
 #include <gtest/gtest.h>
 
@@ -30,66 +32,67 @@ using fsdp::testing::world_group;
 
 namespace {
 
-constexpr int kRanksPerNode = 2;  // hybrid strategies: W = 2 is one node, W = 4 two
-
 const std::vector<ShardingStrategy> kAllStrategies = {
     ShardingStrategy::kNoShard,     ShardingStrategy::kZero1,        ShardingStrategy::kShardGradOp,
     ShardingStrategy::kFullShard,   ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardZero2};
 
 using fsdp::testing::tiny;
+using fsdp::testing::uneven;
 
-fsdp::FullyShardOptions options_for(ShardingStrategy strategy, torch::ScalarType param_dtype = torch::kFloat) {
+// Hybrid strategies' node: 2 ranks where 2 divides the world (W = 2 is one
+// node, W = 4 two, replicated), else the whole world as one node: at W = 3
+// that shards over 3 ranks, where every unit pads, rather than over nodes of
+// one rank that shard nothing. The replicas' all-reduce at W = 2 and 3 is
+// covered by the gradient test, which tries every node size.
+int ranks_per_node() { return world_group->size() % 2 == 0 ? 2 : world_group->size(); }
+
+fsdp::FullyShardOptions options_for(ShardingStrategy strategy, torch::ScalarType param_dtype = torch::kFloat,
+                                    int per_node = ranks_per_node()) {
   return fsdp::FullyShardOptions()
       .wrap_policy(fsdp::module_type_policy<fsdp::models::BlockImpl>())
       .strategy(strategy)
-      .ranks_per_node(kRanksPerNode)
+      .ranks_per_node(per_node)
       .mixed_precision(fsdp::MixedPrecision().param_dtype(param_dtype));
 }
 
-// The tiny GPT's unit sizes from the spec's shapes: root, then each block.
-std::vector<int64_t> tiny_unit_numels() {
-  GPTConfig c = tiny();
-  const int64_t C = c.width;
-  std::vector<int64_t> numels = {c.vocab * C + c.context * C + 2 * C};
-  for (int64_t i = 0; i < c.layers; ++i) numels.push_back(12 * C * C + 13 * C);
-  return numels;
-}
+using fsdp::testing::gpt_unit_numels;
 
-int64_t padded_sum(int64_t K) {
+int64_t padded_sum(const GPTConfig& config, int64_t K) {
   int64_t total = 0;
-  for (int64_t n : tiny_unit_numels()) total += (n + K - 1) / K * K;
+  for (int64_t n : gpt_unit_numels(config)) total += (n + K - 1) / K * K;
   return total;
 }
 
-int shard_size(ShardingStrategy s) {
-  return fsdp::shard_group_size(s, world_group->size(), std::min(kRanksPerNode, world_group->size()));
-}
+int shard_size(ShardingStrategy s) { return fsdp::shard_group_size(s, world_group->size(), ranks_per_node()); }
 
-// The full fp32 values of every parameter, gathered unit by unit (collective).
+// The full fp32 values of every parameter, gathered unit by unit
+// (collective); the padding must have stayed zero through the steps.
 std::map<std::string, torch::Tensor> full_values(fsdp::FsdpState& state) {
   std::map<std::string, torch::Tensor> values;
   for (const auto& unit : state.units()) {
     const auto& flat = unit->flat_param();
     torch::Tensor full = flat.gather_full(flat.shard());
+    EXPECT_TRUE(fsdp::testing::padding_of(flat, full).eq(0).all().item<bool>())
+        << "unit " << unit->display_name() << "'s padding is not zero";
     for (const auto& e : flat.entries()) values[e.name] = full.narrow(0, e.offset, e.numel).view(e.shape);
   }
   return values;
 }
 
-fsdp::models::TokenData tiny_data() {
-  GPTConfig c = tiny();
+fsdp::models::TokenData data_for(const GPTConfig& c) {
   return fsdp::models::TokenData(fsdp::testing::make_token_file("strategies", 20000, c.vocab), c.context, c.vocab);
 }
 
 std::string name_of(ShardingStrategy s) { return fsdp::strategy_name(s); }
+std::string name_of(const GPTConfig& c) { return c.width == tiny().width ? "tiny" : "uneven"; }
 
-// A sharded tiny GPT and the single-process reference it must track, built
-// from the same seed, each with the spec's AdamW.
+// A sharded GPT and the single-process reference it must track, built from
+// the same seed, each with the spec's AdamW.
 struct ShardedAndReference {
-  explicit ShardedAndReference(fsdp::FullyShardOptions options)
-      : sharded(fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, std::move(options))),
+  ShardedAndReference(fsdp::FullyShardOptions options, const GPTConfig& config = tiny())
+      : sharded(fsdp::fully_shard(fsdp::testing::make_gpt(config), world_group, std::move(options))),
         sharded_opt(sharded.parameters(), fsdp::testing::spec_adamw()),
-        reference(fsdp::testing::make_gpt(tiny())),
+        reference(fsdp::testing::make_gpt(config)),
         reference_params(fsdp::testing::unique_parameters(*reference)),
         reference_opt(reference_params, fsdp::testing::spec_adamw()) {}
 
@@ -102,15 +105,56 @@ struct ShardedAndReference {
 
 }  // namespace
 
+// The first step's gradients, gathered over each unit's shard group, equal
+// a single process's with the global batch, and the padding's are zero:
+// every strategy, on the tiny preset and on a model whose units pad at
+// every W, and hybrid with every node size that divides W (from nodes of
+// one rank, where the replicas' all-reduce does all the averaging, to one
+// node of the whole world). The training below compares losses and
+// weights, which cannot show a gradient that is uniformly wrong: Adam's
+// update is scale-invariant, so a sum where a mean belongs trains nearly
+// alike. Tolerance as FullShard's gradient check, relative 1e-4 per tensor
+// (float rounding is ~1e-6); a sum instead of a mean is off by a factor 2+.
+TEST(Strategies, FirstStepGradientsEqualOneProcessWithTheGlobalBatch) {
+  const int W = world_group->size(), r = world_group->rank();
+  const int64_t B = 2;
+  for (const GPTConfig& config : {tiny(), uneven()}) {
+    auto data = data_for(config);
+    auto [x, y] = data.batch(0, 0, r, W, 1, B);
+    auto [gx, gy] = data.batch(0, 0, 0, 1, 1, W * B);
+    GPT reference = fsdp::testing::make_gpt(config);
+    reference->forward(gx, gy).backward();
+    for (ShardingStrategy strategy : kAllStrategies) {
+      std::vector<int> node_sizes = {ranks_per_node()};
+      if (fsdp::is_hybrid(strategy)) {
+        node_sizes.clear();
+        for (int n = 1; n <= W; ++n)
+          if (W % n == 0) node_sizes.push_back(n);
+      }
+      for (int per_node : node_sizes) {
+        const std::string context = " (" + name_of(config) + ", " + name_of(strategy) +
+                                    (fsdp::is_hybrid(strategy) ? ", nodes of " + std::to_string(per_node) : "") + ")";
+        auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(config), world_group,
+                                         options_for(strategy, torch::kFloat, per_node));
+        sharded.forward(x, y).backward();
+        fsdp::testing::expect_gradients_match(sharded.state(), *reference, 1e-4, context);
+      }
+    }
+  }
+}
+
 // Tolerances as in FullShard.TrainsTheSameModelAsOneProcessWithTheGlobalBatch:
-// relative 1e-5 per loss, absolute 1e-4 on the final weights.
+// relative 1e-5 per loss, absolute 1e-4 on the final weights. On the model
+// whose units pad at every W: the optimizer steps padded shards, whose
+// padding must stay zero.
 TEST(Strategies, EveryStrategyTrainsTheSameModelAsOneProcess) {
   const int W = world_group->size(), r = world_group->rank();
   const int64_t B = 2, steps = 10;
-  auto data = tiny_data();
+  const GPTConfig config = uneven();
+  auto data = data_for(config);
   for (ShardingStrategy strategy : kAllStrategies) {
     SCOPED_TRACE(name_of(strategy));
-    ShardedAndReference pair(options_for(strategy));
+    ShardedAndReference pair(options_for(strategy), config);
     auto& [sharded, sharded_opt, reference, reference_params, reference_opt] = pair;
     for (int64_t step = 0; step < steps; ++step) {
       auto [x, y] = data.batch(step, 0, r, W, 1, B);
@@ -140,7 +184,7 @@ TEST(Strategies, EveryStrategyTrainsTheSameModelAsOneProcess) {
 // last case, where bf16 params halve the gathers and the reduction.
 TEST(Strategies, CommunicationPerStepMatchesTheStrategyTable) {
   const int W = world_group->size(), r = world_group->rank();
-  auto data = tiny_data();
+  auto data = data_for(tiny());
   struct Case {
     ShardingStrategy strategy;
     torch::ScalarType dtype;
@@ -163,7 +207,7 @@ TEST(Strategies, CommunicationPerStepMatchesTheStrategyTable) {
     }
     const int64_t p = c.dtype == torch::kFloat ? 4 : 2;  // param and reduce dtype bytes
     const int64_t K = shard_size(c.strategy);
-    const int64_t padded = padded_sum(K);
+    const int64_t padded = padded_sum(tiny(), K);
     int64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0;
     switch (c.strategy) {
       case ShardingStrategy::kNoShard: all_reduce = p * padded; break;
@@ -182,7 +226,8 @@ TEST(Strategies, CommunicationPerStepMatchesTheStrategyTable) {
     EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kAllReduce)], all_reduce);
     EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kBroadcast)], 0);
     // The planner's figures are the same.
-    const fsdp::CommBytes planned = fsdp::estimate_comm_per_step(tiny_unit_numels(), c.strategy, W, kRanksPerNode,
+    const fsdp::CommBytes planned = fsdp::estimate_comm_per_step(gpt_unit_numels(tiny()), c.strategy, W,
+                                                                 ranks_per_node(),
                                                                  fsdp::MixedPrecision().param_dtype(c.dtype));
     EXPECT_EQ(planned.all_gather, all_gather);
     EXPECT_EQ(planned.reduce_scatter, reduce_scatter);
@@ -191,46 +236,67 @@ TEST(Strategies, CommunicationPerStepMatchesTheStrategyTable) {
 }
 
 // Per-rank model state after a step, by category, measured by the
-// allocator: equal to the ZeRO formulas (written out here for fp32) and to
-// estimate_model_state (also with bf16 params, whose low-precision copies
-// count where a strategy keeps them).
+// allocator: equal to the README's ZeRO table, written out here for fp32
+// and bf16 params, and to estimate_model_state (the planner's figures). On
+// the tiny preset and on a model whose units pad at every W, so that the
+// padded sizes (Np, S) differ from the unpadded (N, N/K) wherever they can.
 TEST(Strategies, ModelStateMatchesTheZeroFormulasToTheByte) {
   const int W = world_group->size(), r = world_group->rank();
-  auto data = tiny_data();
-  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
-    for (ShardingStrategy strategy : kAllStrategies) {
-      SCOPED_TRACE(name_of(strategy) + (dtype == torch::kFloat ? "" : " bf16"));
-      const auto before = fsdp::memory::usage();
-      {
-        auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, options_for(strategy, dtype));
-        torch::optim::AdamW optimizer(sharded.parameters(), fsdp::testing::spec_adamw());
-        auto [x, y] = data.batch(0, 0, r, W, 1, 2);
-        sharded.forward(x, y).backward();
+  for (const GPTConfig& config : {tiny(), uneven()}) {
+    auto data = data_for(config);
+    for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      for (ShardingStrategy strategy : kAllStrategies) {
+        SCOPED_TRACE(name_of(config) + " " + name_of(strategy) + (dtype == torch::kFloat ? "" : " bf16"));
+        const auto before = fsdp::memory::usage();
         {
-          fsdp::memory::MemoryCategoryScope scope(Category::kOptimizerState);
-          optimizer.step();
+          auto sharded =
+              fsdp::fully_shard(fsdp::testing::make_gpt(config), world_group, options_for(strategy, dtype));
+          torch::optim::AdamW optimizer(sharded.parameters(), fsdp::testing::spec_adamw());
+          auto [x, y] = data.batch(0, 0, r, W, 1, 2);
+          sharded.forward(x, y).backward();
+          {
+            fsdp::memory::MemoryCategoryScope scope(Category::kOptimizerState);
+            optimizer.step();
+          }
+          const auto after = fsdp::memory::usage();
+          const int64_t params = after.live(Category::kParameterShard) - before.live(Category::kParameterShard);
+          const int64_t grads = after.live(Category::kGradientShard) - before.live(Category::kGradientShard);
+          const int64_t optim = after.live(Category::kOptimizerState) - before.live(Category::kOptimizerState);
+
+          // The table: N elements, padded to Np for a shard group of K ranks,
+          // S = Np/K per rank; 4 bytes per fp32 master element or gradient,
+          // 8 for Adam's two moments, and 2 per element of the bf16 copy that
+          // the strategies whose params stay unsharded keep.
+          const int64_t K = shard_size(strategy), N = padded_sum(config, 1), Np = padded_sum(config, K), S = Np / K;
+          if (K > 1 && config.width == uneven().width) ASSERT_GT(Np, N) << "the model must pad";
+          const int64_t copy = dtype == torch::kFloat ? 0 : 2;  // bytes per element of a bf16 copy (none in fp32)
+          switch (strategy) {
+            case ShardingStrategy::kNoShard:
+              EXPECT_EQ(params, 4 * N + copy * N);
+              EXPECT_EQ(grads, 4 * N);
+              EXPECT_EQ(optim, 8 * N);
+              break;
+            case ShardingStrategy::kZero1:  // in fp32 the master shard is a slice of the replicated params
+              EXPECT_EQ(params, dtype == torch::kFloat ? 4 * Np : copy * Np + 4 * S);
+              EXPECT_EQ(grads, 4 * Np);
+              EXPECT_EQ(optim, 8 * S);
+              break;
+            default:  // sharded: gathered params, bf16 or not, are freed between steps
+              EXPECT_EQ(params, 4 * S);
+              EXPECT_EQ(grads, 4 * S);
+              EXPECT_EQ(optim, 8 * S);
+          }
+          // The planner's figures are the same.
+          auto estimate = fsdp::estimate_model_state(gpt_unit_numels(config), strategy, W, ranks_per_node(),
+                                                     fsdp::MixedPrecision().param_dtype(dtype));
+          EXPECT_EQ(params, estimate.params);
+          EXPECT_EQ(grads, estimate.grads);
+          EXPECT_EQ(optim, estimate.optimizer);
+          // Nothing unsharded is left between steps but what the strategy keeps.
+          EXPECT_EQ(after.live(Category::kUnshardedBuffer), before.live(Category::kUnshardedBuffer));
         }
-        const auto after = fsdp::memory::usage();
-        const int64_t params = after.live(Category::kParameterShard) - before.live(Category::kParameterShard);
-        const int64_t grads = after.live(Category::kGradientShard) - before.live(Category::kGradientShard);
-        const int64_t optim = after.live(Category::kOptimizerState) - before.live(Category::kOptimizerState);
-        const int64_t K = shard_size(strategy);
-        auto estimate = fsdp::estimate_model_state(tiny_unit_numels(), strategy, W, std::min(kRanksPerNode, W),
-                                                   fsdp::MixedPrecision().param_dtype(dtype));
-        EXPECT_EQ(params, estimate.params);
-        EXPECT_EQ(grads, estimate.grads);
-        EXPECT_EQ(optim, estimate.optimizer);
-        if (dtype == torch::kFloat) {
-          const int64_t padded = padded_sum(K), shard = padded / K;
-          const bool replicated = strategy == ShardingStrategy::kNoShard || strategy == ShardingStrategy::kZero1;
-          EXPECT_EQ(params, 4 * (replicated ? padded : shard));  // ZeRO: 4 bytes per parameter kept
-          EXPECT_EQ(grads, 4 * (replicated ? padded : shard));
-          EXPECT_EQ(optim, 8 * (strategy == ShardingStrategy::kNoShard ? padded : shard));  // Adam's two moments
-        }
-        // Nothing unsharded is left between steps but what the strategy keeps.
-        EXPECT_EQ(after.live(Category::kUnshardedBuffer), before.live(Category::kUnshardedBuffer));
+        EXPECT_EQ(fsdp::memory::usage().model_state(), before.model_state()) << "model state outlived its model";
       }
-      EXPECT_EQ(fsdp::memory::usage().model_state(), before.model_state()) << "model state outlived its model";
     }
   }
 }
@@ -241,7 +307,7 @@ TEST(Strategies, ModelStateMatchesTheZeroFormulasToTheByte) {
 TEST(Strategies, GradientAccumulationEqualsTheLargerBatch) {
   const int W = world_group->size(), r = world_group->rank();
   const int64_t A = 2, B = 1, steps = 6;
-  auto data = tiny_data();
+  auto data = data_for(tiny());
   for (ShardingStrategy strategy : {ShardingStrategy::kNoShard, ShardingStrategy::kZero1, ShardingStrategy::kFullShard,
                                     ShardingStrategy::kHybridShard}) {
     SCOPED_TRACE(name_of(strategy));
@@ -280,14 +346,16 @@ TEST(Strategies, GradientAccumulationEqualsTheLargerBatch) {
 }
 
 // The global norm over every shard and every rank, and the clipped update,
-// equal a single process clipping the same gradient.
+// equal a single process clipping the same gradient. On the model whose
+// units pad at every W: padding contributes zero to the norm.
 TEST(Strategies, ClippingUsesTheGlobalNormAndEqualsASingleProcessClip) {
   const int W = world_group->size(), r = world_group->rank();
-  const double max_norm = 0.05;  // well below the tiny GPT's gradient norm (~1), so every step clips
-  auto data = tiny_data();
+  const double max_norm = 0.05;  // well below the GPT's gradient norm (~1), so every step clips
+  const GPTConfig config = uneven();
+  auto data = data_for(config);
   for (ShardingStrategy strategy : kAllStrategies) {
     SCOPED_TRACE(name_of(strategy));
-    ShardedAndReference pair(options_for(strategy));
+    ShardedAndReference pair(options_for(strategy), config);
     auto& [sharded, sharded_opt, reference, reference_params, reference_opt] = pair;
     for (int64_t step = 0; step < 4; ++step) {
       auto [x, y] = data.batch(step, 0, r, W, 1, 2);
@@ -322,7 +390,7 @@ TEST(Strategies, ClippingUsesTheGlobalNormAndEqualsASingleProcessClip) {
 // without NaN or divergence.
 TEST(Strategies, Fp16LossScalingSkipsOverflowingStepsOnEveryRankAlike) {
   const int W = world_group->size(), r = world_group->rank();
-  auto data = tiny_data();
+  auto data = data_for(tiny());
   auto options = options_for(ShardingStrategy::kFullShard)
                      .mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16).reduce_dtype(torch::kHalf));
   auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, options);
@@ -367,7 +435,7 @@ TEST(Strategies, NamesRoundTripAndUnknownNamesAreRefused) {
 // next forward must put every unit back to rest and train on normally.
 TEST(Strategies, AFailedBackwardLeavesTheModelUsable) {
   const int W = world_group->size(), r = world_group->rank();
-  auto data = tiny_data();
+  auto data = data_for(tiny());
   for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kZero1}) {
     SCOPED_TRACE(name_of(strategy));
     ShardedAndReference pair(options_for(strategy));
@@ -446,7 +514,7 @@ TEST(Strategies, CheckpointsWithWrongTensorsAreRefusedNamingFileAndTensor) {
   const std::string dir = "/tmp/fsdp_test_tamper_w" + std::to_string(world_group->size());
   auto model = fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, options_for(ShardingStrategy::kFullShard));
   torch::optim::AdamW optimizer(model.parameters(), fsdp::testing::spec_adamw());
-  auto data = tiny_data();
+  auto data = data_for(tiny());
   auto [x, y] = data.batch(0, 0, world_group->rank(), world_group->size(), 1, 2);
   model.forward(x, y).backward();
   optimizer.step();

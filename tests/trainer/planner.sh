@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # fsdp-plan --json against real runs: the model state to the byte, split
 # into parameters, gradients and optimizer state as the allocator counts
-# them; the peak within 15% (measured: within 8% for the presets) and equal
-# to the trainer's own prediction; the textbook 70B table; a recommendation
-# for a budget; a calibrated step-time estimate.
+# them; the peak within 8%, the README's figure (measured: within 5.6%, the
+# worst being tiny, full_shard), and equal to the trainer's own
+# prediction; the textbook 70B table; a recommendation for a budget; a
+# calibrated step-time estimate. Medium runs at batch 1 (two steps, the
+# second with the optimizer state and prefetch in place, in ~10 s); large is
+# not run.
 source "$(dirname "$0")/lib.sh" "$@"
 plan="$build/fsdp-plan"
 
 for cfg in "tiny 2 full_shard" "tiny 4 zero1" "small 2 no_shard" "small 2 full_shard --activation-checkpointing" \
-           "small 2 full_shard --activation-checkpointing --wrap sublayer" "tiny 2 zero1 --param-dtype bf16"; do
+           "small 2 full_shard --activation-checkpointing --wrap sublayer" "tiny 2 zero1 --param-dtype bf16" \
+           "medium 2 full_shard --batch 1"; do
   read -r preset world strategy extra <<<"$cfg"
   train_run s "$world" --preset "$preset" --steps 2 --strategy "$strategy" $extra
   "$plan" --preset "$preset" --world "$world" --strategy "$strategy" $extra --json > "$work/plan.json" ||
@@ -21,10 +25,10 @@ for cfg in "tiny 2 full_shard" "tiny 4 zero1" "small 2 no_shard" "small 2 full_s
       and ($m.model_state_bytes_by_kind.optimizer | unique) == [$p.optimizer_bytes]
       and $p.model_state_bytes == $p.params_bytes + $p.grads_bytes + $p.optimizer_bytes' "$work/plan.json" >/dev/null ||
     fail "$cfg: measured $(jq -c '[.model_state_bytes, .model_state_bytes_by_kind]' "$work/s.json"), planned $(jq -c '.strategies[0]' "$work/plan.json")"
-  # The trainer's prediction is the planner's device total; the measured peak is within 15% of it.
+  # The trainer's prediction is the planner's device total; the measured peak is within 8% of it.
   jq -e --slurpfile s "$work/s.json" '.strategies[0].device_total_bytes as $p | $s[0] as $m
       | $m.peak_tensor_bytes_predicted == $p
-      and (($p - ($m.peak_tensor_bytes | max)) / ($m.peak_tensor_bytes | max) | fabs) < 0.15' "$work/plan.json" >/dev/null ||
+      and (($p - ($m.peak_tensor_bytes | max)) / ($m.peak_tensor_bytes | max) | fabs) < 0.08' "$work/plan.json" >/dev/null ||
     fail "$cfg: peak measured $(jq -c .peak_tensor_bytes "$work/s.json"), trainer predicted $(jq .peak_tensor_bytes_predicted "$work/s.json"), planned $(jq .strategies[0].device_total_bytes "$work/plan.json")"
   echo "ok: $cfg: model state $(jq '.strategies[0].model_state_bytes' "$work/plan.json") B as planned;" \
        "peak $(jq '.peak_tensor_bytes | max' "$work/s.json") B measured, $(jq .strategies[0].device_total_bytes "$work/plan.json") B planned"

@@ -41,27 +41,7 @@ torch::Tensor gather_flat(const fsdp::FlatParam& flat, const torch::Tensor& shar
   return full;
 }
 
-// Each unit's gathered gradient against the same parameter's gradient in a
-// single-process reference, to a relative tolerance.
-void expect_gradients_match(const fsdp::FsdpState& state, const torch::nn::Module& reference, double tolerance,
-                            const std::string& context = "") {
-  const auto expected_grads = reference.named_parameters();
-  for (const auto& unit : state.units()) {
-    const auto& flat = unit->flat_param();
-    if (flat.entries().empty()) continue;
-    if (!flat.shard().grad().defined()) {
-      ADD_FAILURE() << "unit " << unit->display_name() << " got no gradient" << context;
-      continue;
-    }
-    torch::Tensor full = gather_flat(flat, flat.shard().grad());
-    for (const auto& e : flat.entries()) {
-      torch::Tensor expected = expected_grads[e.name].grad();
-      EXPECT_LT(fsdp::testing::max_relative_difference(full.narrow(0, e.offset, e.numel).view(e.shape), expected),
-                tolerance)
-          << "gradient of " << e.name << context;
-    }
-  }
-}
+using fsdp::testing::expect_gradients_match;
 
 }  // namespace
 

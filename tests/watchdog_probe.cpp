@@ -1,10 +1,14 @@
 // A job in which the last rank never makes a collective the others make:
 // the others' watchdog must end the job, naming the call, within the
-// timeout. Used by trainer_test.sh's watchdog case.
-//   watchdog_probe TIMEOUT_SECONDS
+// timeout. Used by tests/trainer/watchdog.sh.
+//   watchdog_probe TIMEOUT_SECONDS [unwind]
+// With "unwind", the waiting ranks do not end the job themselves: main
+// returns, and destroying the process group (whose collective is stuck
+// for good) must end the job instead of hanging the rank.
 
 #include <chrono>
 #include <iostream>
+#include <string>
 #include <thread>
 
 #include "fsdp/comm.h"
@@ -23,6 +27,7 @@ int main(int argc, char** argv) {
     world->all_reduce(t, fsdp::ReduceOp::kSum)->wait();
   } catch (const std::exception& e) {
     std::cerr << "rank " << world->rank() << ": " << fsdp::error_message(e) << "\n" << std::flush;
+    if (argc > 2 && std::string(argv[2]) == "unwind") return 1;
     fsdp::MpiEnvironment::abort(1);
   }
   return 0;

@@ -15,6 +15,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include <deque>
 #include <limits>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -122,7 +124,11 @@ class MpiProcessGroup final : public ProcessGroup {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
-    worker_ = std::thread([this] { run_worker(); });
+    worker_exited_ = worker_exit_.get_future();
+    worker_ = std::thread([this] {
+      run_worker();
+      worker_exit_.set_value();
+    });
   }
 
   ~MpiProcessGroup() override {
@@ -131,6 +137,21 @@ class MpiProcessGroup final : public ProcessGroup {
       stopping_ = true;
     }
     wake_.notify_all();
+    // A collective that never completes (a rank died, hangs, or skipped the
+    // call) holds the worker forever, and MPI cannot cancel it: joining
+    // would hang this rank instead of ending the job. After the timeout the
+    // job is ended, as the watchdog would have (this happens when an error
+    // unwinds through the group's owner before anyone aborted the job).
+    if (worker_exited_.wait_for(std::chrono::duration<double>(timeout())) != std::future_status::ready) {
+      std::string running;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        running = running_;
+      }
+      MpiEnvironment::abort_with_message("collective watchdog: a process group was destroyed while its " + running +
+                                         " had not completed after " + c10::str(timeout()) +
+                                         " s; a rank has died, hangs, or did not make this call. Ending the job.");
+    }
     worker_.join();
     MPI_Comm_free(&comm_);
   }
@@ -277,6 +298,7 @@ class MpiProcessGroup final : public ProcessGroup {
         if (queue_.empty()) return;  // stopping, and everything issued has run
         task = std::move(queue_.front());
         queue_.pop_front();
+        running_ = describe(task.signature) + " (call #" + std::to_string(task.signature.sequence) + ")";
       }
       // The body's captured tensors are released before completion is
       // signalled: a caller that saw wait() return must also see their memory
@@ -322,6 +344,9 @@ class MpiProcessGroup final : public ProcessGroup {
   std::deque<Task> queue_;
   int64_t next_sequence_ = 0;
   bool stopping_ = false;
+  std::string running_;  // the collective the worker took last (for the destructor's message)
+  std::promise<void> worker_exit_;
+  std::future<void> worker_exited_;
 };
 
 }  // namespace

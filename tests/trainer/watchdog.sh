@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A rank that never makes a collective: the others' watchdog ends the job
-# within the timeout, naming the call (a probe program, then fsdp-train's
+# within the timeout, naming the call (a probe program, the same program
+# letting the error unwind through the stuck group, then fsdp-train's
 # own --collective-timeout with a rank stopped by SIGSTOP mid-training). A
 # rank killed (kill -9) in the middle of training: the job ends non-zero,
 # soon. No rank process outlives its job.
@@ -8,10 +9,20 @@ source "$(dirname "$0")/lib.sh" "$@"
 
 start=$(date +%s%N)
 expect_error "collective watchdog: all_reduce(Float, 4 elements per rank, sum) (call #0 of a group of 2 ranks" \
-  "$run" -n 2 -- "$build/tests/watchdog_probe" 2
+  timeout 60 "$run" -n 2 -- "$build/tests/watchdog_probe" 2
 elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
 echo "stalled job ended after ${elapsed_ms} ms (timeout 2 s)"
 [ "$elapsed_ms" -lt 20000 ] || fail "the stalled job took ${elapsed_ms} ms to end"
+
+# An error that unwinds through the owner of a group whose collective is
+# stuck (nobody called abort): destroying the group ends the job, after
+# the timeout, instead of waiting for the collective forever.
+start=$(date +%s%N)
+expect_error "collective watchdog: a process group was destroyed while its all_reduce(Float, 4 elements per rank, sum) (call #0)" \
+  timeout 60 "$run" -n 2 -- "$build/tests/watchdog_probe" 2 unwind
+elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+echo "unwound job ended after ${elapsed_ms} ms (timeout 2 s, twice)"
+[ "$elapsed_ms" -lt 25000 ] || fail "the unwound job took ${elapsed_ms} ms to end"
 
 # start_training NAME TIMEOUT_S: a long fsdp-train job of 2 ranks in the
 # background, $job its launcher (fsdp-run execs mpirun), $work/NAME.jsonl

@@ -35,7 +35,7 @@ mkdir -p "$out"
 flags="$build/CMakeFiles/fsdp.dir/flags.make"
 link="$build/CMakeFiles/fsdp-ckpt.dir/link.txt"
 for f in "$flags" "$link" "$build/libfsdp.a"; do
-  [ -f "$f" ] || { echo "fuzz: $f is missing: build $build first" >&2; exit 2; }
+  [ -f "$f" ] || { echo "fuzz: $f is missing: build $build first (CMake's Makefile generator)" >&2; exit 2; }
 done
 torch_flags="$({ sed -n 's/^CXX_DEFINES = //p; s/^CXX_INCLUDES = //p' "$flags"
                  sed -n 's/^CXX_FLAGS = //p' "$flags" | grep -o -- '-D[^ ]*\|-std=[^ ]*'; } | tr '\n' ' ')"

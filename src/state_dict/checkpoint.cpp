@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "fsdp/error.h"
 #include "fsdp/optimizer_state.h"
@@ -126,8 +127,102 @@ std::string metadata_checksum(nlohmann::json metadata) {
   return safetensors::hex64(safetensors::fnv1a(text.data(), text.size(), safetensors::kFnvOffset));
 }
 
+// An integer of at least `min` (nullptr: absent). nlohmann keeps
+// non-negative numbers as unsigned, which get<int64_t>() would wrap past 2^63.
+int64_t integer_value(const nlohmann::json* value, int64_t min, const std::string& field, const std::string& file) {
+  const bool fits = value && (value->is_number_unsigned()
+                                  ? value->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+                                  : value->is_number_integer());
+  TORCH_CHECK(fits && value->get<int64_t>() >= min, "'", file, "': ", field, " must be an integer of at least ", min,
+              ", found ", value ? value->dump() : "nothing");
+  return value->get<int64_t>();
+}
+
+int64_t integer_field(const nlohmann::json& parent, const char* key, int64_t min, const std::string& field,
+                      const std::string& file) {
+  return integer_value(parent.contains(key) ? &parent[key] : nullptr, min, field, file);
+}
+
+void require_field(bool ok, const std::string& field, const char* what, const std::string& file) {
+  TORCH_CHECK(ok, "'", file, "': ", field, " must be ", what);
+}
+
+// Every field of metadata.json that loading, resuming and the tools read,
+// checked before any of them does: its type, and a layout FlatParam could
+// have made (each unit's parameters back to back from offset 0, filling
+// numel; shard_numel the sharded format's ceil(numel / shard_group_size)).
+// The data files' tensor shapes are checked against this layout, so a
+// malformed or hand-edited file is refused here, naming the field, rather
+// than read as a layout that leaves elements unread or points past a tensor.
+void check_layout(const nlohmann::json& meta, CheckpointFormat format, const std::string& file) {
+  integer_field(meta, "step", 0, "step", file);
+  integer_field(meta, "world_size", 1, "world_size", file);
+  require_field(meta.contains("strategy") && meta["strategy"].is_string(), "strategy", "a string", file);
+  const int64_t shard_group_size = integer_field(meta, "shard_group_size", 1, "shard_group_size", file);
+  require_field(meta.contains("extra") && meta["extra"].is_object(), "extra", "an object", file);
+  require_field(meta.contains("files") && meta["files"].is_object(), "files", "an object", file);
+  for (const auto& [name, checksum] : meta["files"].items()) {
+    require_field(checksum.is_string(), "files." + name, "a string", file);
+  }
+  // One checksum per data file: this also bounds the files the layout makes
+  // the reader expect by what the metadata lists.
+  const int64_t file_count = format == CheckpointFormat::kSharded ? shard_group_size : 2;
+  TORCH_CHECK(static_cast<int64_t>(meta["files"].size()) == file_count, "'", file, "': files lists ",
+              meta["files"].size(), " files, the ", checkpoint_format_name(format), " format with shard_group_size ",
+              shard_group_size, " has ", file_count);
+  require_field(meta.contains("optimizer") && meta["optimizer"].is_object(), "optimizer", "an object", file);
+  const nlohmann::json& optimizer = meta["optimizer"];
+  integer_field(optimizer, "step", 0, "optimizer.step", file);
+  require_field(!optimizer.contains("type") || optimizer["type"].is_string(), "optimizer.type", "a string", file);
+  require_field(!optimizer.contains("has_state") || optimizer["has_state"].is_boolean(), "optimizer.has_state",
+                "true or false", file);
+  if (optimizer.contains("state")) {
+    const nlohmann::json& state = optimizer["state"];
+    require_field(state.is_array() && std::all_of(state.begin(), state.end(), [](const auto& n) { return n.is_string(); }),
+                  "optimizer.state", "an array of strings", file);
+  }
+  require_field(meta.contains("units") && meta["units"].is_array(), "units", "an array", file);
+  const nlohmann::json& units = meta["units"];
+  for (size_t u = 0; u < units.size(); ++u) {
+    const std::string unit_field = "units[" + std::to_string(u) + "]";
+    const nlohmann::json& unit = units[u];
+    require_field(unit.is_object(), unit_field, "an object", file);
+    require_field(unit.contains("name") && unit["name"].is_string(), unit_field + ".name", "a string", file);
+    const int64_t numel = integer_field(unit, "numel", 0, unit_field + ".numel", file);
+    const int64_t shard_numel = integer_field(unit, "shard_numel", 0, unit_field + ".shard_numel", file);
+    require_field(unit.contains("params") && unit["params"].is_array(), unit_field + ".params", "an array", file);
+    int64_t packed = 0;  // elements of the parameters before this one
+    for (size_t k = 0; k < unit["params"].size(); ++k) {
+      const std::string field = unit_field + ".params[" + std::to_string(k) + "]";
+      const nlohmann::json& p = unit["params"][k];
+      require_field(p.is_object(), field, "an object", file);
+      require_field(p.contains("name") && p["name"].is_string(), field + ".name", "a string", file);
+      require_field(p.contains("shape") && p["shape"].is_array(), field + ".shape", "an array", file);
+      int64_t elements = 1;
+      for (size_t d = 0; d < p["shape"].size(); ++d) {
+        const int64_t size = integer_value(&p["shape"][d], 0, field + ".shape[" + std::to_string(d) + "]", file);
+        TORCH_CHECK(size == 0 || elements <= (numel - packed) / size, "'", file, "': ", field, " (shape ",
+                    p["shape"].dump(), ") does not fit the ", numel, " elements of ", unit_field);
+        elements *= size;
+      }
+      const int64_t offset = integer_field(p, "offset", 0, field + ".offset", file);
+      TORCH_CHECK(offset == packed, "'", file, "': ", field, " starts at offset ", offset, ", expected ", packed,
+                  " (parameters lie back to back in their unit's flat buffer)");
+      packed += elements;
+    }
+    TORCH_CHECK(packed == numel, "'", file, "': the parameters of ", unit_field, " hold ", packed,
+                " elements, its numel says ", numel);
+    if (format == CheckpointFormat::kSharded) {
+      const int64_t expected = numel / shard_group_size + (numel % shard_group_size != 0);
+      TORCH_CHECK(shard_numel == expected, "'", file, "': ", unit_field, ".shard_numel is ", shard_numel, ", but ",
+                  numel, " elements in ", shard_group_size, " shards make shards of ", expected);
+    }
+  }
+}
+
 // The metadata.json of the checkpoint at `path`, checked without opening a
-// data file: valid JSON, a known format, and its own checksum matching.
+// data file: valid JSON, a known format, its own checksum matching, and a
+// well-formed layout (check_layout).
 nlohmann::json read_metadata(const std::string& path, CheckpointFormat* format) {
   const fs::path meta_path = fs::path(path) / "metadata.json";
   nlohmann::json metadata;
@@ -140,15 +235,21 @@ nlohmann::json read_metadata(const std::string& path, CheckpointFormat* format) 
       TORCH_CHECK(false, "'", meta_path.string(), "' is not valid JSON: ", e.what());
     }
   }
-  const std::string tag = metadata.is_object() ? metadata.value("format", "") : "";
+  // Fields of another type read as absent (value() would throw json's error).
+  const auto string_field = [&](const char* key) {
+    return metadata.is_object() && metadata.contains(key) && metadata[key].is_string() ? metadata[key].get<std::string>()
+                                                                                       : std::string();
+  };
+  const std::string tag = string_field("format");
   TORCH_CHECK(tag == format_tag(CheckpointFormat::kSharded) || tag == format_tag(CheckpointFormat::kFull), "'", path,
               "' is not an fsdp checkpoint (format '", tag, "', expected '", format_tag(CheckpointFormat::kSharded),
               "' or '", format_tag(CheckpointFormat::kFull), "')");
   *format = tag == format_tag(CheckpointFormat::kSharded) ? CheckpointFormat::kSharded : CheckpointFormat::kFull;
-  const std::string stored = metadata.value("checksum", "");
+  const std::string stored = string_field("checksum");
   const std::string found = metadata_checksum(metadata);
   TORCH_CHECK(stored == found, "'", meta_path.string(), "' is corrupt: its contents have checksum ", found,
               ", it says '", stored, "'");
+  check_layout(metadata, *format, meta_path.string());
   return metadata;
 }
 

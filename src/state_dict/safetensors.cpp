@@ -122,8 +122,10 @@ void Reader::read_into(const std::string& name, int64_t offset, const torch::Ten
   TORCH_CHECK(entry, "'", path_, "' has no tensor '", name, "'");
   const uint64_t element = c10::elementSize(entry->spec.dtype);
   const uint64_t numel = (entry->end - entry->begin) / element;
+  // offset + out.numel() could overflow: compare what is left after offset.
   TORCH_CHECK(out.is_contiguous() && out.scalar_type() == entry->spec.dtype && offset >= 0 &&
-                  static_cast<uint64_t>(offset + out.numel()) <= numel,
+                  static_cast<uint64_t>(offset) <= numel &&
+                  static_cast<uint64_t>(out.numel()) <= numel - static_cast<uint64_t>(offset),
               "'", path_, "': cannot read ", out.numel(), " ", out.scalar_type(), " elements at ", offset,
               " of tensor '", name, "' (", numel, " ", entry->spec.dtype, " elements)");
   std::FILE* f = std::fopen(path_.c_str(), "rb");

@@ -522,6 +522,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"world_size", W},
                               {"strategy", fsdp::strategy_name(strategy)},
                               {"param_dtype", fsdp::dtype_name(mp.param_dtype())},
+                              {"reduce_dtype", fsdp::dtype_name(mp.effective_reduce_dtype())},
                               {"forward_prefetch", o.forward_prefetch},
                               {"backward_prefetch", o.backward_prefetch},
                               {"activation_checkpointing", o.activation_checkpointing},

@@ -28,6 +28,8 @@ for params in fp32 bf16; do
   train_run "$params-fp32" 2 "${common[@]}" --param-dtype "$params" --reduce-dtype fp32
   train_run "$params-fp16" 2 "${common[@]}" --param-dtype "$params" --reduce-dtype fp16
   json_is "$work/$params-fp16.json" .param_dtype "$params"
+  json_is "$work/$params-fp16.json" .reduce_dtype fp16
+  json_is "$work/$params-fp32.json" .reduce_dtype fp32
   require_steps "$work/$params-fp16.jsonl" 10
   require_steps "$work/$params-fp32.jsonl" 10
   # Loss scaling is on with fp16 reductions, and only with them.

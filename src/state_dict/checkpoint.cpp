@@ -159,7 +159,9 @@ void check_layout(const nlohmann::json& meta, CheckpointFormat format, const std
   integer_field(meta, "world_size", 1, "world_size", file);
   require_field(meta.contains("strategy") && meta["strategy"].is_string(), "strategy", "a string", file);
   const int64_t shard_group_size = integer_field(meta, "shard_group_size", 1, "shard_group_size", file);
-  require_field(meta.contains("extra") && meta["extra"].is_object(), "extra", "an object", file);
+  // null: a checkpoint saved with `{}` as its extra (nlohmann reads that as null).
+  require_field(meta.contains("extra") && (meta["extra"].is_object() || meta["extra"].is_null()), "extra",
+                "an object", file);
   require_field(meta.contains("files") && meta["files"].is_object(), "files", "an object", file);
   for (const auto& [name, checksum] : meta["files"].items()) {
     require_field(checksum.is_string(), "files." + name, "a string", file);
@@ -300,6 +302,8 @@ void write_checkpoint_metadata(const std::string& dir, nlohmann::json metadata) 
 std::string save_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& dir, int64_t step,
                             const nlohmann::json& extra, CheckpointFormat format) {
   state.check_idle();
+  TORCH_CHECK(extra.is_object() || extra.is_null(), "save_checkpoint: extra must be a JSON object, got ",
+              extra.type_name());
   const OptimizerState optimizer_state(optimizer);
   const ProcessGroupPtr& group = state.group();
   const fs::path final_dir = fs::path(dir) / ("step-" + std::to_string(step));
@@ -328,7 +332,7 @@ std::string save_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer
                          {"shard_group_size", state.shard_group() ? state.shard_group()->size() : 1},
                          {"optimizer", optimizer_meta},
                          {"units", unit_layout(state)},
-                         {"extra", extra}};
+                         {"extra", extra.is_null() ? nlohmann::json::object() : extra}};
   if (format == CheckpointFormat::kSharded) {
     try {
       write_shard_file(state, optimizer_state, meta, temp_dir);

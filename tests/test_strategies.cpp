@@ -17,10 +17,12 @@
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/grad_utils.h"
+#include "fsdp/lr_schedule.h"
 #include "fsdp/memory.h"
 #include "fsdp/memory_plan.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/token_data.h"
+#include "fsdp/train_step.h"
 #include "mpi_test_env.h"
 #include "test_helpers.h"
 
@@ -382,6 +384,71 @@ TEST(Strategies, ClippingUsesTheGlobalNormAndEqualsASingleProcessClip) {
       EXPECT_EQ(norms.min().item<double>(), norms.max().item<double>());
     }
   }
+}
+
+// Weight decay through TrainStep, element range by element range of the
+// flat shards (which mix matrices with biases and norm gains), equals torch
+// AdamW with two parameter groups: decay on the parameters of 2 or more
+// dimensions, none on the rest. Every strategy, on the model whose units pad
+// at every W. The decay is large and the lr changes every step (a warmup),
+// so a decay of the vectors (the norm gains start at 1), a missed or doubled
+// one, or one at a stale lr is far outside the tolerance.
+TEST(Strategies, WeightDecayOfMatricesOnlyEqualsAdamWWithTwoParameterGroups) {
+  const int W = world_group->size(), r = world_group->rank();
+  const double weight_decay = 1.0;
+  const auto schedule = fsdp::LrSchedule().lr(1e-2).warmup_steps(4);
+  const GPTConfig config = uneven();
+  auto data = data_for(config);
+  for (ShardingStrategy strategy : kAllStrategies) {
+    SCOPED_TRACE(name_of(strategy));
+    auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(config), world_group, options_for(strategy));
+    torch::optim::AdamW sharded_opt(sharded.parameters(), fsdp::testing::spec_adamw());
+    fsdp::TrainStep train_step(sharded, sharded_opt,
+                               fsdp::TrainStepOptions().weight_decay(weight_decay).gather_rank_figures(false));
+    GPT reference = fsdp::testing::make_gpt(config);
+    std::vector<torch::Tensor> matrices, vectors;
+    for (const auto& [name, p] : fsdp::unique_named_parameters(*reference)) {
+      (p.dim() >= 2 ? matrices : vectors).push_back(p);
+    }
+    ASSERT_FALSE(matrices.empty() || vectors.empty());
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(matrices, std::make_unique<torch::optim::AdamWOptions>(
+                                      fsdp::testing::spec_adamw().weight_decay(weight_decay)));
+    groups.emplace_back(vectors, std::make_unique<torch::optim::AdamWOptions>(fsdp::testing::spec_adamw()));
+    torch::optim::AdamW reference_opt(std::move(groups), fsdp::testing::spec_adamw());
+    for (int64_t step = 0; step < 6; ++step) {
+      fsdp::set_learning_rate(sharded_opt, schedule.lr_at(step));
+      fsdp::set_learning_rate(reference_opt, schedule.lr_at(step));
+      auto [x, y] = data.batch(step, 0, r, W, 1, 2);
+      const fsdp::StepResult result = train_step([&](int64_t) { return sharded.forward(x, y); });
+
+      auto [gx, gy] = data.batch(step, 0, 0, 1, 1, W * 2);
+      torch::Tensor reference_loss = reference->forward(gx, gy);
+      reference_loss.backward();
+      reference_opt.step();
+      reference_opt.zero_grad();
+      EXPECT_NEAR(result.loss, reference_loss.item<double>(), 1e-5 * reference_loss.item<double>())
+          << "step " << step;
+    }
+    for (const auto& [name, value] : full_values(sharded.state())) {
+      EXPECT_LT((value - reference->named_parameters()[name].detach()).abs().max().item<double>(), 1e-4) << name;
+    }
+  }
+}
+
+// The optimizer's own decay on top of TrainStep's would decay twice (and
+// every tensor): refused, saying so.
+TEST(Strategies, WeightDecayRefusesAnOptimizerThatDecaysItself) {
+  auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, options_for(ShardingStrategy::kFullShard));
+  torch::optim::AdamW optimizer(sharded.parameters(), torch::optim::AdamWOptions(1e-3));  // weight_decay 0.01
+  try {
+    fsdp::TrainStep(sharded, optimizer, fsdp::TrainStepOptions().weight_decay(0.1));
+    ADD_FAILURE() << "accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(fsdp::error_message(e).find("optimizer's own weight_decay must then be 0"), std::string::npos)
+        << fsdp::error_message(e);
+  }
+  fsdp::TrainStep(sharded, optimizer, fsdp::TrainStepOptions());  // its own decay alone is fine
 }
 
 // fp16 gradient reduction with dynamic loss scaling, started at a scale

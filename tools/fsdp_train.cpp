@@ -25,6 +25,7 @@
 #include "fsdp/grad_utils.h"
 #include "fsdp/memory_plan.h"
 #include "fsdp/gpt.h"
+#include "fsdp/lr_schedule.h"
 #include "fsdp/memory.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/token_data.h"
@@ -55,7 +56,11 @@ struct TrainOptions {
   std::string reduce_dtype;
   int64_t grad_accum = 1;
   bool no_sync = false;
-  double clip_grad_norm = 0.0;
+  double clip_grad_norm = 1.0;  // nanoGPT's default
+  std::string lr_schedule = "constant";  // the spec's default: constant unless a schedule is asked for
+  int64_t warmup_steps = 0;
+  std::optional<double> min_lr;  // default: lr / 10 (nanoGPT's)
+  double weight_decay = 0.0;
   double collective_timeout = 0.0;
   std::string ckpt_dir;
   int64_t ckpt_every = 0;
@@ -128,6 +133,30 @@ fsdp::models::GPTConfig make_config(const TrainOptions& o) {
   return c;
 }
 
+// The schedule as checkpoints record it: a resumed run must continue the same one.
+nlohmann::json schedule_json(const fsdp::LrSchedule& s) {
+  return {{"kind", fsdp::lr_schedule_name(s.kind())}, {"lr", s.lr()}, {"warmup_steps", s.warmup_steps()},
+          {"min_lr", s.min_lr()}, {"total_steps", s.total_steps()}};
+}
+
+// --resume refuses a schedule other than the checkpoint's: the run would not
+// be the one that was interrupted (a cosine's length is part of it, so a
+// cosine run cannot be extended by raising --steps). Checkpoints from before
+// schedules were recorded are taken as they are.
+void check_same_schedule(const nlohmann::json& extra, const fsdp::LrSchedule& mine, const std::string& path) {
+  if (!extra.contains("lr_schedule")) return;
+  const nlohmann::json& j = extra.at("lr_schedule");
+  const auto saved = fsdp::LrSchedule()
+                         .kind(fsdp::parse_lr_schedule(j.at("kind").get<std::string>()))
+                         .lr(j.at("lr").get<double>())
+                         .warmup_steps(j.at("warmup_steps").get<int64_t>())
+                         .min_lr(j.at("min_lr").get<double>())
+                         .total_steps(j.at("total_steps").get<int64_t>());
+  TORCH_CHECK(saved.same_as(mine), "--resume: the checkpoint ", path, " was trained with the learning-rate schedule '",
+              saved.describe(), "', this run asks for '", mine.describe(),
+              "': pass the same --lr, --lr-schedule, --warmup-steps, --min-lr (and --steps for cosine)");
+}
+
 // Everything a run needs, built and checked before the first collective of
 // training, so that bad input fails on every rank alike.
 struct Run {
@@ -138,6 +167,7 @@ struct Run {
   std::string strategy_reason;  // why --strategy auto picked what it did
   fsdp::CheckpointFormat ckpt_format = fsdp::CheckpointFormat::kSharded;
   double init_seconds = 0.0;     // reading --init-from
+  fsdp::LrSchedule schedule;     // --lr-schedule, --warmup-steps, --min-lr over --steps
   // The sharded model, held here too: an error in training reaches main's
   // handler, which ends the job, with the model's process groups alive.
   // Destroying a group whose collective is stuck (the watchdog's case)
@@ -222,6 +252,15 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   TORCH_CHECK(o.grad_accum > 0, "--grad-accum must be positive, got ", o.grad_accum);
   TORCH_CHECK(o.sample >= 0 && o.temperature >= 0, "--sample and --temperature must be >= 0");
   TORCH_CHECK(o.clip_grad_norm >= 0, "--clip-grad-norm must be positive, got ", o.clip_grad_norm);
+  TORCH_CHECK(o.weight_decay >= 0, "--weight-decay must be >= 0, got ", o.weight_decay);
+  TORCH_CHECK(o.lr_schedule == "cosine" || !o.min_lr, "--min-lr needs --lr-schedule cosine");
+  run.schedule = fsdp::LrSchedule()
+                     .kind(fsdp::parse_lr_schedule(o.lr_schedule))
+                     .lr(o.lr)
+                     .warmup_steps(o.warmup_steps)
+                     .min_lr(o.min_lr.value_or(o.lr / 10))
+                     .total_steps(o.steps);
+  run.schedule.validate();
   TORCH_CHECK(o.ckpt_every >= 0 && o.ckpt_keep >= 1, "--ckpt-every must be >= 0 and --ckpt-keep >= 1");
   TORCH_CHECK(!o.ckpt_dir.empty() || (o.ckpt_every == 0 && !o.resume), "--ckpt-every and --resume need --ckpt-dir");
   run.ckpt_format = fsdp::parse_checkpoint_format(o.ckpt_format);
@@ -324,8 +363,11 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   // The step itself (accumulation, loss scaling, clipping, skipping on
   // overflow, the figures) is the library's: this tool is a front end to it.
   fsdp::TrainStep train_step(model, optimizer,
-                             fsdp::TrainStepOptions().micro_steps(o.grad_accum).no_sync(o.no_sync).clip_grad_norm(
-                                 o.clip_grad_norm));
+                             fsdp::TrainStepOptions()
+                                 .micro_steps(o.grad_accum)
+                                 .no_sync(o.no_sync)
+                                 .clip_grad_norm(o.clip_grad_norm)
+                                 .weight_decay(o.weight_decay));
   fsdp::GradScaler* scaler = train_step.scaler();
   const bool skip_sync = train_step.syncs_only_last_micro_step();
 
@@ -350,6 +392,8 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
               << "  prefetch: forward " << (o.forward_prefetch ? "on" : "off") << ", backward " << o.backward_prefetch
               << ", depth " << o.prefetch_depth << (o.no_limit_all_gathers ? ", unlimited" : ", limited to one unit ahead")
               << "; activation checkpointing " << (o.activation_checkpointing ? "on" : "off") << "\n"
+              << "  AdamW: lr " << run.schedule.describe() << "; weight decay " << o.weight_decay
+              << " (matrices only); clip grad norm " << o.clip_grad_norm << " (0: off)\n"
               << "  data: " << run.data->path() << " (" << run.data->size() << " tokens)\n";
     if (!run.strategy_reason.empty()) std::cout << "  " << run.strategy_reason << "\n";
     if (!o.init_from.empty()) {
@@ -378,6 +422,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
       const double load_s = std::chrono::duration<double>(Clock::now() - load_start).count();
       first_step = meta.at("step").get<int64_t>();
       resumed_from = latest;
+      check_same_schedule(meta.at("extra"), run.schedule, latest);
       if (scaler && meta.at("extra").contains("loss_scale")) {
         scaler->set_scale_factor(meta.at("extra").at("loss_scale").get<double>());
       }
@@ -400,6 +445,8 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   auto save_checkpoint = [&](int64_t completed_steps) {
     nlohmann::json extra = {{"config", c.describe()}, {"preset", o.preset}};
     if (scaler) extra["loss_scale"] = scaler->scale_factor();
+    extra["lr_schedule"] = schedule_json(run.schedule);
+    extra["weight_decay"] = o.weight_decay;
     const auto save_start = Clock::now();
     fsdp::memory::reset_peaks();
     const int64_t live_before = fsdp::memory::usage().live_total;
@@ -427,6 +474,8 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   const auto run_start = Clock::now();
   for (int64_t step = first_step; step < o.steps; ++step) {
     fsdp::trace::Span step_span("step " + std::to_string(step + 1), "step");
+    const double lr = run.schedule.lr_at(step);
+    fsdp::set_learning_rate(optimizer, lr);
     const fsdp::StepResult result = train_step([&](int64_t micro) {
       auto [x, y] = run.data->batch(step, micro, rank, W, A, c.batch);
       return model.forward(x, y);
@@ -466,7 +515,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                              {"loss", final_loss},
                              {"step_s", step_s},
                              {"tokens_per_s", tokens_per_s},
-                             {"lr", o.lr},
+                             {"lr", lr},
                              {"world_size", W},
                              {"strategy", fsdp::strategy_name(strategy)},
                              {"comm_bytes", comm_bytes},
@@ -661,7 +710,17 @@ int main(int argc, char** argv) {
   app.add_flag("--no-sync", o.no_sync,
                "with --grad-accum: skip the reduction before the last micro-step also for sharded-gradient "
                "strategies (keeps full-size gradients between micro-steps)");
-  app.add_option("--clip-grad-norm", o.clip_grad_norm, "clip the global gradient norm to this (0: off)");
+  app.add_option("--clip-grad-norm", o.clip_grad_norm, "clip the global gradient norm to this (0: off)")
+      ->capture_default_str();
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "constant, or cosine (to --min-lr at the last step); either after --warmup-steps of linear warmup")
+      ->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup_steps, "steps of linear warmup from lr/warmup to --lr")
+      ->capture_default_str();
+  app.add_option("--min-lr", o.min_lr, "--lr-schedule cosine: the learning rate of the last step (default: lr / 10)");
+  app.add_option("--weight-decay", o.weight_decay,
+                 "AdamW's decoupled weight decay, of parameters of 2 or more dimensions only")
+      ->capture_default_str();
   app.add_option("--ckpt-dir", o.ckpt_dir, "directory of checkpoints (step-N sub-directories)");
   app.add_option("--ckpt-format", o.ckpt_format,
                  "sharded (each rank writes its shards) or full (rank 0 writes model and optimizer safetensors)")

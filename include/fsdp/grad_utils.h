@@ -16,6 +16,20 @@ namespace fsdp {
 // norm before clipping, the same on every rank.
 double clip_grad_norm_(FsdpState& state, double max_norm);
 
+// Decoupled (AdamW's) weight decay of the parameters of 2 or more dimensions
+// only, not of biases and norm gains (the spec's and nanoGPT's rule):
+// p *= 1 - lr * weight_decay, lr being that of the shard's parameter group.
+// A flat shard mixes matrices with vectors, so the decay goes by the element
+// ranges the shard holds of each matrix. Call it right before the
+// optimizer's step, with the optimizer's own weight decay at 0: that is
+// torch AdamW with two parameter groups (decay on matrices, 0 on the rest).
+// Local: every rank decays its own shards.
+void decay_matrix_weights_(FsdpState& state, torch::optim::Optimizer& optimizer, double weight_decay);
+
+// The element ranges [begin, end) of `flat`'s local shard that belong to
+// parameters of 2 or more dimensions (what decay_matrix_weights_ decays).
+std::vector<std::pair<int64_t, int64_t>> matrix_ranges_of_shard(const FlatParam& flat);
+
 struct GradScalerOptions {
   GradScalerOptions() = default;
   TORCH_ARG(double, init_scale) = 65536.0;

@@ -44,6 +44,12 @@ struct TrainStepOptions {
   // Clip the gradient to this global 2-norm (over all shards and ranks);
   // 0 = no clipping.
   TORCH_ARG(double, clip_grad_norm) = 0.0;
+  // Decoupled (AdamW's) weight decay of the parameters of 2 or more
+  // dimensions only (not biases and norm gains), at each parameter group's
+  // current lr: see decay_matrix_weights_. Applied only to steps taken (not
+  // to one skipped on overflow). The optimizer's own weight_decay must then
+  // be 0 (AdamWOptions defaults to 0.01): it would decay every tensor.
+  TORCH_ARG(double, weight_decay) = 0.0;
   // Dynamic loss scaling: on by default exactly when the param or reduce
   // dtype is fp16 (bf16 and fp32 need none).
   TORCH_ARG(std::optional<bool>, loss_scaling) = std::nullopt;

@@ -1,6 +1,9 @@
 #include "fsdp/grad_utils.h"
 
 #include <cmath>
+#include <unordered_map>
+
+#include "unit.h"
 
 namespace fsdp {
 double clip_grad_norm_(FsdpState& state, double max_norm) {
@@ -23,6 +26,39 @@ double clip_grad_norm_(FsdpState& state, double max_norm) {
     }
   }
   return norm;
+}
+
+std::vector<std::pair<int64_t, int64_t>> matrix_ranges_of_shard(const FlatParam& flat) {
+  // The shard is elements [r*S, (r+1)*S) of the padded flat buffer.
+  const int64_t shard_begin = flat.shard_rank() * flat.shard_numel(), shard_end = shard_begin + flat.shard_numel();
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const FlatParamEntry& entry : flat.entries()) {
+    if (entry.shape.size() < 2) continue;
+    const int64_t begin = std::max(entry.offset, shard_begin), end = std::min(entry.offset + entry.numel, shard_end);
+    if (begin < end) ranges.emplace_back(begin - shard_begin, end - shard_begin);
+  }
+  return ranges;
+}
+
+void decay_matrix_weights_(FsdpState& state, torch::optim::Optimizer& optimizer, double weight_decay) {
+  TORCH_CHECK(weight_decay >= 0, "decay_matrix_weights_: weight_decay must be >= 0, got ", weight_decay);
+  if (weight_decay == 0) return;
+  std::unordered_map<const c10::TensorImpl*, const FlatParam*> flat_of_shard;
+  for (const auto& unit : state.units()) {
+    flat_of_shard[unit->flat_param().shard().unsafeGetTensorImpl()] = &unit->flat_param();
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& group : optimizer.param_groups()) {
+    const double factor = 1.0 - group.options().get_lr() * weight_decay;
+    for (auto& param : group.params()) {
+      auto found = flat_of_shard.find(param.unsafeGetTensorImpl());
+      TORCH_CHECK(found != flat_of_shard.end(), "decay_matrix_weights_: the optimizer steps a tensor of shape ",
+                  param.sizes(), " that is no shard of the model");
+      for (const auto& [begin, end] : matrix_ranges_of_shard(*found->second)) {
+        param.narrow(0, begin, end - begin).mul_(factor);
+      }
+    }
+  }
 }
 
 GradScaler::GradScaler(FsdpState& state, GradScalerOptions options)

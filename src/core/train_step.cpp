@@ -41,6 +41,15 @@ void check_optimizer_steps_the_shards(const FsdpState& state, const torch::optim
               shards.size(), " shards: build it over model.parameters()");
 }
 
+// The optimizer's own decay of its group, for the check that it does not
+// decay on top of TrainStepOptions::weight_decay.
+double own_weight_decay(torch::optim::OptimizerOptions& options) {
+  if (auto* o = dynamic_cast<torch::optim::AdamWOptions*>(&options)) return o->weight_decay();
+  if (auto* o = dynamic_cast<torch::optim::AdamOptions*>(&options)) return o->weight_decay();
+  if (auto* o = dynamic_cast<torch::optim::SGDOptions*>(&options)) return o->weight_decay();
+  return 0.0;
+}
+
 RankFigures figures_now() {
   const memory::Usage usage = memory::usage();
   return RankFigures{usage.model_state(), usage.peak_total, usage.live(Category::kParameterShard),
@@ -74,7 +83,16 @@ TrainStep::TrainStep(FsdpState& state, torch::optim::Optimizer& optimizer, Train
               options_.micro_steps());
   TORCH_CHECK(options_.clip_grad_norm() >= 0, "fsdp::TrainStep: clip_grad_norm must be >= 0 (0: off), got ",
               options_.clip_grad_norm());
+  TORCH_CHECK(options_.weight_decay() >= 0, "fsdp::TrainStep: weight_decay must be >= 0 (0: off), got ",
+              options_.weight_decay());
   OptimizerState{optimizer_};  // refuses, by name, an optimizer whose state cannot be sharded
+  if (options_.weight_decay() > 0) {
+    for (auto& group : optimizer_.param_groups()) {
+      const double own = own_weight_decay(group.options());
+      TORCH_CHECK(own == 0, "fsdp::TrainStep: weight_decay(", options_.weight_decay(), ") decays the matrices; the ",
+                  "optimizer's own weight_decay must then be 0 (it would decay every tensor too), got ", own);
+    }
+  }
   check_optimizer_steps_the_shards(state_, optimizer_);
   if (options_.loss_scaling().value_or(uses_fp16(state_.options().mixed_precision()))) {
     scaler_ = std::make_unique<GradScaler>(state_, options_.grad_scaler());
@@ -107,8 +125,10 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   const auto optimizer_start = Clock::now();
   {
     trace::Span span("optimizer step", "optimizer");
-    if (scaler_) scaler_->unscale_();
+    const bool overflow = scaler_ && scaler_->unscale_();
     if (options_.clip_grad_norm() > 0) result.grad_norm = clip_grad_norm_(state_, options_.clip_grad_norm());
+    // A skipped step must not decay either (AdamW decays inside its step).
+    if (!overflow) decay_matrix_weights_(state_, optimizer_, options_.weight_decay());
     memory::MemoryCategoryScope scope(Category::kOptimizerState);
     if (scaler_) {
       result.stepped = scaler_->step(optimizer_);

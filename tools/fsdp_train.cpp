@@ -385,6 +385,10 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     std::cout << std::flush;
   }
 
+  // The data order a checkpoint was trained in: a resume in another would
+  // silently continue with other batches.
+  const nlohmann::json data_order = {
+      {"order", o.data_order}, {"seed", o.data_seed}, {"val_fraction", o.val_fraction}};
   int64_t first_step = 0;
   std::string resumed_from;  // the checkpoint loaded by --resume, for the summary
   if (o.resume) {
@@ -397,6 +401,10 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
       world->barrier()->wait();
       const double load_s = std::chrono::duration<double>(Clock::now() - load_start).count();
       first_step = meta.at("step").get<int64_t>();
+      const nlohmann::json saved = meta.at("extra").value("data", data_order);
+      TORCH_CHECK(saved == data_order, "--resume: ", latest, " was trained with data order ", saved.dump(),
+                  " but this run asks for ", data_order.dump(),
+                  ": pass the same --data-order, --data-seed and --val-fraction to continue the same batches");
       resumed_from = latest;
       if (scaler && meta.at("extra").contains("loss_scale")) {
         scaler->set_scale_factor(meta.at("extra").at("loss_scale").get<double>());
@@ -418,7 +426,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     return 0;
   }
   auto save_checkpoint = [&](int64_t completed_steps) {
-    nlohmann::json extra = {{"config", c.describe()}, {"preset", o.preset}};
+    nlohmann::json extra = {{"config", c.describe()}, {"preset", o.preset}, {"data", data_order}};
     if (scaler) extra["loss_scale"] = scaler->scale_factor();
     const auto save_start = Clock::now();
     fsdp::memory::reset_peaks();

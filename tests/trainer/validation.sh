@@ -41,6 +41,9 @@ val_log resumed
 same_losses "$work/resumed.jsonl" "$work/w2.jsonl" 6
 same_losses "$work/resumed.val.jsonl" "$work/w2.val.jsonl" 2
 echo "ok: bitwise resume in the shuffled order"
+# A resume in another order would continue with other batches: refused.
+expect_error "was trained with data order {\"order\":\"shuffled\",\"seed\":0,\"val_fraction\":0.1} but this run asks for {\"order\":\"shuffled\",\"seed\":1," \
+  "$run" -n 2 -- "$train" "${model[@]}" --steps 8 --batch 4 --ckpt-dir "$work/ck" --resume --data-seed 1
 
 bad=("$run" -n 2 -- "$train" --preset tiny --context 32 --steps 1 --data "$work/data.txt")
 expect_error "--val-fraction must be in [0, 1), got 1" "${bad[@]}" --val-fraction 1

@@ -44,6 +44,11 @@ struct TrainOptions {
   double lr = 1e-3;
   uint64_t seed = 1337;
   std::string data;
+  std::string data_order = "shuffled";
+  uint64_t data_seed = 0;
+  double val_fraction = 0.1;
+  int64_t eval_every = 0;
+  std::optional<int64_t> eval_sequences;
   std::string init_from;
   std::string save_final;
   std::string log;
@@ -273,7 +278,21 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   std::string data_path = o.data.empty() ? std::string(FSDP_DEFAULT_CORPUS) : o.data;
   TORCH_CHECK(!o.data.empty() || std::ifstream(data_path).good(), "the built-in default corpus '", data_path,
               "' is missing: run scripts/setup.sh, or pass --data FILE");
-  run.data = std::make_unique<fsdp::models::TokenData>(data_path, run.config.context, run.config.vocab);
+  TORCH_CHECK(o.val_fraction >= 0 && o.val_fraction < 1, "--val-fraction must be in [0, 1), got ", o.val_fraction);
+  run.data = std::make_unique<fsdp::models::TokenData>(
+      data_path, run.config.context, run.config.vocab,
+      fsdp::models::TokenDataOptions()
+          .order(fsdp::models::parse_data_order(o.data_order))
+          .seed(o.data_seed)
+          .val_fraction(o.val_fraction));
+  TORCH_CHECK(o.eval_every >= 0, "--eval-every must be >= 0, got ", o.eval_every);
+  TORCH_CHECK(o.eval_every == 0 || o.val_fraction > 0, "--eval-every ", o.eval_every,
+              " needs a validation split, but --val-fraction is 0");
+  // Each rank evaluates E / W sequences, so that every rank runs the same
+  // number of forwards (their all-gathers): E must split evenly.
+  TORCH_CHECK(!o.eval_sequences || (*o.eval_sequences > 0 && *o.eval_sequences % world->size() == 0),
+              "--eval-sequences must be a positive multiple of the world size ", world->size(), ", got ",
+              o.eval_sequences.value_or(0));
   TORCH_CHECK(!o.sharded_init || o.init_from.empty(), "--sharded-init draws the initial weights unit by unit; "
               "it cannot be combined with --init-from");
   fsdp::memory::reset_peaks();
@@ -394,7 +413,8 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
               << "; activation checkpointing " << (o.activation_checkpointing ? "on" : "off") << "\n"
               << "  AdamW: lr " << run.schedule.describe() << "; weight decay " << o.weight_decay
               << " (matrices only); clip grad norm " << o.clip_grad_norm << " (0: off)\n"
-              << "  data: " << run.data->path() << " (" << run.data->size() << " tokens)\n";
+              << "  data: " << run.data->path() << " (" << run.data->size() << " tokens, " << run.data->val_size()
+              << " held out for validation; " << o.data_order << " order, seed " << o.data_seed << ")\n";
     if (!run.strategy_reason.empty()) std::cout << "  " << run.strategy_reason << "\n";
     if (!o.init_from.empty()) {
       const double mb = std::filesystem::file_size(o.init_from) / 1e6;
@@ -409,6 +429,10 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     std::cout << std::flush;
   }
 
+  // The data order a checkpoint was trained in: a resume in another would
+  // silently continue with other batches.
+  const nlohmann::json data_order = {
+      {"order", o.data_order}, {"seed", o.data_seed}, {"val_fraction", o.val_fraction}};
   int64_t first_step = 0;
   std::string resumed_from;  // the checkpoint loaded by --resume, for the summary
   if (o.resume) {
@@ -421,6 +445,10 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
       world->barrier()->wait();
       const double load_s = std::chrono::duration<double>(Clock::now() - load_start).count();
       first_step = meta.at("step").get<int64_t>();
+      const nlohmann::json saved = meta.at("extra").value("data", data_order);
+      TORCH_CHECK(saved == data_order, "--resume: ", latest, " was trained with data order ", saved.dump(),
+                  " but this run asks for ", data_order.dump(),
+                  ": pass the same --data-order, --data-seed and --val-fraction to continue the same batches");
       resumed_from = latest;
       check_same_schedule(meta.at("extra"), run.schedule, latest);
       if (scaler && meta.at("extra").contains("loss_scale")) {
@@ -443,7 +471,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     return 0;
   }
   auto save_checkpoint = [&](int64_t completed_steps) {
-    nlohmann::json extra = {{"config", c.describe()}, {"preset", o.preset}};
+    nlohmann::json extra = {{"config", c.describe()}, {"preset", o.preset}, {"data", data_order}};
     if (scaler) extra["loss_scale"] = scaler->scale_factor();
     extra["lr_schedule"] = schedule_json(run.schedule);
     extra["weight_decay"] = o.weight_decay;
@@ -470,6 +498,24 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   std::vector<int64_t> max_peak(W, 0);
   double final_loss = 0.0;
   int64_t skipped_steps = 0;
+  // Validation: rank r takes sequences r * E/W ... (r + 1) * E/W - 1 in
+  // chunks of at most a batch; the loss is the mean over all E sequences.
+  const int64_t eval_sequences = o.eval_sequences.value_or((64 + W - 1) / W * W);
+  std::optional<double> final_val_loss;
+  auto evaluate = [&]() {
+    torch::NoGradGuard no_grad;  // forward only: every unit reshards after it
+    const int64_t per_rank = eval_sequences / W;
+    double sum = 0.0;
+    for (int64_t first = 0; first < per_rank; first += c.batch) {
+      const int64_t rows = std::min(c.batch, per_rank - first);
+      auto [x, y] = run.data->val_batch(rank * per_rank + first, rows);
+      sum += model.forward(x, y).item<double>() * static_cast<double>(rows);
+    }
+    state.check_idle();
+    torch::Tensor total = torch::tensor({sum}, torch::kDouble);
+    world->all_reduce(total, fsdp::ReduceOp::kSum)->wait();
+    return total.item<double>() / static_cast<double>(eval_sequences);
+  };
   if (!o.trace.empty()) fsdp::trace::enable();
   const auto run_start = Clock::now();
   for (int64_t step = first_step; step < o.steps; ++step) {
@@ -487,6 +533,11 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     skipped_steps += stepped ? 0 : 1;
     last_comm = comm;
     final_loss = result.loss;
+    std::optional<double> val_loss;
+    if (o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps)) {
+      val_loss = evaluate();
+      final_val_loss = val_loss;
+    }
     if (step > first_step || o.steps == first_step + 1) {
       step_times.push_back(step_s);
       exposed_comm_times.push_back(comm.wait_seconds);
@@ -524,6 +575,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                              {"model_state_bytes", model_state},
                              {"peak_tensor_bytes", peak}};
       if (grad_norm >= 0) line["grad_norm"] = grad_norm;
+      if (val_loss) line["val_loss"] = *val_loss;
       if (scaler) {
         line["skipped"] = !stepped;
         line["loss_scale"] = scaler->scale_factor();
@@ -536,6 +588,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                 << std::setprecision(4) << final_loss << " | " << std::setprecision(0) << tokens_per_s << " tok/s | "
                 << std::setprecision(3) << step_s << " s/step | ETA "
                 << human_seconds(typical * static_cast<double>(o.steps - step - 1));
+      if (val_loss) std::cout << " | val loss " << std::setprecision(4) << *val_loss;
       if (!stepped) std::cout << " | skipped (overflow)";
       std::cout << "\n" << std::flush;
     }
@@ -600,6 +653,13 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"first_step", first_step},
                               {"resumed_from", resumed_from.empty() ? nlohmann::json() : nlohmann::json(resumed_from)}};
     if (!run.strategy_reason.empty()) summary["strategy_reason"] = run.strategy_reason;
+    summary["data_order"] = o.data_order;
+    summary["data_seed"] = o.data_seed;
+    summary["val_fraction"] = o.val_fraction;
+    if (final_val_loss) {
+      summary["final_val_loss"] = *final_val_loss;
+      summary["eval_sequences"] = eval_sequences;
+    }
     std::ofstream out(o.summary);
     out << summary.dump() << "\n";
     TORCH_CHECK(out.good(), "writing the summary '", o.summary, "' failed");
@@ -634,7 +694,12 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     const double typical = median(step_times);
     std::cout << "\n== summary ==\n"
               << "final loss        " << std::fixed << std::setprecision(4) << final_loss << " after " << o.steps
-              << " steps" << (scaler ? " (" + std::to_string(skipped_steps) + " skipped on overflow)" : "") << "\n"
+              << " steps" << (scaler ? " (" + std::to_string(skipped_steps) + " skipped on overflow)" : "") << "\n";
+    if (final_val_loss) {
+      std::cout << "validation loss   " << std::setprecision(4) << *final_val_loss << " (" << eval_sequences
+                << " held-out sequences)\n";
+    }
+    std::cout
               << "throughput        " << std::setprecision(0) << tokens_per_step / typical << " tokens/s (median step "
               << std::setprecision(3) << typical << " s, first step excluded); wall " << std::setprecision(1)
               << elapsed << " s\n"
@@ -689,6 +754,18 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
   app.add_option("--seed", o.seed, "initialization seed")->capture_default_str();
   app.add_option("--data", o.data, "token file: raw bytes, or .bin of uint16 tokens (default: built-in corpus)");
+  app.add_option("--data-order", o.data_order,
+                 "shuffled (each sequence's start drawn from its global index) or sequential (consecutive sequences)")
+      ->capture_default_str();
+  app.add_option("--data-seed", o.data_seed, "seed of the shuffled data order")->capture_default_str();
+  app.add_option("--val-fraction", o.val_fraction,
+                 "hold out this last fraction of the data for validation, in [0, 1) (0: none)")
+      ->capture_default_str();
+  app.add_option("--eval-every", o.eval_every,
+                 "compute the validation loss every K steps and after the last (0: never)")
+      ->capture_default_str();
+  app.add_option("--eval-sequences", o.eval_sequences,
+                 "validation sequences per evaluation, a multiple of the world size (default: 64 rounded up to one)");
   app.add_option("--init-from", o.init_from, "initial weights (.safetensors, the spec's names)");
   app.add_option("--save-final", o.save_final, "write the trained weights here (.safetensors)");
   app.add_option("--log", o.log, "JSON lines, one per step");

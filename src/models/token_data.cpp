@@ -1,11 +1,32 @@
 #include "fsdp/token_data.h"
 
+#include <cmath>
 #include <fstream>
 #include <iterator>
 
 namespace fsdp::models {
 
-TokenData::TokenData(const std::string& path, int64_t context, int64_t vocab) : path_(path), context_(context) {
+DataOrder parse_data_order(const std::string& name) {
+  if (name == "sequential") return DataOrder::kSequential;
+  if (name == "shuffled") return DataOrder::kShuffled;
+  TORCH_CHECK(false, "unknown data order '", name, "': expected sequential or shuffled");
+}
+
+const char* data_order_name(DataOrder order) {
+  return order == DataOrder::kShuffled ? "shuffled" : "sequential";
+}
+
+uint64_t splitmix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+TokenData::TokenData(const std::string& path, int64_t context, int64_t vocab, TokenDataOptions options)
+    : path_(path), context_(context), options_(options) {
+  const double f = options.val_fraction();
+  TORCH_CHECK(f >= 0.0 && f < 1.0, "the validation fraction must be in [0, 1), got ", f);
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, "cannot open data file '", path, "'");
   std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -18,36 +39,65 @@ TokenData::TokenData(const std::string& path, int64_t context, int64_t vocab) : 
   } else {
     tokens_.assign(bytes.begin(), bytes.end());
   }
-  // start(s, j) is taken mod (n - T - 1), so n must exceed T + 1.
-  TORCH_CHECK(size() > context + 1, "data file '", path, "' holds ", size(), " tokens, too few for one training ",
-              "sequence: need more than context + 1 = ", context + 1);
+  // The spec's ceil(f * n), in double as a reference implementation computes it.
+  val_size_ = static_cast<int64_t>(std::ceil(f * static_cast<double>(size())));
+  // Starts are taken mod (n_train - T - 1) and mod (n_val - T - 1), so each
+  // part must exceed T + 1 tokens.
+  TORCH_CHECK(train_size() > context + 1, "data file '", path, "' holds ", size(), " tokens, too few for one ",
+              "training sequence: need more than context + 1 = ", context + 1, " in its training part (",
+              train_size(), " tokens after holding out ", val_size_, " for validation)");
+  TORCH_CHECK(val_size_ == 0 || val_size_ > context + 1, "data file '", path, "': the validation split of ", f,
+              " holds out ", val_size_, " of its ", size(), " tokens, too few for one validation sequence: need at "
+              "least context + 2 = ", context + 2, " (raise the validation fraction, or 0 for no validation)");
   for (size_t i = 0; i < tokens_.size(); ++i) {
     TORCH_CHECK(tokens_[i] < vocab, "data file '", path, "' has token id ", tokens_[i], " at position ", i,
                 ", outside the vocabulary of ", vocab, " (set --vocab)");
   }
 }
 
-std::pair<torch::Tensor, torch::Tensor> TokenData::batch(int64_t step, int64_t micro, int64_t rank, int64_t world,
-                                                         int64_t accum, int64_t batch) const {
+int64_t TokenData::train_start(int64_t step, int64_t j, int64_t global) const {
   const int64_t T = context_;
-  const int64_t global = batch * world * accum;  // G, sequences per optimizer step
-  const int64_t period = size() - T - 1;
-  torch::Tensor x = torch::empty({batch, T}, torch::kLong);
-  torch::Tensor y = torch::empty({batch, T}, torch::kLong);
+  const int64_t period = train_size() - T - 1;
+  if (options_.order() == DataOrder::kShuffled) {
+    // k = s * G + j and the seed's offset wrap mod 2^64, as the spec's arithmetic does.
+    const uint64_t k = static_cast<uint64_t>(step) * static_cast<uint64_t>(global) + static_cast<uint64_t>(j);
+    return static_cast<int64_t>(splitmix64(k + options_.seed() * 0x100000000ULL) % static_cast<uint64_t>(period));
+  }
+  // (s * G + j) * T can exceed int64 only after ~1e18 tokens; take it mod
+  // the period in two steps anyway.
+  const int64_t sequence = ((step % period) * (global % period) + j) % period;
+  return (sequence * (T % period)) % period;
+}
+
+std::pair<torch::Tensor, torch::Tensor> TokenData::gather(const std::vector<int64_t>& starts) const {
+  const int64_t T = context_, rows = static_cast<int64_t>(starts.size());
+  torch::Tensor x = torch::empty({rows, T}, torch::kLong);
+  torch::Tensor y = torch::empty({rows, T}, torch::kLong);
   auto* xs = x.data_ptr<int64_t>();
   auto* ys = y.data_ptr<int64_t>();
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t j = (micro * world + rank) * batch + b;
-    // (s * G + j) * T can exceed int64 only after ~1e18 tokens; take it mod
-    // the period in two steps anyway.
-    const int64_t sequence = ((step % period) * (global % period) + j) % period;
-    const int64_t start = (sequence * (T % period)) % period;
+  for (int64_t b = 0; b < rows; ++b) {
     for (int64_t t = 0; t < T; ++t) {
-      xs[b * T + t] = tokens_[start + t];
-      ys[b * T + t] = tokens_[start + t + 1];
+      xs[b * T + t] = tokens_[starts[b] + t];
+      ys[b * T + t] = tokens_[starts[b] + t + 1];
     }
   }
   return {x, y};
+}
+
+std::pair<torch::Tensor, torch::Tensor> TokenData::batch(int64_t step, int64_t micro, int64_t rank, int64_t world,
+                                                         int64_t accum, int64_t batch) const {
+  const int64_t global = batch * world * accum;  // G, sequences per optimizer step
+  std::vector<int64_t> starts(batch);
+  for (int64_t b = 0; b < batch; ++b) starts[b] = train_start(step, (micro * world + rank) * batch + b, global);
+  return gather(starts);
+}
+
+std::pair<torch::Tensor, torch::Tensor> TokenData::val_batch(int64_t first, int64_t count) const {
+  TORCH_CHECK(val_size_ > 0, "data file '", path_, "' has no validation split (the validation fraction is 0)");
+  const int64_t T = context_, period = val_size_ - T - 1;
+  std::vector<int64_t> starts(count);
+  for (int64_t i = 0; i < count; ++i) starts[i] = train_size() + (((first + i) % period) * (T % period)) % period;
+  return gather(starts);
 }
 
 }  // namespace fsdp::models

@@ -631,6 +631,8 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"wrap", o.wrap},
                               {"construction_peak_bytes", construction_peak},
                               {"threads_per_rank", torch::get_num_threads()},
+                              {"libtorch", c10::str(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, ".",
+                                                    TORCH_VERSION_PATCH)},
                               {"steps", o.steps},
                               {"final_loss", final_loss},
                               {"step_s", typical},

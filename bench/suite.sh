@@ -36,6 +36,9 @@ done
 
 # variant -> "ranks trainer-flags..."
 variant_args() {
+  # V_plaincopy: V with OpenMPI's copies through the shared FIFO instead of
+  # Cross Memory Attach (fsdp-run's FSDP_MPI_SINGLE_COPY=none).
+  if [[ "$1" == *_plaincopy ]]; then variant_args "${1%_plaincopy}"; return; fi
   case "$1" in
     torch_*)
       [[ "$1" =~ ^torch_(local|ddp|fsdp1|fsdp2)(_bf16)?(_w1|_w4)?$ ]] ||
@@ -87,8 +90,10 @@ run_variant() {
     OMP_NUM_THREADS=$threads "${launch[@]}" bench/peer.py --preset "$preset" --steps "$steps" $flags \
       --summary "$out/summary.json" > "$out/$1.r$2.out" 2>&1 || { cat "$out/$1.r$2.out" >&2; return 1; }
   else
+    local single_copy="${FSDP_MPI_SINGLE_COPY:-auto}"
+    [[ "$1" != *_plaincopy ]] || single_copy=none
     # shellcheck disable=SC2086
-    "$build/fsdp-run" -n "$ranks" -- "$build/fsdp-train" --preset "$preset" --steps "$steps" $flags \
+    FSDP_MPI_SINGLE_COPY=$single_copy "$build/fsdp-run" -n "$ranks" -- "$build/fsdp-train" --preset "$preset" --steps "$steps" $flags \
       --print-every "$steps" --summary "$out/summary.json" > "$out/$1.r$2.out" 2>&1 ||
       { cat "$out/$1.r$2.out" >&2; return 1; }
   fi
@@ -107,7 +112,8 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 
-# The table: medians over rounds; ratios to no_shard (W = 2) and to local,
+# The table: medians over rounds; ratios to no_shard (W = 2) and to local
+# (torch_local for PyTorch's rows),
 # and to PyTorch's DDP and FSDP2 of the same W and dtype (time and peak RSS).
 jq -s -r '
   def median: sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end;
@@ -122,6 +128,7 @@ jq -s -r '
       rss: (map(.peak_rss_bytes | max) | max)}) as $rows
   | ($rows | map(select(.variant == "no_shard")) | .[0].step_s // null) as $ddp
   | ($rows | map(select(.variant == "local")) | .[0].step_s // null) as $local
+  | ($rows | map(select(.variant == "torch_local")) | .[0].step_s // null) as $torch_local
   | def peer($engine; $row): $rows | map(select(.variant | test("^torch_" + $engine + "(_bf16)?(_w[14])?$"))
         | select(.W == $row.W and .dtype == $row.dtype)) | .[0] // null;
     def ratio($a; $b): if $a == null or $b == null then "-" else ($a / $b | r2 | tostring) end;
@@ -132,7 +139,9 @@ jq -s -r '
       | [.variant, (.W | tostring) + (if .over then "*" else "" end), .dtype, (.step_s * 1000 | round / 1000),
       (.tokens_per_s | round), (if $ddp then (.step_s / $ddp | r2) else "-" end),
       (if .exposed == null then "-" else (.exposed / .step_s * 1000 | round / 10 | tostring) + "%" end),
-      (if $local and .variant != "local" then ($local / .step_s * 100 | round | tostring) + "%" else "-" end),
+      # scaling efficiency: against the one-process run of the same engine
+      ((if .torch then $torch_local else $local end) as $one
+       | if $one and (.variant | test("^(torch_)?local$") | not) then ($one / .step_s * 100 | round | tostring) + "%" else "-" end),
       ratio(.step_s; $tddp.step_s), ratio(.step_s; $tfsdp2.step_s), ratio(.rss; $tddp.rss), ratio(.rss; $tfsdp2.rss),
       (if .torch then "-" else "\(.peak | mib) / \(.peak_predicted | mib)" end),
       (if .torch then "-" else "\(.state) / \(.predicted)" end), (.rss | mib)])

@@ -7,6 +7,8 @@
 #include <fstream>
 
 #include "fsdp/error.h"
+#include "fsdp/compat.h"
+#include "fsdp/fused_adamw.h"
 #include "fsdp/gpt.h"
 #include "fsdp/lr_schedule.h"
 #include "fsdp/memory.h"
@@ -450,4 +452,60 @@ TEST(LrSchedule, BadSettingsAreRefusedAndResumesCompareWhatMatters) {
   EXPECT_TRUE(constant.same_as(fsdp::LrSchedule(constant).total_steps(20).min_lr(5e-4)));
   EXPECT_FALSE(constant.same_as(fsdp::LrSchedule(constant).lr(2e-3)));
   EXPECT_FALSE(constant.same_as(fsdp::LrSchedule(cosine).lr(1e-3)));
+}
+
+// FusedAdamW against torch::optim::AdamW: two parameter groups (one with
+// weight decay), sizes that are not multiples of any vector width or of the
+// parallel grain, 10 steps with fresh gradients each; then a parameter it
+// cannot fuse makes the whole step AdamW's.
+TEST(FusedAdamW, EqualsTorchAdamWWithinFloatRoundingOverTenSteps) {
+  torch::manual_seed(7);
+  const std::vector<int64_t> sizes = {1, 7, 1000, (1 << 16) + 3, 300001};
+  std::vector<torch::Tensor> init, reference, fused;
+  for (int64_t n : sizes) init.push_back(torch::randn({n}));
+  for (auto& t : init) {
+    reference.push_back(t.clone().requires_grad_(true));
+    fused.push_back(t.clone().requires_grad_(true));
+  }
+  auto groups = [&](std::vector<torch::Tensor>& p) {
+    auto decayed = std::make_unique<torch::optim::AdamWOptions>(3e-3);
+    decayed->betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1);
+    auto plain = std::make_unique<torch::optim::AdamWOptions>(1e-2);
+    plain->betas({0.8, 0.99}).eps(1e-6).weight_decay(0.0);
+    return std::vector<torch::optim::OptimizerParamGroup>{
+        torch::optim::OptimizerParamGroup({p[0], p[2], p[4]}, std::move(decayed)),
+        torch::optim::OptimizerParamGroup({p[1], p[3]}, std::move(plain))};
+  };
+  torch::optim::AdamW torch_adamw(groups(reference), torch::optim::AdamWOptions(1e-3));
+  fsdp::FusedAdamW fused_adamw(groups(fused), torch::optim::AdamWOptions(1e-3));
+  for (int step = 0; step < 10; ++step) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      torch::Tensor g = torch::randn({sizes[i]}) * (i + 1);
+      reference[i].mutable_grad() = g.clone();
+      fused[i].mutable_grad() = g.clone();
+    }
+    EXPECT_TRUE(fused_adamw.fuses_all());
+    torch_adamw.step();
+    fused_adamw.step();
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const torch::Tensor a = reference[i].detach(), b = fused[i].detach();
+    const double error = ((a - b).abs() / a.abs().clamp_min(1e-3)).max().item<double>();
+    EXPECT_LT(error, 1e-6) << "parameter of " << sizes[i] << " elements";
+    EXPECT_FALSE(torch::equal(a, init[i])) << "parameter of " << sizes[i] << " elements did not move";
+    auto& sa = static_cast<torch::optim::AdamWParamState&>(
+        *torch_adamw.state().at(fsdp::compat::optimizer_state_key(torch_adamw, reference[i])));
+    auto& sb = static_cast<torch::optim::AdamWParamState&>(
+        *fused_adamw.state().at(fsdp::compat::optimizer_state_key(fused_adamw, fused[i])));
+    EXPECT_EQ(sa.step(), sb.step());
+    EXPECT_TRUE(torch::allclose(sa.exp_avg(), sb.exp_avg(), 1e-6, 1e-9));
+    EXPECT_TRUE(torch::allclose(sa.exp_avg_sq(), sb.exp_avg_sq(), 1e-6, 1e-12));
+  }
+  // A double parameter: AdamW's own step for all of them, still correct.
+  torch::Tensor d = torch::ones({5}, torch::kDouble).requires_grad_(true);
+  fsdp::FusedAdamW mixed(std::vector<torch::Tensor>{d}, torch::optim::AdamWOptions(0.1));
+  d.mutable_grad() = torch::ones({5}, torch::kDouble);
+  EXPECT_FALSE(mixed.fuses_all());
+  mixed.step();
+  EXPECT_NEAR(d[0].item<double>(), 1.0 * (1 - 0.1 * 0.01) - 0.1, 1e-7);
 }

@@ -22,6 +22,7 @@
 #include "fsdp/comm.h"
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/fused_adamw.h"
 #include "fsdp/grad_utils.h"
 #include "fsdp/memory_plan.h"
 #include "fsdp/gpt.h"
@@ -66,6 +67,7 @@ struct TrainOptions {
   int64_t warmup_steps = 0;
   std::optional<double> min_lr;  // default: lr / 10 (nanoGPT's)
   double weight_decay = 0.0;
+  std::string adamw = "fused";
   double collective_timeout = 0.0;
   std::string ckpt_dir;
   int64_t ckpt_every = 0;
@@ -258,6 +260,7 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   TORCH_CHECK(o.sample >= 0 && o.temperature >= 0, "--sample and --temperature must be >= 0");
   TORCH_CHECK(o.clip_grad_norm >= 0, "--clip-grad-norm must be positive, got ", o.clip_grad_norm);
   TORCH_CHECK(o.weight_decay >= 0, "--weight-decay must be >= 0, got ", o.weight_decay);
+  TORCH_CHECK(o.adamw == "fused" || o.adamw == "torch", "--adamw must be fused or torch, got '", o.adamw, "'");
   TORCH_CHECK(o.lr_schedule == "cosine" || !o.min_lr, "--min-lr needs --lr-schedule cosine");
   run.schedule = fsdp::LrSchedule()
                      .kind(fsdp::parse_lr_schedule(o.lr_schedule))
@@ -376,8 +379,13 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   const int64_t construction_peak = fsdp::memory::usage().peak_total;
   fsdp::FsdpState& state = model.state();
   const fsdp::ShardingStrategy strategy = run.fsdp_options.strategy();
-  torch::optim::AdamW optimizer(model.parameters(),
-                                torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0));
+  // Both are torch::optim::AdamW to the library and to checkpoints: a run may
+  // resume with the other.
+  const auto adamw_options = torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0);
+  std::unique_ptr<torch::optim::AdamW> optimizer_owner =
+      o.adamw == "fused" ? std::make_unique<fsdp::FusedAdamW>(model.parameters(), adamw_options)
+                         : std::make_unique<torch::optim::AdamW>(model.parameters(), adamw_options);
+  torch::optim::AdamW& optimizer = *optimizer_owner;
   const auto& mp = run.fsdp_options.mixed_precision();
   // The step itself (accumulation, loss scaling, clipping, skipping on
   // overflow, the figures) is the library's: this tool is a front end to it.
@@ -411,7 +419,8 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
               << "  prefetch: forward " << (o.forward_prefetch ? "on" : "off") << ", backward " << o.backward_prefetch
               << ", depth " << o.prefetch_depth << (o.no_limit_all_gathers ? ", unlimited" : ", limited to one unit ahead")
               << "; activation checkpointing " << (o.activation_checkpointing ? "on" : "off") << "\n"
-              << "  AdamW: lr " << run.schedule.describe() << "; weight decay " << o.weight_decay
+              << "  AdamW (" << (o.adamw == "fused" ? "fsdp::FusedAdamW" : "torch::optim::AdamW") << "): lr "
+              << run.schedule.describe() << "; weight decay " << o.weight_decay
               << " (matrices only); clip grad norm " << o.clip_grad_norm << " (0: off)\n"
               << "  data: " << run.data->path() << " (" << run.data->size() << " tokens, " << run.data->val_size()
               << " held out for validation; " << o.data_order << " order, seed " << o.data_seed << ")\n";
@@ -631,6 +640,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"wrap", o.wrap},
                               {"construction_peak_bytes", construction_peak},
                               {"threads_per_rank", torch::get_num_threads()},
+                              {"adamw", o.adamw},
                               {"libtorch", c10::str(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, ".",
                                                     TORCH_VERSION_PATCH)},
                               {"steps", o.steps},
@@ -754,6 +764,9 @@ int main(int argc, char** argv) {
   app.add_option("--batch", o.batch, "sequences per rank per step (default: the preset's)");
   app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--adamw", o.adamw, "fused (fsdp::FusedAdamW: one vectorized, multi-threaded pass) or torch "
+                                     "(torch::optim::AdamW); checkpoints of either resume with either")
+      ->capture_default_str();
   app.add_option("--seed", o.seed, "initialization seed")->capture_default_str();
   app.add_option("--data", o.data, "token file: raw bytes, or .bin of uint16 tokens (default: built-in corpus)");
   app.add_option("--data-order", o.data_order,

@@ -454,7 +454,8 @@ TEST(LrSchedule, BadSettingsAreRefusedAndResumesCompareWhatMatters) {
   EXPECT_FALSE(constant.same_as(fsdp::LrSchedule(cosine).lr(1e-3)));
 }
 
-// FusedAdamW against torch::optim::AdamW: two parameter groups (one with
+// FusedAdamW against torch::optim::AdamW (1e-6 relative in norm, per tensor,
+// parameters and both moments): two parameter groups (one with
 // weight decay), sizes that are not multiples of any vector width or of the
 // parallel grain, 10 steps with fresh gradients each; then a parameter it
 // cannot fuse makes the whole step AdamW's.
@@ -490,16 +491,20 @@ TEST(FusedAdamW, EqualsTorchAdamWWithinFloatRoundingOverTenSteps) {
   }
   for (size_t i = 0; i < sizes.size(); ++i) {
     const torch::Tensor a = reference[i].detach(), b = fused[i].detach();
-    const double error = ((a - b).abs() / a.abs().clamp_min(1e-3)).max().item<double>();
-    EXPECT_LT(error, 1e-6) << "parameter of " << sizes[i] << " elements";
+    // Relative to the tensor's norm: single elements near 0 carry the
+    // rounding of their larger neighbours.
+    auto relative = [](const torch::Tensor& x, const torch::Tensor& y) {
+      return ((x - y).norm() / x.norm()).item<double>();
+    };
+    EXPECT_LT(relative(a, b), 1e-6) << "parameter of " << sizes[i] << " elements";
     EXPECT_FALSE(torch::equal(a, init[i])) << "parameter of " << sizes[i] << " elements did not move";
     auto& sa = static_cast<torch::optim::AdamWParamState&>(
         *torch_adamw.state().at(fsdp::compat::optimizer_state_key(torch_adamw, reference[i])));
     auto& sb = static_cast<torch::optim::AdamWParamState&>(
         *fused_adamw.state().at(fsdp::compat::optimizer_state_key(fused_adamw, fused[i])));
     EXPECT_EQ(sa.step(), sb.step());
-    EXPECT_TRUE(torch::allclose(sa.exp_avg(), sb.exp_avg(), 1e-6, 1e-9));
-    EXPECT_TRUE(torch::allclose(sa.exp_avg_sq(), sb.exp_avg_sq(), 1e-6, 1e-12));
+    EXPECT_LT(relative(sa.exp_avg(), sb.exp_avg()), 1e-6) << "exp_avg of " << sizes[i] << " elements";
+    EXPECT_LT(relative(sa.exp_avg_sq(), sb.exp_avg_sq()), 1e-6) << "exp_avg_sq of " << sizes[i] << " elements";
   }
   // A double parameter: AdamW's own step for all of them, still correct.
   torch::Tensor d = torch::ones({5}, torch::kDouble).requires_grad_(true);

@@ -13,7 +13,8 @@ same kernels as src/models/gpt.cpp, no scaled_dot_product_attention), the
 initialization scheme, the data (data/default_corpus.txt, the spec's shuffled
 order with seed 0 and a 0.1 validation split), the per-rank batch,
 threads per rank (cores / W), AdamW (lr 1e-3, betas 0.9/0.95, eps 1e-8, no
-weight decay, the single-tensor implementation LibTorch's AdamW also uses),
+weight decay; fused, as fsdp-train's default, or with --adamw torch the
+single-tensor loop, as torch::optim::AdamW),
 global-norm clipping at 1.0, and the step time (the median wall time of a
 step after the first). bf16: DDP and local run under CPU autocast; FSDP1 and
 FSDP2 keep bf16 parameters with fp32 gradient reductions (as fsdp-train's
@@ -168,6 +169,8 @@ def main():
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--data", default="data/default_corpus.txt")
     p.add_argument("--seed", type=int, default=1337, help="initialization seed (fsdp-train's default)")
+    p.add_argument("--adamw", default="fused", choices=["fused", "torch"],
+                   help="fused AdamW (as fsdp-train's default) or the single-tensor loop")
     p.add_argument("--summary", help="write the summary JSON here (rank 0)")
     a = p.parse_args()
 
@@ -190,8 +193,11 @@ def main():
     model = GPT(vocab, context, layers, heads, width)
     model.init_weights(a.seed)
     model = wrap(model, a.engine, bf16)
+    # fused: PyTorch's fused CPU AdamW, as fsdp-train's default fsdp::FusedAdamW;
+    # torch: the single-tensor loop, as torch::optim::AdamW (--adamw torch).
+    fused = a.adamw == "fused"
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
-                                  foreach=False)
+                                  foreach=False, fused=fused or None)
     autocast = bf16 and a.engine in ("local", "ddp")
 
     step_times, loss = [], float("nan")
@@ -229,7 +235,7 @@ def main():
     tokens_per_step = per_rank * world * context
     summary = {"preset": a.preset, "world_size": world, "strategy": "torch_" + a.engine,
                "param_dtype": "bf16" if bf16 else "fp32", "libtorch": torch.__version__.split("+")[0],
-               "autocast": autocast, "threads_per_rank": torch.get_num_threads(), "steps": a.steps,
+               "autocast": autocast, "adamw": a.adamw, "threads_per_rank": torch.get_num_threads(), "steps": a.steps,
                "batch": per_rank, "final_loss": loss, "step_s": step_s, "tokens_per_s": tokens_per_step / step_s,
                "peak_rss_bytes": rss_all}
     if rank == 0:

@@ -1,11 +1,17 @@
 // Single-process tests: the reference GPT against its spec, the data order,
-// safetensors reading and writing, wrap-policy planning, memory accounting.
+// safetensors reading and writing, file checksums, wrap-policy planning,
+// memory accounting.
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <random>
 
+#include "fsdp/checkpoint.h"
+#include "fsdp/checksum.h"
 #include "fsdp/error.h"
 #include "fsdp/compat.h"
 #include "fsdp/fused_adamw.h"
@@ -34,6 +40,11 @@ std::string message_of(const std::function<void()>& f) {
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
 std::string le64(uint64_t v) {
@@ -302,6 +313,148 @@ TEST(Safetensors, MalformedFilesAreRefusedWithTheReason) {
             std::string::npos);
   EXPECT_NE(reason(file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8)).find("non-negative"),
             std::string::npos);
+}
+
+TEST(Checksum, KnownAnswersAndEverySplitGivesTheSameDigest) {
+  using fsdp::checksum::Algorithm;
+  // FNV-1a as our old files carry it: from the offset 1469598103934665603,
+  // not the published 14695981039346656037 (one digit fewer), so these are
+  // not the published vectors but what files written before XXH3 hold.
+  EXPECT_EQ(fsdp::checksum::hash(Algorithm::kFnv1a64, "", 0), 1469598103934665603ull);
+  EXPECT_EQ(fsdp::checksum::hash(Algorithm::kFnv1a64, "foobar", 6), 9870438755804841970ull);
+  // XXH3-64 against xxHash's own one-shot function.
+  std::string bytes(100003, '\0');
+  std::mt19937 random(7);
+  for (auto& b : bytes) b = static_cast<char>(random());
+  EXPECT_EQ(fsdp::checksum::hash(Algorithm::kXxh3_64, "", 0), XXH3_64bits("", 0));
+  EXPECT_EQ(fsdp::checksum::hash(Algorithm::kXxh3_64, bytes.data(), bytes.size()), XXH3_64bits(bytes.data(), bytes.size()));
+  for (Algorithm a : {Algorithm::kFnv1a64, Algorithm::kXxh3_64}) {
+    fsdp::checksum::Hasher hasher(a);
+    size_t at = 0;
+    for (size_t piece : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, size_t{65536}}) {
+      hasher.update(bytes.data() + at, piece);
+      at += piece;
+    }
+    hasher.update(bytes.data() + at, bytes.size() - at);
+    EXPECT_EQ(hasher.digest(), fsdp::checksum::hash(a, bytes.data(), bytes.size())) << fsdp::checksum::algorithm_name(a);
+    EXPECT_EQ(fsdp::checksum::parse_algorithm(fsdp::checksum::algorithm_name(a), "f"), a);
+  }
+  EXPECT_EQ(std::string(fsdp::checksum::algorithm_name(fsdp::checksum::kWritten)), "xxh3_64");
+  EXPECT_EQ(std::string(fsdp::checksum::algorithm_name(fsdp::checksum::kUnnamed)), "fnv1a64");
+}
+
+// The writer streams through 8 MiB blocks, hashing one while the one before
+// is written: a file of several blocks, split mid-tensor, with a partial
+// last block, must carry XXH3-64 of exactly its bytes.
+TEST(Checksum, WrittenFilesCarryXxh3OfEveryByteAndNameIt) {
+  const std::string path = "/tmp/fsdp_test_xxh3.safetensors";
+  const torch::Tensor a = torch::randn({(20 << 20) / 4 + 3}), b = torch::arange(7, torch::kLong);
+  fsdp::safetensors::Writer writer(path, {{"a", torch::kFloat, {a.numel()}}, {"b", torch::kLong, {7}}}, {{"k", "v"}});
+  writer.write(a);
+  writer.write(b);
+  writer.commit();
+  const fsdp::safetensors::Reader reader(path);
+  EXPECT_EQ(reader.metadata().at(fsdp::safetensors::kChecksumAlgorithmKey), "xxh3_64");
+  EXPECT_EQ(reader.checksum_algorithm(), fsdp::checksum::Algorithm::kXxh3_64);
+  EXPECT_EQ(reader.metadata().at("k"), "v");
+  // xxHash's own XXH3-64 of the file as it lies on disk, the stored digits read as zeros.
+  std::string file = read_bytes(path);
+  const std::string key = std::string("\"") + fsdp::safetensors::kChecksumKey + "\":\"";
+  file.replace(file.find(key) + key.size(), 16, std::string(16, '0'));
+  EXPECT_EQ(reader.stored_checksum(), XXH3_64bits(file.data(), file.size()));
+  EXPECT_EQ(writer.checksum(), reader.stored_checksum());
+  EXPECT_NO_THROW(reader.verify_checksum());
+  EXPECT_TRUE(torch::equal(reader.read("a"), a));
+  EXPECT_TRUE(torch::equal(reader.read("b"), b));
+  torch::Tensor part = torch::empty({5});
+  reader.read_into("a", a.numel() - 5, part);
+  EXPECT_TRUE(torch::equal(part, a.narrow(0, a.numel() - 5, 5)));
+  // A changed byte is found in the first, a middle and the last (partial) block.
+  const std::string original = read_bytes(path);
+  for (const size_t at : {size_t{300}, size_t{9} << 20, original.size() - 3}) {
+    std::string changed = original;
+    changed[at] ^= 0x20;
+    write_bytes(path, changed);
+    EXPECT_NE(message_of([&] { fsdp::safetensors::Reader(path).verify_checksum(); }).find("' is corrupt"),
+              std::string::npos)
+        << "a change at byte " << at << " was not found";
+  }
+}
+
+// tests/fixtures/checkpoint-fnv1a64: written before checksums named their
+// algorithm (FNV-1a everywhere, named nowhere).
+TEST(Checksum, CheckpointsFromBeforeXxh3StayReadableAndVerifiable) {
+  namespace fs = std::filesystem;
+  const fs::path fixture = fs::path(FSDP_TEST_FIXTURES) / "checkpoint-fnv1a64" / "step-2";
+  nlohmann::json meta = nlohmann::json::parse(read_bytes((fixture / "metadata.json").string()));
+  ASSERT_FALSE(meta.contains("checksum_algorithm")) << "the fixture must stay as written before XXH3";
+  fsdp::SavedCheckpoint saved(fixture.string());  // every file verified
+  ASSERT_EQ(saved.file_names().size(), 3u);
+  std::vector<torch::Tensor> shards;
+  for (const auto& name : saved.file_names()) {
+    const fsdp::safetensors::Reader reader((fixture / name).string());
+    EXPECT_FALSE(reader.metadata().count(fsdp::safetensors::kChecksumAlgorithmKey));
+    EXPECT_EQ(reader.checksum_algorithm(), fsdp::checksum::Algorithm::kFnv1a64);
+    EXPECT_NO_THROW(reader.verify_checksum());
+    shards.push_back(reader.read("u1.exp_avg"));
+  }
+  const int64_t numel = saved.metadata().at("units").at(1).at("numel").get<int64_t>();
+  torch::Tensor state = torch::empty({numel});
+  saved.read_range(1, "exp_avg", 0, numel, state);
+  EXPECT_TRUE(torch::equal(state, torch::cat(shards).narrow(0, 0, numel)));
+
+  // Changed bytes are still found, by FNV-1a.
+  const fs::path copy = "/tmp/fsdp_test_fnv1a64/step-2";
+  auto fresh_copy = [&] {
+    fs::remove_all(copy.parent_path());
+    fs::create_directories(copy.parent_path());
+    fs::copy(fixture, copy, fs::copy_options::recursive);
+  };
+  fresh_copy();
+  std::string shard = read_bytes((copy / "shard-1.safetensors").string());
+  shard[shard.size() - 100] ^= 0x20;
+  write_bytes((copy / "shard-1.safetensors").string(), shard);
+  EXPECT_NE(message_of([&] { fsdp::SavedCheckpoint s(copy.string()); }).find("shard-1.safetensors' is corrupt"),
+            std::string::npos);
+  fresh_copy();
+  meta["step"] = 3;  // the checksum left as it was
+  write_bytes((copy / "metadata.json").string(), meta.dump(2));
+  EXPECT_NE(message_of([&] { fsdp::SavedCheckpoint s(copy.string()); }).find("metadata.json' is corrupt"),
+            std::string::npos);
+}
+
+TEST(Checksum, AnUnknownAlgorithmIsRefusedNamingTheFileAndTheAlgorithms) {
+  namespace fs = std::filesystem;
+  const std::string expected = "which this version cannot check (expected fnv1a64, xxh3_64)";
+  // A safetensors file naming another algorithm (of the same length: the header's offsets stay valid).
+  const std::string path = "/tmp/fsdp_test_algorithm.safetensors";
+  {
+    fsdp::safetensors::Writer writer(path, {{"a", torch::kFloat, {2}}});
+    writer.write(torch::ones({2}));
+    writer.commit();
+  }
+  std::string file = read_bytes(path);
+  file.replace(file.find("\"xxh3_64\""), 9, "\"xxh9_99\"");
+  write_bytes(path, file);
+  std::string message = message_of([&] { fsdp::safetensors::Reader r(path); });
+  EXPECT_NE(message.find("'" + path + "' has a checksum by algorithm 'xxh9_99', " + expected), std::string::npos)
+      << message;
+  // A metadata.json naming one, or naming it other than by a string.
+  const fs::path copy = "/tmp/fsdp_test_algorithm/step-2";
+  fs::remove_all(copy.parent_path());
+  fs::create_directories(copy.parent_path());
+  fs::copy(fs::path(FSDP_TEST_FIXTURES) / "checkpoint-fnv1a64" / "step-2", copy, fs::copy_options::recursive);
+  nlohmann::json meta = nlohmann::json::parse(read_bytes((copy / "metadata.json").string()));
+  meta["checksum_algorithm"] = "sha256";
+  write_bytes((copy / "metadata.json").string(), meta.dump(2));
+  message = message_of([&] { fsdp::SavedCheckpoint s(copy.string()); });
+  EXPECT_NE(message.find("'" + (copy / "metadata.json").string() + "' has a checksum by algorithm 'sha256', " + expected),
+            std::string::npos)
+      << message;
+  meta["checksum_algorithm"] = 64;
+  write_bytes((copy / "metadata.json").string(), meta.dump(2));
+  message = message_of([&] { fsdp::SavedCheckpoint s(copy.string()); });
+  EXPECT_NE(message.find("checksum_algorithm must be a string"), std::string::npos) << message;
 }
 
 TEST(FullWeights, LoadChecksNamesShapesAndExtras) {

@@ -55,11 +55,15 @@ void inspect_checkpoint(const std::string& path) {
       total += numel_of(shape);
     }
   }
-  std::cout << "  " << total << " parameters; files:\n";
+  std::cout << "  " << total << " parameters; files (size, checksum algorithm and checksum):\n";
   for (const auto& [file, checksum] : m.at("files").items()) {
-    std::cout << "    " << file << " " << fs::file_size(fs::path(path) / file) << " B, fnv1a64 "
-              << checksum.get<std::string>() << "\n";
+    const fsdp::safetensors::Reader reader((fs::path(path) / file).string());  // the header only
+    std::cout << "    " << file << " " << fs::file_size(fs::path(path) / file) << " B, "
+              << fsdp::checksum::algorithm_name(reader.checksum_algorithm()) << " " << checksum.get<std::string>() << "\n";
   }
+  std::cout << "    metadata.json " << fs::file_size(fs::path(path) / "metadata.json") << " B, "
+            << m.value("checksum_algorithm", fsdp::checksum::algorithm_name(fsdp::checksum::kUnnamed)) << " "
+            << m.at("checksum").get<std::string>() << "\n";
   if (!m.at("extra").empty()) std::cout << "  extra: " << m.at("extra").dump() << "\n";
 }
 
@@ -97,6 +101,10 @@ void inspect_file(const std::string& path) {
   fsdp::safetensors::Reader reader(path);
   std::cout << "safetensors file " << path << " (" << fs::file_size(path) << " B)\n";
   for (const auto& [key, value] : reader.metadata()) std::cout << "  metadata " << key << " = " << value << "\n";
+  if (reader.has_checksum() && !reader.metadata().count(fsdp::safetensors::kChecksumAlgorithmKey)) {
+    std::cout << "  checksum algorithm " << fsdp::checksum::algorithm_name(reader.checksum_algorithm())
+              << " (the file names none: it was written before XXH3)\n";
+  }
   int64_t elements = 0;
   for (const auto& t : reader.tensors()) {
     std::cout << "  " << std::left << std::setw(44) << t.spec.name << " " << fsdp::safetensors::dtype_code(t.spec.dtype)

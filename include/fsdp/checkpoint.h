@@ -2,7 +2,9 @@
 // Training checkpoints: the model's fp32 masters and the optimizer's state
 // (Adam, AdamW or SGD: see optimizer_state.h; the step count included), in
 // one of two formats, plus metadata.json (layout, the optimizer's type and
-// state names, every file's checksum, training position, its own checksum).
+// state names, every file's checksum, training position, its own checksum
+// and the checksum's algorithm: see checksum.h; checkpoints from before
+// XXH3 name none and stay loadable).
 //  - sharded: every shard in its own safetensors file, written by its rank
 //    at once; the fast path for large models.
 //  - full: the full state dict, gathered unit by unit and written by rank 0:
@@ -42,19 +44,33 @@ std::string save_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer
 // Collective. Loads a checkpoint of either format, on any world size and
 // strategy, after verifying every file's checksum and contents, that the
 // model's units and parameters match, and that the optimizer keeps the state
-// that was saved. Returns its metadata.
+// that was saved. Returns its metadata. Each data file's bytes are verified
+// by one rank (the ranks in parallel); a corrupt file stops every rank with
+// the same message, before any state is changed.
 nlohmann::json load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& path);
 
 // A saved checkpoint, opened without any process group: its metadata, every
-// file verified on opening (present, checksum, exactly the tensors the
-// layout describes), and any range of a unit's saved flat state ("param",
-// or one of the optimizer's state tensors, e.g. "exp_avg").
+// file checked on opening (present, listed with its checksum, exactly the
+// tensors the layout describes, and its bytes matching its checksum), and
+// any range of a unit's saved flat state ("param", or one of the optimizer's
+// state tensors, e.g. "exp_avg").
 class SavedCheckpoint {
  public:
-  explicit SavedCheckpoint(const std::string& path);  // throws naming the problem file and tensor
+  // kEveryFile reads every data file in full to verify its checksum (the
+  // files in parallel, one thread each, up to the machine's cores);
+  // kHeadersOnly leaves that to verify_file(), for callers that share the
+  // reading out (load_checkpoint: one rank per file).
+  enum class Verify { kEveryFile, kHeadersOnly };
+  // Throws naming the problem file and tensor.
+  explicit SavedCheckpoint(const std::string& path, Verify verify = Verify::kEveryFile);
   ~SavedCheckpoint();
   const nlohmann::json& metadata() const { return metadata_; }
   CheckpointFormat format() const { return format_; }
+  // The data files, in the layout's order (shard-0, shard-1, ...; or model, optimizer).
+  const std::vector<std::string>& file_names() const { return file_names_; }
+  // Reads a data file in full; throws "'file' is corrupt: ..." unless its
+  // bytes match its checksum.
+  void verify_file(const std::string& name) const;
   // Copies elements [from, to) of unit `unit`'s flat `what` into `out`.
   void read_range(size_t unit, const std::string& what, int64_t from, int64_t to, const torch::Tensor& out) const;
 
@@ -62,7 +78,9 @@ class SavedCheckpoint {
   std::string path_;
   nlohmann::json metadata_;
   CheckpointFormat format_ = CheckpointFormat::kSharded;
+  std::vector<std::string> file_names_;
   std::map<std::string, std::unique_ptr<safetensors::Reader>> readers_;  // by file name
+  void verify_files_in_parallel() const;
 };
 
 // Writes DIR/metadata.json (through a temporary file, flushed) with a

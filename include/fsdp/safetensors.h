@@ -5,16 +5,24 @@
 // first, then one tensor at a time, so a writer never holds the whole model.
 //
 // Every file we write carries its checksum in the header's metadata
-// (kChecksumKey: FNV-1a 64 of the whole file as written, with those 16 hex
-// digits read as zeros), so it stays a standard safetensors file that any
-// reader loads, and we can verify it without a side file.
+// (kChecksumKey: the hash of the whole file as written, with those 16 hex
+// digits read as zeros; kChecksumAlgorithmKey: the algorithm, see
+// checksum.h), so it stays a standard safetensors file that any reader
+// loads, and we can verify it without a side file. Files that name no
+// algorithm were written before XXH3 with FNV-1a, and verify as such.
 
 #include <torch/torch.h>
 
-#include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "fsdp/checksum.h"
+
+namespace fsdp::file_io {
+class StreamWriter;
+}
 
 namespace fsdp::safetensors {
 
@@ -40,20 +48,23 @@ class Reader {
   // Reads one tensor (its file dtype) into a new CPU tensor.
   torch::Tensor read(const std::string& name) const;
   // Reads elements [offset, offset + out.numel()) of a tensor into `out`
-  // (contiguous, of the tensor's dtype).
+  // (contiguous, of the tensor's dtype), straight into its memory.
   void read_into(const std::string& name, int64_t offset, const torch::Tensor& out) const;
   const std::string& path() const { return path_; }
 
-  // Whether the header carries our checksum, its value, and a full read of
-  // the file that throws "'path' is corrupt" unless the bytes match it.
+  // Whether the header carries our checksum, its value and algorithm (an
+  // algorithm this version does not know is refused on opening), and a full
+  // read of the file that throws "'path' is corrupt" unless the bytes match it.
   bool has_checksum() const { return checksum_offset_ != 0; }
   uint64_t stored_checksum() const;
+  checksum::Algorithm checksum_algorithm() const { return checksum_algorithm_; }
   void verify_checksum() const;
 
  private:
   std::string path_;
   uint64_t data_start_ = 0;
   uint64_t checksum_offset_ = 0;  // of the 16 hex digits in the file; 0: none
+  checksum::Algorithm checksum_algorithm_ = checksum::kUnnamed;
   std::vector<TensorEntry> tensors_;
   std::map<std::string, std::string> metadata_;
 };
@@ -62,7 +73,9 @@ class Writer {
  public:
   // Writes the header for these tensors, in this order, to a temporary file
   // next to `path`. commit() renames it into place once every tensor has been
-  // written and flushed; a writer destroyed before that removes it.
+  // written and flushed; a writer destroyed before that removes it. The
+  // bytes stream to the disk in large blocks, hashed (checksum::kWritten)
+  // while the block before is written (file_io.h).
   Writer(std::string path, std::vector<TensorSpec> specs, std::map<std::string, std::string> metadata = {});
   ~Writer();
   Writer(const Writer&) = delete;
@@ -71,7 +84,7 @@ class Writer {
   // The next tensor in the order given; its dtype and shape must match.
   void write(const torch::Tensor& tensor);
   void commit();
-  // The checksum stored in the file (valid once every tensor is written).
+  // The checksum stored in the file (valid once committed).
   uint64_t checksum() const { return checksum_; }
 
  private:
@@ -79,16 +92,13 @@ class Writer {
   std::string temp_path_;
   std::vector<TensorSpec> specs_;
   size_t next_ = 0;
-  std::FILE* file_ = nullptr;
-  uint64_t checksum_;
+  std::unique_ptr<file_io::StreamWriter> stream_;  // null once committed
+  uint64_t checksum_ = 0;
   uint64_t checksum_offset_ = 0;
-  void append(const void* data, size_t bytes, const std::string& what);
 };
 
 constexpr const char* kChecksumKey = "fsdp_checksum";
-// FNV-1a (64-bit), continuing from `hash` (start with kFnvOffset).
-constexpr uint64_t kFnvOffset = 1469598103934665603ull;
-uint64_t fnv1a(const void* data, size_t bytes, uint64_t hash);
+constexpr const char* kChecksumAlgorithmKey = "fsdp_checksum_algorithm";
 // 16 lower-case hex digits, and back (throws on anything else).
 std::string hex64(uint64_t value);
 uint64_t parse_hex64(const std::string& text);

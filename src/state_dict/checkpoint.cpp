@@ -8,9 +8,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <limits>
+#include <thread>
 
 #include "fsdp/error.h"
 #include "fsdp/optimizer_state.h"
@@ -120,11 +124,13 @@ FileSpecs expected_files(const nlohmann::json& meta, CheckpointFormat format) {
   return files;
 }
 
-// The checksum metadata.json carries: FNV-1a of its text without it.
-std::string metadata_checksum(nlohmann::json metadata) {
+// The checksum metadata.json carries: the hash of its text without it (the
+// algorithm's name, kChecksumAlgorithmField, included), by that algorithm.
+constexpr const char* kChecksumAlgorithmField = "checksum_algorithm";
+std::string metadata_checksum(nlohmann::json metadata, checksum::Algorithm algorithm) {
   metadata.erase("checksum");
   const std::string text = metadata.dump(2);
-  return safetensors::hex64(safetensors::fnv1a(text.data(), text.size(), safetensors::kFnvOffset));
+  return safetensors::hex64(checksum::hash(algorithm, text.data(), text.size()));
 }
 
 // An integer of at least `min` (nullptr: absent). nlohmann keeps
@@ -247,12 +253,34 @@ nlohmann::json read_metadata(const std::string& path, CheckpointFormat* format) 
               "' is not an fsdp checkpoint (format '", tag, "', expected '", format_tag(CheckpointFormat::kSharded),
               "' or '", format_tag(CheckpointFormat::kFull), "')");
   *format = tag == format_tag(CheckpointFormat::kSharded) ? CheckpointFormat::kSharded : CheckpointFormat::kFull;
+  // None named: written before algorithms were named (checksum::kUnnamed).
+  const bool named = metadata.contains(kChecksumAlgorithmField);
+  require_field(!named || metadata[kChecksumAlgorithmField].is_string(), kChecksumAlgorithmField, "a string",
+                meta_path.string());
+  const checksum::Algorithm algorithm =
+      named ? checksum::parse_algorithm(string_field(kChecksumAlgorithmField), meta_path.string()) : checksum::kUnnamed;
   const std::string stored = string_field("checksum");
-  const std::string found = metadata_checksum(metadata);
+  const std::string found = metadata_checksum(metadata, algorithm);
   TORCH_CHECK(stored == found, "'", meta_path.string(), "' is corrupt: its contents have checksum ", found,
               ", it says '", stored, "'");
   check_layout(metadata, *format, meta_path.string());
   return metadata;
+}
+
+// Collective: if any rank failed, every rank throws the message of the
+// lowest failing rank, so that a job stopped by one rank's finding (a
+// corrupt file only that rank read) prints it once rather than once per rank.
+void throw_first_rank_error(const ProcessGroupPtr& group, const std::string& error) {
+  const int world = group->size();
+  torch::Tensor lengths = torch::empty({world}, torch::kLong);
+  group->all_gather(lengths, torch::tensor({static_cast<int64_t>(error.size())}, torch::kLong))->wait();
+  const auto* length = lengths.data_ptr<int64_t>();
+  const int first = static_cast<int>(std::find_if(length, length + world, [](int64_t n) { return n > 0; }) - length);
+  if (first == world) return;
+  torch::Tensor text = torch::empty({length[first]}, torch::kByte);
+  if (group->rank() == first) std::memcpy(text.data_ptr(), error.data(), error.size());
+  group->broadcast(text, first)->wait();
+  TORCH_CHECK(false, std::string(reinterpret_cast<const char*>(text.data_ptr()), static_cast<size_t>(length[first])));
 }
 
 // Writes this rank's shard file of a sharded checkpoint (if it is a writer).
@@ -287,7 +315,8 @@ CheckpointFormat parse_checkpoint_format(const std::string& name) {
 }
 
 void write_checkpoint_metadata(const std::string& dir, nlohmann::json metadata) {
-  metadata["checksum"] = metadata_checksum(metadata);
+  metadata[kChecksumAlgorithmField] = checksum::algorithm_name(checksum::kWritten);
+  metadata["checksum"] = metadata_checksum(metadata, checksum::kWritten);
   const fs::path temp = fs::path(dir) / "metadata.json.tmp";
   {
     std::ofstream out(temp);
@@ -432,7 +461,7 @@ void prune_checkpoints(const std::string& dir, int keep) {
   }
 }
 
-SavedCheckpoint::SavedCheckpoint(const std::string& path) : path_(path) {
+SavedCheckpoint::SavedCheckpoint(const std::string& path, Verify verify) : path_(path) {
   const fs::path dir(path);
   metadata_ = read_metadata(path, &format_);
   // Every file the layout calls for: present, intact, listed, and holding
@@ -442,7 +471,6 @@ SavedCheckpoint::SavedCheckpoint(const std::string& path) : path_(path) {
     TORCH_CHECK(fs::exists(file), "checkpoint '", path, "' is missing '", name, "'");
     auto reader = std::make_unique<safetensors::Reader>(file.string());
     TORCH_CHECK(reader->has_checksum(), "'", file.string(), "' carries no checksum");
-    reader->verify_checksum();
     const std::string listed = metadata_.at("files").value(name, "");
     TORCH_CHECK(safetensors::hex64(reader->stored_checksum()) == listed, "'", file.string(), "' has checksum ",
                 safetensors::hex64(reader->stored_checksum()), ", the metadata lists '", listed,
@@ -461,10 +489,40 @@ SavedCheckpoint::SavedCheckpoint(const std::string& path) : path_(path) {
       }
     }
     readers_[name] = std::move(reader);
+    file_names_.push_back(name);
   }
+  if (verify == Verify::kEveryFile) verify_files_in_parallel();
 }
 
 SavedCheckpoint::~SavedCheckpoint() = default;
+
+void SavedCheckpoint::verify_file(const std::string& name) const {
+  auto reader = readers_.find(name);
+  TORCH_CHECK(reader != readers_.end(), "checkpoint '", path_, "' has no data file '", name, "'");
+  reader->second->verify_checksum();
+}
+
+void SavedCheckpoint::verify_files_in_parallel() const {
+  // Workers take the files in order; the error reported is the first file's
+  // in that order, whichever worker finds it first.
+  const size_t workers = std::min<size_t>(file_names_.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::string> errors(file_names_.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < file_names_.size(); i = next++) {
+      try {
+        verify_file(file_names_[i]);
+      } catch (const std::exception& e) {
+        errors[i] = error_message(e);
+      }
+    }
+  };
+  std::vector<std::future<void>> running;
+  for (size_t w = 1; w < workers; ++w) running.push_back(std::async(std::launch::async, work));
+  work();
+  for (auto& r : running) r.get();
+  for (const auto& error : errors) TORCH_CHECK(error.empty(), error);
+}
 
 void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t from, int64_t to,
                                  const torch::Tensor& out) const {
@@ -499,7 +557,7 @@ void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t f
 nlohmann::json load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& path) {
   state.check_idle();
   OptimizerState optimizer_state(optimizer);
-  SavedCheckpoint saved(path);
+  SavedCheckpoint saved(path, SavedCheckpoint::Verify::kHeadersOnly);
   const nlohmann::json& meta = saved.metadata();
   // The model must be the one saved: same units, same parameters, same shapes.
   const nlohmann::json& saved_units = meta.at("units");
@@ -519,6 +577,19 @@ nlohmann::json load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimi
   TORCH_CHECK(our_names == optimizer_state.tensor_names(), "checkpoint '", path, "' holds the state of optimizer '",
               meta.at("optimizer").value("type", "adamw"), "' (", nlohmann::json(our_names).dump(), "), but ",
               optimizer_name(optimizer), " keeps ", nlohmann::json(optimizer_state.tensor_names()).dump());
+  // Every data file's bytes, verified before any state changes: the i-th
+  // file by rank i mod W, the ranks in parallel, rather than every rank
+  // reading every file (a rank reads the files its ranges lie in afterwards,
+  // from the page cache when it or another rank of the host verified them).
+  const ProcessGroupPtr& group = state.group();
+  std::string error;
+  try {
+    const std::vector<std::string>& files = saved.file_names();
+    for (size_t i = group->rank(); i < files.size(); i += group->size()) saved.verify_file(files[i]);
+  } catch (const std::exception& e) {
+    error = error_message(e);
+  }
+  throw_first_rank_error(group, error);
   const int64_t optimizer_step = meta.at("optimizer").at("step").get<int64_t>();
   const bool has_state = meta.at("optimizer").value("has_state", true);
   torch::NoGradGuard no_grad;
@@ -536,7 +607,7 @@ nlohmann::json load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimi
       optimizer_state.clear(flat.shard());  // saved before its first step: it starts afresh
     }
     for (size_t k = 0; k < targets.size(); ++k) {
-      targets[k].zero_();
+      targets[k].narrow(0, end - begin, targets[k].numel() - (end - begin)).zero_();  // the padding
       saved.read_range(u, saved_names[k], begin, end, targets[k].narrow(0, 0, end - begin));
     }
   }

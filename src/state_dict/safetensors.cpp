@@ -2,15 +2,20 @@
 
 #include "fsdp/safetensors_header.h"
 
-#include <unistd.h>
+#include <fcntl.h>
 
-#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "state_dict/file_io.h"
+
 namespace fsdp::safetensors {
 namespace {
+
+// What the stored checksum's digits were while the file was hashed.
+const std::string kChecksumPlaceholder(16, '0');
 
 const std::vector<std::pair<std::string, torch::ScalarType>>& dtype_table() {
   static const std::vector<std::pair<std::string, torch::ScalarType>> table = {
@@ -65,6 +70,8 @@ Reader::Reader(const std::string& path) : path_(path) {
   for (auto& t : header.tensors) {
     tensors_.push_back(TensorEntry{TensorSpec{t.name, scalar_type(t.dtype), std::move(t.shape)}, t.begin, t.end});
   }
+  auto algorithm = metadata_.find(kChecksumAlgorithmKey);
+  if (algorithm != metadata_.end()) checksum_algorithm_ = checksum::parse_algorithm(algorithm->second, path);
   auto stored = metadata_.find(kChecksumKey);
   if (stored != metadata_.end()) {
     // The digits' place in the file: after the key, its colon and the quote.
@@ -85,20 +92,9 @@ uint64_t Reader::stored_checksum() const {
 
 void Reader::verify_checksum() const {
   const uint64_t expected = stored_checksum();
-  std::FILE* f = std::fopen(path_.c_str(), "rb");
-  TORCH_CHECK(f, "cannot open '", path_, "': ", std::strerror(errno));
-  std::vector<unsigned char> buffer(1 << 20);
-  uint64_t hash = kFnvOffset, position = 0;
-  size_t got = 0;
-  while ((got = std::fread(buffer.data(), 1, buffer.size(), f)) > 0) {
-    // The stored digits count as the zeros they were when hashed.
-    for (uint64_t i = std::max(position, checksum_offset_); i < std::min(position + got, checksum_offset_ + 16); ++i) {
-      buffer[i - position] = '0';
-    }
-    hash = fnv1a(buffer.data(), got, hash);
-    position += got;
-  }
-  std::fclose(f);
+  // The stored digits count as the zeros they were when hashed.
+  const uint64_t hash =
+      file_io::hash_file(file_io::File(path_, O_RDONLY), checksum_algorithm_, checksum_offset_, kChecksumPlaceholder);
   TORCH_CHECK(hash == expected, "'", path_, "' is corrupt: its bytes have checksum ", hex64(hash),
               ", its header says ", hex64(expected));
 }
@@ -128,19 +124,17 @@ void Reader::read_into(const std::string& name, int64_t offset, const torch::Ten
                   static_cast<uint64_t>(out.numel()) <= numel - static_cast<uint64_t>(offset),
               "'", path_, "': cannot read ", out.numel(), " ", out.scalar_type(), " elements at ", offset,
               " of tensor '", name, "' (", numel, " ", entry->spec.dtype, " elements)");
-  std::FILE* f = std::fopen(path_.c_str(), "rb");
-  TORCH_CHECK(f, "cannot open '", path_, "': ", std::strerror(errno));
   const uint64_t bytes = out.numel() * element;
-  bool ok = std::fseek(f, static_cast<long>(data_start_ + entry->begin + offset * element), SEEK_SET) == 0 &&
-            std::fread(out.data_ptr(), 1, bytes, f) == bytes;
-  std::fclose(f);
-  TORCH_CHECK(ok, "'", path_, "': could not read the ", bytes, " bytes of tensor '", name, "'");
+  file_io::read_at(file_io::File(path_, O_RDONLY), out.data_ptr(), bytes,
+                   data_start_ + entry->begin + static_cast<uint64_t>(offset) * element,
+                   "the " + std::to_string(bytes) + " bytes of tensor '" + name + "'");
 }
 
 Writer::Writer(std::string path, std::vector<TensorSpec> specs, std::map<std::string, std::string> metadata)
-    : path_(std::move(path)), temp_path_(path_ + ".tmp"), specs_(std::move(specs)), checksum_(kFnvOffset) {
+    : path_(std::move(path)), temp_path_(path_ + ".tmp"), specs_(std::move(specs)) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  metadata[kChecksumKey] = hex64(0);  // the placeholder, filled in by commit()
+  metadata[kChecksumKey] = kChecksumPlaceholder;  // filled in by commit()
+  metadata[kChecksumAlgorithmKey] = checksum::algorithm_name(checksum::kWritten);
   header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& spec : specs_) {
@@ -152,23 +146,22 @@ Writer::Writer(std::string path, std::vector<TensorSpec> specs, std::map<std::st
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
   checksum_offset_ = 8 + text.find(std::string("\"") + kChecksumKey + "\":\"") + std::strlen(kChecksumKey) + 4;
-  file_ = std::fopen(temp_path_.c_str(), "wb");
-  TORCH_CHECK(file_, "cannot create '", temp_path_, "': ", std::strerror(errno));
+  stream_ = std::make_unique<file_io::StreamWriter>(temp_path_, checksum::kWritten);
   unsigned char length_bytes[8];
   for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xff);
-  append(length_bytes, 8, "the header length");
-  append(text.data(), text.size(), "the header");
-}
-
-void Writer::append(const void* data, size_t bytes, const std::string& what) {
-  TORCH_CHECK(std::fwrite(data, 1, bytes, file_) == bytes, "writing ", what, " to '", temp_path_,
-              "' failed: ", std::strerror(errno));
-  checksum_ = fnv1a(data, bytes, checksum_);
+  try {
+    stream_->append(length_bytes, 8, "the header length");
+    stream_->append(text.data(), text.size(), "the header");
+  } catch (...) {
+    stream_.reset();  // no destructor runs for a constructor that throws
+    std::remove(temp_path_.c_str());
+    throw;
+  }
 }
 
 Writer::~Writer() {
-  if (file_) {
-    std::fclose(file_);
+  if (stream_) {
+    stream_.reset();
     std::remove(temp_path_.c_str());
   }
 }
@@ -180,27 +173,27 @@ void Writer::write(const torch::Tensor& tensor) {
               spec.name, "' must be ", spec.dtype, " of shape ", c10::IntArrayRef(spec.shape), ", got ",
               tensor.scalar_type(), " of shape ", tensor.sizes());
   torch::Tensor data = tensor.contiguous();
-  append(data.data_ptr(), data.nbytes(), "tensor '" + spec.name + "'");
+  stream_->append(data.data_ptr(), data.nbytes(), "tensor '" + spec.name + "'");
   ++next_;
 }
 
 void Writer::commit() {
+  TORCH_CHECK(stream_, "'", path_, "' was already committed");
   TORCH_CHECK(next_ == specs_.size(), "'", path_, "': only ", next_, " of ", specs_.size(), " tensors were written");
-  const std::string digits = hex64(checksum_);
-  bool ok = std::fseek(file_, static_cast<long>(checksum_offset_), SEEK_SET) == 0 &&
-            std::fwrite(digits.data(), 1, digits.size(), file_) == digits.size();
-  ok = ok && std::fflush(file_) == 0 && ::fsync(fileno(file_)) == 0;
-  ok = (std::fclose(file_) == 0) && ok;
-  file_ = nullptr;
-  if (ok) ok = std::rename(temp_path_.c_str(), path_.c_str()) == 0;
-  if (!ok) std::remove(temp_path_.c_str());
-  TORCH_CHECK(ok, "could not complete '", path_, "': ", std::strerror(errno));
-}
-
-uint64_t fnv1a(const void* data, size_t bytes, uint64_t hash) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
-  return hash;
+  try {
+    checksum_ = stream_->finish();
+    stream_->overwrite(checksum_offset_, hex64(checksum_), "the checksum");
+    stream_->sync_and_close();
+  } catch (const c10::Error& e) {
+    stream_.reset();
+    std::remove(temp_path_.c_str());
+    TORCH_CHECK(false, "could not complete '", path_, "': ", e.what_without_backtrace());
+  }
+  stream_.reset();
+  const bool renamed = std::rename(temp_path_.c_str(), path_.c_str()) == 0;
+  const int rename_errno = errno;
+  if (!renamed) std::remove(temp_path_.c_str());
+  TORCH_CHECK(renamed, "could not complete '", path_, "': ", std::strerror(rename_errno));
 }
 
 std::string hex64(uint64_t value) {

@@ -14,7 +14,8 @@ CXXFLAGS := -g -O1 -w $(SANITIZE) -fsanitize=fuzzer-no-link -MMD -MP \
 
 obj = $(OUT)/obj/$(1).o
 HEADER := $(call obj,src/state_dict/safetensors_header)
-SAFETENSORS := $(call obj,src/state_dict/safetensors) $(HEADER)
+SAFETENSORS := $(call obj,src/state_dict/safetensors) $(call obj,src/state_dict/checksum) \
+  $(call obj,src/state_dict/file_io) $(HEADER)
 
 header: $(OUT)/header_fuzz
 reader: $(OUT)/reader_fuzz

@@ -19,6 +19,10 @@
 # Seeds: corpus-safetensors/ (header, reader) and corpus-metadata/
 # (metadata), made by "seeds" (make_seeds.cpp and a short fsdp-train run);
 # the regress_* ones are inputs that crashed the library before its fix.
+# Checksums: checkpoint/ and the metadata seeds were written before XXH3
+# (FNV-1a, no algorithm named), as was corpus-safetensors/fnv1a64_*, kept so
+# that the old checksum's path is fuzzed too; sharded_xxh3 is sharded
+# rewritten by write_checkpoint_metadata (XXH3-64, named).
 # A crashing input is kept as BUILD_DIR/fuzz/crash-*; rerun it with
 # BUILD_DIR/fuzz/TARGET_fuzz FILE. FSDP_FUZZ_OUT overrides BUILD_DIR/fuzz.
 set -euo pipefail

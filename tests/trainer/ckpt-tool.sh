@@ -75,4 +75,20 @@ expect_error "direct.safetensors' is corrupt" "$ckpt" verify "$work/direct.safet
 expect_error "direct.safetensors' is corrupt" "$run" -n 2 -- "$train" --preset tiny --steps 1 --init-from "$work/direct.safetensors"
 expect_error "is not a complete checkpoint" "$ckpt" convert "$work" "$work/x.safetensors"
 [ ! -e "$work/x.safetensors" ] || fail "a failed convert left a file"
+
+# Checksums: new files name XXH3-64; a checkpoint from before XXH3
+# (tests/fixtures: FNV-1a, named nowhere) still verifies, shows its
+# algorithm and converts.
+jq -e '.checksum_algorithm == "xxh3_64"' "$work/runs/step-6/metadata.json" >/dev/null ||
+  fail "metadata.json does not name xxh3_64"
+out=$("$ckpt" inspect "$work/runs/step-6") || fail "inspect of step-6 failed"
+[ "$(grep -cE '^    (shard-[01]\.safetensors|metadata\.json) [0-9]+ B, xxh3_64 [0-9a-f]{16}$' <<<"$out")" = 3 ] ||
+  { echo "$out"; fail "inspect does not show xxh3_64 for the 2 shards and the metadata"; }
+old="$here/../fixtures/checkpoint-fnv1a64/step-2"
+"$ckpt" verify "$old" >/dev/null || fail "a checkpoint from before XXH3 does not verify"
+out=$("$ckpt" inspect "$old") || fail "inspect of a checkpoint from before XXH3 failed"
+[ "$(grep -cE '^    (shard-[012]\.safetensors|metadata\.json) [0-9]+ B, fnv1a64 [0-9a-f]{16}$' <<<"$out")" = 4 ] ||
+  { echo "$out"; fail "inspect does not show fnv1a64 for the 3 old shards and their metadata"; }
+"$ckpt" convert "$old" "$work/old.safetensors" >/dev/null && "$ckpt" verify "$work/old.safetensors" >/dev/null ||
+  fail "a checkpoint from before XXH3 does not convert to a file that verifies"
 pass

@@ -2,8 +2,8 @@
 # Checkpoint throughput in MB/s (10^6 bytes per second): save, load
 # (--resume) and `fsdp-ckpt verify`, both formats (fp32 masters + AdamW
 # state), plus full weight files (--save-final, --init-from), for each preset
-# at each world size. One bf16 training step first (the files hold fp32 either
-# way; bf16 only makes the step quick).
+# at each world size. One fp32 training step first (the files hold fp32 masters
+# either way; bf16 would not make it quicker on CPUs without bf16 arithmetic).
 #   bench/checkpoints.sh [OUTDIR] [PRESETS...]          (default: medium large)
 # Environment:
 #   WORLDS   world sizes (default "2 4")
@@ -62,7 +62,7 @@ for preset in ${presets[@]}; do
       for round in $(seq 1 "$rounds"); do
         dir="$out/${preset}_w${world}_${format}"
         rm -rf "$dir" && mkdir -p "$dir"
-        common=(--preset "$preset" --param-dtype bf16 --ckpt-dir "$dir/ck" --ckpt-format "$format")
+        common=(--preset "$preset" --ckpt-dir "$dir/ck" --ckpt-format "$format")
         final=(); [ "$format" = sharded ] || final=(--save-final "$dir/full.safetensors")
         "$bin/fsdp-run" -n "$world" -- "$bin/fsdp-train" "${common[@]}" --steps 1 --ckpt-every 1 "${final[@]}" \
           > "$dir/save.out" 2>&1 || { cat "$dir/save.out" >&2; exit 1; }
@@ -82,7 +82,7 @@ for preset in ${presets[@]}; do
           row "verify $c" "$mb" "$(since "$start")"
           if [ "$format" = full ]; then
             prepare_cache "$dir" "$c"
-            "$bin/fsdp-run" -n "$world" -- "$bin/fsdp-train" --preset "$preset" --param-dtype bf16 --steps 1 \
+            "$bin/fsdp-run" -n "$world" -- "$bin/fsdp-train" --preset "$preset" --steps 1 \
               --init-from "$dir/full.safetensors" > "$dir/init-$c.out" 2>&1 || { cat "$dir/init-$c.out" >&2; exit 1; }
             row "init-from $c" $(trainer_figures "initialized from" "$dir/init-$c.out")
           fi

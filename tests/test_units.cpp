@@ -634,7 +634,7 @@ TEST(FusedAdamW, EqualsTorchAdamWWithinFloatRoundingOverTenSteps) {
   fsdp::FusedAdamW fused_adamw(groups(fused), torch::optim::AdamWOptions(1e-3));
   for (int step = 0; step < 10; ++step) {
     for (size_t i = 0; i < sizes.size(); ++i) {
-      torch::Tensor g = torch::randn({sizes[i]}) * (i + 1);
+      torch::Tensor g = torch::randn({sizes[i]}) * static_cast<double>(i + 1);
       reference[i].mutable_grad() = g.clone();
       fused[i].mutable_grad() = g.clone();
     }

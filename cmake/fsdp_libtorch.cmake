@@ -42,3 +42,38 @@ function(fsdp_libtorch_link_options out)
   endif()
   set(${out} "${options}" PARENT_SCOPE)
 endfunction()
+
+# fsdp_find_nccl(): for the CUDA configuration, call after find_package(Torch).
+# Sets FSDP_NCCL_INCLUDE_DIR, FSDP_NCCL_LIBRARY and FSDP_NCCL_VERSION. The
+# NCCL to link is the one LibTorch itself loads: a PyPI wheel's
+# nvidia/nccl/ package beside torch/ (libnccl.so.2, no unversioned link), so
+# that one process never holds two NCCLs. Elsewhere: the CUDA toolkit's, then
+# the system's. NCCL_ROOT overrides.
+function(fsdp_find_nccl)
+  get_filename_component(site "${TORCH_INSTALL_PREFIX}/.." ABSOLUTE)
+  set(hints "${site}/nvidia/nccl")
+  if(DEFINED ENV{NCCL_ROOT})
+    list(PREPEND hints "$ENV{NCCL_ROOT}")
+  endif()
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND)
+    list(APPEND hints "${CUDAToolkit_LIBRARY_ROOT}" "${CUDAToolkit_TARGET_DIR}")
+  endif()
+  find_path(FSDP_NCCL_INCLUDE_DIR nccl.h HINTS ${hints} PATH_SUFFIXES include NO_CACHE)
+  find_library(FSDP_NCCL_LIBRARY NAMES libnccl.so.2 nccl NAMES_PER_DIR HINTS ${hints} PATH_SUFFIXES lib lib64 NO_CACHE)
+  if(NOT FSDP_NCCL_INCLUDE_DIR OR NOT FSDP_NCCL_LIBRARY)
+    message(FATAL_ERROR "fsdp-cpp: the CUDA configuration needs NCCL (nccl.h and libnccl.so.2); looked in ${hints} "
+                        "and the system's folders, found header '${FSDP_NCCL_INCLUDE_DIR}', library "
+                        "'${FSDP_NCCL_LIBRARY}'. Install the nvidia-nccl-cu* wheel beside torch, or set NCCL_ROOT.")
+  endif()
+  file(STRINGS "${FSDP_NCCL_INCLUDE_DIR}/nccl.h" version_lines REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")
+  set(version "")
+  foreach(line ${version_lines})
+    string(REGEX REPLACE "^#define NCCL_[A-Z]+ +([0-9]+).*" "\\1" number "${line}")
+    list(APPEND version "${number}")
+  endforeach()
+  string(JOIN "." version ${version})
+  set(FSDP_NCCL_INCLUDE_DIR "${FSDP_NCCL_INCLUDE_DIR}" PARENT_SCOPE)
+  set(FSDP_NCCL_LIBRARY "${FSDP_NCCL_LIBRARY}" PARENT_SCOPE)
+  set(FSDP_NCCL_VERSION "${version}" PARENT_SCOPE)
+endfunction()

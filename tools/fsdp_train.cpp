@@ -68,6 +68,9 @@ struct TrainOptions {
   std::optional<double> min_lr;  // default: lr / 10 (nanoGPT's)
   double weight_decay = 0.0;
   std::string adamw = "fused";
+  std::string device = "cpu";
+  std::string backend = "auto";
+  std::string offload = "none";
   double collective_timeout = 0.0;
   std::string ckpt_dir;
   int64_t ckpt_every = 0;
@@ -181,7 +184,43 @@ struct Run {
   // would wait for it forever.
   std::shared_ptr<void> sharded_model;
   std::ofstream log;
+  c10::Device device = c10::Device(torch::kCPU);  // --device: where the units compute
+  std::string backend = "mpi";                   // --backend, resolved
+  fsdp::ProcessGroupPtr group;                   // what the model is sharded over (world, or NCCL over it)
 };
+
+// --device cuda: this rank's GPU is its rank among the ranks of its host,
+// modulo the GPUs it sees (several ranks share one where there are fewer).
+// --backend auto: NCCL where every rank of the host has a GPU of its own,
+// else MPI, which stages device tensors through host memory.
+void choose_device(const TrainOptions& o, const fsdp::ProcessGroupPtr& world, Run& run) {
+  TORCH_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '", o.device, "'");
+  TORCH_CHECK(o.backend == "auto" || o.backend == "mpi" || o.backend == "nccl",
+              "--backend must be auto, mpi or nccl, got '", o.backend, "'");
+  TORCH_CHECK(o.offload == "none" || o.offload == "cpu", "--offload must be none or cpu, got '", o.offload, "'");
+  run.group = world;
+  run.backend = "mpi";
+  if (o.device == "cpu") {
+    TORCH_CHECK(o.backend != "nccl", "--backend nccl needs --device cuda");
+    return;
+  }
+  const int gpus = fsdp::cuda_device_count();
+  TORCH_CHECK(gpus > 0, "--device cuda: ",
+              fsdp::cuda_build() ? "this process sees no GPU (CUDA_VISIBLE_DEVICES, the driver?)"
+                                 : "this fsdp-cpp was built without CUDA (build against a LibTorch with CUDA: "
+                                   "scripts/setup.sh wheel)");
+  const fsdp::ProcessGroupPtr host = world->split_shared_memory();
+  run.device = c10::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(host->rank() % gpus));
+  const bool own_gpu = host->size() <= gpus;
+  TORCH_CHECK(o.backend != "nccl" || own_gpu, "--backend nccl needs a GPU per rank: ", host->size(),
+              " ranks on this host share ", gpus, " GPU(s); use --backend mpi (or auto)");
+  if (o.backend == "nccl" || (o.backend == "auto" && own_gpu)) {
+    run.group = fsdp::make_nccl_process_group(world, run.device);
+    run.backend = "nccl";
+  }
+  run.fsdp_options.device(run.device);
+}
+
 
 
 double directory_bytes(const std::string& path) {
@@ -312,6 +351,8 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
     run.init_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   }
   if (o.strategy == "auto") run.fsdp_options.strategy(pick_strategy(o, run, world->size()));
+  choose_device(o, world, run);
+  run.fsdp_options.cpu_offload(o.offload == "cpu");
   if (!o.plot.empty()) {
     TORCH_CHECK(std::system("command -v gnuplot > /dev/null 2>&1") == 0,
                 "--plot needs gnuplot (Debian: apt-get install gnuplot-nox)");
@@ -327,7 +368,8 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
 // --sample N: rank 0 generates N tokens from --prompt with the whole
 // parameters (an UnshardScope: collective on entry and exit, nothing
 // collective inside it), greedily at temperature 0, else sampled.
-void print_sample(fsdp::FullyShardedModule<fsdp::models::GPTImpl>& model, const TrainOptions& o, int rank) {
+void print_sample(fsdp::FullyShardedModule<fsdp::models::GPTImpl>& model, const TrainOptions& o, int rank,
+                  c10::Device device) {
   fsdp::UnshardScope whole(model.state());
   if (rank != 0) return;
   const auto& c = model->config();
@@ -338,7 +380,9 @@ void print_sample(fsdp::FullyShardedModule<fsdp::models::GPTImpl>& model, const 
   if (tokens.empty()) tokens.push_back('\n' % c.vocab);
   for (int64_t i = 0; i < o.sample; ++i) {
     const int64_t window = std::min<int64_t>(static_cast<int64_t>(tokens.size()), c.context);
-    torch::Tensor idx = torch::tensor(std::vector<int64_t>(tokens.end() - window, tokens.end()), torch::kLong).view({1, -1});
+    torch::Tensor idx = torch::tensor(std::vector<int64_t>(tokens.end() - window, tokens.end()), torch::kLong)
+                            .view({1, -1})
+                            .to(device);
     torch::Tensor last = model->logits(idx).select(1, window - 1).squeeze(0).to(torch::kFloat);
     const int64_t next = o.temperature <= 0 ? last.argmax().item<int64_t>()
                                             : torch::multinomial(torch::softmax(last / o.temperature, 0), 1).item<int64_t>();
@@ -373,7 +417,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     run.fsdp_options.param_init_fn(
         [gpt](const std::string& name, torch::Tensor& param) { gpt->init_parameter(name, param); });
   }
-  auto model = fsdp::fully_shard(run.model, world, run.fsdp_options);
+  auto model = fsdp::fully_shard(run.model, run.group, run.fsdp_options);
   run.sharded_model = std::make_shared<decltype(model)>(model);
   // Building and sharding the model: this rank's peak tensor bytes so far.
   const int64_t construction_peak = fsdp::memory::usage().peak_total;
@@ -518,7 +562,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     for (int64_t first = 0; first < per_rank; first += c.batch) {
       const int64_t rows = std::min(c.batch, per_rank - first);
       auto [x, y] = run.data->val_batch(rank * per_rank + first, rows);
-      sum += model.forward(x, y).item<double>() * static_cast<double>(rows);
+      sum += model.forward(x.to(run.device), y.to(run.device)).item<double>() * static_cast<double>(rows);
     }
     state.check_idle();
     torch::Tensor total = torch::tensor({sum}, torch::kDouble);
@@ -533,7 +577,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     fsdp::set_learning_rate(optimizer, lr);
     const fsdp::StepResult result = train_step([&](int64_t micro) {
       auto [x, y] = run.data->batch(step, micro, rank, W, A, c.batch);
-      return model.forward(x, y);
+      return model.forward(x.to(run.device, /*non_blocking=*/true), y.to(run.device, /*non_blocking=*/true));
     });
     const double step_s = result.step_s;
     const fsdp::CommStats& comm = result.comm;
@@ -606,6 +650,14 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   // Every rank's peak resident set (the runtime included), for the summary.
   struct rusage usage_now {};
   ::getrusage(RUSAGE_SELF, &usage_now);
+  // The GPU's peak over the run (the CUDA caching allocator's), the largest
+  // of any rank: 0 on the CPU.
+  const fsdp::memory::DeviceUsage device_usage = fsdp::memory::device_usage(run.device);
+  torch::Tensor device_peaks = torch::empty({W, 2}, torch::kLong);
+  world->all_gather(device_peaks, torch::tensor({device_usage.peak_allocated, device_usage.peak_reserved}, torch::kLong))
+      ->wait();
+  const int64_t peak_device = device_peaks.select(1, 0).max().item<int64_t>();
+  const int64_t peak_device_reserved = device_peaks.select(1, 1).max().item<int64_t>();
   torch::Tensor rss = torch::empty({W}, torch::kLong);
   world->all_gather(rss, torch::tensor({static_cast<int64_t>(usage_now.ru_maxrss) * 1024}, torch::kLong))->wait();
   if (rank == 0 && !o.summary.empty()) {
@@ -641,6 +693,11 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"construction_peak_bytes", construction_peak},
                               {"threads_per_rank", torch::get_num_threads()},
                               {"adamw", o.adamw},
+                              {"device", run.device.str()},
+                              {"backend", run.backend},
+                              {"offload", o.offload},
+                              {"peak_device_bytes", peak_device},
+                              {"peak_device_reserved_bytes", peak_device_reserved},
                               {"libtorch", c10::str(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, ".",
                                                     TORCH_VERSION_PATCH)},
                               {"steps", o.steps},
@@ -689,7 +746,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     if (rank == 0) std::cout << "trace written to " << trace_path(o.trace, 0) << " (one file per rank)\n";
   }
 
-  if (o.sample > 0) print_sample(model, o, rank);
+  if (o.sample > 0) print_sample(model, o, rank, run.device);
 
   double save_final_s = 0.0;
   int64_t save_final_peak_extra = 0;
@@ -766,6 +823,15 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
   app.add_option("--adamw", o.adamw, "fused (fsdp::FusedAdamW: one vectorized, multi-threaded pass) or torch "
                                      "(torch::optim::AdamW); checkpoints of either resume with either")
+      ->capture_default_str();
+  app.add_option("--device", o.device, "cpu, or cuda (rank r of a host on its GPU r mod the GPUs it sees)")
+      ->capture_default_str();
+  app.add_option("--backend", o.backend,
+                 "collectives: mpi, nccl (a GPU per rank), or auto (nccl where every rank has its own GPU)")
+      ->capture_default_str();
+  app.add_option("--offload", o.offload,
+                 "none, or cpu: fp32 shards, gradients and optimizer state in host memory, optimizer step on the CPU "
+                 "(sharded strategies)")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "initialization seed")->capture_default_str();
   app.add_option("--data", o.data, "token file: raw bytes, or .bin of uint16 tokens (default: built-in corpus)");

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -25,17 +26,28 @@ const char* collective_name(CollectiveKind kind);
 // also the watchdog: a collective that has not completed within the group's
 // timeout (a rank died, hangs, or skipped it) throws, naming the call. The
 // transport is then stuck; the process should end (MpiEnvironment::abort).
+// A GPU collective's wait() (NcclWork) does not block the host: it orders
+// the caller's current stream after the collective.
 class Work {
  public:
   Work(std::shared_future<void> done, std::atomic<double>* wait_seconds, std::string description, double timeout_s);
-  void wait();
-  bool is_completed() const;
+  virtual ~Work() = default;
+  virtual void wait();
+  virtual bool is_completed() const;
+  // Runs `action` on the waiting thread once the collective is done, before
+  // wait() returns (the host-staged MPI path copies results back to the
+  // device with it, in the caller's stream order).
+  void then_on_wait(std::function<void()> action) { on_wait_ = std::move(action); }
+
+ protected:
+  Work() = default;
 
  private:
   std::shared_future<void> done_;
-  std::atomic<double>* wait_seconds_;  // the group's exposed-wait counter
+  std::atomic<double>* wait_seconds_ = nullptr;  // the group's exposed-wait counter
   std::string description_;
-  double timeout_s_;
+  double timeout_s_ = 0.0;
+  std::function<void()> on_wait_;
 };
 using WorkHandle = std::shared_ptr<Work>;
 
@@ -98,6 +110,24 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 // failed). For work that only some ranks do (rank 0 writing a file), so
 // that the others do not wait forever in the next collective.
 void throw_if_any_rank_failed(const ProcessGroupPtr& group, const std::string& error);
+
+// NCCL (the CUDA configuration): a group of the same ranks as `bootstrap`,
+// one GPU per rank (`device`, a CUDA device). The NCCL unique id travels
+// over `bootstrap` (an MPI group); split() splits `bootstrap` and makes a new
+// communicator. Every collective waits for the work the caller's current
+// stream has queued, runs on the group's own stream (all-gathers and
+// broadcasts on one, reductions on another), and holds its tensors until
+// wait(), which makes the caller's current stream wait for it: memory is
+// allocated and freed on the compute stream only, so no recordStream is
+// needed and reuse is deterministic. Throws in builds without CUDA, and when
+// two ranks name the same GPU (NCCL refuses that: use the MPI group, which
+// stages device tensors through host memory). CPU tensors go over
+// `bootstrap`, so code that exchanges small host tensors works unchanged.
+ProcessGroupPtr make_nccl_process_group(const ProcessGroupPtr& bootstrap, c10::Device device);
+// Whether this build has the CUDA configuration, and how many GPUs this
+// process sees (0 without CUDA).
+bool cuda_build();
+int cuda_device_count();
 
 // MPI: initialize once per process (MPI_THREAD_MULTIPLE), finalize at exit.
 // world() is the group of all ranks.

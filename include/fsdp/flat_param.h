@@ -34,12 +34,18 @@ struct FlatParamConfig {
   bool persistent_params = false;   // stay unsharded between steps (no_shard, zero1)
   bool full_gradients = false;      // all-reduce full gradients, keep them (no_shard, zero1)
   MixedPrecision mixed_precision;
+  // The fp32 shard (what the optimizer steps) and its gradient live in host
+  // memory (pinned when the parameters are on a GPU); only the gathered
+  // parameters and the gradients being reduced are on the device. Sharded
+  // strategies only.
+  bool cpu_offload = false;
+  c10::Device device = c10::Device(torch::kCPU);  // where the unit computes (parameters are moved there)
 };
 
 class FlatParam {
  public:
-  // Takes the parameters' current values (float32, CPU; every rank must pass
-  // the same values) as the initial model. The parameters are left with
+  // Takes the parameters' current values (float32, all on one device; every
+  // rank must pass the same values) as the initial model. The parameters are left with
   // their full shape in the compute dtype and no meaningful values; call
   // initialize_views() once their gradient accumulators exist.
   FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, FlatParamConfig config);
@@ -51,6 +57,8 @@ class FlatParam {
   int shard_group_size() const { return config_.shard_group ? config_.shard_group->size() : 1; }
   int shard_rank() const { return config_.shard_group ? config_.shard_group->rank() : 0; }
   const FlatParamConfig& config() const { return config_; }
+  // Where the parameters compute (the shard is on the host with cpu_offload).
+  c10::Device device() const { return unsharded_.device(); }
   // The local shard: an fp32 leaf that optimizers step. Padding stays zero.
   const torch::Tensor& shard() const { return shard_; }
   const std::vector<FlatParamEntry>& entries() const { return entries_; }

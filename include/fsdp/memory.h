@@ -4,6 +4,8 @@
 // that is current on the allocating thread (MemoryCategoryScope), and live and
 // peak bytes are kept per category.
 
+#include <c10/core/Device.h>
+
 #include <array>
 #include <cstdint>
 #include <string>
@@ -40,6 +42,18 @@ bool counting_allocator_installed();
 Usage usage();
 // Starts a new peak window: every peak is set to the current live value.
 void reset_peaks();
+
+// A GPU's memory as the CUDA caching allocator sees it (every tensor on the
+// device, ours and the model's; the categories above count host memory):
+// bytes in live tensors and reserved from the driver, now and at their peak
+// since the last reset_device_peaks(). Zeros for a CPU device and in builds
+// without CUDA.
+struct DeviceUsage {
+  int64_t allocated = 0, peak_allocated = 0;
+  int64_t reserved = 0, peak_reserved = 0;
+};
+DeviceUsage device_usage(c10::Device device);
+void reset_device_peaks(c10::Device device);
 
 // Attributes the allocations made on this thread while it lives.
 class MemoryCategoryScope {

@@ -101,6 +101,19 @@ struct FullyShardOptions {
   // initialized, so the full model never exists on any rank. Every rank
   // must produce the same values (seed the RNG alike before fully_shard).
   TORCH_ARG(ParamInitFn, param_init_fn) = nullptr;
+  // CPU offload (PyTorch's CPUOffload(offload_params=True), FSDP2's
+  // CPUOffloadPolicy): the fp32 shards, their gradients and so the optimizer
+  // state live in host memory (pinned for a GPU model), and the optimizer
+  // steps there (fsdp::FusedAdamW is the fast one); the device holds only
+  // the parameters being gathered and the gradients being reduced. Sharded
+  // strategies only.
+  TORCH_ARG(bool, cpu_offload) = false;
+  // The device the units compute on (FSDP1's device_id): parameters and
+  // buffers are moved there as their unit is sharded, and parameters under
+  // memory::DeferredInit are materialized there, so a model built on the CPU
+  // never exists whole on the GPU. Unset: where the parameters are (all on
+  // one device).
+  TORCH_ARG(std::optional<c10::Device>, device) = std::nullopt;
 };
 
 }  // namespace fsdp

@@ -160,6 +160,10 @@ class MpiProcessGroup final : public ProcessGroup {
   int size() const override { return size_; }
 
   WorkHandle all_gather(torch::Tensor output, torch::Tensor input) override {
+    if (on_device(output, input, "all_gather")) {
+      torch::Tensor host_output = torch::empty(output.sizes(), output.options().device(torch::kCPU));
+      return copy_back_on_wait(all_gather(host_output, input.to(torch::kCPU)), output, host_output);
+    }
     check_buffer(output, "all_gather output");
     check_buffer(input, "all_gather input");
     TORCH_CHECK(output.scalar_type() == input.scalar_type(), "all_gather: output dtype ", output.scalar_type(),
@@ -179,6 +183,10 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   WorkHandle reduce_scatter(torch::Tensor output, torch::Tensor input, ReduceOp op) override {
+    if (on_device(output, input, "reduce_scatter")) {
+      torch::Tensor host_output = torch::empty(output.sizes(), output.options().device(torch::kCPU));
+      return copy_back_on_wait(reduce_scatter(host_output, input.to(torch::kCPU), op), output, host_output);
+    }
     check_buffer(output, "reduce_scatter output");
     check_buffer(input, "reduce_scatter input");
     TORCH_CHECK(output.scalar_type() == input.scalar_type(), "reduce_scatter: output dtype ", output.scalar_type(),
@@ -198,6 +206,10 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   WorkHandle all_reduce(torch::Tensor tensor, ReduceOp op) override {
+    if (on_device(tensor, tensor, "all_reduce")) {
+      torch::Tensor host = tensor.to(torch::kCPU);
+      return copy_back_on_wait(all_reduce(host, op), tensor, host);
+    }
     check_buffer(tensor, "all_reduce tensor");
     check_reducible(tensor, op);
     count(CollectiveKind::kAllReduce, tensor.nbytes());
@@ -211,6 +223,10 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   WorkHandle broadcast(torch::Tensor tensor, int root) override {
+    if (on_device(tensor, tensor, "broadcast")) {
+      torch::Tensor host = tensor.to(torch::kCPU);
+      return copy_back_on_wait(broadcast(host, root), tensor, host);
+    }
     check_buffer(tensor, "broadcast tensor");
     TORCH_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of a group of size ", size_);
     count(CollectiveKind::kBroadcast, tensor.nbytes());
@@ -257,9 +273,27 @@ class MpiProcessGroup final : public ProcessGroup {
     return group;
   }
 
+  // Device tensors (several ranks sharing one GPU, which NCCL refuses)
+  // travel through host memory: copied to the host when the collective is
+  // issued (synchronously, after the work queued on the current stream),
+  // and back in wait(), in the waiting thread's stream order. For
+  // correctness on one GPU, not for speed.
+  static bool on_device(const torch::Tensor& a, const torch::Tensor& b, const char* what) {
+    TORCH_CHECK(a.defined() && b.defined(), what, ": a tensor is undefined");
+    TORCH_CHECK(a.device() == b.device(), what, ": both tensors must be on one device, found ", a.device(), " and ",
+                b.device());
+    return !a.device().is_cpu();
+  }
+
+  static WorkHandle copy_back_on_wait(WorkHandle work, torch::Tensor device, torch::Tensor host) {
+    work->then_on_wait([device, host] { device.copy_(host); });
+    return work;
+  }
+
   static void check_buffer(const torch::Tensor& t, const char* what) {
     TORCH_CHECK(t.defined(), what, " is undefined");
-    TORCH_CHECK(t.device().is_cpu(), "the MPI backend moves CPU tensors; ", what, " is on ", t.device());
+    TORCH_CHECK(t.device().is_cpu(), "the MPI backend moves CPU tensors (device tensors are staged); ", what, " is on ",
+                t.device());
     TORCH_CHECK(t.is_contiguous(), what, " must be contiguous");
     TORCH_CHECK(t.numel() <= std::numeric_limits<int>::max(), what, " has ", t.numel(),
                 " elements; MPI counts are ints, so at most ", std::numeric_limits<int>::max(), " per call");

@@ -39,6 +39,11 @@ void Work::wait() {
                 " s; a rank has died, hangs, or did not make this call");
   }
   done_.get();  // rethrows the collective's error, if any
+  if (on_wait_) {
+    auto action = std::move(on_wait_);
+    on_wait_ = nullptr;
+    action();
+  }
 }
 
 bool Work::is_completed() const {

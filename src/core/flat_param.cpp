@@ -2,7 +2,7 @@
 
 #include "fsdp/flat_param.h"
 
-#include <ATen/native/Resize.h>
+#include <c10/core/DeviceGuard.h>
 
 #include "fsdp/compat.h"
 #include "fsdp/memory.h"
@@ -14,12 +14,21 @@ using memory::MemoryCategoryScope;
 
 namespace compat {
 
-void free_storage(const torch::Tensor& tensor) {
-  at::native::resize_bytes_cpu(tensor.storage().unsafeGetStorageImpl(), 0);
+// Device-generic (the CPU's resize_bytes_cpu would also copy the old bytes):
+// the storage takes a fresh block from the allocator it was made with, on
+// its device; the caching allocator of a GPU hands it out in the current
+// stream's order.
+void allocate_storage(const torch::Tensor& tensor, size_t nbytes) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  c10::DeviceGuard guard(storage->device());
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
 }
 
-void allocate_storage(const torch::Tensor& tensor, size_t nbytes) {
-  at::native::resize_bytes_cpu(tensor.storage().unsafeGetStorageImpl(), nbytes);
+void free_storage(const torch::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, storage->device()));
+  storage->set_nbytes(0);
 }
 
 }  // namespace compat
@@ -45,6 +54,10 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, 
     entries_.push_back(FlatParamEntry{name, param, param.sizes().vec(), numel_, param.numel()});
     numel_ += param.numel();
   }
+  TORCH_CHECK(!config_.cpu_offload || !config_.persistent_params,
+              "FlatParam: CPU offload needs a sharded strategy (full_shard, shard_grad_op or hybrid)");
+  const c10::Device device = config_.device;
+  const auto on_device = torch::TensorOptions().device(device);
   const int K = shard_group_size(), r = shard_rank();
   shard_numel_ = (numel_ + K - 1) / K;
   const torch::ScalarType param_dtype = config_.mixed_precision.param_dtype();
@@ -55,7 +68,7 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, 
   torch::Tensor flat;
   {
     MemoryCategoryScope scope(shard_is_view ? Category::kParameterShard : Category::kOther);
-    flat = torch::zeros({padded_numel()}, torch::kFloat);
+    flat = torch::zeros({padded_numel()}, on_device.dtype(torch::kFloat));
   }
   for (const auto& e : entries_) flat.narrow(0, e.offset, e.numel).copy_(e.param.reshape({-1}));
   if (shard_is_view) {
@@ -64,18 +77,25 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, 
   } else {
     {
       MemoryCategoryScope scope(Category::kParameterShard);
-      shard_ = flat.narrow(0, r * shard_numel_, shard_numel_).clone();
+      torch::Tensor slice = flat.narrow(0, r * shard_numel_, shard_numel_);
+      if (config_.cpu_offload) {
+        // Pinned, so that the copies to and from the GPU are asynchronous.
+        shard_ = torch::empty({shard_numel_}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(device.is_cuda()));
+        shard_.copy_(slice);
+      } else {
+        shard_ = slice.clone();
+      }
     }
     flat.reset();
     MemoryCategoryScope scope(buffer_category(config_));
-    unsharded_ = torch::empty({padded_numel()}, param_dtype);
+    unsharded_ = torch::empty({padded_numel()}, on_device.dtype(param_dtype));
   }
   shard_.requires_grad_(true);
   gathered_version_ = shard_._version();
   stale_ = !shard_is_view;
   if (config_.full_gradients) {
     MemoryCategoryScope scope(Category::kGradientShard);
-    full_grad_ = torch::zeros({padded_numel()}, torch::kFloat);
+    full_grad_ = torch::zeros({padded_numel()}, on_device.dtype(torch::kFloat));
     shard_.mutable_grad() = alias(full_grad_, r * shard_numel_, shard_numel_);
   }
   // Full shape and compute dtype, so that gradient accumulators made now fix
@@ -108,7 +128,11 @@ void FlatParam::start_unshard() {
     input = unsharded_.narrow(0, shard_rank() * shard_numel_, shard_numel_);  // gathered in place
   } else {
     MemoryCategoryScope scope(Category::kUnshardedBuffer);
-    input = shard_.detach().to(unsharded_.scalar_type());  // the cast halves bf16 traffic
+    // The cast halves bf16 traffic. An offloaded shard crosses to the GPU
+    // here, asynchronously from pinned memory, on the compute stream: the
+    // blocking gradient copy of finish_reduce_gradients() orders the next
+    // optimizer step after it.
+    input = shard_.detach().to(unsharded_.device(), unsharded_.scalar_type(), /*non_blocking=*/true);
   }
   if (config_.shard_group) {
     pending_unshard_ = config_.shard_group->all_gather(unsharded_, input);
@@ -136,8 +160,10 @@ torch::Tensor FlatParam::gather_full(const torch::Tensor& local) const {
   TORCH_CHECK(local.numel() == shard_numel_, "gather_full: expected a tensor of the shard's ", shard_numel_,
               " elements, got ", local.numel());
   if (!config_.shard_group) return local.detach();
-  torch::Tensor full = torch::empty({padded_numel()}, local.options());
-  config_.shard_group->all_gather(full, local.detach().contiguous())->wait();
+  // On the device the group moves (an offloaded shard is gathered there).
+  const torch::Tensor input = local.detach().to(device()).contiguous();
+  torch::Tensor full = torch::empty({padded_numel()}, input.options());
+  config_.shard_group->all_gather(full, input)->wait();
   return full;
 }
 
@@ -170,7 +196,7 @@ void FlatParam::start_reduce_gradients() {
   } else {
     {
       MemoryCategoryScope scope(Category::kUnshardedBuffer);
-      flat_grad = torch::zeros({padded_numel()}, reduce_dtype);
+      flat_grad = torch::zeros({padded_numel()}, unsharded_.options().dtype(reduce_dtype));
     }
     for (auto& e : entries_) {
       torch::Tensor& grad = e.param.mutable_grad();
@@ -190,7 +216,7 @@ void FlatParam::start_reduce_gradients() {
   const bool becomes_grad = !shard_.grad().defined() && reduce_dtype == torch::kFloat;
   {
     MemoryCategoryScope scope(becomes_grad ? Category::kGradientShard : Category::kOther);
-    pending_result_ = torch::empty({shard_numel_}, reduce_dtype);
+    pending_result_ = torch::empty({shard_numel_}, unsharded_.options().dtype(reduce_dtype));
   }
   pending_reduce_ = config_.shard_group->reduce_scatter(pending_result_, flat_grad, ReduceOp::kAvg);
 }
@@ -204,7 +230,7 @@ void FlatParam::prepare_gradient_buffer() {
     if (e.param.grad().defined()) return;  // unreduced gradients of earlier micro-steps: the copying path adds them
   {
     MemoryCategoryScope scope(Category::kUnshardedBuffer);
-    gradient_buffer_ = torch::zeros({padded_numel()}, config_.mixed_precision.param_dtype());
+    gradient_buffer_ = torch::zeros({padded_numel()}, unsharded_.options());
   }
   for (auto& e : entries_) {
     if (e.param.requires_grad()) e.param.mutable_grad() = gradient_buffer_.narrow(0, e.offset, e.numel).view(e.shape);
@@ -242,6 +268,12 @@ void FlatParam::finish_reduce_gradients() {
   }
   if (config_.replicate_group && config_.replicate_group->size() > 1) {
     config_.replicate_group->all_reduce(reduced, ReduceOp::kAvg)->wait();
+  }
+  if (reduced.device() != shard_.device()) {
+    // Offload: the gradient shard goes to the host, in fp32. Blocking, so
+    // the host's optimizer step sees it (and every copy queued before it).
+    MemoryCategoryScope scope(shard_.grad().defined() ? Category::kOther : Category::kGradientShard);
+    reduced = reduced.to(shard_.device(), torch::kFloat);
   }
   torch::Tensor& grad = shard_.mutable_grad();
   if (grad.defined()) {

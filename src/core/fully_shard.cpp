@@ -170,23 +170,36 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
   TORCH_CHECK(group_, "fully_shard: the process group is null");
   std::vector<UnitPlan> plans = plan_units(*module_, options_.wrap_policy());
   // Everything is checked before any parameter is touched: a refused model stays intact.
+  // Where the units compute: the option, else the first parameter's device
+  // (and then every other parameter must be there too).
+  std::optional<c10::Device> device = options_.device();
+  const bool move = device.has_value();
   for (const auto& plan : plans) {
     TORCH_CHECK(!find_unit(plan.module), "fully_shard: module '", plan.name.empty() ? "<root>" : plan.name,
                 "' is already part of a sharded model");
     for (const auto& [name, param] : plan.params) {
-      TORCH_CHECK(param.device().is_cpu() && param.scalar_type() == torch::kFloat, "fully_shard: parameter '", name,
-                  "' must be a float32 CPU tensor, found ", param.scalar_type(), " on ", param.device());
+      if (!device) device = param.device();
+      TORCH_CHECK((move || param.device() == *device) && param.scalar_type() == torch::kFloat,
+                  "fully_shard: parameter '", name, "' must be a float32 tensor on ", *device,
+                  " (where the first parameter is; FullyShardOptions::device moves them), found ", param.scalar_type(),
+                  " on ", param.device());
     }
   }
+  TORCH_CHECK(!options_.cpu_offload() || !keeps_params_unsharded(options_.strategy()),
+              "fully_shard: cpu_offload needs a sharded strategy (full_shard, shard_grad_op, hybrid_shard or "
+              "hybrid_shard_zero2); ",
+              strategy_name(options_.strategy()), " keeps whole parameters on every rank");
   check_same_plan_on_every_rank(plans);
   make_groups();
   const ShardingStrategy strategy = options_.strategy();
   const FlatParamConfig config{shard_group_, replicate_group_, keeps_params_unsharded(strategy),
-                               keeps_full_gradients(strategy), options_.mixed_precision()};
+                               keeps_full_gradients(strategy), options_.mixed_precision(), options_.cpu_offload(),
+                               device.value_or(c10::Device(torch::kCPU))};
   build_units(std::move(plans), config);
   const torch::ScalarType buffer_dtype = options_.mixed_precision().effective_buffer_dtype();
   for (auto& buffer : module_->buffers()) {
-    if (buffer.is_floating_point()) buffer.set_data(buffer.to(buffer_dtype));
+    const c10::Device to = move ? *device : buffer.device();
+    buffer.set_data(buffer.is_floating_point() ? buffer.to(to, buffer_dtype) : buffer.to(to));
   }
   std::lock_guard<std::mutex> lock(registry_mutex);
   for (const auto& unit : units_) registry()[unit->module()] = unit.get();
@@ -259,7 +272,9 @@ void FsdpState::build_units(std::vector<UnitPlan> plans, const FlatParamConfig& 
     const std::vector<int64_t> shape = param.sizes().vec();
     {
       torch::NoGradGuard no_grad;
-      if (memory::is_deferred(param.data_ptr())) param.set_data(torch::empty(shape, torch::kFloat));
+      if (memory::is_deferred(param.data_ptr())) {
+        param.set_data(torch::empty(shape, torch::TensorOptions().dtype(torch::kFloat).device(config.device)));
+      }
       init(name, param);
     }
     TORCH_CHECK(param.sizes().vec() == shape && param.scalar_type() == torch::kFloat &&
@@ -507,7 +522,7 @@ namespace detail {
 namespace {
 
 // The checkpointed forward of one unit: forward keeps only the input (and
-// the CPU RNG state); backward, entered after the unit's pre-backward hook
+// the CPU RNG state, and the GPU's for an input on one); backward, entered after the unit's pre-backward hook
 // has gathered its parameters, reruns the unit's body with autograd on and
 // backpropagates through it, which accumulates the parameters' gradients
 // (firing the unit's post-backward) and returns the input's.
@@ -520,6 +535,9 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     ctx->save_for_backward({input});
     ctx->saved_data["unit"] = unit_address;
     ctx->saved_data["rng"] = at::detail::getDefaultCPUGenerator().get_state();
+    if (!input.device().is_cpu()) {
+      ctx->saved_data["device_rng"] = at::globalContext().defaultGenerator(input.device()).get_state();
+    }
     return unit->checkpoint_body()(input);
   }
 
@@ -531,6 +549,15 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     const at::Tensor rng_now = generator.get_state();
     generator.set_state(ctx->saved_data["rng"].toTensor());
+    // Dropout on a GPU draws from the device's generator: the recomputation
+    // must draw what forward drew there too.
+    std::optional<at::Generator> device_generator;
+    at::Tensor device_rng_now;
+    if (!input.device().is_cpu()) {
+      device_generator = at::globalContext().defaultGenerator(input.device());
+      device_rng_now = device_generator->get_state();
+      device_generator->set_state(ctx->saved_data["device_rng"].toTensor());
+    }
     torch::Tensor output;
     {
       torch::AutoGradMode grad_on(true);
@@ -538,6 +565,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       output = unit->checkpoint_body()(input);
     }
     generator.set_state(rng_now);
+    if (device_generator) device_generator->set_state(device_rng_now);
     unit->before_recomputed_gradients();
     torch::autograd::backward({output}, {grad_outputs[0]});
     return {input.requires_grad() ? input.grad() : torch::Tensor(), torch::Tensor(), torch::Tensor()};

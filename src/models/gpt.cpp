@@ -51,7 +51,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, heads_, hs}).transpose(1, 2); };
   torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
   torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));
-  torch::Tensor future = torch::ones({T, T}, torch::kBool).triu(1);
+  torch::Tensor future = torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   torch::Tensor y = torch::matmul(torch::softmax(scores, -1), v);
   return c_proj(y.transpose(1, 2).contiguous().view({B, T, C}));
@@ -102,7 +102,7 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
 torch::Tensor GPTImpl::logits(const torch::Tensor& idx) {
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= config_.context, "sequence length ", T, " exceeds the context ", config_.context);
-  torch::Tensor x = transformer->wte(idx) + transformer->wpe(torch::arange(T, torch::kLong));
+  torch::Tensor x = transformer->wte(idx) + transformer->wpe(torch::arange(T, idx.options()));
   for (const auto& block : *transformer->h) x = fsdp::unit_forward(*block->as<BlockImpl>(), x);
   return lm_head(transformer->ln_f(x));
 }

@@ -533,6 +533,12 @@ void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t f
               "' holds no state '", what, "' (it holds ", nlohmann::json(names).dump(), ")");
   TORCH_CHECK(0 <= from && from <= to && to <= units[unit].at("numel").get<int64_t>() && out.numel() == to - from,
               "read_range: [", from, ", ", to, ") does not fit unit ", unit, " or the output of ", out.numel());
+  if (!out.device().is_cpu()) {  // a GPU run's shard: read on the host, then copied over
+    torch::Tensor host = torch::empty(out.sizes(), out.options().device(torch::kCPU));
+    read_range(unit, what, from, to, host);
+    out.copy_(host);
+    return;
+  }
   // The saved pieces: (file, tensor, flat offset of its first element, elements).
   std::vector<std::tuple<std::string, std::string, int64_t, int64_t>> pieces;
   if (format_ == CheckpointFormat::kSharded) {

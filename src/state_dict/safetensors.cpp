@@ -172,7 +172,7 @@ void Writer::write(const torch::Tensor& tensor) {
   TORCH_CHECK(tensor.scalar_type() == spec.dtype && tensor.sizes().vec() == spec.shape, "'", path_, "': tensor '",
               spec.name, "' must be ", spec.dtype, " of shape ", c10::IntArrayRef(spec.shape), ", got ",
               tensor.scalar_type(), " of shape ", tensor.sizes());
-  torch::Tensor data = tensor.contiguous();
+  torch::Tensor data = tensor.to(torch::kCPU).contiguous();  // a GPU run's tensors are written from the host
   stream_->append(data.data_ptr(), data.nbytes(), "tensor '" + spec.name + "'");
   ++next_;
 }

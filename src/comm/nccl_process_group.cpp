@@ -1,0 +1,340 @@
+// The NCCL backend (the CUDA configuration). Collectives are raw NCCL calls
+// on the group's own streams; the host never waits for them except in
+// barrier(). Ordering is by CUDA events:
+//   issue:  the collective's stream waits for the caller's current (compute)
+//           stream, so the buffers' producers have run;
+//   wait(): the compute stream waits for the collective's end event.
+// Buffer lifetimes are explicit: a collective's Work holds its tensors until
+// wait() has ordered the compute stream after it. Every buffer is allocated
+// and freed on the compute stream, so the caching allocator can hand a freed
+// block only to work that is ordered after the collective: no recordStream,
+// and the same memory every step (FSDP2's rule, kept by construction).
+//
+// The watchdog is a thread that polls the end events of collectives in
+// flight; one that has not finished within the group's timeout aborts the
+// communicator and ends the job with a message naming the call (NCCL cannot
+// be cancelled otherwise, and a host that never waits would never notice).
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "fsdp/comm.h"
+
+namespace fsdp {
+namespace {
+
+void check_nccl(ncclResult_t result, const std::string& what) {
+  TORCH_CHECK(result == ncclSuccess, "NCCL error in ", what, ": ", ncclGetErrorString(result),
+              result == ncclSystemError || result == ncclRemoteError ? std::string(" (") + ncclGetLastError(nullptr) + ")"
+                                                                      : std::string());
+}
+
+ncclDataType_t nccl_type(torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat: return ncclFloat32;
+    case torch::kDouble: return ncclFloat64;
+    case torch::kHalf: return ncclFloat16;
+    case torch::kBFloat16: return ncclBfloat16;
+    case torch::kInt: return ncclInt32;
+    case torch::kLong: return ncclInt64;
+    case torch::kByte: return ncclUint8;
+    case torch::kChar: return ncclInt8;
+    default: TORCH_CHECK(false, "NCCL collectives support float32/64, bfloat16, float16, int8/32/64 and uint8, got ", type);
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op, const torch::Tensor& t) {
+  TORCH_CHECK(op != ReduceOp::kAvg || t.is_floating_point(), "an average needs a floating-point tensor, got ",
+              t.scalar_type());
+  return op == ReduceOp::kAvg ? ncclAvg : ncclSum;
+}
+
+// A CUDA event without timing, owned.
+class Event {
+ public:
+  explicit Event(c10::DeviceIndex device) {
+    c10::cuda::CUDAGuard guard(device);
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  }
+  ~Event() { cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(const c10::cuda::CUDAStream& stream) { C10_CUDA_CHECK(cudaEventRecord(event_, stream.stream())); }
+  void block(const c10::cuda::CUDAStream& stream) const {
+    C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), event_, 0));
+  }
+  bool query() const {
+    const cudaError_t status = cudaEventQuery(event_);
+    if (status == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not an error: clear it
+      return false;
+    }
+    C10_CUDA_CHECK(status);
+    return true;
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<Event> done, std::vector<torch::Tensor> buffers, c10::DeviceIndex device)
+      : done_(std::move(done)), buffers_(std::move(buffers)), device_(device) {}
+  // Never leave the buffers to a caching allocator while the collective may
+  // still use them: an unwaited Work orders the compute stream on destruction.
+  ~NcclWork() override {
+    if (!waited_) {
+      try {
+        wait();
+      } catch (...) {
+      }
+    }
+  }
+  void wait() override {
+    if (waited_) return;
+    done_->block(c10::cuda::getCurrentCUDAStream(device_));
+    buffers_.clear();  // their next users are ordered after the collective now
+    waited_ = true;
+  }
+  bool is_completed() const override { return done_->query(); }
+
+ private:
+  std::shared_ptr<Event> done_;
+  std::vector<torch::Tensor> buffers_;
+  c10::DeviceIndex device_;
+  bool waited_ = false;
+};
+
+class NcclProcessGroup final : public ProcessGroup {
+ public:
+  NcclProcessGroup(ProcessGroupPtr bootstrap, c10::Device device)
+      : bootstrap_(std::move(bootstrap)), device_(device) {
+    TORCH_CHECK(device_.is_cuda() && device_.has_index(), "the NCCL process group needs a CUDA device with an index, got ",
+                device_);
+    TORCH_CHECK(device_.index() < c10::cuda::device_count(), "the NCCL process group: device ", device_,
+                " does not exist; this process sees ", static_cast<int>(c10::cuda::device_count()), " GPUs");
+    set_timeout(bootstrap_->timeout());
+    check_one_rank_per_gpu();
+    ncclUniqueId id;
+    torch::Tensor bytes = torch::zeros({static_cast<int64_t>(sizeof(id))}, torch::kByte);
+    if (bootstrap_->rank() == 0) {
+      check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      std::memcpy(bytes.data_ptr(), &id, sizeof(id));
+    }
+    bootstrap_->broadcast(bytes, 0)->wait();
+    std::memcpy(&id, bytes.data_ptr(), sizeof(id));
+    c10::cuda::CUDAGuard guard(device_);
+    check_nccl(ncclCommInitRank(&comm_, bootstrap_->size(), id, bootstrap_->rank()), "ncclCommInitRank");
+    gather_stream_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(true, device_.index()));
+    reduce_stream_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(true, device_.index()));
+    watchdog_ = std::thread([this] { run_watchdog(); });
+  }
+
+  ~NcclProcessGroup() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    watchdog_.join();
+    ncclCommDestroy(comm_);
+  }
+
+  int rank() const override { return bootstrap_->rank(); }
+  int size() const override { return bootstrap_->size(); }
+
+  // CPU tensors (the engine's small control collectives, checkpoint
+  // metadata, offloaded shards) go over the bootstrap MPI group.
+  WorkHandle all_gather(torch::Tensor output, torch::Tensor input) override {
+    if (on_host(output, input)) return bootstrap_->all_gather(output, input);
+    check_buffer(output, "all_gather output");
+    check_buffer(input, "all_gather input");
+    TORCH_CHECK(output.scalar_type() == input.scalar_type(), "all_gather: output dtype ", output.scalar_type(),
+                " differs from input dtype ", input.scalar_type());
+    TORCH_CHECK(output.numel() == input.numel() * size(), "all_gather: output must hold group size (", size(),
+                ") x input elements (", input.numel(), ") = ", input.numel() * size(), ", found ", output.numel());
+    count(CollectiveKind::kAllGather, output.nbytes());
+    return issue(*gather_stream_, {output, input}, "all_gather", [&](cudaStream_t stream) {
+      return ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), nccl_type(input.scalar_type()), comm_,
+                           stream);
+    });
+  }
+
+  WorkHandle reduce_scatter(torch::Tensor output, torch::Tensor input, ReduceOp op) override {
+    if (on_host(output, input)) return bootstrap_->reduce_scatter(output, input, op);
+    check_buffer(output, "reduce_scatter output");
+    check_buffer(input, "reduce_scatter input");
+    TORCH_CHECK(output.scalar_type() == input.scalar_type(), "reduce_scatter: output dtype ", output.scalar_type(),
+                " differs from input dtype ", input.scalar_type());
+    TORCH_CHECK(input.numel() == output.numel() * size(), "reduce_scatter: input must hold group size (", size(),
+                ") x output elements (", output.numel(), ") = ", output.numel() * size(), ", found ", input.numel());
+    const ncclRedOp_t reduction = nccl_op(op, input);
+    count(CollectiveKind::kReduceScatter, input.nbytes());
+    return issue(*reduce_stream_, {output, input}, "reduce_scatter", [&](cudaStream_t stream) {
+      return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), nccl_type(input.scalar_type()),
+                               reduction, comm_, stream);
+    });
+  }
+
+  WorkHandle all_reduce(torch::Tensor tensor, ReduceOp op) override {
+    if (on_host(tensor, tensor)) return bootstrap_->all_reduce(tensor, op);
+    check_buffer(tensor, "all_reduce tensor");
+    const ncclRedOp_t reduction = nccl_op(op, tensor);
+    count(CollectiveKind::kAllReduce, tensor.nbytes());
+    return issue(*reduce_stream_, {tensor}, "all_reduce", [&](cudaStream_t stream) {
+      return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), nccl_type(tensor.scalar_type()),
+                           reduction, comm_, stream);
+    });
+  }
+
+  WorkHandle broadcast(torch::Tensor tensor, int root) override {
+    if (on_host(tensor, tensor)) return bootstrap_->broadcast(tensor, root);
+    check_buffer(tensor, "broadcast tensor");
+    TORCH_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " is not a rank of a group of size ", size());
+    count(CollectiveKind::kBroadcast, tensor.nbytes());
+    return issue(*gather_stream_, {tensor}, "broadcast", [&](cudaStream_t stream) {
+      return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), nccl_type(tensor.scalar_type()), root,
+                           comm_, stream);
+    });
+  }
+
+  // The host waits here (and only here): every rank's GPU work queued so far
+  // on the compute stream is done when it returns.
+  WorkHandle barrier() override {
+    c10::cuda::CUDAGuard guard(device_);
+    torch::Tensor token = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat).device(device_));
+    all_reduce(token, ReduceOp::kSum)->wait();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout());
+    auto done = std::make_shared<Event>(device_.index());
+    done->record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    while (!done->query()) {
+      TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "collective watchdog: an NCCL barrier did not complete within ",
+                  timeout(), " s; a rank has died, hangs, or did not make this call");
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    std::promise<void> ready;
+    ready.set_value();
+    return std::make_shared<Work>(ready.get_future().share(), &wait_seconds_, "barrier", timeout());
+  }
+
+  std::shared_ptr<ProcessGroup> split(int color, int key) override {
+    return std::make_shared<NcclProcessGroup>(bootstrap_->split(color, key), device_);
+  }
+
+  std::shared_ptr<ProcessGroup> split_shared_memory() override {
+    return std::make_shared<NcclProcessGroup>(bootstrap_->split_shared_memory(), device_);
+  }
+
+ private:
+  struct InFlight {
+    std::shared_ptr<Event> done;
+    std::string description;
+    std::chrono::steady_clock::time_point deadline;
+  };
+
+  static bool on_host(const torch::Tensor& a, const torch::Tensor& b) {
+    return a.defined() && b.defined() && a.device().is_cpu() && b.device().is_cpu();
+  }
+
+  void check_buffer(const torch::Tensor& t, const char* what) const {
+    TORCH_CHECK(t.defined(), what, " is undefined");
+    TORCH_CHECK(t.device() == device_, "the NCCL process group moves tensors on ", device_, "; ", what, " is on ",
+                t.device());
+    TORCH_CHECK(t.is_contiguous(), what, " must be contiguous");
+  }
+
+  // NCCL refuses two ranks of one communicator on one GPU (and would hang
+  // in some versions): refused here with what to do instead.
+  void check_one_rank_per_gpu() const {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    const int64_t place = static_cast<int64_t>(std::hash<std::string>()(host) & 0xffffffffffff) * 1024 + device_.index();
+    torch::Tensor all = torch::empty({bootstrap_->size()}, torch::kLong);
+    bootstrap_->all_gather(all, torch::tensor({place}, torch::kLong))->wait();
+    for (int r = 0; r < bootstrap_->size(); ++r) {
+      TORCH_CHECK(r == bootstrap_->rank() || all[r].item<int64_t>() != place, "the NCCL process group: ranks ", r,
+                  " and ", bootstrap_->rank(), " both use GPU ", device_,
+                  " of one host; NCCL needs one GPU per rank. To run several ranks on one GPU, use the MPI process "
+                  "group (fsdp-train --backend mpi), which stages device tensors through host memory.");
+    }
+  }
+
+  template <class Call>
+  WorkHandle issue(const c10::cuda::CUDAStream& stream, std::vector<torch::Tensor> buffers, const char* what, Call call) {
+    c10::cuda::CUDAGuard guard(device_);
+    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
+    Event ready(device_.index());
+    ready.record(compute);
+    ready.block(stream);
+    const int64_t sequence = next_sequence_++;
+    const std::string description = std::string(what) + " (call #" + std::to_string(sequence) + " of an NCCL group of " +
+                                    std::to_string(size()) + " ranks, this rank " + std::to_string(rank()) + ")";
+    check_nccl(call(stream.stream()), description);
+    auto done = std::make_shared<Event>(device_.index());
+    done->record(stream);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      in_flight_.push_back({done, description,
+                            std::chrono::steady_clock::now() +
+                                std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                    std::chrono::duration<double>(timeout()))});
+    }
+    wake_.notify_one();
+    return std::make_shared<NcclWork>(std::move(done), std::move(buffers), device_.index());
+  }
+
+  void run_watchdog() {
+    c10::cuda::CUDAGuard guard(device_);
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stopping_ || !in_flight_.empty(); });
+      if (stopping_) return;
+      // In issue order: the oldest unfinished one is the one to time out.
+      while (!in_flight_.empty() && in_flight_.front().done->query()) in_flight_.pop_front();
+      if (in_flight_.empty() || std::chrono::steady_clock::now() < in_flight_.front().deadline) continue;
+      const std::string description = in_flight_.front().description;
+      lock.unlock();
+      ncclCommAbort(comm_);
+      MpiEnvironment::abort_with_message("collective watchdog: " + description + " did not complete within " +
+                                         c10::str(timeout()) +
+                                         " s; a rank has died, hangs, or did not make this call. Ending the job.");
+    }
+  }
+
+  ProcessGroupPtr bootstrap_;
+  c10::Device device_;
+  ncclComm_t comm_ = nullptr;
+  std::unique_ptr<c10::cuda::CUDAStream> gather_stream_, reduce_stream_;
+  int64_t next_sequence_ = 0;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<InFlight> in_flight_;
+  bool stopping_ = false;
+  std::thread watchdog_;
+};
+
+}  // namespace
+
+ProcessGroupPtr make_nccl_process_group(const ProcessGroupPtr& bootstrap, c10::Device device) {
+  TORCH_CHECK(bootstrap, "make_nccl_process_group: the bootstrap group is null");
+  return std::make_shared<NcclProcessGroup>(bootstrap, device);
+}
+
+bool cuda_build() { return true; }
+
+int cuda_device_count() { return static_cast<int>(c10::cuda::device_count()); }
+
+}  // namespace fsdp

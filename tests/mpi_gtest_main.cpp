@@ -7,7 +7,9 @@
 #include "fsdp/memory.h"
 #include "mpi_test_env.h"
 
+#include <cstdlib>
 #include <iostream>
+#include <string>
 
 namespace fsdp::testing {
 ProcessGroupPtr world_group;
@@ -31,6 +33,14 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // GPU-only test runs (FSDP_TEST_NEEDS_GPU=1) on a machine without one:
+  // the reason, and 77, which ctest reports as skipped.
+  if (const char* needs = std::getenv("FSDP_TEST_NEEDS_GPU"); needs && std::string(needs) == "1" &&
+                                                               fsdp::cuda_device_count() == 0) {
+    std::cout << "skipped: " << (fsdp::cuda_build() ? "no GPU visible to this process" : "a build without CUDA (FSDP_CUDA)")
+              << "\n";
+    return 77;
+  }
   fsdp::memory::install_counting_allocator();
   ::testing::InitGoogleTest(&argc, argv);
   fsdp::MpiEnvironment mpi(&argc, &argv);

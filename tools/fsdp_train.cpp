@@ -698,6 +698,12 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"offload", o.offload},
                               {"peak_device_bytes", peak_device},
                               {"peak_device_reserved_bytes", peak_device_reserved},
+                              // The planner's step peak as fsdp-plan --offload splits it: with
+                              // offload the model state is on the host (CPU kernels' activations).
+                              {"peak_device_bytes_predicted",
+                               run.device.is_cpu() ? int64_t{0}
+                                                   : predicted_peak.total() -
+                                                         (o.offload == "cpu" ? predicted_peak.state.total() : 0)},
                               {"libtorch", c10::str(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, ".",
                                                     TORCH_VERSION_PATCH)},
                               {"steps", o.steps},

@@ -109,7 +109,7 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   state_.reset_comm_stats();
   const auto start = Clock::now();
   const int64_t A = options_.micro_steps();
-  torch::Tensor step_loss = torch::zeros({}, torch::kDouble);
+  torch::Tensor step_loss;  // on the loss's device: a GPU run does not wait for it until the step ends
   for (int64_t micro = 0; micro < A; ++micro) {
     state_.set_requires_gradient_sync(!skip_sync_ || micro == A - 1);
     torch::Tensor loss = loss_fn(micro);
@@ -119,7 +119,8 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
     // the mean over the global batch.
     loss = loss / static_cast<double>(A);
     (scaler_ ? scaler_->scale(loss) : loss).backward();
-    step_loss += loss.detach().to(torch::kDouble);
+    const torch::Tensor micro_loss = loss.detach().to(torch::kDouble);
+    step_loss = step_loss.defined() ? step_loss + micro_loss : micro_loss;
   }
   state_.set_requires_gradient_sync(true);
   const auto optimizer_start = Clock::now();
@@ -144,6 +145,9 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   state_.check_idle();
   result.comm = state_.comm_stats();
   // The loss of the step is the global-batch mean: the mean of the ranks' means.
+  // On the host (which waits here for a GPU's queued work, the optimizer's
+  // included, so step_s is the whole step): a small control collective.
+  step_loss = step_loss.to(torch::kCPU).reshape({});
   state_.group()->all_reduce(step_loss, ReduceOp::kAvg)->wait();
   result.loss = step_loss.item<double>();
   result.step_s = seconds_since(start);

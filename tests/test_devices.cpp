@@ -1,0 +1,206 @@
+// Devices and offload, on 1, 2 and 4 ranks. On any machine: CPU offload
+// trains exactly as without it and keeps the shards, their gradients and the
+// optimizer state on the host; refusals (offload without sharding, NCCL
+// without CUDA or a GPU). On a machine with
+// a GPU (label gpu; skipped with the reason elsewhere): device tensors
+// through the host-staged MPI collectives and through NCCL, FULL_SHARD on the
+// GPU against the same training on the CPU, CPU offload on the GPU (and its
+// device memory), and sharded checkpoints moving between GPU and CPU.
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "fsdp/checkpoint.h"
+#include "fsdp/error.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/fused_adamw.h"
+#include "fsdp/gpt.h"
+#include "fsdp/memory.h"
+#include "fsdp/token_data.h"
+#include "mpi_test_env.h"
+#include "test_helpers.h"
+
+using fsdp::models::GPT;
+using fsdp::models::GPTConfig;
+using fsdp::testing::block_units;
+using fsdp::testing::make_gpt;
+using fsdp::testing::spec_adamw;
+using fsdp::testing::tiny;
+using fsdp::testing::world_group;
+
+namespace {
+
+// Trains `steps` steps of the tiny GPT and returns the global losses.
+std::vector<double> train_losses(fsdp::FullyShardOptions options, int64_t steps, c10::Device data_device,
+                                 const fsdp::ProcessGroupPtr& group = world_group) {
+  const int W = world_group->size(), r = world_group->rank();
+  const GPTConfig config = tiny();
+  fsdp::models::TokenData data(fsdp::testing::make_token_file("devices", 20000, config.vocab), config.context,
+                               config.vocab);
+  auto model = fsdp::fully_shard(make_gpt(config), group, std::move(options));
+  fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());
+  std::vector<double> losses;
+  for (int64_t step = 0; step < steps; ++step) {
+    auto [x, y] = data.batch(step, 0, r, W, 1, 2);
+    torch::Tensor loss = model.forward(x.to(data_device), y.to(data_device));
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+    torch::Tensor global = loss.detach().to(torch::kCPU, torch::kDouble).reshape({1});
+    world_group->all_reduce(global, fsdp::ReduceOp::kAvg)->wait();
+    losses.push_back(global.item<double>());
+  }
+  return losses;
+}
+
+bool has_gpu() { return fsdp::cuda_device_count() > 0; }
+
+#define SKIP_WITHOUT_GPU()                                                                                      \
+  if (!has_gpu()) {                                                                                             \
+    GTEST_SKIP() << (fsdp::cuda_build() ? "no GPU visible to this process" : "a build without CUDA (FSDP_CUDA)"); \
+  }
+
+c10::Device gpu() { return c10::Device(torch::kCUDA, 0); }
+
+}  // namespace
+
+// Offload moves where the shard lives, not what is computed: the same
+// float operations in the same order, so the losses are bit-identical.
+TEST(CpuOffload, TrainsExactlyAsWithoutOffload) {
+  for (auto strategy : {fsdp::ShardingStrategy::kFullShard, fsdp::ShardingStrategy::kShardGradOp}) {
+    const auto plain = train_losses(block_units(strategy), 4, torch::kCPU);
+    const auto offloaded = train_losses(block_units(strategy).cpu_offload(true), 4, torch::kCPU);
+    EXPECT_EQ(plain, offloaded) << fsdp::strategy_name(strategy);
+  }
+}
+
+TEST(CpuOffload, ShardsGradientsAndOptimizerStateStayOnTheHost) {
+  auto model = fsdp::fully_shard(make_gpt(tiny()), world_group, block_units().cpu_offload(true));
+  fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());
+  const GPTConfig config = tiny();
+  torch::Tensor x = torch::randint(config.vocab, {2, config.context}, torch::kLong);
+  model.forward(x, x).backward();
+  optimizer.step();
+  for (const auto& shard : model.parameters()) {
+    EXPECT_TRUE(shard.device().is_cpu());
+    ASSERT_TRUE(shard.grad().defined());
+    EXPECT_TRUE(shard.grad().device().is_cpu());
+  }
+}
+
+TEST(CpuOffload, IsRefusedForStrategiesThatKeepWholeParameters) {
+  for (auto strategy : {fsdp::ShardingStrategy::kNoShard, fsdp::ShardingStrategy::kZero1}) {
+    GPT gpt = make_gpt(tiny());
+    try {
+      fsdp::fully_shard(gpt, world_group, block_units(strategy).cpu_offload(true));
+      ADD_FAILURE() << "cpu_offload with " << fsdp::strategy_name(strategy) << " was accepted";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(fsdp::error_message(e).find("cpu_offload needs a sharded strategy"), std::string::npos)
+          << fsdp::error_message(e);
+    }
+  }
+}
+
+// FullyShardOptions::device names where the units compute; naming the
+// parameters' own device changes nothing.
+TEST(Devices, AnExplicitDeviceTrainsAsTheParametersOwn) {
+  EXPECT_EQ(train_losses(block_units().device(c10::Device(torch::kCPU)), 3, torch::kCPU),
+            train_losses(block_units(), 3, torch::kCPU));
+}
+
+TEST(Devices, NcclIsRefusedWithWhatToDoWhereItCannotRun) {
+  if (has_gpu()) GTEST_SKIP() << "a GPU is present: NCCL can run here";
+  try {
+    fsdp::make_nccl_process_group(world_group, gpu());
+    ADD_FAILURE() << "an NCCL group was made without a GPU";
+  } catch (const c10::Error& e) {
+    const std::string message = fsdp::error_message(e);
+    EXPECT_NE(message.find(fsdp::cuda_build() ? "does not exist" : "CUDA configuration"), std::string::npos) << message;
+  }
+}
+
+// ---- on a GPU ----
+
+// Device tensors through the MPI group: staged through host memory, the
+// same results as host tensors (several ranks may share one GPU).
+TEST(Gpu, StagedMpiCollectivesMatchHostOnes) {
+  SKIP_WITHOUT_GPU();
+  const int W = world_group->size(), r = world_group->rank();
+  torch::Tensor mine = torch::arange(6, torch::kFloat) + 10 * r;
+  torch::Tensor gathered = torch::empty({6 * W}, torch::TensorOptions().device(gpu()));
+  world_group->all_gather(gathered, mine.to(gpu()))->wait();
+  torch::Tensor expected = torch::empty({6 * W});
+  world_group->all_gather(expected, mine)->wait();
+  EXPECT_TRUE(torch::equal(gathered.cpu(), expected));
+  torch::Tensor reduced = torch::empty({6}, torch::TensorOptions().device(gpu()));
+  world_group->reduce_scatter(reduced, torch::arange(6 * W, torch::kFloat).to(gpu()), fsdp::ReduceOp::kAvg)->wait();
+  EXPECT_TRUE(torch::allclose(reduced.cpu(), torch::arange(6 * W, torch::kFloat).narrow(0, 6 * r, 6)));
+}
+
+// NCCL needs a GPU per rank: at W = 1 on a one-GPU machine.
+TEST(Gpu, NcclCollectivesMatchMpi) {
+  SKIP_WITHOUT_GPU();
+  if (world_group->size() > fsdp::cuda_device_count()) GTEST_SKIP() << "fewer GPUs than ranks";
+  const int W = world_group->size(), r = world_group->rank();
+  const c10::Device device(torch::kCUDA, static_cast<c10::DeviceIndex>(r));
+  auto nccl = fsdp::make_nccl_process_group(world_group, device);
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    torch::Tensor input = (torch::arange(8 * W, torch::kFloat) * (r + 1)).to(dtype);
+    torch::Tensor out = torch::empty({8}, torch::TensorOptions().dtype(dtype).device(device));
+    nccl->reduce_scatter(out, input.to(device), fsdp::ReduceOp::kAvg)->wait();
+    torch::Tensor expected = torch::empty({8}, dtype);
+    world_group->reduce_scatter(expected, input, fsdp::ReduceOp::kAvg)->wait();
+    EXPECT_TRUE(torch::allclose(out.cpu().to(torch::kFloat), expected.to(torch::kFloat), 1e-2)) << dtype;
+    torch::Tensor gathered = torch::empty({8 * W}, torch::TensorOptions().dtype(dtype).device(device));
+    nccl->all_gather(gathered, out)->wait();
+    torch::Tensor host_gathered = torch::empty({8 * W}, dtype);
+    world_group->all_gather(host_gathered, expected)->wait();
+    EXPECT_TRUE(torch::allclose(gathered.cpu().to(torch::kFloat), host_gathered.to(torch::kFloat), 1e-2)) << dtype;
+  }
+  nccl->barrier()->wait();
+}
+
+// The engine on the GPU trains what it trains on the CPU: fp32, 1e-4
+// relative on every step's loss (different kernels, the same math).
+TEST(Gpu, FullShardOnTheGpuTrainsAsOnTheCpu) {
+  SKIP_WITHOUT_GPU();
+  const auto cpu = train_losses(block_units(), 6, torch::kCPU);
+  const auto on_gpu = train_losses(block_units().device(gpu()), 6, gpu());
+  ASSERT_EQ(cpu.size(), on_gpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(on_gpu[i], cpu[i], 1e-4 * std::abs(cpu[i])) << "step " << i;
+}
+
+TEST(Gpu, CpuOffloadTrainsAsWithoutAndHoldsLessDeviceMemory) {
+  SKIP_WITHOUT_GPU();
+  fsdp::memory::reset_device_peaks(gpu());
+  const auto plain = train_losses(block_units().device(gpu()), 4, gpu());
+  const int64_t plain_peak = fsdp::memory::device_usage(gpu()).peak_allocated;
+  torch::cuda::synchronize();
+  fsdp::memory::reset_device_peaks(gpu());
+  const auto offloaded = train_losses(block_units().device(gpu()).cpu_offload(true), 4, gpu());
+  const int64_t offload_peak = fsdp::memory::device_usage(gpu()).peak_allocated;
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_NEAR(offloaded[i], plain[i], 1e-5 * std::abs(plain[i]));
+  EXPECT_LT(offload_peak, plain_peak);
+  std::cout << "device peak: " << plain_peak << " B without offload, " << offload_peak << " B with\n";
+}
+
+// A sharded checkpoint written by a GPU run loads into a CPU run, and back.
+TEST(Gpu, ShardedCheckpointsMoveBetweenGpuAndCpu) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = "/tmp/fsdp_test_gpu_ckpt";
+  auto on_gpu = fsdp::fully_shard(make_gpt(tiny(), 3), world_group, block_units().device(gpu()));
+  torch::optim::AdamW gpu_optimizer(on_gpu.parameters(), spec_adamw());
+  torch::Tensor x = torch::randint(tiny().vocab, {2, tiny().context}, torch::kLong);
+  on_gpu.forward(x.to(gpu()), x.to(gpu())).backward();
+  gpu_optimizer.step();
+  if (world_group->rank() == 0) std::filesystem::remove_all(dir);
+  world_group->barrier()->wait();
+  const std::string saved = fsdp::save_checkpoint(on_gpu.state(), gpu_optimizer, dir, 1);
+  auto on_cpu = fsdp::fully_shard(make_gpt(tiny(), 4), world_group, block_units());
+  torch::optim::AdamW cpu_optimizer(on_cpu.parameters(), spec_adamw());
+  fsdp::load_checkpoint(on_cpu.state(), cpu_optimizer, saved);
+  const auto a = on_gpu.parameters(), b = on_cpu.parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i].detach().cpu(), b[i].detach())) << "unit " << i;
+}

@@ -627,6 +627,12 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                              {"optimizer_s", result.optimizer_s},
                              {"model_state_bytes", model_state},
                              {"peak_tensor_bytes", peak}};
+      if (!run.device.is_cpu()) {  // the GPU's figures beside the host's (per rank)
+        for (int r = 0; r < W; ++r) {
+          line["device_peak_bytes"].push_back(last_figures[r].device_peak_bytes);
+          line["device_model_state_bytes"].push_back(last_figures[r].device_model_state_bytes);
+        }
+      }
       if (grad_norm >= 0) line["grad_norm"] = grad_norm;
       if (val_loss) line["val_loss"] = *val_loss;
       if (scaler) {
@@ -675,6 +681,8 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     std::vector<int64_t> model_state(W), rss_bytes(rss.data_ptr<int64_t>(), rss.data_ptr<int64_t>() + W);
     for (int r = 0; r < W; ++r) model_state[r] = last_figures[r].model_state_bytes;
     nlohmann::json model_state_by_kind;  // per rank, split as fsdp-plan splits it
+    nlohmann::json device_model_state = nlohmann::json::array();
+    for (int r = 0; r < W; ++r) device_model_state.push_back(last_figures[r].device_model_state_bytes);
     for (int r = 0; r < W; ++r) {
       model_state_by_kind["params"].push_back(last_figures[r].param_shard_bytes);
       model_state_by_kind["grads"].push_back(last_figures[r].grad_shard_bytes);
@@ -698,6 +706,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"offload", o.offload},
                               {"peak_device_bytes", peak_device},
                               {"peak_device_reserved_bytes", peak_device_reserved},
+                              {"device_model_state_bytes", device_model_state},
                               // The planner's step peak as fsdp-plan --offload splits it: with
                               // offload the model state is on the host (CPU kernels' activations).
                               {"peak_device_bytes_predicted",
@@ -796,6 +805,16 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
               << human_bytes(predicted_peak.backward_transient) << ")\n";
     std::cout << "  full model state on one process would be " << human_bytes(16 * num_params)
               << " (16 bytes x parameters)\n";
+    if (!run.device.is_cpu()) {
+      std::cout << "device memory     (" << run.device << ", the CUDA caching allocator; " << run.backend
+                << " collectives" << (o.offload == "cpu" ? ", CPU offload" : "") << ")\n";
+      for (int r = 0; r < W; ++r) {
+        std::cout << "  rank " << r << ": last step's peak " << human_bytes(last_figures[r].device_peak_bytes)
+                  << ", model state there " << human_bytes(last_figures[r].device_model_state_bytes) << "\n";
+      }
+      std::cout << "  run's peak " << human_bytes(peak_device) << " allocated, " << human_bytes(peak_device_reserved)
+                << " reserved (largest rank)\n";
+    }
     if (!o.save_final.empty()) {
       const double mb = std::filesystem::file_size(o.save_final) / 1e6;
       std::cout << "saved final weights to " << o.save_final << " (" << std::setprecision(1) << mb << " MB in "

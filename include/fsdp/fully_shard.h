@@ -51,6 +51,8 @@ class FsdpState {
   // The group fully_shard() was given (every rank of the model).
   const ProcessGroupPtr& group() const { return group_; }
   const FullyShardOptions& options() const { return options_; }
+  // Where the units compute (FullyShardOptions::device, else the parameters').
+  c10::Device device() const { return device_; }
   torch::nn::Module& module() const { return *module_; }
   // The groups the units communicate over (not the caller's group, so that
   // their traffic is counted apart): null where the strategy has none.
@@ -122,6 +124,7 @@ class FsdpState {
   ProcessGroupPtr group_;
   FullyShardOptions options_;
   ProcessGroupPtr shard_group_, replicate_group_;
+  c10::Device device_ = c10::Device(torch::kCPU);
   std::vector<std::unique_ptr<Unit>> units_;
   bool backward_callback_queued_ = false;
   bool requires_gradient_sync_ = true;

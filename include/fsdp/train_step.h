@@ -67,6 +67,12 @@ struct RankFigures {
   int64_t param_shard_bytes = 0;
   int64_t grad_shard_bytes = 0;
   int64_t optimizer_state_bytes = 0;
+  // On a GPU (zeros on the CPU): the step's peak of the device's allocated
+  // bytes (the CUDA caching allocator's, every tensor there), and how much
+  // of the device holds model state at the step's end (the shards, their
+  // gradients and the optimizer state that live there: none with offload).
+  int64_t device_peak_bytes = 0;
+  int64_t device_model_state_bytes = 0;
 };
 
 struct StepResult {

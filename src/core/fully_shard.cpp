@@ -192,9 +192,10 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
   check_same_plan_on_every_rank(plans);
   make_groups();
   const ShardingStrategy strategy = options_.strategy();
+  device_ = device.value_or(c10::Device(torch::kCPU));
   const FlatParamConfig config{shard_group_, replicate_group_, keeps_params_unsharded(strategy),
                                keeps_full_gradients(strategy), options_.mixed_precision(), options_.cpu_offload(),
-                               device.value_or(c10::Device(torch::kCPU))};
+                               device_};
   build_units(std::move(plans), config);
   const torch::ScalarType buffer_dtype = options_.mixed_precision().effective_buffer_dtype();
   for (auto& buffer : module_->buffers()) {

@@ -50,18 +50,32 @@ double own_weight_decay(torch::optim::OptimizerOptions& options) {
   return 0.0;
 }
 
-RankFigures figures_now() {
+RankFigures figures_now(const FsdpState& state, torch::optim::Optimizer& optimizer) {
   const memory::Usage usage = memory::usage();
-  return RankFigures{usage.model_state(), usage.peak_total, usage.live(Category::kParameterShard),
-                     usage.live(Category::kGradientShard), usage.live(Category::kOptimizerState)};
+  RankFigures figures{usage.model_state(), usage.peak_total, usage.live(Category::kParameterShard),
+                      usage.live(Category::kGradientShard), usage.live(Category::kOptimizerState)};
+  if (!state.device().is_cpu()) {
+    figures.device_peak_bytes = memory::device_usage(state.device()).peak_allocated;
+    const OptimizerState optimizer_state(optimizer);
+    auto on_device = [&](const torch::Tensor& t) { return t.defined() && t.device() == state.device() ? t.nbytes() : 0; };
+    for (const auto& shard : state.parameters()) {
+      figures.device_model_state_bytes += on_device(shard) + on_device(shard.grad());
+      if (!optimizer_state.has_state(shard)) continue;
+      for (const auto& name : optimizer_state.tensor_names()) {
+        figures.device_model_state_bytes += on_device(optimizer_state.value(shard, name));
+      }
+    }
+  }
+  return figures;
 }
 
 std::vector<RankFigures> gather_figures(const ProcessGroupPtr& group, const RankFigures& mine) {
   auto fields = [](RankFigures& f) {
-    return std::array<int64_t*, 5>{&f.model_state_bytes, &f.peak_tensor_bytes, &f.param_shard_bytes,
-                                   &f.grad_shard_bytes, &f.optimizer_state_bytes};
+    return std::array<int64_t*, 7>{&f.model_state_bytes, &f.peak_tensor_bytes, &f.param_shard_bytes,
+                                   &f.grad_shard_bytes, &f.optimizer_state_bytes, &f.device_peak_bytes,
+                                   &f.device_model_state_bytes};
   };
-  constexpr int64_t kFields = 5;
+  constexpr int64_t kFields = 7;
   RankFigures copy = mine;
   torch::Tensor local = torch::empty({kFields}, torch::kLong);
   for (int64_t k = 0; k < kFields; ++k) local[k] = *fields(copy)[k];
@@ -106,6 +120,7 @@ TrainStep::TrainStep(FsdpState& state, torch::optim::Optimizer& optimizer, Train
 StepResult TrainStep::operator()(const LossFn& loss_fn) {
   StepResult result;
   memory::reset_peaks();
+  memory::reset_device_peaks(state_.device());
   state_.reset_comm_stats();
   const auto start = Clock::now();
   const int64_t A = options_.micro_steps();
@@ -151,7 +166,7 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   state_.group()->all_reduce(step_loss, ReduceOp::kAvg)->wait();
   result.loss = step_loss.item<double>();
   result.step_s = seconds_since(start);
-  result.figures = figures_now();
+  result.figures = figures_now(state_, optimizer_);
   if (options_.gather_rank_figures()) result.per_rank = gather_figures(state_.group(), result.figures);
   return result;
 }

@@ -60,8 +60,9 @@ emit() {
   local args=(--arg check "$check" --argjson ok "$ok" --argjson t "$(elapsed)") filter='{check: $check, ok: $ok}'
   while [ $# -ge 2 ]; do args+=(--argjson "v$i" "$2"); filter+=" + {\"$1\": \$v$i}"; shift 2; i=$((i + 1)); done
   filter+=' + {elapsed_s: $t}'
-  line=$(jq -cn "${args[@]}" "$filter" 2>/dev/null) ||
-    line="{\"check\":\"$check\",\"ok\":false,\"error\":\"gpu_check: could not write this check's figures as JSON (jq missing or a bad figure)\"}"
+  line=$(jq -cn "${args[@]}" "$filter" 2>/dev/null) || {
+    ok=false
+    line="{\"check\":\"$check\",\"ok\":false,\"error\":\"gpu_check: could not write this check's figures as JSON (jq missing or a bad figure)\"}"; }
   [ "$ok" = true ] || [[ " ${failed[*]} " == *" $check "* ]] || failed+=("$check")
   echo "$line" | tee -a "$jsonl"
 }
@@ -215,7 +216,9 @@ check_configure() {
 }
 check_build() {
   local log="$logs/build.log" t0=$EPOCHREALTIME
-  timeout 360 cmake --build "$build" -j "$jobs" ${1:+--target "$1"} > "$log" 2>&1
+  # -k 0: one target that fails to compile does not keep the others (the
+  # trainer, say) from being built and checked.
+  timeout 360 cmake --build "$build" -j "$jobs" ${1:+--target "$1"} -- -k 0 > "$log" 2>&1
   local rc=$? ok=false; [ $rc -eq 0 ] && ok=true
   emit build "$ok" target "$(str "${1:-all}")" jobs "$jobs" rc "$rc" \
     seconds "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')" \

@@ -5,7 +5,11 @@ that fsdp-cpp's LibTorch 2.x build links, so that bench/suite.sh can put
 both in one alternating run.
 
     torchrun --standalone --nproc-per-node W bench/peer.py --engine ddp|fsdp1|fsdp2|local \
-        [--preset medium] [--batch B] [--steps S] [--dtype fp32|bf16] [--summary FILE]
+        [--preset medium] [--vocab V] [--context T] [--layers L] [--heads H] [--width C] \
+        [--batch B] [--steps S] [--dtype fp32|bf16] [--device cpu|cuda] [--summary FILE]
+
+Without torchrun (no RANK in the environment) a distributed engine runs as a
+1-rank group over a FileStore: W = 1 with no rendezvous at all.
 
 What is the same as fsdp-train's defaults (so that only the engine differs):
 the model code (explicit masked-softmax attention, tanh GELU, tied head: the
@@ -19,6 +23,13 @@ global-norm clipping at 1.0, and the step time (the median wall time of a
 step after the first). bf16: DDP and local run under CPU autocast; FSDP1 and
 FSDP2 keep bf16 parameters with fp32 gradient reductions (as fsdp-train's
 --param-dtype bf16 --reduce-dtype fp32).
+
+--device cuda: rank r on cuda:LOCAL_RANK, NCCL for the process group, CUDA
+autocast for DDP and local bf16; the weights are initialized on the CPU (the
+same draw as --device cpu) and then moved. A step's time is taken between
+torch.cuda.synchronize() calls, and the summary adds device,
+peak_device_bytes (torch.cuda.max_memory_allocated over the whole run, per
+rank) and peak_device_reserved_bytes (the caching allocator's reserve).
 
 The summary is one JSON object with fsdp-train's keys where they mean the
 same: step_s, tokens_per_s, final_loss, peak_rss_bytes (per rank), ...
@@ -56,7 +67,7 @@ class Attention(nn.Module):
         hs = C // self.heads
         q, k, v = (t.view(B, T, self.heads, hs).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
         scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        future = torch.ones(T, T, dtype=torch.bool).triu(1)
+        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
         y = torch.matmul(torch.softmax(scores, -1), v)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
@@ -111,7 +122,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         t = self.transformer
-        x = t.wte(idx) + t.wpe(torch.arange(idx.size(1)))
+        x = t.wte(idx) + t.wpe(torch.arange(idx.size(1), device=idx.device))
         for block in t.h:
             x = block(x)
         logits = F.linear(t.ln_f(x), t.wte.weight)  # the lm head tied to the token embedding
@@ -137,19 +148,19 @@ def batch(tokens, n_train, context, step, rank, world, per_rank, seed):
     return x, y
 
 
-def wrap(model, engine, bf16):
+def wrap(model, engine, bf16, device):
     if engine == "local":
         return model
     if engine == "ddp":
         from torch.nn.parallel import DistributedDataParallel
-        return DistributedDataParallel(model)
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if engine == "fsdp1":
         from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel, MixedPrecision
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
         return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({Block}), mixed_precision=mp,
                                         backward_prefetch=BackwardPrefetch.BACKWARD_PRE, forward_prefetch=True,
-                                        device_id=torch.device("cpu"))
+                                        device_id=device)
     if engine == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
@@ -164,9 +175,12 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", required=True, choices=["local", "ddp", "fsdp1", "fsdp2"])
     p.add_argument("--preset", default="medium", choices=sorted(PRESETS))
+    for name in ("vocab", "context", "layers", "heads", "width"):
+        p.add_argument("--" + name, type=int, help="override the preset's " + name)
     p.add_argument("--batch", type=int, help="sequences per rank (default: the preset's)")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--data", default="data/default_corpus.txt")
     p.add_argument("--seed", type=int, default=1337, help="initialization seed (fsdp-train's default)")
     p.add_argument("--adamw", default="fused", choices=["fused", "torch"],
@@ -175,8 +189,22 @@ def main():
     a = p.parse_args()
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = a.device == "cuda"
+    if cuda:
+        if not torch.cuda.is_available():
+            raise SystemExit("peer.py: --device cuda, but torch %s sees no CUDA device" % torch.__version__)
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
     if a.engine != "local":
-        dist.init_process_group("gloo")
+        backend = "nccl" if cuda else "gloo"
+        if "RANK" in os.environ:
+            dist.init_process_group(backend)
+        else:  # not under torchrun: one rank, no rendezvous
+            import tempfile
+            store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="peer-"), "store"), 1)
+            dist.init_process_group(backend, store=store, rank=0, world_size=1)
     elif world != 1:
         raise SystemExit("peer.py: --engine local runs one process, got WORLD_SIZE=%d" % world)
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -184,6 +212,8 @@ def main():
     torch.set_num_threads(max(1, cores // world))  # as fsdp-run: cores / ranks
 
     vocab, context, layers, heads, width, preset_batch = PRESETS[a.preset]
+    vocab, context, layers, heads, width = (v if v is not None else d for v, d in zip(
+        (a.vocab, a.context, a.layers, a.heads, a.width), (vocab, context, layers, heads, width)))
     per_rank = a.batch or preset_batch
     bf16 = a.dtype == "bf16"
     with open(a.data, "rb") as f:
@@ -192,7 +222,9 @@ def main():
 
     model = GPT(vocab, context, layers, heads, width)
     model.init_weights(a.seed)
-    model = wrap(model, a.engine, bf16)
+    if cuda:
+        model = model.to(device)
+    model = wrap(model, a.engine, bf16, device)
     # fused: PyTorch's fused CPU AdamW, as fsdp-train's default fsdp::FusedAdamW;
     # torch: the single-tensor loop, as torch::optim::AdamW (--adamw torch).
     fused = a.adamw == "fused"
@@ -203,8 +235,11 @@ def main():
     step_times, loss = [], float("nan")
     for step in range(a.steps):
         x, y = batch(tokens, n_train, context, step, rank, world, per_rank, 0)
+        if cuda:
+            x, y = x.to(device), y.to(device)
+            torch.cuda.synchronize()
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             out = model(x, y)
         out.backward()
         if a.engine == "fsdp1":
@@ -218,6 +253,8 @@ def main():
             dist.all_reduce(reported)
             reported /= world
         loss = reported.item()
+        if cuda:
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         if step > 0 or a.steps == 1:
             step_times.append(elapsed)
@@ -225,11 +262,13 @@ def main():
             print(f"step {step + 1}/{a.steps} | loss {loss:.4f} | {elapsed:.3f} s", flush=True)
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    rss_all = [rss]
-    if world > 1:
-        gathered = [torch.zeros(1, dtype=torch.long) for _ in range(world)]
-        dist.all_gather(gathered, torch.tensor([rss]))
-        rss_all = [int(t.item()) for t in gathered]
+    mine = [rss] + ([torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)] if cuda else [])
+    every = [mine]
+    if world > 1:  # per rank, through the group's own backend (NCCL takes device tensors only)
+        gathered = [torch.zeros(len(mine), dtype=torch.long, device=device) for _ in range(world)]
+        dist.all_gather(gathered, torch.tensor(mine, device=device))
+        every = [[int(v) for v in t.tolist()] for t in gathered]
+    rss_all = [m[0] for m in every]
     step_s = sorted(step_times)[len(step_times) // 2] if len(step_times) % 2 else \
         sum(sorted(step_times)[len(step_times) // 2 - 1:len(step_times) // 2 + 1]) / 2
     tokens_per_step = per_rank * world * context
@@ -238,9 +277,15 @@ def main():
                "autocast": autocast, "adamw": a.adamw, "threads_per_rank": torch.get_num_threads(), "steps": a.steps,
                "batch": per_rank, "final_loss": loss, "step_s": step_s, "tokens_per_s": tokens_per_step / step_s,
                "peak_rss_bytes": rss_all}
+    if (vocab, context, layers, heads, width) != PRESETS[a.preset][:5]:
+        summary.update(vocab=vocab, context=context, layers=layers, heads=heads, width=width)
+    if cuda:
+        summary.update(device="cuda", device_name=torch.cuda.get_device_name(device),
+                       peak_device_bytes=[m[1] for m in every], peak_device_reserved_bytes=[m[2] for m in every])
     if rank == 0:
+        device_peak = f", peak device {max(summary['peak_device_bytes']) / 2**30:.2f} GiB" if cuda else ""
         print(f"== summary: torch {a.engine} {a.dtype} W={world}: median step {step_s:.3f} s, "
-              f"final loss {loss:.4f}, peak RSS {max(rss_all) / 2**30:.2f} GiB", flush=True)
+              f"final loss {loss:.4f}, peak RSS {max(rss_all) / 2**30:.2f} GiB{device_peak}", flush=True)
         if a.summary:
             with open(a.summary, "w") as f:
                 f.write(json.dumps(summary) + "\n")

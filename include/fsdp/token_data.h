@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,10 +44,13 @@ class TokenData {
   // Raw bytes (one token per byte), or a .bin file of little-endian uint16
   // token ids. Throws, naming the file, if its training part cannot hold one
   // sequence of `context` tokens, its validation part (if any) cannot either,
-  // or it holds a token id >= vocab.
+  // or it holds a token id >= vocab. The file is memory-mapped, not read:
+  // a rank's memory does not grow with its size (the token range is checked
+  // in one streaming pass that gives each chunk's pages back as it goes), and
+  // ranks of a host share the page cache's one copy.
   TokenData(const std::string& path, int64_t context, int64_t vocab, TokenDataOptions options = {});
 
-  int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t size() const { return size_; }
   int64_t train_size() const { return size() - val_size_; }  // n_train
   int64_t val_size() const { return val_size_; }               // n_val, 0 without a split
   const std::string& path() const { return path_; }
@@ -71,7 +75,13 @@ class TokenData {
   int64_t context_;
   TokenDataOptions options_;
   int64_t val_size_ = 0;
-  std::vector<int64_t> tokens_;
+  int64_t token(int64_t i) const {
+    return uint16_ ? (bytes_[2 * i] | (bytes_[2 * i + 1] << 8)) : bytes_[i];
+  }
+  std::shared_ptr<const void> mapping_;  // unmaps when the last copy goes
+  const unsigned char* bytes_ = nullptr;
+  bool uint16_ = false;
+  int64_t size_ = 0;                      // tokens
 };
 
 }  // namespace fsdp::models

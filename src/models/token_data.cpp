@@ -1,8 +1,14 @@
 #include "fsdp/token_data.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
-#include <fstream>
-#include <iterator>
+#include <cstring>
 
 namespace fsdp::models {
 
@@ -27,18 +33,26 @@ TokenData::TokenData(const std::string& path, int64_t context, int64_t vocab, To
     : path_(path), context_(context), options_(options) {
   const double f = options.val_fraction();
   TORCH_CHECK(f >= 0.0 && f < 1.0, "the validation fraction must be in [0, 1), got ", f);
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in, "cannot open data file '", path, "'");
-  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const bool uint16 = path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
-  if (uint16) {
-    TORCH_CHECK(bytes.size() % 2 == 0, "data file '", path, "' is a .bin of uint16 tokens but has an odd size (",
-                bytes.size(), " bytes)");
-    tokens_.resize(bytes.size() / 2);
-    for (size_t i = 0; i < tokens_.size(); ++i) tokens_[i] = bytes[2 * i] | (bytes[2 * i + 1] << 8);
-  } else {
-    tokens_.assign(bytes.begin(), bytes.end());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TORCH_CHECK(fd >= 0, "cannot open data file '", path, "': ", std::strerror(errno));
+  struct stat info {};
+  const int stat_rc = ::fstat(fd, &info);
+  const int stat_errno = errno;
+  const size_t file_bytes = stat_rc == 0 ? static_cast<size_t>(info.st_size) : 0;
+  void* map = file_bytes > 0 ? ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
+  const int map_errno = errno;
+  ::close(fd);  // the mapping keeps the file
+  TORCH_CHECK(stat_rc == 0, "cannot stat data file '", path, "': ", std::strerror(stat_errno));
+  TORCH_CHECK(map != MAP_FAILED, "cannot map data file '", path, "' (", file_bytes, " bytes): ",
+              std::strerror(map_errno));
+  if (map) mapping_ = std::shared_ptr<const void>(map, [file_bytes](const void* p) { ::munmap(const_cast<void*>(p), file_bytes); });
+  bytes_ = static_cast<const unsigned char*>(map);
+  uint16_ = path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
+  if (uint16_) {
+    TORCH_CHECK(file_bytes % 2 == 0, "data file '", path, "' is a .bin of uint16 tokens but has an odd size (",
+                file_bytes, " bytes)");
   }
+  size_ = static_cast<int64_t>(uint16_ ? file_bytes / 2 : file_bytes);
   // The spec's ceil(f * n), in double as a reference implementation computes it.
   val_size_ = static_cast<int64_t>(std::ceil(f * static_cast<double>(size())));
   // Starts are taken mod (n_train - T - 1) and mod (n_val - T - 1), so each
@@ -49,9 +63,22 @@ TokenData::TokenData(const std::string& path, int64_t context, int64_t vocab, To
   TORCH_CHECK(val_size_ == 0 || val_size_ > context + 1, "data file '", path, "': the validation split of ", f,
               " holds out ", val_size_, " of its ", size(), " tokens, too few for one validation sequence: need at "
               "least context + 2 = ", context + 2, " (raise the validation fraction, or 0 for no validation)");
-  for (size_t i = 0; i < tokens_.size(); ++i) {
-    TORCH_CHECK(tokens_[i] < vocab, "data file '", path, "' has token id ", tokens_[i], " at position ", i,
-                ", outside the vocabulary of ", vocab, " (set --vocab)");
+  if (vocab >= (uint16_ ? 65536 : 256)) return;  // every id the format can hold is in range
+  // One pass, a chunk at a time; each chunk's pages are dropped from this
+  // process after it is checked (the page cache may keep them).
+  constexpr int64_t kChunkTokens = int64_t{1} << 24;
+  for (int64_t begin = 0; begin < size_; begin += kChunkTokens) {
+    const int64_t end = std::min(size_, begin + kChunkTokens);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t id = token(i);
+      TORCH_CHECK(id < vocab, "data file '", path, "' has token id ", id, " at position ", i,
+                  ", outside the vocabulary of ", vocab, " (set --vocab)");
+    }
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t first = reinterpret_cast<uintptr_t>(bytes_) + (begin * (uint16_ ? 2 : 1));
+    const uintptr_t last = reinterpret_cast<uintptr_t>(bytes_) + (end * (uint16_ ? 2 : 1));
+    const uintptr_t aligned = first / page * page;
+    ::madvise(reinterpret_cast<void*>(aligned), last - aligned, MADV_DONTNEED);
   }
 }
 
@@ -77,8 +104,8 @@ std::pair<torch::Tensor, torch::Tensor> TokenData::gather(const std::vector<int6
   auto* ys = y.data_ptr<int64_t>();
   for (int64_t b = 0; b < rows; ++b) {
     for (int64_t t = 0; t < T; ++t) {
-      xs[b * T + t] = tokens_[starts[b] + t];
-      ys[b * T + t] = tokens_[starts[b] + t + 1];
+      xs[b * T + t] = token(starts[b] + t);
+      ys[b * T + t] = token(starts[b] + t + 1);
     }
   }
   return {x, y};

@@ -52,6 +52,7 @@ PRESETS = {  # vocab, context, layers, heads, width, batch (shared/spec/gpt.md)
     "small": (256, 128, 4, 8, 256, 8),
     "medium": (256, 256, 8, 8, 512, 4),
     "large": (256, 256, 12, 16, 1024, 2),
+    "xl": (256, 1024, 48, 25, 1600, 1),  # fsdp-train's xl (not in the spec's table)
 }
 
 

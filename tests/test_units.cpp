@@ -3,6 +3,8 @@
 // memory accounting.
 
 #include <gtest/gtest.h>
+
+#include <numeric>
 #include <xxhash.h>
 
 #include <cmath>
@@ -16,6 +18,7 @@
 #include "fsdp/compat.h"
 #include "fsdp/fused_adamw.h"
 #include "fsdp/gpt.h"
+#include "fsdp/memory_plan.h"
 #include "fsdp/lr_schedule.h"
 #include "fsdp/memory.h"
 #include "fsdp/safetensors.h"
@@ -86,7 +89,8 @@ TEST(GPTSpec, ParameterNamesAndShapes) {
 }
 
 TEST(GPTSpec, PresetParameterCountsMatchTheSpecTable) {
-  std::map<std::string, double> millions = {{"tiny", 0.12}, {"small", 3.26}, {"medium", 25.5}, {"large", 151.7}};
+  std::map<std::string, double> millions = {
+      {"tiny", 0.12}, {"small", 3.26}, {"medium", 25.5}, {"large", 151.7}, {"xl", 1477.6}};
   for (const auto& [preset, m] : millions) {
     GPTConfig c = GPTConfig::preset(preset);
     const int64_t V = c.vocab, T = c.context, C = c.width, L = c.layers;
@@ -94,6 +98,11 @@ TEST(GPTSpec, PresetParameterCountsMatchTheSpecTable) {
     if (preset == "tiny" || preset == "small") EXPECT_EQ(GPT(c)->num_parameters(), formula) << preset;
     EXPECT_NEAR(formula / 1e6, m, 0.05 * m) << preset;
   }
+  // xl, exactly: GPT-2-XL's body at byte vocabulary.
+  const GPTConfig x = GPTConfig::preset("xl");
+  const auto xl = fsdp::TransformerShape{x.vocab, x.context, x.layers, x.heads, x.width, x.batch}.unit_numels();
+  EXPECT_EQ(xl.size(), 49u);
+  EXPECT_EQ(std::accumulate(xl.begin(), xl.end(), int64_t{0}), 1477609600);
   EXPECT_NE(message_of([] { GPTConfig::preset("huge"); }).find("unknown preset 'huge'"), std::string::npos);
 }
 

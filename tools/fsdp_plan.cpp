@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
   std::string strategy = "all", param_dtype = "fp32", reduce_dtype, cluster_path, offload = "none", wrap = "block";
   bool checkpointing = false, prefetch = true, seed_accounting = false, json = false;
   double budget = 0;
-  app.add_option("--preset", preset, "a reference GPT preset: tiny, small, medium, large");
+  app.add_option("--preset", preset, "a reference GPT preset: tiny, small, medium, large, xl");
   app.add_option("--params", params, "or a model of this many parameters (with --layers; e.g. 70e9)");
   app.add_option("--layers", layers, "blocks (one unit each)");
   app.add_option("--width", width, "hidden width (activation estimate; default: from --params)");

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <limits>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -71,6 +73,7 @@ struct TrainOptions {
   std::string device = "cpu";
   std::string backend = "auto";
   std::string offload = "none";
+  bool no_preflight = false;
   double collective_timeout = 0.0;
   std::string ckpt_dir;
   int64_t ckpt_every = 0;
@@ -289,6 +292,83 @@ fsdp::ShardingStrategy pick_strategy(const TrainOptions& o, Run& run, int world)
 }
 
 
+
+// The memory this host can still give (bytes): /proc/meminfo's MemAvailable,
+// or less under a cgroup v2 limit. FSDP_PREFLIGHT_AVAILABLE_BYTES overrides
+// (to check the preflight itself).
+int64_t host_memory_available() {
+  if (const char* forced = std::getenv("FSDP_PREFLIGHT_AVAILABLE_BYTES")) return static_cast<int64_t>(std::atoll(forced));
+  int64_t available = std::numeric_limits<int64_t>::max();
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    int64_t kib = 0;
+    meminfo >> kib;
+    if (key == "MemAvailable:") available = kib * 1024;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  std::ifstream max_file("/sys/fs/cgroup/memory.max"), current_file("/sys/fs/cgroup/memory.current");
+  std::string max_text;
+  int64_t current = 0;
+  if (max_file >> max_text && max_text != "max" && current_file >> current) {
+    available = std::min<int64_t>(available, std::atoll(max_text.c_str()) - current);
+  }
+  return available;
+}
+
+// The preflight: what the planner says this run needs per rank on the host
+// (the step's peak tensors; without --sharded-init also the whole model
+// each rank builds first; plus the runtime's own memory), times the ranks of
+// this host, against what the host has. A run that cannot fit is refused
+// before anything is allocated, with the planner's figures and the settings
+// that would fit, instead of an out-of-memory kill minutes later.
+void preflight(const TrainOptions& o, const Run& run, int world) {
+  if (o.no_preflight || o.device != "cpu") return;  // a GPU run's host memory is not the step's peak
+  const auto& c = run.config;
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");  // mpirun's count of this host's ranks
+  const int ranks_here = local ? std::max(1, std::atoi(local)) : world;
+  const fsdp::ShardingStrategy strategy =
+      o.strategy == "auto" ? fsdp::ShardingStrategy::kFullShard : fsdp::parse_strategy(o.strategy);
+  const auto& options = run.fsdp_options;
+  const int per_node = fsdp::shard_group_size(strategy, world, options.ranks_per_node());
+  constexpr int64_t kRuntimeBytes = int64_t{256} << 20;  // LibTorch, MPI, the data's pages: measured 180-250 MiB
+  auto need = [&](bool checkpointing, bool sublayer, bool sharded_init) {
+    const fsdp::TransformerShape shape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch, sublayer};
+    const auto units = shape.unit_numels();
+    const int64_t params = std::accumulate(units.begin(), units.end(), int64_t{0});
+    const fsdp::StepPeak peak = fsdp::estimate_step_peak(
+        shape, strategy, world, per_node, options.mixed_precision(),
+        options.forward_prefetch() || options.backward_prefetch() != fsdp::BackwardPrefetch::kNone, checkpointing);
+    // Building the whole model on every rank, then flattening its largest unit.
+    const int64_t construction =
+        sharded_init ? 0 : 4 * (params + *std::max_element(units.begin(), units.end()));
+    return std::max(peak.total(), construction) + kRuntimeBytes;
+  };
+  const int64_t available = host_memory_available();
+  const int64_t needed = need(o.activation_checkpointing, o.wrap == "sublayer", o.sharded_init);
+  if (needed * ranks_here <= available) return;
+  std::ostringstream alternatives;
+  struct Variant {
+    const char* flags;
+    bool checkpointing, sublayer, sharded_init;
+  };
+  const Variant variants[] = {{"--sharded-init", o.activation_checkpointing, o.wrap == "sublayer", true},
+                              {"--sharded-init --activation-checkpointing", true, o.wrap == "sublayer", true},
+                              {"--sharded-init --activation-checkpointing --wrap sublayer", true, true, true}};
+  bool any = false;
+  for (const auto& v : variants) {
+    const int64_t n = need(v.checkpointing, v.sublayer, v.sharded_init);
+    alternatives << "\n  " << v.flags << ": " << human_bytes(n) << " per rank, " << human_bytes(n * ranks_here)
+                 << (n * ranks_here <= available ? " (fits)" : " (does not fit)");
+    any = any || n * ranks_here <= available;
+  }
+  TORCH_CHECK(false, "preflight: this run needs about ", human_bytes(needed), " per rank on the host (the planner's step peak",
+              o.sharded_init ? "" : " or the whole model each rank builds first", ", plus ", human_bytes(kRuntimeBytes),
+              " of runtime), ", ranks_here, " rank(s) here: ", human_bytes(needed * ranks_here), ", but the host has ",
+              human_bytes(available), " available. With other settings:", alternatives.str(),
+              any ? "" : "\n  none fits: fewer ranks on this host, a smaller --batch or --context, or offload (not yet)",
+              "\n(fsdp-plan gives the whole table; --no-preflight runs anyway)");
+}
+
 Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   const int rank = world->rank();
   Run run;
@@ -312,6 +392,7 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   TORCH_CHECK(!o.ckpt_dir.empty() || (o.ckpt_every == 0 && !o.resume), "--ckpt-every and --resume need --ckpt-dir");
   run.ckpt_format = fsdp::parse_checkpoint_format(o.ckpt_format);
   run.fsdp_options = make_fsdp_options(o);
+  preflight(o, run, world->size());
   if (!o.trace.empty()) {
     const auto dir = std::filesystem::path(trace_path(o.trace, rank)).parent_path();
     TORCH_CHECK(dir.empty() || std::filesystem::is_directory(dir), "--trace: the directory '", dir.string(),
@@ -837,7 +918,7 @@ int main(int argc, char** argv) {
 
   TrainOptions o;
   CLI::App app{"Train the reference GPT with fully sharded data parallelism. Start it through fsdp-run."};
-  app.add_option("--preset", o.preset, "tiny, small, medium or large")->capture_default_str();
+  app.add_option("--preset", o.preset, "tiny, small, medium, large or xl")->capture_default_str();
   app.add_option("--vocab", o.vocab, "override the preset's vocabulary size");
   app.add_option("--context", o.context, "override the preset's context length");
   app.add_option("--layers", o.layers, "override the preset's number of layers");
@@ -858,6 +939,8 @@ int main(int argc, char** argv) {
                  "none, or cpu: fp32 shards, gradients and optimizer state in host memory, optimizer step on the CPU "
                  "(sharded strategies)")
       ->capture_default_str();
+  app.add_flag("--no-preflight", o.no_preflight,
+               "skip the check that the planner's memory for this run fits the host's available memory");
   app.add_option("--seed", o.seed, "initialization seed")->capture_default_str();
   app.add_option("--data", o.data, "token file: raw bytes, or .bin of uint16 tokens (default: built-in corpus)");
   app.add_option("--data-order", o.data_order,

@@ -16,7 +16,9 @@ struct GPTConfig {
   int64_t width = 64;
   int64_t batch = 4;  // per rank
 
-  // "tiny", "small", "medium" or "large"; throws for anything else.
+  // "tiny", "small", "medium", "large" (shared/spec/gpt.md's table) or "xl"
+  // (1.48 B parameters: vocab 256, context 1024, 48 layers, 25 heads, width
+  // 1600, batch 1); throws for anything else.
   static GPTConfig preset(const std::string& name);
   void validate() const;
   std::string describe() const;

@@ -21,8 +21,10 @@ GPTConfig GPTConfig::preset(const std::string& name) {
     c.vocab = 256, c.context = 256, c.layers = 8, c.heads = 8, c.width = 512, c.batch = 4;
   } else if (name == "large") {
     c.vocab = 256, c.context = 256, c.layers = 12, c.heads = 16, c.width = 1024, c.batch = 2;
+  } else if (name == "xl") {  // GPT-2-XL's body (1.48 B parameters) at byte vocabulary: beyond one machine's memory
+    c.vocab = 256, c.context = 1024, c.layers = 48, c.heads = 25, c.width = 1600, c.batch = 1;
   } else {
-    TORCH_CHECK(false, "unknown preset '", name, "': expected tiny, small, medium or large");
+    TORCH_CHECK(false, "unknown preset '", name, "': expected tiny, small, medium, large or xl");
   }
   return c;
 }

@@ -229,7 +229,7 @@ check_build() {
 # without a GPU: on this machine a skip is a failure).
 check_tests() {
   local log="$logs/ctest-gpu.log"
-  timeout 170 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 150 > "$log" 2>&1
+  timeout 260 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 200 > "$log" 2>&1
   local rc=$?
   # ctest's lines: "1/3 Test #4: NAME ....   Passed  1.2 sec" (or ***Failed, ***Skipped, ***Not Run, ...).
   local results; results=$(sed -nE 's/.*Test +#[0-9]+: ([^ ]+) \.+ *(\*\*\*)?(Not Run|[A-Za-z]+).*/\1 \3/p' "$log")

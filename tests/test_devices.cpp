@@ -181,7 +181,9 @@ TEST(Gpu, CpuOffloadTrainsAsWithoutAndHoldsLessDeviceMemory) {
   fsdp::memory::reset_device_peaks(gpu());
   const auto offloaded = train_losses(block_units().device(gpu()).cpu_offload(true), 4, gpu());
   const int64_t offload_peak = fsdp::memory::device_usage(gpu()).peak_allocated;
-  for (size_t i = 0; i < plain.size(); ++i) EXPECT_NEAR(offloaded[i], plain[i], 1e-5 * std::abs(plain[i]));
+  // The offloaded shards step with FusedAdamW on the CPU, the others with
+  // AdamW's CUDA kernels: another formula's rounding.
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_NEAR(offloaded[i], plain[i], 1e-4 * std::abs(plain[i]));
   EXPECT_LT(offload_peak, plain_peak);
   std::cout << "device peak: " << plain_peak << " B without offload, " << offload_peak << " B with\n";
 }

@@ -20,6 +20,8 @@
 
 #include <sys/resource.h>
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
 #include "fsdp/error.h"
@@ -214,6 +216,9 @@ void choose_device(const TrainOptions& o, const fsdp::ProcessGroupPtr& world, Ru
                                    "scripts/setup.sh wheel)");
   const fsdp::ProcessGroupPtr host = world->split_shared_memory();
   run.device = c10::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(host->rank() % gpus));
+  // This rank's current device from here on: pinned host memory and any
+  // call without a device then make no context on GPU 0.
+  c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(run.device);
   const bool own_gpu = host->size() <= gpus;
   TORCH_CHECK(o.backend != "nccl" || own_gpu, "--backend nccl needs a GPU per rank: ", host->size(),
               " ranks on this host share ", gpus, " GPU(s); use --backend mpi (or auto)");
@@ -650,12 +655,22 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     world->all_reduce(total, fsdp::ReduceOp::kSum)->wait();
     return total.item<double>() / static_cast<double>(eval_sequences);
   };
+  // The run's device peak: TrainStep restarts the allocator's peak at every
+  // step, so what came between steps (construction, evaluation) is folded
+  // in before each one, and the step's own after it.
+  fsdp::memory::DeviceUsage run_device_peak;
+  auto fold_device_peak = [&] {
+    const fsdp::memory::DeviceUsage now = fsdp::memory::device_usage(run.device);
+    run_device_peak.peak_allocated = std::max(run_device_peak.peak_allocated, now.peak_allocated);
+    run_device_peak.peak_reserved = std::max(run_device_peak.peak_reserved, now.peak_reserved);
+  };
   if (!o.trace.empty()) fsdp::trace::enable();
   const auto run_start = Clock::now();
   for (int64_t step = first_step; step < o.steps; ++step) {
     fsdp::trace::Span step_span("step " + std::to_string(step + 1), "step");
     const double lr = run.schedule.lr_at(step);
     fsdp::set_learning_rate(optimizer, lr);
+    fold_device_peak();
     const fsdp::StepResult result = train_step([&](int64_t micro) {
       auto [x, y] = run.data->batch(step, micro, rank, W, A, c.batch);
       return model.forward(x.to(run.device, /*non_blocking=*/true), y.to(run.device, /*non_blocking=*/true));
@@ -739,9 +754,10 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   ::getrusage(RUSAGE_SELF, &usage_now);
   // The GPU's peak over the run (the CUDA caching allocator's), the largest
   // of any rank: 0 on the CPU.
-  const fsdp::memory::DeviceUsage device_usage = fsdp::memory::device_usage(run.device);
+  fold_device_peak();
   torch::Tensor device_peaks = torch::empty({W, 2}, torch::kLong);
-  world->all_gather(device_peaks, torch::tensor({device_usage.peak_allocated, device_usage.peak_reserved}, torch::kLong))
+  world->all_gather(device_peaks,
+                    torch::tensor({run_device_peak.peak_allocated, run_device_peak.peak_reserved}, torch::kLong))
       ->wait();
   const int64_t peak_device = device_peaks.select(1, 0).max().item<int64_t>();
   const int64_t peak_device_reserved = device_peaks.select(1, 1).max().item<int64_t>();

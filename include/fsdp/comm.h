@@ -41,6 +41,8 @@ class Work {
 
  protected:
   Work() = default;
+  // Runs (once) the action then_on_wait() set: derived wait()s call it.
+  void run_on_wait_action();
 
  private:
   std::shared_future<void> done_;

@@ -75,6 +75,12 @@ class Event {
   void block(const c10::cuda::CUDAStream& stream) const {
     C10_CUDA_CHECK(cudaStreamWaitEvent(stream.stream(), event_, 0));
   }
+  // cudaSuccess (done), cudaErrorNotReady (not yet, cleared), or an error.
+  cudaError_t status() const {
+    const cudaError_t status = cudaEventQuery(event_);
+    if (status == cudaErrorNotReady) (void)cudaGetLastError();
+    return status;
+  }
   bool query() const {
     const cudaError_t status = cudaEventQuery(event_);
     if (status == cudaErrorNotReady) {
@@ -108,6 +114,7 @@ class NcclWork final : public Work {
     done_->block(c10::cuda::getCurrentCUDAStream(device_));
     buffers_.clear();  // their next users are ordered after the collective now
     waited_ = true;
+    run_on_wait_action();
   }
   bool is_completed() const override { return done_->query(); }
 
@@ -279,7 +286,11 @@ class NcclProcessGroup final : public ProcessGroup {
     Event ready(device_.index());
     ready.record(compute);
     ready.block(stream);
-    const int64_t sequence = next_sequence_++;
+    int64_t sequence = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      sequence = next_sequence_++;
+    }
     const std::string description = std::string(what) + " (call #" + std::to_string(sequence) + " of an NCCL group of " +
                                     std::to_string(size()) + " ranks, this rank " + std::to_string(rank()) + ")";
     check_nccl(call(stream.stream()), description);
@@ -296,19 +307,34 @@ class NcclProcessGroup final : public ProcessGroup {
     return std::make_shared<NcclWork>(std::move(done), std::move(buffers), device_.index());
   }
 
+  // Wakes every 100 ms (or to stop), and looks at the oldest collective in
+  // flight without holding the lock while it asks CUDA. Never throws: a
+  // CUDA error seen here (a kernel's, sticky) ends the job with its text.
   void run_watchdog() {
     c10::cuda::CUDAGuard guard(device_);
-    std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-      wake_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stopping_ || !in_flight_.empty(); });
-      if (stopping_) return;
-      // In issue order: the oldest unfinished one is the one to time out.
-      while (!in_flight_.empty() && in_flight_.front().done->query()) in_flight_.pop_front();
-      if (in_flight_.empty() || std::chrono::steady_clock::now() < in_flight_.front().deadline) continue;
-      const std::string description = in_flight_.front().description;
-      lock.unlock();
+      InFlight oldest;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stopping_; });
+        if (stopping_) return;
+        if (in_flight_.empty()) continue;
+        oldest = in_flight_.front();
+      }
+      const cudaError_t status = oldest.done->status();
+      if (status == cudaSuccess) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        // In issue order, so everything before a finished one has finished.
+        while (!in_flight_.empty() && in_flight_.front().done->status() == cudaSuccess) in_flight_.pop_front();
+        continue;
+      }
+      if (status != cudaErrorNotReady) {
+        MpiEnvironment::abort_with_message("NCCL process group: CUDA error while " + oldest.description +
+                                           " was in flight: " + cudaGetErrorString(status) + ". Ending the job.");
+      }
+      if (std::chrono::steady_clock::now() < oldest.deadline) continue;
       ncclCommAbort(comm_);
-      MpiEnvironment::abort_with_message("collective watchdog: " + description + " did not complete within " +
+      MpiEnvironment::abort_with_message("collective watchdog: " + oldest.description + " did not complete within " +
                                          c10::str(timeout()) +
                                          " s; a rank has died, hangs, or did not make this call. Ending the job.");
     }

@@ -39,11 +39,14 @@ void Work::wait() {
                 " s; a rank has died, hangs, or did not make this call");
   }
   done_.get();  // rethrows the collective's error, if any
-  if (on_wait_) {
-    auto action = std::move(on_wait_);
-    on_wait_ = nullptr;
-    action();
-  }
+  run_on_wait_action();
+}
+
+void Work::run_on_wait_action() {
+  if (!on_wait_) return;
+  auto action = std::move(on_wait_);
+  on_wait_ = nullptr;
+  action();
 }
 
 bool Work::is_completed() const {

@@ -273,9 +273,10 @@ void FsdpState::build_units(std::vector<UnitPlan> plans, const FlatParamConfig& 
     const std::vector<int64_t> shape = param.sizes().vec();
     {
       torch::NoGradGuard no_grad;
-      if (memory::is_deferred(param.data_ptr())) {
-        param.set_data(torch::empty(shape, torch::TensorOptions().dtype(torch::kFloat).device(config.device)));
-      }
+      // On the CPU, whatever the units' device: the init draws from the CPU
+      // generator, so the weights are those of an unsharded CPU build. The
+      // unit moves to its device when it is sharded, a unit at a time.
+      if (memory::is_deferred(param.data_ptr())) param.set_data(torch::empty(shape, torch::kFloat));
       init(name, param);
     }
     TORCH_CHECK(param.sizes().vec() == shape && param.scalar_type() == torch::kFloat &&

@@ -39,6 +39,12 @@ variant_args() {
   # V_plaincopy: V with OpenMPI's copies through the shared FIFO instead of
   # Cross Memory Attach (fsdp-run's FSDP_MPI_SINGLE_COPY=none).
   if [[ "$1" == *_plaincopy ]]; then variant_args "${1%_plaincopy}"; return; fi
+  # V_nocache: V with every freed host buffer given back at once
+  # (fsdp-train --no-block-cache), as before the block cache.
+  if [[ "$1" == *_nocache ]]; then
+    local inner; inner="$(variant_args "${1%_nocache}")" || return 1
+    echo "$inner --no-block-cache"; return
+  fi
   case "$1" in
     torch_*)
       [[ "$1" =~ ^torch_(local|ddp|fsdp1|fsdp2)(_bf16)?(_w1|_w4)?$ ]] ||

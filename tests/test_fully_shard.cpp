@@ -417,6 +417,41 @@ TEST(FullShard, ShardedInitializationGivesTheShardsOfTheWholeModel) {
   }
 }
 
+// fully_shard sizes the host block cache to six of its largest unit's fp32
+// buffers (the option off leaves it alone), and a second step's gathers and
+// gradient buffers come from the cache: the cache holds blocks between steps.
+TEST(FullShard, TheBlockCacheIsSizedToTheLargestUnitAndReusedAcrossSteps) {
+  namespace mem = fsdp::memory;
+  const int64_t saved_limit = mem::block_cache_limit();
+  mem::set_block_cache_limit(0);
+  GPTConfig config = tiny();
+  config.width = 256;  // units of 12 * 256^2 elements: 3 MiB of fp32, above the cache's 1 MiB floor
+  auto off = fsdp::fully_shard(fsdp::testing::make_gpt(config, 5), world_group, block_units().cache_host_blocks(false));
+  EXPECT_EQ(mem::block_cache_limit(), 0) << "cache_host_blocks(false) leaves the limit alone";
+  auto model = fsdp::fully_shard(fsdp::testing::make_gpt(config, 5), world_group, block_units());
+  int64_t largest = 0;
+  for (const auto& unit : model.state().units()) largest = std::max(largest, unit->flat_param().padded_numel());
+  EXPECT_EQ(mem::block_cache_limit(), 6 * largest * 4);
+
+  fsdp::models::TokenData data(fsdp::testing::make_token_file("block-cache", 5000, config.vocab), config.context,
+                               config.vocab);
+  auto [x, y] = data.batch(0, 0, world_group->rank(), world_group->size(), 1, 2);
+  auto step = [&] { model.forward(x, y).backward(); };
+  // The first step's reductions become the gradient shards; from the second
+  // on they are temporaries added into them, so the third is the steady state.
+  step();
+  EXPECT_GT(mem::usage().cached_bytes, 0) << "the step's freed unit buffers are kept";
+  step();
+  const mem::Usage before = mem::usage();
+  step();
+  const mem::Usage after = mem::usage();
+  // Each block is gathered in forward and again in backward, into a cached buffer.
+  EXPECT_GE(after.cache_hits - before.cache_hits, 2 * config.layers);
+  EXPECT_EQ(after.cached_bytes, before.cached_bytes) << "a step in steady state adds nothing to the cache";
+  mem::empty_block_cache();
+  mem::set_block_cache_limit(saved_limit);
+}
+
 // The GPT's lm head is the token embedding: its gradient must be the sum of
 // the embedding's and the head's, the same as one process computes.
 TEST(FullShard, TiedWeightsReceiveTheSumOfBothUsesGradients) {

@@ -557,6 +557,66 @@ TEST(Memory, CountsLiveAndPeakBytesPerCategory) {
   EXPECT_EQ(fsdp::memory::usage().live(Category::kParameterShard), before.live(Category::kParameterShard));
 }
 
+// The block cache: a freed block of 1 MiB or more comes back to the next
+// allocation of exactly its size (the same memory), counted as cached and not
+// live; other sizes, small blocks and a full cache go back to malloc; the
+// oldest block is dropped first; empty_block_cache() frees them all.
+TEST(Memory, TheBlockCacheReusesExactSizesWithinItsLimit) {
+  using fsdp::memory::Category;
+  namespace mem = fsdp::memory;
+  const int64_t saved_limit = mem::block_cache_limit();
+  mem::empty_block_cache();
+  const int64_t MiB = 1 << 20;
+  mem::set_block_cache_limit(5 * MiB);
+  const mem::Usage start = mem::usage();
+  ASSERT_EQ(start.cached_bytes, 0);
+
+  void* first = nullptr;
+  {
+    mem::MemoryCategoryScope scope(Category::kUnshardedBuffer);
+    torch::Tensor buffer = torch::empty({2 * MiB}, torch::kByte);
+    first = buffer.data_ptr();
+    EXPECT_EQ(mem::usage().live(Category::kUnshardedBuffer) - start.live(Category::kUnshardedBuffer), 2 * MiB);
+  }
+  EXPECT_EQ(mem::usage().cached_bytes, 2 * MiB) << "a freed 2 MiB block is kept";
+  EXPECT_EQ(mem::usage().live(Category::kUnshardedBuffer), start.live(Category::kUnshardedBuffer)) << "cached is not live";
+  {
+    torch::Tensor other_size = torch::empty({2 * MiB + 64}, torch::kByte);
+    EXPECT_NE(other_size.data_ptr(), first) << "only an exact size reuses a block";
+    EXPECT_EQ(mem::usage().cached_bytes, 2 * MiB);
+  }
+  // The block of 2 MiB + 64 bytes joined the cache: 4 MiB + 64 of 5 MiB.
+  EXPECT_EQ(mem::usage().cached_bytes, 4 * MiB + 64);
+  {
+    torch::Tensor again = torch::empty({2 * MiB}, torch::kByte);
+    EXPECT_EQ(again.data_ptr(), first) << "the same size takes the cached block";
+    EXPECT_EQ(mem::usage().cache_hits - start.cache_hits, 1);
+    EXPECT_EQ(mem::usage().cached_bytes, 2 * MiB + 64);
+    EXPECT_EQ(mem::usage().live_total - start.live_total, 2 * MiB);
+  }
+  { torch::Tensor small = torch::empty({MiB - 1}, torch::kByte); }
+  EXPECT_EQ(mem::usage().cached_bytes, 4 * MiB + 64) << "blocks under 1 MiB are not cached";
+  {
+    // Freed last, it pushes the cache past 5 MiB: the oldest (2 MiB + 64) goes.
+    torch::Tensor third = torch::empty({MiB}, torch::kByte);
+  }
+  EXPECT_EQ(mem::usage().cached_bytes, 3 * MiB);
+  { torch::Tensor too_big = torch::empty({6 * MiB}, torch::kByte); }
+  EXPECT_EQ(mem::usage().cached_bytes, 3 * MiB) << "a block over the limit is not cached";
+  EXPECT_GE(mem::usage().peak_reserved, mem::usage().live_total + 3 * MiB);
+
+  mem::set_block_cache_limit(MiB);
+  EXPECT_EQ(mem::usage().cached_bytes, MiB) << "a lower limit drops the oldest blocks";
+  mem::empty_block_cache();
+  EXPECT_EQ(mem::usage().cached_bytes, 0);
+  EXPECT_EQ(mem::block_cache_limit(), MiB) << "emptying keeps the limit";
+  { torch::Tensor off = torch::empty({MiB}, torch::kByte); }
+  mem::set_block_cache_limit(0);
+  EXPECT_EQ(mem::usage().cached_bytes, 0) << "limit 0 turns the cache off";
+  EXPECT_THROW(mem::set_block_cache_limit(-1), c10::Error);
+  mem::set_block_cache_limit(saved_limit);
+}
+
 int main(int argc, char** argv) {
   fsdp::memory::install_counting_allocator();
   ::testing::InitGoogleTest(&argc, argv);

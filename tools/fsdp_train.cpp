@@ -87,6 +87,7 @@ struct TrainOptions {
   std::string wrap = "block";
   int prefetch_depth = 1;
   bool no_limit_all_gathers = false;
+  bool no_block_cache = false;
   std::string trace;
   std::string summary;
   bool activation_checkpointing = false;
@@ -278,6 +279,7 @@ fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
                      .backward_prefetch(fsdp::parse_backward_prefetch(o.backward_prefetch))
                      .prefetch_depth(o.prefetch_depth)
                      .limit_all_gathers(!o.no_limit_all_gathers)
+                     .cache_host_blocks(!o.no_block_cache)
                      .activation_checkpointing(o.activation_checkpointing);
   TORCH_CHECK(o.prefetch_depth >= 1, "--prefetch-depth must be at least 1, got ", o.prefetch_depth);
   if (o.strategy != "auto") options.strategy(fsdp::parse_strategy(o.strategy));
@@ -831,6 +833,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"replicate_group_size", state.replicate_group() ? state.replicate_group()->size() : 1},
                               {"prefetch_depth", o.prefetch_depth},
                               {"limit_all_gathers", !o.no_limit_all_gathers},
+                              {"block_cache_bytes", fsdp::memory::block_cache_limit()},
                               {"first_step", first_step},
                               {"resumed_from", resumed_from.empty() ? nlohmann::json() : nlohmann::json(resumed_from)}};
     if (!run.strategy_reason.empty()) summary["strategy_reason"] = run.strategy_reason;
@@ -1020,6 +1023,8 @@ int main(int argc, char** argv) {
   app.add_option("--prefetch-depth", o.prefetch_depth, "units ahead that prefetch gathers")->capture_default_str();
   app.add_flag("--no-limit-all-gathers", o.no_limit_all_gathers,
                "let prefetch keep more than one unused unit gathered (off: at most one)");
+  app.add_flag("--no-block-cache", o.no_block_cache,
+               "give every freed host buffer back at once instead of keeping six unit buffers' worth for reuse");
   app.add_flag("--sharded-init", o.sharded_init,
                "build the model without memory for its weights and initialize it unit by unit while sharding "
                "(the same weights as the default initialization)");

@@ -28,6 +28,12 @@ struct Usage {
   std::array<int64_t, kNumCategories> peak_bytes{};  // each category's own peak
   int64_t live_total = 0;
   int64_t peak_total = 0;  // peak of the sum (not the sum of the peaks)
+  // Freed blocks kept for reuse (set_block_cache_limit), and the peak of
+  // live + cached: the tensor memory the process holds, as the CUDA caching
+  // allocator's "reserved" is to its "allocated".
+  int64_t cached_bytes = 0;
+  int64_t peak_reserved = 0;
+  int64_t cache_hits = 0;  // allocations served from the cache, ever
   int64_t live(Category c) const { return live_bytes[static_cast<size_t>(c)]; }
   int64_t peak(Category c) const { return peak_bytes[static_cast<size_t>(c)]; }
   // Parameter shards + gradient shards + optimizer state, live now.
@@ -42,6 +48,16 @@ bool counting_allocator_installed();
 Usage usage();
 // Starts a new peak window: every peak is set to the current live value.
 void reset_peaks();
+
+// The block cache: freed CPU blocks of 1 MiB or more are kept, up to `bytes`
+// in all (the oldest dropped first), and handed to the next allocation of
+// exactly their size. FSDP frees and re-gathers the same buffer sizes over
+// and over; without the cache each one comes back from the kernel as fresh
+// pages to fault in and zero (on `large` that was a fifth of the step). Off
+// (0) until set; counted as cached, not live, so the categories stay exact.
+void set_block_cache_limit(int64_t bytes);
+int64_t block_cache_limit();
+void empty_block_cache();  // frees every cached block; the limit stays
 
 // A GPU's memory as the CUDA caching allocator sees it (every tensor on the
 // device, ours and the model's; the categories above count host memory):

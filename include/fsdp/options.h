@@ -114,6 +114,14 @@ struct FullyShardOptions {
   // never exists whole on the GPU. Unset: where the parameters are (all on
   // one device).
   TORCH_ARG(std::optional<c10::Device>, device) = std::nullopt;
+  // Keep freed host buffers for reuse (memory::set_block_cache_limit): with
+  // the counting allocator installed and the units on the CPU, fully_shard
+  // raises the cache's limit to six of the largest unit's fp32 buffers (the
+  // gathered parameters, gradient buffers and reduction outputs of the units
+  // in flight; on `large` six measured 6 % faster than three, twelve no
+  // faster), so each re-gather reuses a buffer instead of faulting in fresh
+  // pages. The cached bytes are reserved, not live: peak RSS did not grow.
+  TORCH_ARG(bool, cache_host_blocks) = true;
 };
 
 }  // namespace fsdp

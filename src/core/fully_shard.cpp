@@ -197,6 +197,12 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
                                keeps_full_gradients(strategy), options_.mixed_precision(), options_.cpu_offload(),
                                device_};
   build_units(std::move(plans), config);
+  if (options_.cache_host_blocks() && device_.is_cpu() && memory::counting_allocator_installed()) {
+    int64_t largest = 0;
+    for (const auto& unit : units_) largest = std::max(largest, unit->flat_param().padded_numel());
+    const int64_t limit = 6 * largest * static_cast<int64_t>(sizeof(float));
+    memory::set_block_cache_limit(std::max(memory::block_cache_limit(), limit));
+  }
   const torch::ScalarType buffer_dtype = options_.mixed_precision().effective_buffer_dtype();
   for (auto& buffer : module_->buffers()) {
     const c10::Device to = move ? *device : buffer.device();

@@ -11,8 +11,10 @@
 
 #include <sys/mman.h>
 
+#include <deque>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "fsdp/compat.h"
 
@@ -37,11 +39,43 @@ struct Record {
   Category category;
 };
 
+// A freed block kept for the next allocation of exactly its size.
+struct CachedBlock {
+  c10::DataPtr inner;
+  int64_t bytes;
+};
+
 struct Counters {
   std::mutex mutex;
   Usage usage;
   std::unordered_map<void*, Record> live;
+  // Oldest first. Exact sizes only: FSDP's buffers repeat exactly (every
+  // block's gathered parameters, gradient buffer and reduction output have
+  // one size), so reuse needs no splitting and cannot fragment.
+  std::deque<CachedBlock> cache;
+  int64_t cache_limit = 0;
 };
+
+// Blocks smaller than this go back to malloc, which recycles them without
+// touching the kernel anyway.
+constexpr int64_t kMinCachedBytes = int64_t{1} << 20;
+
+void note_reserved(Counters& c) {
+  const int64_t reserved = c.usage.live_total + c.usage.cached_bytes;
+  if (reserved > c.usage.peak_reserved) c.usage.peak_reserved = reserved;
+}
+
+// Drops the oldest blocks until the cache fits `limit`; call with the mutex
+// held and free what it returns after releasing it.
+std::vector<c10::DataPtr> trim_cache(Counters& c, int64_t limit) {
+  std::vector<c10::DataPtr> evicted;
+  while (c.usage.cached_bytes > limit && !c.cache.empty()) {
+    c.usage.cached_bytes -= c.cache.front().bytes;
+    evicted.push_back(std::move(c.cache.front().inner));
+    c.cache.pop_front();
+  }
+  return evicted;
+}
 
 Counters& counters() {
   static Counters* c = new Counters();  // never destroyed: frees can come during static destruction
@@ -55,20 +89,42 @@ void add(Counters& c, Category category, int64_t bytes) {
   c.usage.live_total += bytes;
   if (c.usage.live_bytes[i] > c.usage.peak_bytes[i]) c.usage.peak_bytes[i] = c.usage.live_bytes[i];
   if (c.usage.live_total > c.usage.peak_total) c.usage.peak_total = c.usage.live_total;
+  note_reserved(c);
 }
 
 void release(void* data) {
   auto& c = counters();
   c10::DataPtr inner;
+  std::vector<c10::DataPtr> evicted;
   {
     std::lock_guard<std::mutex> lock(c.mutex);
     auto it = c.live.find(data);
     if (it == c.live.end()) return;  // not ours: cannot happen for pointers we handed out
-    add(c, it->second.category, -it->second.bytes);
-    inner = std::move(it->second.inner);
+    const int64_t bytes = it->second.bytes;
+    add(c, it->second.category, -bytes);
+    if (bytes >= kMinCachedBytes && bytes <= c.cache_limit) {
+      c.cache.push_back({std::move(it->second.inner), bytes});
+      c.usage.cached_bytes += bytes;
+      evicted = trim_cache(c, c.cache_limit);
+    } else {
+      inner = std::move(it->second.inner);
+    }
     c.live.erase(it);
   }
-  // `inner` frees the memory here, outside the lock.
+  // `inner` and `evicted` free the memory here, outside the lock.
+}
+
+// A cached block of exactly `nbytes`, or an empty DataPtr.
+c10::DataPtr take_cached(Counters& c, int64_t nbytes) {
+  for (auto it = c.cache.rbegin(); it != c.cache.rend(); ++it) {  // the newest: its pages are the warmest
+    if (it->bytes != nbytes) continue;
+    c10::DataPtr block = std::move(it->inner);
+    c.cache.erase(std::next(it).base());
+    c.usage.cached_bytes -= nbytes;
+    ++c.usage.cache_hits;
+    return block;
+  }
+  return {};
 }
 
 class CountingAllocator final : public c10::Allocator {
@@ -77,11 +133,16 @@ class CountingAllocator final : public c10::Allocator {
 
   c10::DataPtr allocate(size_t nbytes) FSDP_ALLOCATE_CONST override {
     if (deferred_depth > 0 && nbytes > 0) return allocate_deferred(nbytes);
-    c10::DataPtr inner = inner_->allocate(nbytes);
+    auto& c = counters();
+    c10::DataPtr inner;
+    if (static_cast<int64_t>(nbytes) >= kMinCachedBytes) {
+      std::lock_guard<std::mutex> lock(c.mutex);
+      inner = take_cached(c, static_cast<int64_t>(nbytes));
+    }
+    if (!inner) inner = inner_->allocate(nbytes);
     void* data = inner.get();
     if (data == nullptr) return inner;  // zero bytes: nothing to count
     c10::Device device = inner.device();
-    auto& c = counters();
     {
       std::lock_guard<std::mutex> lock(c.mutex);
       add(c, current_category, static_cast<int64_t>(nbytes));
@@ -161,6 +222,29 @@ void reset_peaks() {
   std::lock_guard<std::mutex> lock(c.mutex);
   c.usage.peak_bytes = c.usage.live_bytes;
   c.usage.peak_total = c.usage.live_total;
+  c.usage.peak_reserved = c.usage.live_total + c.usage.cached_bytes;
+}
+
+void set_block_cache_limit(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0, "set_block_cache_limit: expected a limit of 0 or more bytes, got ", bytes);
+  auto& c = counters();
+  std::vector<c10::DataPtr> evicted;
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.cache_limit = bytes;
+  evicted = trim_cache(c, bytes);
+}
+
+int64_t block_cache_limit() {
+  auto& c = counters();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.cache_limit;
+}
+
+void empty_block_cache() {
+  auto& c = counters();
+  std::vector<c10::DataPtr> evicted;
+  std::lock_guard<std::mutex> lock(c.mutex);
+  evicted = trim_cache(c, 0);
 }
 
 DeferredInit::DeferredInit() {

@@ -26,7 +26,7 @@ fi
 # tests' jq), beside OpenMPI itself.
 seeds=(openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev libpmix2 libhwloc15
        libevent-core-2.1-7 libevent-pthreads-2.1-7
-       nlohmann-json3-dev libcli11-dev libxxhash-dev libxxhash0 libgtest-dev jq libjq1 libonig5)
+       nlohmann-json3-dev libcli11-dev libxxhash-dev libxxhash0 libaio-dev libaio1 libgtest-dev jq libjq1 libonig5)
 # Never carried: the C/C++ runtime every image has, newer there (Ubuntu 24.04)
 # than here; a Debian 12 copy on LD_LIBRARY_PATH would only shadow it.
 never=" libc6 libgcc-s1 libstdc++6 zlib1g libzstd1 liblzma5 libbz2-1.0 libcrypt1 libselinux1 libpcre2-8-0 libssl3 libudev1 libsystemd0 "

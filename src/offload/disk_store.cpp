@@ -1,0 +1,372 @@
+#include "offload/disk_store.h"
+
+#include <fcntl.h>
+#include <libaio.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "fsdp/checksum.h"
+
+namespace fsdp::offload {
+namespace {
+
+constexpr uint64_t kDirectAlignment = 4096;  // O_DIRECT's: memory, offsets and lengths
+
+uint64_t round_up(uint64_t n, uint64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+uint64_t block_checksum(const char* bytes, size_t n) { return checksum::hash(checksum::Algorithm::kXxh3_64, bytes, n); }
+
+}  // namespace
+
+const char* io_engine_name(IoEngine engine) {
+  switch (engine) {
+    case IoEngine::kAuto: return "auto";
+    case IoEngine::kLibaio: return "libaio";
+    case IoEngine::kThreads: return "threads";
+  }
+  return "unknown";
+}
+
+IoEngine parse_io_engine(const std::string& name) {
+  for (IoEngine e : {IoEngine::kAuto, IoEngine::kLibaio, IoEngine::kThreads})
+    if (name == io_engine_name(e)) return e;
+  TORCH_CHECK(false, "unknown offload I/O engine '", name, "' (expected auto, libaio or threads)");
+}
+
+struct DiskStore::Aio {
+  io_context_t context = nullptr;
+  std::vector<iocb> blocks;  // one control block per staging buffer
+  ~Aio() {
+    if (context) io_destroy(context);
+  }
+};
+
+void DiskStore::AlignedFree::operator()(char* p) const { std::free(p); }
+
+DiskStore::DiskStore(DiskStoreOptions options, std::vector<int64_t> slot_bytes) : options_(std::move(options)) {
+  const int64_t block = options_.block_bytes();
+  TORCH_CHECK(block > 0 && block % static_cast<int64_t>(kDirectAlignment) == 0,
+              "offload: block_bytes must be a positive multiple of ", kDirectAlignment, ", got ", block);
+  TORCH_CHECK(options_.queue_depth() >= 1, "offload: queue_depth must be at least 1, got ", options_.queue_depth());
+  path_ = options_.dir() + "/fsdp-offload-" + options_.name() + ".bin";
+  for (int64_t bytes : slot_bytes) {
+    TORCH_CHECK(bytes >= 0, "offload: a slot of ", bytes, " bytes");
+    Slot slot;
+    slot.offset = file_bytes_;
+    slot.bytes = bytes;
+    file_bytes_ += round_up(static_cast<uint64_t>(bytes), static_cast<uint64_t>(block));
+    slots_.push_back(std::move(slot));
+  }
+  try {
+    open_file();
+    reserve_space();
+  // Only libaio stages: the worker's pread/pwrite move the caller's bytes directly.
+  const int buffers = engine_ == IoEngine::kLibaio ? options_.queue_depth() : 0;
+  staging_.reserve(buffers);
+  for (int i = 0; i < buffers; ++i) {
+    void* p = nullptr;
+    TORCH_CHECK(posix_memalign(&p, kDirectAlignment, block) == 0, "offload: cannot allocate a staging buffer of ",
+                block, " bytes");
+    staging_.emplace_back(static_cast<char*>(p));
+  }
+    worker_ = std::thread([this] { run_worker(); });
+  } catch (...) {
+    // No destructor runs for a store that failed to open: leave no file behind.
+    aio_.reset();
+    file_.reset();
+    ::unlink(path_.c_str());
+    throw;
+  }
+}
+
+DiskStore::~DiskStore() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  aio_.reset();
+  file_.reset();
+  ::unlink(path_.c_str());
+}
+
+void DiskStore::open_file() {
+  struct statvfs fs {};
+  TORCH_CHECK(::statvfs(options_.dir().c_str(), &fs) == 0, "offload: cannot use the folder '", options_.dir(),
+              "': ", std::strerror(errno));
+  int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  // A scratch file left by a run that crashed is truncated below: its space counts as free.
+  struct stat stale {};
+  if (::stat(path_.c_str(), &stale) == 0) free_bytes += static_cast<int64_t>(stale.st_blocks) * 512;
+  if (options_.free_bytes_limit() >= 0) free_bytes = std::min(free_bytes, options_.free_bytes_limit());
+  TORCH_CHECK(static_cast<int64_t>(file_bytes_) <= free_bytes, "offload: the folder '", options_.dir(), "' has ",
+              free_bytes, " bytes free, and the scratch file ", path_, " needs ", file_bytes_, " bytes (",
+              slots_.size(), " tensors): free space there, give another --offload-dir, or offload less");
+  const int flags = O_RDWR | O_CREAT | O_TRUNC;
+  const bool want_direct = options_.engine() != IoEngine::kThreads;
+  if (want_direct) {
+    const int fd = ::open(path_.c_str(), flags | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::close(fd);
+      file_ = std::make_unique<file_io::File>(path_, flags | O_DIRECT);
+    } else {
+      TORCH_CHECK(options_.engine() == IoEngine::kAuto, "offload: the libaio engine needs O_DIRECT, and '",
+                  options_.dir(), "' refuses it: ", std::strerror(errno), " (the threads engine works there)");
+      engine_description_ = "threads (pread/pwrite), buffered: '" + options_.dir() + "' refuses O_DIRECT (" +
+                            std::strerror(errno) + ")";
+    }
+  }
+  if (file_) {
+    auto aio = std::make_unique<Aio>();
+    const int rc = io_setup(options_.queue_depth(), &aio->context);
+    if (rc == 0) {
+      aio->blocks.resize(options_.queue_depth());
+      aio_ = std::move(aio);
+      engine_ = IoEngine::kLibaio;
+      engine_description_ = "libaio, O_DIRECT, " + std::to_string(options_.queue_depth()) + " blocks of " +
+                            std::to_string(options_.block_bytes()) + " bytes in flight";
+      return;
+    }
+    aio->context = nullptr;
+    TORCH_CHECK(options_.engine() == IoEngine::kAuto, "offload: libaio's io_setup failed: ", std::strerror(-rc));
+    file_.reset();
+    engine_description_ = std::string("threads (pread/pwrite), buffered: libaio's io_setup failed (") +
+                          std::strerror(-rc) + ")";
+  }
+  file_ = std::make_unique<file_io::File>(path_, flags);
+  engine_ = IoEngine::kThreads;
+  if (engine_description_.empty()) engine_description_ = "threads (pread/pwrite), buffered, as asked";
+}
+
+void DiskStore::reserve_space() {
+  if (file_bytes_ == 0) return;
+  // Reserved now, so that a disk that fills up later fails here and not in
+  // the middle of a step with half a slot written.
+  if (::fallocate(file_->fd(), 0, 0, static_cast<off_t>(file_bytes_)) == 0) return;
+  const int error = errno;
+  TORCH_CHECK(error == EOPNOTSUPP || error == ENOSYS, "offload: cannot reserve ", file_bytes_, " bytes for ", path_,
+              " in '", options_.dir(), "': ", std::strerror(error));
+  TORCH_CHECK(::ftruncate(file_->fd(), static_cast<off_t>(file_bytes_)) == 0, "offload: cannot size ", path_, " to ",
+              file_bytes_, " bytes: ", std::strerror(errno));
+}
+
+int64_t DiskStore::slot_bytes(size_t slot) const {
+  TORCH_CHECK(slot < slots_.size(), "offload: slot ", slot, " of a store with ", slots_.size());
+  return slots_[slot].bytes;
+}
+
+int64_t DiskStore::bytes_written() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_written_;
+}
+
+int64_t DiskStore::bytes_read() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_read_;
+}
+
+std::shared_future<void> DiskStore::write(size_t slot, const void* data) {
+  return enqueue(true, slot, static_cast<char*>(const_cast<void*>(data)));
+}
+
+std::shared_future<void> DiskStore::read(size_t slot, void* data) { return enqueue(false, slot, static_cast<char*>(data)); }
+
+std::shared_future<void> DiskStore::enqueue(bool is_write, size_t slot, char* data) {
+  TORCH_CHECK(slot < slots_.size(), "offload: slot ", slot, " of ", path_, ", which has ", slots_.size());
+  TORCH_CHECK(data != nullptr || slots_[slot].bytes == 0, "offload: a null buffer for slot ", slot);
+  Request request;
+  request.is_write = is_write;
+  request.slot = slot;
+  request.data = data;
+  std::shared_future<void> done = request.done.get_future().share();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(request));
+  }
+  wake_.notify_one();
+  return done;
+}
+
+void DiskStore::run_worker() {
+  for (;;) {
+    Request request;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything queued is done
+      request = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    try {
+      serve(request);
+      request.done.set_value();
+    } catch (...) {
+      request.done.set_exception(std::current_exception());
+    }
+  }
+}
+
+void DiskStore::serve(Request& request) {
+  TORCH_CHECK(broken_.empty(), broken_, " (an earlier request; the store takes no more)");
+  Slot& slot = slots_[request.slot];
+  if (request.is_write) {
+    slot.block_checksums.clear();  // until this write completes, the slot holds nothing readable
+    std::vector<uint64_t> checksums;
+    if (engine_ == IoEngine::kLibaio) {
+      transfer_aio(slot, request.slot, true, request.data, checksums);
+    } else {
+      write_blocks_threads(slot, request.slot, request.data, checksums);
+    }
+    slot.block_checksums = std::move(checksums);
+  } else {
+    TORCH_CHECK(!slot.block_checksums.empty() || slot.bytes == 0, "offload: slot ", request.slot, " of ", path_,
+                " has no complete write to read back (never written, or its last write failed)");
+    if (engine_ == IoEngine::kLibaio) {
+      std::vector<uint64_t> unused;
+      transfer_aio(slot, request.slot, false, request.data, unused);
+    } else {
+      read_blocks_threads(slot, request.slot, request.data);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  (request.is_write ? bytes_written_ : bytes_read_) += slot.bytes;
+}
+
+std::string DiskStore::block_name(size_t slot, size_t block) const {
+  const Slot& s = slots_[slot];
+  const uint64_t offset = s.offset + block * static_cast<uint64_t>(options_.block_bytes());
+  return "block " + std::to_string(block) + " of slot " + std::to_string(slot) + " (offset " + std::to_string(offset) +
+         ")";
+}
+
+void DiskStore::check_block(const Slot& slot, size_t index, size_t block, const char* bytes, size_t n) const {
+  TORCH_CHECK(block_checksum(bytes, n) == slot.block_checksums[block], "offload: ", block_name(index, block), " of ",
+              path_, " does not match the checksum it was written with: the scratch file was changed or corrupted");
+}
+
+void DiskStore::write_blocks_threads(const Slot& slot, size_t index, const char* data,
+                                     std::vector<uint64_t>& checksums) {
+  const int64_t block = options_.block_bytes();
+  const size_t blocks = static_cast<size_t>((slot.bytes + block - 1) / block);
+  checksums.resize(blocks);
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t n = static_cast<size_t>(std::min<int64_t>(block, slot.bytes - static_cast<int64_t>(b) * block));
+    const char* bytes = data + b * block;
+    checksums[b] = block_checksum(bytes, n);
+    file_io::write_at(*file_, bytes, n, slot.offset + b * block, block_name(index, b));
+  }
+}
+
+void DiskStore::read_blocks_threads(const Slot& slot, size_t index, char* data) {
+  const int64_t block = options_.block_bytes();
+  const size_t blocks = slot.block_checksums.size();
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t n = static_cast<size_t>(std::min<int64_t>(block, slot.bytes - static_cast<int64_t>(b) * block));
+    char* bytes = data + b * block;
+    file_io::read_at(*file_, bytes, n, slot.offset + b * block, block_name(index, b));
+    check_block(slot, index, b, bytes, n);
+  }
+}
+
+// libaio: up to queue_depth blocks in flight, each in its own staging
+// buffer; completions come in any order. Every submitted block is reaped
+// before returning, even after an error, so no buffer is still in the
+// kernel's hands when the next request reuses it. A write fills in
+// `checksums`; a read checks each block against the slot's.
+void DiskStore::transfer_aio(const Slot& slot, size_t index, bool is_write, char* data,
+                             std::vector<uint64_t>& checksums) {
+  const int64_t block = options_.block_bytes();
+  const size_t blocks = is_write ? static_cast<size_t>((slot.bytes + block - 1) / block) : slot.block_checksums.size();
+  checksums.resize(is_write ? blocks : 0);
+  auto bytes_of = [&](size_t b) {
+    return static_cast<size_t>(std::min<int64_t>(block, slot.bytes - static_cast<int64_t>(b) * block));
+  };
+  std::vector<size_t> buffer_block(staging_.size());
+  std::vector<int> free_buffers;
+  for (int i = static_cast<int>(staging_.size()) - 1; i >= 0; --i) free_buffers.push_back(i);
+  std::vector<io_event> events(staging_.size());
+  // The failure of the lowest block (completions come in any order, and a
+  // read past the end of a truncated file completes at once); every block
+  // in flight is still reaped.
+  std::string error;
+  size_t error_block = SIZE_MAX;
+  auto completed = [&](int buffer, long res) {
+    const size_t b = buffer_block[buffer], n = bytes_of(b);
+    char* staging = staging_[buffer].get();
+    if (b > error_block) return;
+    const std::string before = error;
+    if (res < 0) {
+      error = std::string("offload: ") + (is_write ? "writing " : "reading ") + block_name(index, b) + " of " + path_ +
+              " failed: " + std::strerror(static_cast<int>(-res));
+    } else if (static_cast<size_t>(res) < n) {
+      error = "offload: " + path_ + (is_write ? " took " : " ends inside ") + block_name(index, b) + ": " +
+              std::to_string(res) + " of " + std::to_string(n) + " bytes" +
+              (is_write ? " (is the disk full?)" : " (the scratch file was truncated)");
+    } else if (!is_write) {
+      try {
+        check_block(slot, index, b, staging, n);
+        std::memcpy(data + b * block, staging, n);
+      } catch (const c10::Error& e) {
+        error = e.what_without_backtrace();
+      }
+    }
+    if (error != before) error_block = b;
+  };
+  size_t in_flight = 0;
+  auto reap = [&] {
+    int got;
+    do {
+      got = io_getevents(aio_->context, 1, static_cast<long>(events.size()), events.data(), nullptr);
+    } while (got == -EINTR);  // a signal handler ran on this thread: never restarted by the kernel
+    if (got < 1) {
+      // Blocks may still be in the kernel's hands: no later request may reuse their buffers.
+      broken_ = "offload: io_getevents on " + path_ + " failed: " + std::strerror(-got);
+      TORCH_CHECK(false, broken_);
+    }
+    for (int e = 0; e < got; ++e) {
+      const int buffer = static_cast<int>(reinterpret_cast<intptr_t>(events[e].data));
+      completed(buffer, static_cast<long>(events[e].res));
+      free_buffers.push_back(buffer);
+      --in_flight;
+    }
+  };
+  for (size_t b = 0; b < blocks && error.empty(); ++b) {
+    if (free_buffers.empty()) reap();
+    const int buffer = free_buffers.back();
+    free_buffers.pop_back();
+    buffer_block[buffer] = b;
+    const size_t n = bytes_of(b), aligned = round_up(n, kDirectAlignment);
+    char* staging = staging_[buffer].get();
+    iocb* cb = &aio_->blocks[buffer];
+    const auto offset = static_cast<long long>(slot.offset + b * block);
+    if (is_write) {
+      std::memcpy(staging, data + b * block, n);
+      std::memset(staging + n, 0, aligned - n);
+      checksums[b] = block_checksum(staging, n);
+      io_prep_pwrite(cb, file_->fd(), staging, aligned, offset);
+    } else {
+      io_prep_pread(cb, file_->fd(), staging, aligned, offset);
+    }
+    cb->data = reinterpret_cast<void*>(static_cast<intptr_t>(buffer));
+    iocb* list[1] = {cb};
+    const int rc = io_submit(aio_->context, 1, list);
+    if (rc != 1) {
+      error = "offload: submitting " + block_name(index, b) + " of " + path_ + " failed: " +
+              (rc < 0 ? std::strerror(-rc) : "the kernel took 0 of 1 blocks");
+      free_buffers.push_back(buffer);
+      break;
+    }
+    ++in_flight;
+  }
+  while (in_flight > 0) reap();
+  TORCH_CHECK(error.empty(), error);
+}
+
+}  // namespace fsdp::offload

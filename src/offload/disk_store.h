@@ -1,0 +1,137 @@
+#pragma once
+// One rank's scratch file for offloaded state (ZeRO-Infinity's swap file):
+// a fixed set of slots, one per tensor, written and read back
+// asynchronously in blocks, every block checked against the checksum taken
+// when it was written.
+//
+// The I/O engine is chosen when the store opens, and engine_name() says
+// which one it got:
+// - libaio with O_DIRECT (Debian's libaio-dev): several blocks in flight at
+//   once, straight between aligned staging buffers and the disk, without
+//   the page cache (offloading to disk is for state that does not fit in
+//   memory: caching it there would defeat the point);
+// - a worker thread with pread/pwrite, where the file system refuses
+//   O_DIRECT (tmpfs, some container overlays) or the kernel refuses libaio
+//   (io_setup fails in some sandboxes).
+// Either way one worker thread owns the file: requests run in the order
+// they were made, while the caller computes.
+//
+// A scratch file is never a checkpoint: it is created empty, removed when
+// the store closes, and holds nothing that outlives the process.
+
+#include <c10/util/Exception.h>
+#include <torch/arg.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "state_dict/file_io.h"
+
+namespace fsdp::offload {
+
+enum class IoEngine { kAuto, kLibaio, kThreads };
+const char* io_engine_name(IoEngine engine);
+// "auto", "libaio" or "threads"; throws naming what it got.
+IoEngine parse_io_engine(const std::string& name);
+
+struct DiskStoreOptions {
+  explicit DiskStoreOptions(std::string dir) : dir_(std::move(dir)) {}
+  // The folder the scratch file goes in (it must exist).
+  TORCH_ARG(std::string, dir);
+  // The file is DIR/fsdp-offload-<name>.bin: one per rank ("rank3").
+  TORCH_ARG(std::string, name) = "rank0";
+  TORCH_ARG(IoEngine, engine) = IoEngine::kAuto;
+  // The unit of I/O and of checksums: a multiple of 4096 (O_DIRECT's alignment).
+  TORCH_ARG(int64_t, block_bytes) = int64_t{1} << 20;
+  // Blocks in flight at once (libaio), and so the staging buffers: queue_depth x block_bytes of memory.
+  TORCH_ARG(int, queue_depth) = 8;
+  // Treat the folder as having at most this many bytes free (-1: what the
+  // file system says): for tests of a full disk, and to leave room for others.
+  TORCH_ARG(int64_t, free_bytes_limit) = -1;
+};
+
+class DiskStore {
+ public:
+  // Creates the scratch file with room for every slot, reserved on the disk
+  // up front: a folder without room is refused here, naming it, the bytes
+  // needed and the bytes free, before anything has been trained.
+  DiskStore(DiskStoreOptions options, std::vector<int64_t> slot_bytes);
+  ~DiskStore();  // finishes what is queued, then removes the file
+  DiskStore(const DiskStore&) = delete;
+  DiskStore& operator=(const DiskStore&) = delete;
+
+  // Asynchronous: the slot's bytes from `data` to the file, or back. The
+  // memory must stay valid (and, for a write, unchanged) until the returned
+  // future is ready; get() throws the request's error: a block whose bytes
+  // no longer match their checksum, a file cut short, a failed system call,
+  // each naming the file, the slot and the offset.
+  std::shared_future<void> write(size_t slot, const void* data);
+  std::shared_future<void> read(size_t slot, void* data);
+
+  size_t num_slots() const { return slots_.size(); }
+  int64_t slot_bytes(size_t slot) const;
+  uint64_t file_bytes() const { return file_bytes_; }
+  const std::string& path() const { return path_; }
+  IoEngine engine() const { return engine_; }
+  // "libaio, O_DIRECT" or "threads (pread/pwrite), buffered", and why a fallback was taken.
+  const std::string& engine_description() const { return engine_description_; }
+  // Bytes moved so far (the slots' own bytes, not the alignment padding).
+  int64_t bytes_written() const;
+  int64_t bytes_read() const;
+
+ private:
+  struct Slot {
+    uint64_t offset = 0;  // aligned to block_bytes
+    int64_t bytes = 0;
+    std::vector<uint64_t> block_checksums;  // empty until the slot is first written
+  };
+  struct Request {
+    bool is_write = false;
+    size_t slot = 0;
+    char* data = nullptr;
+    std::promise<void> done;
+  };
+  struct AlignedFree {
+    void operator()(char* p) const;
+  };
+  struct Aio;  // libaio's context and control blocks, defined where libaio.h is included
+
+  DiskStoreOptions options_;
+  std::string path_;
+  std::vector<Slot> slots_;
+  uint64_t file_bytes_ = 0;
+  std::unique_ptr<file_io::File> file_;
+  IoEngine engine_ = IoEngine::kThreads;
+  std::string engine_description_;
+  std::unique_ptr<Aio> aio_;
+  std::vector<std::unique_ptr<char, AlignedFree>> staging_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Request> queue_;
+  bool stopping_ = false;
+  int64_t bytes_written_ = 0, bytes_read_ = 0;
+  std::string broken_;  // set (by the worker) when I/O may be left in flight: every later request fails
+  std::thread worker_;
+
+  void open_file();
+  void reserve_space();
+  std::shared_future<void> enqueue(bool is_write, size_t slot, char* data);
+  void run_worker();
+  void serve(Request& request);
+  // One block: where it is and how many of its bytes are the slot's.
+  std::string block_name(size_t slot, size_t block) const;
+  void write_blocks_threads(const Slot& slot, size_t index, const char* data, std::vector<uint64_t>& checksums);
+  void read_blocks_threads(const Slot& slot, size_t index, char* data);
+  void transfer_aio(const Slot& slot, size_t index, bool is_write, char* data, std::vector<uint64_t>& checksums);
+  void check_block(const Slot& slot, size_t index, size_t block, const char* bytes, size_t n) const;
+};
+
+}  // namespace fsdp::offload

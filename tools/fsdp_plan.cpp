@@ -26,6 +26,7 @@
 #include "fsdp/comm.h"
 #include "fsdp/error.h"
 #include "fsdp/gpt.h"
+#include "fsdp/disk_store.h"
 #include "fsdp/memory_plan.h"
 
 namespace {
@@ -169,7 +170,37 @@ nlohmann::json recommendation_json(const Recommendation& r) {
           {"candidates", candidates}};
 }
 
-int calibrate(int* argc, char*** argv) {
+// Each rank writes `bytes` into a scratch store in `dir` and reads them
+// back, all ranks at once as offloading ranks would, through the engine
+// training would get there. Bytes per second of the whole host.
+struct DiskBandwidth {
+  double write = 0, read = 0;
+  std::string engine;
+};
+DiskBandwidth measure_disk(fsdp::ProcessGroup& world, const std::string& dir, int64_t bytes) {
+  const int64_t slot = int64_t{64} << 20;
+  const int64_t slots = std::max<int64_t>(1, bytes / slot);
+  fsdp::offload::DiskStore store(
+      fsdp::offload::DiskStoreOptions(dir).name("calibrate-rank" + std::to_string(world.rank())),
+      std::vector<int64_t>(slots, slot));
+  std::vector<char> data(slot, 1);
+  auto timed = [&](bool write) {
+    world.barrier()->wait();
+    const auto t0 = Clock::now();
+    std::vector<std::shared_future<void>> pending;
+    for (int64_t i = 0; i < slots; ++i) pending.push_back(write ? store.write(i, data.data()) : store.read(i, data.data()));
+    for (auto& p : pending) p.get();
+    world.barrier()->wait();  // the host's bandwidth: until the slowest rank is done
+    return static_cast<double>(slot * slots * world.size()) / std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  DiskBandwidth result;
+  result.write = timed(true);
+  result.read = timed(false);
+  result.engine = store.engine_description();
+  return result;
+}
+
+int calibrate(int* argc, char*** argv, const std::string& disk_dir, int64_t disk_bytes) {
   fsdp::MpiEnvironment mpi(argc, argv);
   auto world = mpi.world();
   // FLOP/s of one rank's fp32 GEMMs with the threads fsdp-run gives it.
@@ -194,6 +225,7 @@ int calibrate(int* argc, char*** argv) {
   const double big = static_cast<double>(16 << 20) * k * 4;  // bytes of the gathered buffer
   const double t = time_gather(16 << 20, 3);
   const double bandwidth = k > 1 ? (k - 1.0) / k * big / std::max(t - (k - 1) * latency_s, 1e-9) : 0.0;
+  const DiskBandwidth disk = disk_dir.empty() ? DiskBandwidth{} : measure_disk(*world, disk_dir, disk_bytes);
   if (world->rank() == 0) {
     nlohmann::json j = {{"flops", flops},
                         {"intra_node_bandwidth", bandwidth},
@@ -202,6 +234,11 @@ int calibrate(int* argc, char*** argv) {
                         {"inter_node_latency", latency_s},
                         {"measured_with", std::to_string(k) + " ranks on one host, " +
                                               std::to_string(torch::get_num_threads()) + " threads each"}};
+    if (disk.write > 0) {
+      j["disk_write_bandwidth"] = disk.write;
+      j["disk_read_bandwidth"] = disk.read;
+      j["disk"] = {{"dir", disk_dir}, {"bytes_per_rank", disk_bytes}, {"engine", disk.engine}};
+    }
     std::cout << j.dump(2) << "\n";
   }
   return 0;
@@ -245,8 +282,22 @@ int main(int argc, char** argv) {
                "(the common shortcut) and at Adam's real 12");
   app.add_flag("--json", json, "print the whole plan as one JSON object instead (fields: README.md)");
   auto* calibrate_cmd = app.add_subcommand("calibrate", "measure FLOP/s and all-gather bandwidth here (under fsdp-run)");
+  std::string disk_dir;
+  int64_t disk_mib = 1024;
+  calibrate_cmd->add_option("--offload-dir", disk_dir,
+                            "also measure the disk there: each rank writes and reads back --disk-mib MiB at once, "
+                            "through the engine offloading would use (disk_write_bandwidth, disk_read_bandwidth)");
+  calibrate_cmd->add_option("--disk-mib", disk_mib, "MiB per rank for the disk measurement")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  if (calibrate_cmd->parsed()) return calibrate(&argc, &argv);
+  if (calibrate_cmd->parsed()) {
+    try {
+      TORCH_CHECK(disk_mib > 0, "--disk-mib must be positive, got ", disk_mib);
+      return calibrate(&argc, &argv, disk_dir, disk_mib << 20);
+    } catch (const std::exception& e) {
+      std::cerr << "fsdp-plan: error: " << fsdp::error_message(e) << "\n";
+      return 1;
+    }
+  }
   try {
     TORCH_CHECK(preset.empty() != (params == 0), "give --preset or --params (with --layers), not both");
     TORCH_CHECK(world > 0 && nodes > 0 && world % nodes == 0, "--world must be a positive multiple of --nodes");

@@ -101,6 +101,17 @@ jq -e '.cluster.compute_s > 0 and ([.cluster.strategies[] | .step_s >= $c and .s
   --argjson c "$(jq .cluster.compute_s "$work/timed.json" 2>/dev/null || echo 0)" "$work/timed.json" >/dev/null ||
   { jq -c .cluster "$work/timed.json" >&2; fail "no step-time estimate"; }
 
+# The disk, measured where offloading would write: both ranks at once,
+# through the engine the store chooses; the scratch files are gone after.
+mkdir -p "$work/disk"
+"$run" -n 2 -- "$plan" calibrate --offload-dir "$work/disk" --disk-mib 64 > "$work/disk.json" 2>"$work/disk.err" ||
+  { cat "$work/disk.err"; fail "calibrate --offload-dir failed"; }
+jq -e '.disk_write_bandwidth > 0 and .disk_read_bandwidth > 0 and .disk.bytes_per_rank == 67108864
+       and (.disk.engine | test("^(libaio|threads)"))' "$work/disk.json" >/dev/null ||
+  { cat "$work/disk.json" >&2; fail "calibrate --offload-dir wrote no disk figures"; }
+[ -z "$(ls -A "$work/disk")" ] || fail "calibrate left scratch files: $(ls "$work/disk")"
+expect_error "cannot use the folder '$work/nowhere'" "$run" -n 2 -- "$plan" calibrate --offload-dir "$work/nowhere"
+
 expect_error "give --preset or --params" "$plan" --world 2
 expect_error "--offload must be none or cpu" "$plan" --preset tiny --offload disk
 expect_error "cannot be combined with --offload cpu" "$plan" --preset tiny --offload cpu --budget 1e9

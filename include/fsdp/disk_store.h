@@ -32,7 +32,9 @@
 #include <thread>
 #include <vector>
 
-#include "state_dict/file_io.h"
+namespace fsdp::file_io {
+class File;  // src/state_dict/file_io.h
+}
 
 namespace fsdp::offload {
 

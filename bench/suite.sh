@@ -42,6 +42,7 @@ variant_args() {
   # V_nocache: V with every freed host buffer given back at once
   # (fsdp-train --no-block-cache), as before the block cache.
   if [[ "$1" == *_nocache ]]; then
+    [[ "$1" != torch_* ]] || { echo "bench/suite.sh: $1: _nocache is fsdp-cpp's (PyTorch has no block cache to turn off)" >&2; return 1; }
     local inner; inner="$(variant_args "${1%_nocache}")" || return 1
     echo "$inner --no-block-cache"; return
   fi
@@ -97,7 +98,7 @@ run_variant() {
       --summary "$out/summary.json" > "$out/$1.r$2.out" 2>&1 || { cat "$out/$1.r$2.out" >&2; return 1; }
   else
     local single_copy="${FSDP_MPI_SINGLE_COPY:-auto}"
-    [[ "$1" != *_plaincopy ]] || single_copy=none
+    [[ "$1" != *_plaincopy* ]] || single_copy=none
     # shellcheck disable=SC2086
     FSDP_MPI_SINGLE_COPY=$single_copy "$build/fsdp-run" -n "$ranks" -- "$build/fsdp-train" --preset "$preset" --steps "$steps" $flags \
       --print-every "$steps" --summary "$out/summary.json" > "$out/$1.r$2.out" 2>&1 ||

@@ -11,8 +11,10 @@ double clip_grad_norm_(FsdpState& state, double max_norm) {
   torch::NoGradGuard no_grad;
   double sum_of_squares = 0.0;
   for (const auto& shard : state.parameters()) {
-    // The shard's own norm, squared in double: no double-precision copy of the
-    // gradient (on `large` that was 1.2 GB of fresh memory per rank and step).
+    // Each shard's norm in float (as torch::nn::utils::clip_grad_norm_ takes
+    // each parameter's), summed over shards in double: no double-precision
+    // copy of the gradient (on `large` that was 1.2 GB of fresh memory per
+    // rank and step).
     if (!shard.grad().defined()) continue;
     const double shard_norm = shard.grad().norm().item<double>();
     sum_of_squares += shard_norm * shard_norm;

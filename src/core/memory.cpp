@@ -134,24 +134,28 @@ class CountingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) FSDP_ALLOCATE_CONST override {
     if (deferred_depth > 0 && nbytes > 0) return allocate_deferred(nbytes);
     auto& c = counters();
-    c10::DataPtr inner;
     if (static_cast<int64_t>(nbytes) >= kMinCachedBytes) {
+      // A hit moves the block from cached to live in one step: live + cached never dips.
       std::lock_guard<std::mutex> lock(c.mutex);
-      inner = take_cached(c, static_cast<int64_t>(nbytes));
+      c10::DataPtr cached = take_cached(c, static_cast<int64_t>(nbytes));
+      if (cached) return track(c, std::move(cached), nbytes);
     }
-    if (!inner) inner = inner_->allocate(nbytes);
-    void* data = inner.get();
-    if (data == nullptr) return inner;  // zero bytes: nothing to count
-    c10::Device device = inner.device();
-    {
-      std::lock_guard<std::mutex> lock(c.mutex);
-      add(c, current_category, static_cast<int64_t>(nbytes));
-      c.live.emplace(data, Record{std::move(inner), static_cast<int64_t>(nbytes), current_category});
-    }
-    return {data, data, &release, device};
+    c10::DataPtr inner = inner_->allocate(nbytes);
+    if (inner.get() == nullptr) return inner;  // zero bytes: nothing to count
+    std::lock_guard<std::mutex> lock(c.mutex);
+    return track(c, std::move(inner), nbytes);
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+  // Counts `inner` as live in the current category and wraps it; call with the mutex held.
+  static c10::DataPtr track(Counters& c, c10::DataPtr inner, size_t nbytes) {
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    add(c, current_category, static_cast<int64_t>(nbytes));
+    c.live.emplace(data, Record{std::move(inner), static_cast<int64_t>(nbytes), current_category});
+    return {data, data, &release, device};
+  }
 
   static c10::DataPtr allocate_deferred(size_t nbytes) {
     std::lock_guard<std::mutex> lock(scratch_mutex);

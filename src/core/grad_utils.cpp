@@ -1,23 +1,58 @@
 #include "fsdp/grad_utils.h"
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <cmath>
+#include <vector>
 #include <unordered_map>
 
 #include "unit.h"
 
 namespace fsdp {
+namespace {
+
+// The sum of a gradient's squares, accumulated in double in an order fixed
+// by the element indices alone: chunks of kChunk elements, each summed in
+// eight interleaved lanes, the chunks' sums added in chunk order. So the
+// result depends neither on the thread count nor on where the data happens
+// to lie in memory (ATen's float norm() does: its vectorized loop starts at
+// the first aligned element, and two runs of one model differed in the last
+// bit), and a float32 gradient needs no double copy (on `large` that copy
+// and its square were 1.2 GB of fresh memory per rank and step).
+double sum_of_squares_in_double(const torch::Tensor& grad) {
+  if (!grad.is_cpu() || grad.scalar_type() != torch::kFloat || !grad.is_contiguous()) {
+    return grad.to(torch::kDouble).pow(2).sum().item<double>();
+  }
+  constexpr int64_t kChunk = 1 << 16;
+  const float* data = grad.data_ptr<float>();
+  const int64_t n = grad.numel(), chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> chunk_sums(chunks);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const float* x = data + c * kChunk;
+      const int64_t m = std::min(kChunk, n - c * kChunk);
+      double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t i = 0;
+      for (; i + 8 <= m; i += 8)
+        for (int l = 0; l < 8; ++l) lane[l] += static_cast<double>(x[i + l]) * x[i + l];
+      for (; i < m; ++i) lane[0] += static_cast<double>(x[i]) * x[i];
+      chunk_sums[c] = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    }
+  });
+  double total = 0.0;
+  for (double s : chunk_sums) total += s;
+  return total;
+}
+
+}  // namespace
+
 double clip_grad_norm_(FsdpState& state, double max_norm) {
   TORCH_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got ", max_norm);
   torch::NoGradGuard no_grad;
   double sum_of_squares = 0.0;
   for (const auto& shard : state.parameters()) {
-    // Each shard's norm in float (as torch::nn::utils::clip_grad_norm_ takes
-    // each parameter's), summed over shards in double: no double-precision
-    // copy of the gradient (on `large` that was 1.2 GB of fresh memory per
-    // rank and step).
-    if (!shard.grad().defined()) continue;
-    const double shard_norm = shard.grad().norm().item<double>();
-    sum_of_squares += shard_norm * shard_norm;
+    if (shard.grad().defined()) sum_of_squares += sum_of_squares_in_double(shard.grad());
   }
   torch::Tensor total = torch::tensor({sum_of_squares}, torch::kDouble);
   // The shard group partitions the model: summing over it counts every

@@ -86,7 +86,8 @@ TEST_P(Engines, EverySlotComesBackByteForByte) {
     if (GetParam() != IoEngine::kAuto) EXPECT_EQ(store.engine(), GetParam());
     EXPECT_EQ(store.engine_description().rfind(fsdp::offload::io_engine_name(store.engine()), 0), 0)
         << store.engine_description();
-    EXPECT_TRUE(std::filesystem::exists(store.path()));
+    EXPECT_FALSE(std::filesystem::exists(store.path())) << "the name is unlinked once the file is open";
+    EXPECT_TRUE(std::filesystem::exists(store.reachable_path()));
     std::vector<std::vector<char>> written, back;
     std::vector<std::shared_future<void>> pending;
     for (size_t s = 0; s < kSlotBytes.size(); ++s) {
@@ -125,7 +126,7 @@ TEST_P(Engines, ACorruptedBlockIsNamedWithItsOffset) {
   store.write(5, bytes.data()).get();
   const uint64_t slot_offset = store.file_bytes() - static_cast<uint64_t>(kSlotBytes[5]);  // the last slot, block-aligned
   {
-    const int fd = ::open(store.path().c_str(), O_WRONLY);
+    const int fd = ::open(store.reachable_path().c_str(), O_WRONLY);
     ASSERT_GE(fd, 0);
     const char flipped = static_cast<char>(~bytes[(256 << 10) + 10]);
     ASSERT_EQ(::pwrite(fd, &flipped, 1, static_cast<off_t>(slot_offset + (256 << 10) + 10)), 1);
@@ -150,7 +151,7 @@ TEST_P(Engines, ATruncatedFileIsNamedWithTheBlockItEndsIn) {
   std::vector<char> bytes = random_bytes(kSlotBytes[5], 4), back(kSlotBytes[5]);
   store.write(5, bytes.data()).get();
   const uint64_t slot_offset = store.file_bytes() - static_cast<uint64_t>(kSlotBytes[5]);
-  ASSERT_EQ(::truncate(store.path().c_str(), static_cast<off_t>(slot_offset + (256 << 10) * 2 + 100)), 0);
+  ASSERT_EQ(::truncate(store.reachable_path().c_str(), static_cast<off_t>(slot_offset + (256 << 10) * 2 + 100)), 0);
   const std::string error = error_of([&] { store.read(5, back.data()).get(); });
   EXPECT_NE(error.find("block 2 of slot 5"), std::string::npos) << error;
   EXPECT_NE(error.find(store.path()), std::string::npos) << error;

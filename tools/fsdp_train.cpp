@@ -29,6 +29,7 @@
 #include "fsdp/fused_adamw.h"
 #include "fsdp/grad_utils.h"
 #include "fsdp/memory_plan.h"
+#include "fsdp/nvme_offload.h"
 #include "fsdp/gpt.h"
 #include "fsdp/lr_schedule.h"
 #include "fsdp/memory.h"
@@ -75,6 +76,7 @@ struct TrainOptions {
   std::string device = "cpu";
   std::string backend = "auto";
   std::string offload = "none";
+  std::string offload_optimizer = "none", offload_params = "none", offload_dir, offload_engine = "auto";
   bool no_preflight = false;
   double collective_timeout = 0.0;
   std::string ckpt_dir;
@@ -267,6 +269,8 @@ fsdp::WrapPolicy make_wrap_policy(const std::string& wrap) {
   TORCH_CHECK(false, "--wrap must be block or sublayer, got '", wrap, "'");
 }
 
+bool uses_nvme(const TrainOptions& o) { return o.offload_optimizer == "nvme" || o.offload_params == "nvme"; }
+
 fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
   fsdp::MixedPrecision mp;
   mp.param_dtype(fsdp::parse_dtype(o.param_dtype));
@@ -283,6 +287,24 @@ fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
                      .activation_checkpointing(o.activation_checkpointing);
   TORCH_CHECK(o.prefetch_depth >= 1, "--prefetch-depth must be at least 1, got ", o.prefetch_depth);
   if (o.strategy != "auto") options.strategy(fsdp::parse_strategy(o.strategy));
+  for (const std::string* value : {&o.offload_optimizer, &o.offload_params}) {
+    TORCH_CHECK(*value == "none" || *value == "nvme", "--offload-optimizer and --offload-params must be none or nvme, got '",
+                *value, "'");
+  }
+  if (uses_nvme(o)) {
+    TORCH_CHECK(!o.offload_dir.empty(), "--offload-optimizer nvme and --offload-params nvme need --offload-dir DIR ",
+                "(a folder on a disk with room for the offloaded state; fsdp-plan --offload nvme says how much)");
+    TORCH_CHECK(std::filesystem::is_directory(o.offload_dir), "--offload-dir: '", o.offload_dir, "' is not a folder");
+    TORCH_CHECK(o.offload == "none", "--offload cpu is for a GPU run; it cannot be combined with nvme offload");
+    TORCH_CHECK(o.adamw == "fused", "nvme offload steps with fsdp::FusedAdamW: --adamw torch cannot be combined with it");
+    options.nvme_offload(fsdp::NvmeOffloadOptions(o.offload_dir)
+                             .optimizer_state(o.offload_optimizer == "nvme")
+                             .params(o.offload_params == "nvme")
+                             .store(fsdp::offload::DiskStoreOptions(o.offload_dir)
+                                        .engine(fsdp::offload::parse_io_engine(o.offload_engine))));
+  } else {
+    TORCH_CHECK(o.offload_dir.empty(), "--offload-dir needs --offload-optimizer nvme or --offload-params nvme");
+  }
   return options;
 }
 
@@ -338,32 +360,49 @@ void preflight(const TrainOptions& o, const Run& run, int world) {
   const auto& options = run.fsdp_options;
   const int per_node = fsdp::shard_group_size(strategy, world, options.ranks_per_node());
   constexpr int64_t kRuntimeBytes = int64_t{256} << 20;  // LibTorch, MPI, the data's pages: measured 180-250 MiB
-  auto need = [&](bool checkpointing, bool sublayer, bool sharded_init) {
+  auto need = [&](bool checkpointing, bool sublayer, bool sharded_init, bool nvme_optimizer, bool nvme_params) {
     const fsdp::TransformerShape shape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch, sublayer};
     const auto units = shape.unit_numels();
     const int64_t params = std::accumulate(units.begin(), units.end(), int64_t{0});
     const fsdp::StepPeak peak = fsdp::estimate_step_peak(
         shape, strategy, world, per_node, options.mixed_precision(),
         options.forward_prefetch() || options.backward_prefetch() != fsdp::BackwardPrefetch::kNone, checkpointing);
-    // Building the whole model on every rank, then flattening its largest unit.
+    int64_t step = peak.total();
+    if (nvme_optimizer || nvme_params) {
+      step = fsdp::peak_with_nvme_offload(peak, fsdp::estimate_nvme_offload(units, strategy, world, per_node,
+                                                                            options.mixed_precision(), nvme_optimizer,
+                                                                            nvme_params));
+    }
+    // Building the whole model on every rank, then flattening its largest
+    // unit; sharded, every unit's fp32 shard exists before it is offloaded.
     const int64_t construction =
-        sharded_init ? 0 : 4 * (params + *std::max_element(units.begin(), units.end()));
-    return std::max(peak.total(), construction) + kRuntimeBytes;
+        sharded_init ? (nvme_optimizer || nvme_params ? peak.state.params : 0)
+                     : 4 * (params + *std::max_element(units.begin(), units.end()));
+    return std::max(step, construction) + kRuntimeBytes;
   };
+  const bool nvme_optimizer = o.offload_optimizer == "nvme", nvme_params = o.offload_params == "nvme";
   const int64_t available = host_memory_available();
-  const int64_t needed = need(o.activation_checkpointing, o.wrap == "sublayer", o.sharded_init);
+  const int64_t needed = need(o.activation_checkpointing, o.wrap == "sublayer", o.sharded_init, nvme_optimizer, nvme_params);
   if (needed * ranks_here <= available) return;
   std::ostringstream alternatives;
   struct Variant {
     const char* flags;
-    bool checkpointing, sublayer, sharded_init;
+    bool checkpointing, sublayer, sharded_init, nvme_optimizer, nvme_params;
   };
-  const Variant variants[] = {{"--sharded-init", o.activation_checkpointing, o.wrap == "sublayer", true},
-                              {"--sharded-init --activation-checkpointing", true, o.wrap == "sublayer", true},
-                              {"--sharded-init --activation-checkpointing --wrap sublayer", true, true, true}};
+  const bool sublayer = o.wrap == "sublayer", ac = o.activation_checkpointing;
+  const bool shardable = !fsdp::keeps_params_unsharded(strategy);
+  std::vector<Variant> variants = {
+      {"--sharded-init", ac, sublayer, true, nvme_optimizer, nvme_params},
+      {"--sharded-init --activation-checkpointing", true, sublayer, true, nvme_optimizer, nvme_params},
+      {"--sharded-init --activation-checkpointing --wrap sublayer", true, true, true, nvme_optimizer, nvme_params},
+      {"--sharded-init --activation-checkpointing --offload-optimizer nvme", true, sublayer, true, true, nvme_params}};
+  if (shardable && (o.param_dtype == "fp32" || nvme_optimizer)) {
+    variants.push_back({"--sharded-init --activation-checkpointing --offload-optimizer nvme --offload-params nvme",
+                        true, sublayer, true, true, true});
+  }
   bool any = false;
   for (const auto& v : variants) {
-    const int64_t n = need(v.checkpointing, v.sublayer, v.sharded_init);
+    const int64_t n = need(v.checkpointing, v.sublayer, v.sharded_init, v.nvme_optimizer, v.nvme_params);
     alternatives << "\n  " << v.flags << ": " << human_bytes(n) << " per rank, " << human_bytes(n * ranks_here)
                  << (n * ranks_here <= available ? " (fits)" : " (does not fit)");
     any = any || n * ranks_here <= available;
@@ -372,7 +411,7 @@ void preflight(const TrainOptions& o, const Run& run, int world) {
               o.sharded_init ? "" : " or the whole model each rank builds first", ", plus ", human_bytes(kRuntimeBytes),
               " of runtime), ", ranks_here, " rank(s) here: ", human_bytes(needed * ranks_here), ", but the host has ",
               human_bytes(available), " available. With other settings:", alternatives.str(),
-              any ? "" : "\n  none fits: fewer ranks on this host, a smaller --batch or --context, or offload (not yet)",
+              any ? "" : "\n  none fits: fewer ranks on this host, a smaller --batch or --context, or bf16 parameters",
               "\n(fsdp-plan gives the whole table; --no-preflight runs anyway)");
 }
 
@@ -535,6 +574,14 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   const fsdp::StepPeak predicted_peak = fsdp::estimate_step_peak(
       fsdp::TransformerShape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch, o.wrap == "sublayer"}, strategy, W,
       shard_group_size, mp, o.forward_prefetch || o.backward_prefetch != "none", o.activation_checkpointing, unit_numels);
+  const fsdp::offload::NvmeOffload* nvme = state.nvme_offload();
+  std::optional<fsdp::NvmeOffloadPlan> nvme_plan;
+  if (nvme) {
+    nvme_plan = fsdp::estimate_nvme_offload(unit_numels, strategy, W, shard_group_size, mp,
+                                            nvme->offloads_optimizer_state(), nvme->offloads_params());
+  }
+  const int64_t predicted_peak_bytes =
+      nvme_plan ? fsdp::peak_with_nvme_offload(predicted_peak, *nvme_plan) : predicted_peak.total();
   const int64_t A = o.grad_accum;
   const int64_t tokens_per_step = c.batch * c.context * W * A;
   const int64_t print_every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 20);
@@ -557,6 +604,13 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
               << "  data: " << run.data->path() << " (" << run.data->size() << " tokens, " << run.data->val_size()
               << " held out for validation; " << o.data_order << " order, seed " << o.data_seed << ")\n";
     if (!run.strategy_reason.empty()) std::cout << "  " << run.strategy_reason << "\n";
+    if (nvme) {
+      std::cout << "  nvme offload: " << (nvme->offloads_optimizer_state() ? "optimizer state" : "")
+                << (nvme->offloads_optimizer_state() && nvme->offloads_params() ? " and " : "")
+                << (nvme->offloads_params() ? "parameters" : "") << " in " << nvme->store().path() << " ("
+                << nvme->store().engine_description() << "), " << human_bytes(nvme->offloaded_bytes())
+                << " per rank on disk\n";
+    }
     if (!o.init_from.empty()) {
       const double mb = std::filesystem::file_size(o.init_from) / 1e6;
       std::cout << "  initialized from " << o.init_from << " (" << std::fixed << std::setprecision(1) << mb
@@ -633,7 +687,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     }
   };
 
-  std::vector<double> step_times, exposed_comm_times, optimizer_times;
+  std::vector<double> step_times, exposed_comm_times, optimizer_times, offload_wait_times, offload_read, offload_written;
   fsdp::CommStats last_comm;
   std::vector<fsdp::RankFigures> last_figures(W);
   std::vector<int64_t> max_peak(W, 0);
@@ -693,6 +747,9 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
       step_times.push_back(step_s);
       exposed_comm_times.push_back(comm.wait_seconds);
       optimizer_times.push_back(result.optimizer_s);
+      offload_wait_times.push_back(result.offload_wait_s);
+      offload_read.push_back(static_cast<double>(result.offload_bytes_read));
+      offload_written.push_back(static_cast<double>(result.offload_bytes_written));
     }
     if (!o.ckpt_dir.empty() && ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps)) {
       save_checkpoint(step + 1);
@@ -723,6 +780,9 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                              {"comm_bytes", comm_bytes},
                              {"exposed_comm_s", comm.wait_seconds},
                              {"optimizer_s", result.optimizer_s},
+                             {"offload_bytes_read", result.offload_bytes_read},
+                             {"offload_bytes_written", result.offload_bytes_written},
+                             {"offload_wait_s", result.offload_wait_s},
                              {"model_state_bytes", model_state},
                              {"peak_tensor_bytes", peak}};
       if (!run.device.is_cpu()) {  // the GPU's figures beside the host's (per rank)
@@ -823,7 +883,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"peak_tensor_bytes", max_peak},
                               {"model_state_bytes", model_state},
                               {"model_state_bytes_predicted", predicted.total()},
-                              {"peak_tensor_bytes_predicted", predicted_peak.total()},
+                              {"peak_tensor_bytes_predicted", predicted_peak_bytes},
                               {"peak_rss_bytes", rss_bytes},
                               {"last_step_peak_by_category_rank0", peak_by_category},
                               {"model_state_bytes_by_kind", model_state_by_kind},
@@ -834,6 +894,15 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"prefetch_depth", o.prefetch_depth},
                               {"limit_all_gathers", !o.no_limit_all_gathers},
                               {"block_cache_bytes", fsdp::memory::block_cache_limit()},
+                              {"offload_optimizer", o.offload_optimizer},
+                              {"offload_params", o.offload_params},
+                              {"offload_engine", nvme ? nvme->store().engine_description() : ""},
+                              {"offload_file_bytes", nvme ? static_cast<int64_t>(nvme->store().file_bytes()) : 0},
+                              {"offload_file_bytes_predicted", nvme_plan ? nvme_plan->file_bytes : 0},
+                              {"offload_read_bytes_per_step", median(offload_read)},
+                              {"offload_written_bytes_per_step", median(offload_written)},
+                              {"offload_io_bytes_per_step_predicted", nvme_plan ? nvme_plan->io_per_step() : 0},
+                              {"offload_wait_s", median(offload_wait_times)},
                               {"first_step", first_step},
                               {"resumed_from", resumed_from.empty() ? nlohmann::json() : nlohmann::json(resumed_from)}};
     if (!run.strategy_reason.empty()) summary["strategy_reason"] = run.strategy_reason;
@@ -891,16 +960,25 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
               << typical - median(exposed_comm_times) - median(optimizer_times) << " s, exposed communication "
               << median(exposed_comm_times) << " s (" << std::setprecision(1)
               << 100.0 * median(exposed_comm_times) / typical << "%), optimizer " << std::setprecision(3)
-              << median(optimizer_times) << " s\n"
-              << "per-rank memory   (exact tensor bytes from the counting allocator)\n";
+              << median(optimizer_times) << " s\n";
+    if (nvme) {
+      std::cout << "disk offload      (rank 0, medians) " << human_bytes(static_cast<int64_t>(median(offload_read)))
+                << " read and " << human_bytes(static_cast<int64_t>(median(offload_written)))
+                << " written per step (the planner: " << human_bytes(nvme_plan->io_per_step())
+                << " in all); compute waited " << std::setprecision(3) << median(offload_wait_times) << " s ("
+                << std::setprecision(1) << 100.0 * median(offload_wait_times) / typical << "%) on it\n";
+    }
+    std::cout << "per-rank memory   (exact tensor bytes from the counting allocator)\n";
     for (int r = 0; r < W; ++r) {
       const fsdp::RankFigures& f = last_figures[r];
       std::cout << "  rank " << r << ": model state " << human_bytes(f.model_state_bytes) << " (params "
                 << human_bytes(f.param_shard_bytes) << ", grads " << human_bytes(f.grad_shard_bytes) << ", optimizer "
                 << human_bytes(f.optimizer_state_bytes) << "), peak tensors " << human_bytes(max_peak[r]) << "\n";
     }
-    std::cout << "  the planner predicted a peak of " << human_bytes(predicted_peak.total()) << " (model state "
-              << human_bytes(predicted_peak.state.total()) << ", gathered " << human_bytes(predicted_peak.gathered)
+    std::cout << "  the planner predicted a peak of " << human_bytes(predicted_peak_bytes)
+              << (nvme ? " with the offload (in memory: " : " (") << "model state "
+              << human_bytes(nvme_plan ? nvme_plan->resident.total() : predicted_peak.state.total()) << ", gathered "
+              << human_bytes(predicted_peak.gathered)
               << ", activations " << human_bytes(predicted_peak.activations) << ", backward transient "
               << human_bytes(predicted_peak.backward_transient) << ")\n";
     std::cout << "  full model state on one process would be " << human_bytes(16 * num_params)
@@ -957,6 +1035,19 @@ int main(int argc, char** argv) {
   app.add_option("--offload", o.offload,
                  "none, or cpu: fp32 shards, gradients and optimizer state in host memory, optimizer step on the CPU "
                  "(sharded strategies)")
+      ->capture_default_str();
+  app.add_option("--offload-optimizer", o.offload_optimizer,
+                 "none, or nvme: AdamW's moments (and the fp32 masters of bf16/fp16 parameters) in a scratch file "
+                 "in --offload-dir between steps, stepped unit by unit with the reads and writes overlapped")
+      ->capture_default_str();
+  app.add_option("--offload-params", o.offload_params,
+                 "none, or nvme: the parameter shards on disk, read before each all-gather (sharded strategies; with "
+                 "bf16/fp16 parameters together with --offload-optimizer nvme)")
+      ->capture_default_str();
+  app.add_option("--offload-dir", o.offload_dir, "the folder of the nvme offload's scratch files (one per rank)");
+  app.add_option("--offload-engine", o.offload_engine,
+                 "auto (libaio with O_DIRECT where the file system takes it, else threads), libaio, or threads "
+                 "(pread/pwrite)")
       ->capture_default_str();
   app.add_flag("--no-preflight", o.no_preflight,
                "skip the check that the planner's memory for this run fits the host's available memory");

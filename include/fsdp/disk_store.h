@@ -16,8 +16,10 @@
 // Either way one worker thread owns the file: requests run in the order
 // they were made, while the caller computes.
 //
-// A scratch file is never a checkpoint: it is created empty, removed when
-// the store closes, and holds nothing that outlives the process.
+// A scratch file is never a checkpoint: it is created empty, its name is
+// removed as soon as it is open (its space goes back to the disk when the
+// process ends, however it ends), and it holds nothing that outlives the
+// process.
 
 #include <c10/util/Exception.h>
 #include <torch/arg.h>
@@ -65,7 +67,7 @@ class DiskStore {
   // up front: a folder without room is refused here, naming it, the bytes
   // needed and the bytes free, before anything has been trained.
   DiskStore(DiskStoreOptions options, std::vector<int64_t> slot_bytes);
-  ~DiskStore();  // finishes what is queued, then removes the file
+  ~DiskStore();  // finishes what is queued, then closes the file (which frees it)
   DiskStore(const DiskStore&) = delete;
   DiskStore& operator=(const DiskStore&) = delete;
 
@@ -80,7 +82,11 @@ class DiskStore {
   size_t num_slots() const { return slots_.size(); }
   int64_t slot_bytes(size_t slot) const;
   uint64_t file_bytes() const { return file_bytes_; }
+  // The name the file was created with (in messages; unlinked at once).
   const std::string& path() const { return path_; }
+  // Where this process can still open the file (/proc/self/fd/N): for
+  // tools and tests that inspect or damage it.
+  std::string reachable_path() const;
   IoEngine engine() const { return engine_; }
   // "libaio, O_DIRECT" or "threads (pread/pwrite), buffered", and why a fallback was taken.
   const std::string& engine_description() const { return engine_description_; }

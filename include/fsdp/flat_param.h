@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,13 @@ class FlatParam {
   const torch::Tensor& shard() const { return shard_; }
   const std::vector<FlatParamEntry>& entries() const { return entries_; }
   bool is_unsharded() const { return is_unsharded_; }
+
+  // Disk offload: where the all-gather's input comes from when the fp32
+  // shard is not the place to cast it from (it is on disk, or the param-dtype
+  // copy is kept apart): returns the shard's current values in the param
+  // dtype, shard_numel() elements, alive until the gather ends.
+  using ComputeShardSource = std::function<torch::Tensor()>;
+  void set_compute_shard_source(ComputeShardSource source) { compute_shard_source_ = std::move(source); }
 
   // The whole unit of a tensor shaped like the shard (the fp32 master, an
   // optimizer moment), padded: collective over the shard group; `local`
@@ -121,6 +129,7 @@ class FlatParam {
   bool stale_ = true;
   torch::Tensor full_grad_;        // full_gradients strategies: the reduced gradient (fp32)
   torch::Tensor gradient_buffer_;  // see prepare_gradient_buffer()
+  ComputeShardSource compute_shard_source_;
   WorkHandle pending_unshard_;
   torch::Tensor pending_unshard_input_;  // the cast shard, alive until the gather ends
   WorkHandle pending_reduce_;

@@ -30,6 +30,9 @@
 namespace fsdp {
 
 class Unit;  // one unit's parameters and lifecycle: the engine's own (src/core/unit.h)
+namespace offload {
+class NvmeOffload;  // fsdp/nvme_offload.h
+}
 namespace detail {
 class UnitForwardScope;
 }
@@ -48,6 +51,8 @@ class FsdpState {
   // The units, root first (opaque outside the library).
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
   size_t num_units() const { return units_.size(); }
+  // The disk offload (FullyShardOptions::nvme_offload), or null.
+  offload::NvmeOffload* nvme_offload() const { return nvme_offload_.get(); }
   // The group fully_shard() was given (every rank of the model).
   const ProcessGroupPtr& group() const { return group_; }
   const FullyShardOptions& options() const { return options_; }
@@ -134,6 +139,8 @@ class FsdpState {
   std::vector<std::pair<Unit*, bool>> deferred_prefetches_;  // (unit, for backward) over the limit
   int prefetched_unused_ = 0;
   int max_prefetched_unused_ = 0;
+  // After units_: destroyed first (its parameter sources point into it).
+  std::unique_ptr<offload::NvmeOffload> nvme_offload_;
 };
 
 // Gathers every unit's whole parameters for the scope's life (PyTorch's

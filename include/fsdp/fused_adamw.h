@@ -30,6 +30,10 @@ class FusedAdamW : public torch::optim::AdamW {
 
   // True when step() fuses every parameter (false: it falls back to AdamW's).
   bool fuses_all() const;
+  // One parameter's update, as step() makes it (nothing without a gradient):
+  // for a caller that brings each parameter's state in and out of memory
+  // around its step (disk offload). The parameter must be fusable.
+  void step_parameter(const torch::optim::AdamWOptions& options, const torch::Tensor& param);
 };
 
 

@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+
 #include "fsdp/fully_shard.h"
 
 namespace fsdp {
@@ -53,6 +55,8 @@ class GradScaler {
   bool unscale_();
   // Steps the optimizer unless an overflow was found, then adapts the scale.
   bool step(torch::optim::Optimizer& optimizer);
+  // The same, with the optimizer's step made by `take_step` (disk offload's).
+  bool step(const std::function<void()>& take_step);
   double scale_factor() const { return scale_; }
   // Restores a scale (e.g. the one a checkpoint saved).
   void set_scale_factor(double scale) {

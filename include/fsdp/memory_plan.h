@@ -128,4 +128,37 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
                             const MixedPrecision& mixed_precision, bool prefetch, bool activation_checkpointing,
                             const std::vector<int64_t>& unit_numels = {});
 
+// Disk offload (FullyShardOptions::nvme_offload), per rank: what leaves
+// memory, what the scratch file holds, and one step's disk traffic, from the
+// units' sizes alone (S = a unit's shard, p = the param dtype's bytes):
+//   optimizer_state  moments 8S on disk; with p < 4 also the master 4S, a pS
+//                    copy staying for the gathers
+//   params           fp32: the master 4S on disk; otherwise the pS copy
+//   per step         optimizer state: read and written once (the step);
+//                    parameters: read at every gather (two a step for
+//                    full_shard and hybrid_shard, one for the zero2 kinds),
+//                    written once (after the step)
+// The step then holds up to three units' offloaded state (read, step, write)
+// and a gather up to two units' parameters (the one gathered, the next read
+// ahead): transient bytes on top of what stays.
+struct NvmeOffloadPlan {
+  ModelStateBytes resident;        // the model state that stays in memory between steps
+  int64_t offloaded = 0;           // the model state on disk (the slots' bytes)
+  int64_t file_bytes = 0;          // the scratch file: each slot rounded up to whole blocks
+  int64_t step_buffers = 0;        // in memory at the optimizer step's peak, on top of `resident`
+  int64_t gather_buffers = 0;      // in memory at a gather's peak (offloaded parameters), on top
+  int64_t read_per_step = 0, written_per_step = 0;
+  int64_t io_per_step() const { return read_per_step + written_per_step; }
+  // Seconds of disk I/O a step needs at these bandwidths (bytes/s), not
+  // counting what overlaps compute.
+  double io_seconds(double read_bandwidth, double write_bandwidth) const;
+};
+NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
+                                      int ranks_per_node, const MixedPrecision& mixed_precision, bool optimizer_state,
+                                      bool params, int64_t block_bytes = int64_t{1} << 20);
+// The step's peak of host memory with disk offload: the in-memory peak less
+// what is offloaded, plus the larger of the gather's and the step's buffers
+// (the step runs after backward has freed the activations).
+int64_t peak_with_nvme_offload(const StepPeak& peak, const NvmeOffloadPlan& plan);
+
 }  // namespace fsdp

@@ -21,6 +21,7 @@ class OptimizerState {
   // Throws, naming the optimizer, if its state cannot be sharded.
   explicit OptimizerState(torch::optim::Optimizer& optimizer);
 
+  torch::optim::Optimizer& optimizer() const { return optimizer_; }
   // "adam", "adamw" or "sgd": what checkpoints record.
   const std::string& type() const { return type_; }
   // The element-wise state tensors each parameter has, in file order.

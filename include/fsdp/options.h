@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "fsdp/disk_store.h"
 #include "fsdp/wrap_policy.h"
 
 namespace fsdp {
@@ -64,6 +65,29 @@ enum class BackwardPrefetch { kNone, kPre, kPost };
 const char* backward_prefetch_name(BackwardPrefetch prefetch);   // "none", "pre", "post"
 BackwardPrefetch parse_backward_prefetch(const std::string& name);  // throws, listing the names
 
+// Offload to disk (DeepSpeed's ZeRO-Infinity), for model state larger than
+// memory: each rank's offloaded state lives in one scratch file in
+// store().dir() between uses, read back asynchronously when it is needed.
+//   optimizer_state  the AdamW moments, and the fp32 master shards when the
+//                    parameters compute in another dtype (a copy in the param
+//                    dtype stays in memory for the all-gathers); read, stepped
+//                    and written back unit by unit in the optimizer step
+//                    (fsdp::TrainStep), the next unit's read and the last one's
+//                    write overlapping this one's step
+//   params           the parameter shards (in the param dtype), read before
+//                    their unit's all-gather; sharded strategies only
+// Gradient shards stay in memory. The optimizer must be an fsdp::FusedAdamW.
+// Results are bitwise those of the same run in memory, and checkpoints hold
+// the offloaded state as if it had never left (scratch files are never
+// checkpoints: they are removed when the model is destroyed).
+struct NvmeOffloadOptions {
+  explicit NvmeOffloadOptions(std::string dir) : store_(std::move(dir)) {}
+  TORCH_ARG(bool, optimizer_state) = true;
+  TORCH_ARG(bool, params) = false;
+  // Where and how (the scratch file's name is set per rank).
+  TORCH_ARG(offload::DiskStoreOptions, store);
+};
+
 using ParamInitFn = std::function<void(const std::string& name, torch::Tensor& param)>;
 
 struct FullyShardOptions {
@@ -108,6 +132,8 @@ struct FullyShardOptions {
   // the parameters being gathered and the gradients being reduced. Sharded
   // strategies only.
   TORCH_ARG(bool, cpu_offload) = false;
+  // Offload to disk (see NvmeOffloadOptions); CPU units only.
+  TORCH_ARG(std::optional<NvmeOffloadOptions>, nvme_offload) = std::nullopt;
   // The device the units compute on (FSDP1's device_id): parameters and
   // buffers are moved there as their unit is sharded, and parameters under
   // memory::DeferredInit are materialized there, so a model built on the CPU

@@ -83,6 +83,10 @@ struct StepResult {
   double step_s = 0.0;        // wall time of the whole step
   double optimizer_s = 0.0;   // unscaling, clipping and the optimizer's step
   CommStats comm;             // the units' collectives in this step (comm.wait_seconds: exposed communication)
+  // Disk offload's traffic in this step, and the time compute waited on it
+  // (zeros without nvme_offload).
+  int64_t offload_bytes_read = 0, offload_bytes_written = 0;
+  double offload_wait_s = 0.0;
   RankFigures figures;        // this rank's
   std::vector<RankFigures> per_rank;  // every rank's, when gathered
 };
@@ -91,7 +95,8 @@ class TrainStep {
  public:
   // The optimizer must step exactly state.parameters() (the local shards),
   // and be one whose state can be sharded (Adam, AdamW, SGD): anything else
-  // is refused here, by name.
+  // is refused here, by name. With nvme_offload it must be an
+  // fsdp::FusedAdamW, and its step goes through the offload's pipeline.
   TrainStep(FsdpState& state, torch::optim::Optimizer& optimizer, TrainStepOptions options = TrainStepOptions());
   template <class M>
   TrainStep(FullyShardedModule<M>& model, torch::optim::Optimizer& optimizer,

@@ -132,7 +132,9 @@ void FlatParam::start_unshard() {
     // here, asynchronously from pinned memory, on the compute stream: the
     // blocking gradient copy of finish_reduce_gradients() orders the next
     // optimizer step after it.
-    input = shard_.detach().to(unsharded_.device(), unsharded_.scalar_type(), /*non_blocking=*/true);
+    input = compute_shard_source_
+                ? compute_shard_source_()
+                : shard_.detach().to(unsharded_.device(), unsharded_.scalar_type(), /*non_blocking=*/true);
   }
   if (config_.shard_group) {
     pending_unshard_ = config_.shard_group->all_gather(unsharded_, input);

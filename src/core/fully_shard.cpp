@@ -3,6 +3,7 @@
 
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
+#include "fsdp/nvme_offload.h"
 #include "fsdp/trace.h"
 #include "core/unit.h"
 
@@ -189,6 +190,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
               "fully_shard: cpu_offload needs a sharded strategy (full_shard, shard_grad_op, hybrid_shard or "
               "hybrid_shard_zero2); ",
               strategy_name(options_.strategy()), " keeps whole parameters on every rank");
+  offload::check_nvme_offload_options(options_, device.value_or(c10::Device(torch::kCPU)));
   check_same_plan_on_every_rank(plans);
   make_groups();
   const ShardingStrategy strategy = options_.strategy();
@@ -197,6 +199,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
                                keeps_full_gradients(strategy), options_.mixed_precision(), options_.cpu_offload(),
                                device_};
   build_units(std::move(plans), config);
+  if (options_.nvme_offload()) nvme_offload_ = std::make_unique<offload::NvmeOffload>(*this, *options_.nvme_offload());
   if (options_.cache_host_blocks() && device_.is_cpu() && memory::counting_allocator_installed()) {
     int64_t largest = 0;
     for (const auto& unit : units_) largest = std::max(largest, unit->flat_param().padded_numel());
@@ -230,7 +233,10 @@ void FsdpState::set_unsharded_scope(bool on, bool writeback) {
   for (auto& unit : units_) {
     TORCH_CHECK(unit->state_ == UnitState::kUnsharded, "FSDP unit '", unit->display_name(), "' is ",
                 unit_state_name(unit->state_), " when its UnshardScope ends (expected UNSHARDED)");
-    if (writeback) unit->flat_param().write_back_shard();
+    if (writeback) {
+      ResidentScope resident(*this, static_cast<size_t>(&unit - units_.data()));
+      unit->flat_param().write_back_shard();
+    }
     if (unit->flat_param().config().persistent_params) continue;
     unit->flat_param().reshard();
     unit->state_ = UnitState::kSharded;

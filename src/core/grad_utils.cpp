@@ -126,8 +126,12 @@ bool GradScaler::unscale_() {
 }
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
+  return step([&optimizer] { optimizer.step(); });
+}
+
+bool GradScaler::step(const std::function<void()>& take_step) {
   const bool overflow = unscale_();
-  if (!overflow) optimizer.step();
+  if (!overflow) take_step();
   if (overflow) {
     scale_ *= options_.backoff_factor();
     good_steps_ = 0;

@@ -197,4 +197,62 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
   return peak;
 }
 
+double NvmeOffloadPlan::io_seconds(double read_bandwidth, double write_bandwidth) const {
+  TORCH_CHECK(read_bandwidth > 0 && write_bandwidth > 0, "NvmeOffloadPlan::io_seconds: bandwidths must be positive");
+  return static_cast<double>(read_per_step) / read_bandwidth + static_cast<double>(written_per_step) / write_bandwidth;
+}
+
+NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
+                                      int ranks_per_node, const MixedPrecision& mixed_precision, bool optimizer_state,
+                                      bool params, int64_t block_bytes) {
+  TORCH_CHECK(block_bytes > 0, "estimate_nvme_offload: block_bytes must be positive");
+  NvmeOffloadPlan plan;
+  plan.resident = estimate_model_state(unit_numels, strategy, world, ranks_per_node, mixed_precision);
+  const int64_t K = shard_group_size(strategy, world, ranks_per_node);
+  const int64_t p = c10::elementSize(mixed_precision.param_dtype());
+  const bool fp32 = p == 4;
+  const bool master = fp32 ? params : optimizer_state;  // as NvmeOffload decides
+  const int64_t gathers = keeps_params_unsharded(strategy) ? 0 : (reshards_after_forward(strategy) ? 2 : 1);
+  auto blocks = [block_bytes](int64_t bytes) { return (bytes + block_bytes - 1) / block_bytes * block_bytes; };
+  // The three largest shards: the step's pipeline holds three units at once.
+  std::vector<int64_t> shards;
+  for (int64_t n : unit_numels) {
+    const int64_t S = (n + K - 1) / K;
+    if (S == 0) continue;
+    shards.push_back(S);
+    // The store's slots: master, param-dtype copy, exp_avg, exp_avg_sq.
+    const int64_t slots[] = {master ? 4 * S : 0, params && !fp32 ? p * S : 0, optimizer_state ? 4 * S : 0,
+                             optimizer_state ? 4 * S : 0};
+    for (int64_t bytes : slots) plan.offloaded += bytes, plan.file_bytes += blocks(bytes);
+    if (optimizer_state) plan.read_per_step += 8 * S, plan.written_per_step += 8 * S;
+    if (master) plan.read_per_step += 4 * S, plan.written_per_step += 4 * S;
+    if (params) {
+      plan.read_per_step += gathers * (fp32 ? 4 : p) * S;
+      if (!fp32) plan.written_per_step += p * S;
+    }
+  }
+  // What leaves the resident figures (sharded strategies keep 4S of params;
+  // zero1 and no_shard keep whole parameters, of which only a separate
+  // master goes).
+  if (optimizer_state) plan.resident.optimizer = 0;
+  if (master) {
+    int64_t master_bytes = 0, copy_bytes = 0;
+    for (int64_t S : shards) master_bytes += 4 * S, copy_bytes += (params ? 0 : p * S);
+    plan.resident.params += copy_bytes - master_bytes;
+  }
+  std::sort(shards.rbegin(), shards.rend());
+  const int64_t per_unit_step = (master ? 4 : 0) + (optimizer_state ? 8 : 0) + (params && !fp32 ? p : 0);
+  for (size_t i = 0; i < std::min<size_t>(3, shards.size()); ++i) plan.step_buffers += per_unit_step * shards[i];
+  if (params) {
+    for (size_t i = 0; i < std::min<size_t>(2, shards.size()); ++i) plan.gather_buffers += (fp32 ? 4 : p) * shards[i];
+  }
+  return plan;
+}
+
+int64_t peak_with_nvme_offload(const StepPeak& peak, const NvmeOffloadPlan& plan) {
+  const int64_t in_step = peak.total() - peak.state.total() + plan.resident.total() + plan.gather_buffers;
+  const int64_t in_optimizer = plan.resident.total() + plan.step_buffers;
+  return std::max(in_step, in_optimizer);
+}
+
 }  // namespace fsdp

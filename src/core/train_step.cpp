@@ -7,6 +7,8 @@
 #include <unordered_set>
 
 #include "fsdp/compat.h"
+#include "fsdp/fused_adamw.h"
+#include "fsdp/nvme_offload.h"
 #include "fsdp/optimizer_state.h"
 #include "fsdp/trace.h"
 
@@ -108,6 +110,9 @@ TrainStep::TrainStep(FsdpState& state, torch::optim::Optimizer& optimizer, Train
     }
   }
   check_optimizer_steps_the_shards(state_, optimizer_);
+  TORCH_CHECK(!state_.nvme_offload() || dynamic_cast<FusedAdamW*>(&optimizer_), "fsdp::TrainStep: a model with ",
+              "nvme_offload steps with fsdp::FusedAdamW (it brings each unit's state in and out of memory around ",
+              "that unit's update); got ", optimizer_name(optimizer_));
   if (options_.loss_scaling().value_or(uses_fp16(state_.options().mixed_precision()))) {
     scaler_ = std::make_unique<GradScaler>(state_, options_.grad_scaler());
   }
@@ -122,6 +127,8 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   memory::reset_peaks();
   memory::reset_device_peaks(state_.device());
   state_.reset_comm_stats();
+  offload::NvmeOffload* nvme = state_.nvme_offload();
+  const offload::OffloadStats io_before = nvme ? nvme->stats() : offload::OffloadStats();
   const auto start = Clock::now();
   const int64_t A = options_.micro_steps();
   torch::Tensor step_loss;  // on the loss's device: a GPU run does not wait for it until the step ends
@@ -144,13 +151,22 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
     const bool overflow = scaler_ && scaler_->unscale_();
     if (options_.clip_grad_norm() > 0) result.grad_norm = clip_grad_norm_(state_, options_.clip_grad_norm());
     // A skipped step must not decay either (AdamW decays inside its step).
-    if (!overflow) decay_matrix_weights_(state_, optimizer_, options_.weight_decay());
+    // With disk offload the decay is part of each unit's step (the master
+    // is in memory only then).
+    if (!overflow && !nvme) decay_matrix_weights_(state_, optimizer_, options_.weight_decay());
     memory::MemoryCategoryScope scope(Category::kOptimizerState);
+    const std::function<void()> take_step = [&] {
+      if (nvme) {
+        nvme->step(optimizer_, options_.weight_decay());
+      } else {
+        optimizer_.step();
+      }
+    };
     if (scaler_) {
-      result.stepped = scaler_->step(optimizer_);
+      result.stepped = scaler_->step(take_step);
       result.loss_scale = scaler_->scale_factor();
     } else {
-      optimizer_.step();
+      take_step();
     }
   }
   result.optimizer_s = seconds_since(optimizer_start);
@@ -166,6 +182,12 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   state_.group()->all_reduce(step_loss, ReduceOp::kAvg)->wait();
   result.loss = step_loss.item<double>();
   result.step_s = seconds_since(start);
+  if (nvme) {
+    const offload::OffloadStats io = nvme->stats();
+    result.offload_bytes_read = io.bytes_read - io_before.bytes_read;
+    result.offload_bytes_written = io.bytes_written - io_before.bytes_written;
+    result.offload_wait_s = io.wait_seconds - io_before.wait_seconds;
+  }
   result.figures = figures_now(state_, optimizer_);
   if (options_.gather_rank_figures()) result.per_rank = gather_figures(state_.group(), result.figures);
   return result;

@@ -77,6 +77,10 @@ DiskStore::DiskStore(DiskStoreOptions options, std::vector<int64_t> slot_bytes) 
     staging_.emplace_back(static_cast<char*>(p));
   }
     worker_ = std::thread([this] { run_worker(); });
+    // The name goes at once; the open file stays ours. Its space returns to
+    // the disk when the process ends, however it ends (an error, MPI_Abort,
+    // SIGKILL): a crashed run leaves no scratch file behind.
+    ::unlink(path_.c_str());
   } catch (...) {
     // No destructor runs for a store that failed to open: leave no file behind.
     aio_.reset();
@@ -95,8 +99,9 @@ DiskStore::~DiskStore() {
   if (worker_.joinable()) worker_.join();
   aio_.reset();
   file_.reset();
-  ::unlink(path_.c_str());
 }
+
+std::string DiskStore::reachable_path() const { return "/proc/self/fd/" + std::to_string(file_->fd()); }
 
 void DiskStore::open_file() {
   struct statvfs fs {};

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "fsdp/error.h"
+#include "fsdp/nvme_offload.h"
 #include "fsdp/optimizer_state.h"
 #include "fsdp/state_dict.h"
 #include "state_dict/fault_injection.h"
@@ -294,6 +295,7 @@ void write_shard_file(FsdpState& state, const OptimizerState& optimizer, const n
   safetensors::Writer writer((temp_dir / name).string(), std::move(specs),
                              {{"format", format_tag(CheckpointFormat::kSharded)}, {"shard", std::to_string(shard_index)}});
   for (size_t u = 0; u < state.units().size(); ++u) {
+    ResidentScope resident(state, u, &optimizer.optimizer());
     const torch::Tensor& shard = state.units()[u]->flat_param().shard();
     writer.write(shard.detach());
     for (const auto& name : optimizer.tensor_names()) writer.write(optimizer.value(shard, name));
@@ -601,6 +603,7 @@ nlohmann::json load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimi
   torch::NoGradGuard no_grad;
   for (size_t u = 0; u < state.units().size(); ++u) {
     FlatParam& flat = state.units()[u]->flat_param();
+    ResidentScope resident(state, u, &optimizer);
     // This rank's new shard covers [begin, end) of the real elements; the
     // padding after them stays zero.
     const int64_t begin = std::min(flat.shard_rank() * flat.shard_numel(), flat.numel());

@@ -1,0 +1,138 @@
+#pragma once
+// Disk offload of a sharded model's state (DeepSpeed's ZeRO-Infinity): what
+// FullyShardOptions::nvme_offload asks for, owned by the model's FsdpState.
+// Each rank keeps its offloaded tensors in one DiskStore (a scratch file in
+// the offload folder), one slot per tensor per unit:
+//   master      the fp32 shard (what the optimizer steps), when it is offloaded
+//   compute     the shard in the param dtype (what the all-gather sends), when
+//               the parameters are offloaded and that dtype is not fp32
+//   exp_avg, exp_avg_sq   AdamW's moments, when the optimizer state is offloaded
+// An offloaded tensor in memory has its full size; out of memory it has none
+// (the fp32 shard keeps its identity, the optimizer's parameter, with empty
+// data). Between steps everything offloaded is out. Three things bring it in:
+// - the optimizer step (step()), unit by unit, pipelined: the next unit's
+//   read and the previous unit's write run while this unit steps;
+// - an all-gather of offloaded parameters (the FlatParam's compute source),
+//   the read of the unit that came next in the last step issued ahead;
+// - a ResidentScope, for checkpoints and state dicts, one unit at a time.
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "fsdp/disk_store.h"
+#include "fsdp/options.h"
+
+namespace fsdp {
+class FsdpState;
+class FusedAdamW;
+}  // namespace fsdp
+
+namespace fsdp::offload {
+
+// The step's and the run's disk traffic, and how long compute waited for it.
+struct OffloadStats {
+  int64_t bytes_read = 0;
+  int64_t bytes_written = 0;
+  double wait_seconds = 0;  // compute blocked on a read or a write
+};
+
+// Refuses, naming the setting, what nvme_offload cannot do with these
+// options (before fully_shard touches a parameter).
+void check_nvme_offload_options(const FullyShardOptions& options, c10::Device device);
+
+class NvmeOffload {
+ public:
+  // Creates this rank's scratch file (refused, naming the folder and the
+  // bytes, where it has no room) and moves the offloaded state of every
+  // unit there. The state must have been built with `options`.
+  NvmeOffload(FsdpState& state, const NvmeOffloadOptions& options);
+  ~NvmeOffload();
+  NvmeOffload(const NvmeOffload&) = delete;
+  NvmeOffload& operator=(const NvmeOffload&) = delete;
+
+  // The optimizer step over every unit that has a gradient: matrices
+  // decayed by matrix_weight_decay (TrainStepOptions::weight_decay; 0: none)
+  // at their group's lr, then one FusedAdamW update, then back to disk.
+  void step(torch::optim::Optimizer& optimizer, double matrix_weight_decay);
+
+  // Unit `unit`'s offloaded state in memory (optimizer: null for the model's
+  // tensors only), and back on disk: what a changed (or new) tensor holds is
+  // written first. Blocking; ResidentScope is the way to call them.
+  void bring_in(size_t unit, torch::optim::Optimizer* optimizer);
+  void send_out(size_t unit, torch::optim::Optimizer* optimizer);
+
+  bool offloads_master() const { return offload_master_; }
+  bool offloads_optimizer_state() const { return options_.optimizer_state(); }
+  bool offloads_params() const { return options_.params(); }
+  const DiskStore& store() const { return *store_; }
+  // Since the model was built.
+  OffloadStats stats() const;
+  // The bytes of memory the offloaded state would take: what is on disk.
+  int64_t offloaded_bytes() const { return static_cast<int64_t>(store_->file_bytes()); }
+
+ private:
+  struct UnitSlots;
+  struct Moments;
+  using Futures = std::vector<std::shared_future<void>>;
+
+  // The optimizer's moments of `unit` when it has state for its shard.
+  std::optional<Moments> moments_of(size_t unit, torch::optim::Optimizer* optimizer) const;
+  // Issues the reads of whatever of `unit` is offloaded and out of memory,
+  // into fresh memory; the tensors have their full size at once.
+  Futures issue_reads(size_t unit, torch::optim::Optimizer* optimizer);
+  // Issues the writes of what is in memory and must go to disk (everything,
+  // or only the changed and the new); release() then frees it.
+  Futures issue_writes(size_t unit, torch::optim::Optimizer* optimizer, bool only_changed);
+  void release(size_t unit, torch::optim::Optimizer* optimizer);
+  void wait(Futures& futures);
+  // Waits without throwing (unwinding): memory the store still uses must outlive it.
+  static void drain(Futures& futures) noexcept;
+  // The all-gather's input of `unit` (its FlatParam's compute source).
+  torch::Tensor compute_shard(size_t unit);
+  Futures read_compute(size_t unit, torch::Tensor& into);
+
+  FsdpState& state_;
+  NvmeOffloadOptions options_;
+  bool offload_master_ = false;
+  torch::ScalarType param_dtype_ = torch::kFloat;
+  std::vector<UnitSlots> units_;
+  std::unique_ptr<DiskStore> store_;
+  std::atomic<int64_t> wait_ns_{0};
+  int64_t steps_ = 0;  // optimizer steps taken through step()
+  // Read-ahead of offloaded parameters: the order units were fetched in the
+  // last step, where this step is in it, and the one read issued ahead.
+  std::vector<size_t> fetch_order_last_, fetch_order_this_;
+  std::optional<size_t> ahead_unit_;
+  torch::Tensor ahead_tensor_;
+  Futures ahead_reads_;
+};
+
+}  // namespace fsdp::offload
+
+namespace fsdp {
+
+// Unit `unit`'s offloaded state in memory for the scope's life (nothing
+// without disk offload): checkpoints and state dicts read and write the
+// shard and the optimizer's state inside one, a unit at a time. What the
+// scope changed is written back when it ends.
+class ResidentScope {
+ public:
+  ResidentScope(const FsdpState& state, size_t unit, torch::optim::Optimizer* optimizer = nullptr);
+  ~ResidentScope() noexcept(false);
+  ResidentScope(const ResidentScope&) = delete;
+  ResidentScope& operator=(const ResidentScope&) = delete;
+
+ private:
+  offload::NvmeOffload* offload_;
+  size_t unit_;
+  torch::optim::Optimizer* optimizer_;
+  int uncaught_ = 0;
+};
+
+}  // namespace fsdp

@@ -1,0 +1,420 @@
+// Disk offload of a sharded model's state: which tensors go to disk, when
+// they come back, and the pipelined optimizer step (see nvme_offload.h).
+
+#include "fsdp/nvme_offload.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <unordered_map>
+
+#include "core/unit.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/fused_adamw.h"
+#include "fsdp/grad_utils.h"
+#include "fsdp/memory.h"
+#include "fsdp/optimizer_state.h"
+#include "state_dict/fault_injection.h"
+
+namespace fsdp::detail {
+
+void maybe_fault_offload_for_test(int rank, int64_t step, const std::string& scratch_path, bool mid_step) {
+  static const char* spec = std::getenv("FSDP_TEST_OFFLOAD_FAULT");
+  if (!spec) return;
+  int victim = -1;
+  long long nth = -1;
+  char kind[16] = {0};
+  if (std::sscanf(spec, "%d:%lld:%15s", &victim, &nth, kind) != 3 || victim != rank || nth != step) return;
+  const std::string what = kind;
+  if (what == "kill" && mid_step) std::raise(SIGKILL);
+  if (mid_step) return;
+  if (what == "corrupt") {
+    const int fd = ::open(scratch_path.c_str(), O_RDWR);
+    unsigned char byte = 0;
+    if (fd >= 0 && ::pread(fd, &byte, 1, 100) == 1) {
+      byte ^= 0xff;
+      if (::pwrite(fd, &byte, 1, 100) != 1) std::perror("fault injection: pwrite");
+    }
+    if (fd >= 0) ::close(fd);
+  } else if (what == "truncate") {
+    const int fd = ::open(scratch_path.c_str(), O_RDWR);
+    const off_t size = fd >= 0 ? ::lseek(fd, 0, SEEK_END) : 0;
+    if (fd >= 0 && ::ftruncate(fd, size / 2) != 0) std::perror("fault injection: ftruncate");
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+}  // namespace fsdp::detail
+
+namespace fsdp::offload {
+
+using memory::Category;
+using memory::MemoryCategoryScope;
+
+struct NvmeOffload::UnitSlots {
+  int64_t numel = 0;  // the shard's elements
+  // Slots in the store; -1 where the tensor is not offloaded.
+  int master = -1, compute = -1, exp_avg = -1, exp_avg_sq = -1;
+  // Whether the slot holds the tensor's current value.
+  bool master_on_disk = false, compute_on_disk = false, moments_on_disk = false;
+  // The param-dtype copy kept in memory for the all-gathers when the master
+  // is offloaded and the parameters are not.
+  torch::Tensor compute_copy;
+  // A param-dtype copy being written (kept alive until its write ends).
+  torch::Tensor compute_out;
+  // Versions when brought in by a ResidentScope: what changed is written back.
+  int64_t master_version = -1, exp_avg_version = -1, exp_avg_sq_version = -1;
+};
+
+struct NvmeOffload::Moments {
+  torch::Tensor exp_avg, exp_avg_sq;  // the optimizer's own tensors
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool in_memory(const torch::Tensor& t, int64_t numel) { return t.defined() && t.numel() == numel && numel > 0; }
+
+torch::Tensor fresh(int64_t numel, torch::ScalarType dtype, Category category) {
+  MemoryCategoryScope scope(category);
+  return torch::empty({numel}, torch::TensorOptions().dtype(dtype));
+}
+
+}  // namespace
+
+void check_nvme_offload_options(const FullyShardOptions& fsdp, c10::Device device) {
+  if (!fsdp.nvme_offload()) return;
+  const NvmeOffloadOptions& options = *fsdp.nvme_offload();
+  const torch::ScalarType param_dtype = fsdp.mixed_precision().param_dtype();
+  TORCH_CHECK(options.optimizer_state() || options.params(), "fully_shard: nvme_offload offloads nothing: set ",
+              "optimizer_state(true), params(true) or both");
+  TORCH_CHECK(device.is_cpu(), "fully_shard: nvme_offload needs the units on the CPU, found ", device,
+              " (on a GPU, cpu_offload moves the state to host memory)");
+  TORCH_CHECK(!fsdp.cpu_offload(), "fully_shard: nvme_offload and cpu_offload cannot be combined");
+  TORCH_CHECK(!options.params() || !keeps_params_unsharded(fsdp.strategy()), "fully_shard: nvme_offload.params ",
+              "needs a sharded strategy (full_shard, shard_grad_op, hybrid_shard or hybrid_shard_zero2); ",
+              strategy_name(fsdp.strategy()), " keeps whole parameters in memory on every rank");
+  const bool fp32 = param_dtype == torch::kFloat;
+  TORCH_CHECK(fp32 || !options.params() || options.optimizer_state(), "fully_shard: nvme_offload.params with ",
+              dtype_name(param_dtype), " parameters needs optimizer_state(true) too: the ", dtype_name(param_dtype),
+              " shard is cast from the fp32 master, and a master kept in memory leaves nothing to offload");
+}
+
+NvmeOffload::NvmeOffload(FsdpState& state, const NvmeOffloadOptions& options)
+    : state_(state), options_(options), param_dtype_(state.options().mixed_precision().param_dtype()) {
+  check_nvme_offload_options(state.options(), state.device());
+  const bool fp32 = param_dtype_ == torch::kFloat;
+  // With fp32 parameters the master is what the all-gather sends: it goes
+  // with the parameters. Otherwise it is optimizer state (a param-dtype copy
+  // stays for the gathers).
+  offload_master_ = fp32 ? options_.params() : options_.optimizer_state();
+
+  std::vector<int64_t> slot_bytes;
+  auto add_slot = [&slot_bytes](int64_t bytes) {
+    slot_bytes.push_back(bytes);
+    return static_cast<int>(slot_bytes.size() - 1);
+  };
+  units_.resize(state.num_units());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    UnitSlots& slots = units_[u];
+    slots.numel = state.units()[u]->flat_param().shard_numel();
+    if (slots.numel == 0) continue;
+    const int64_t fp32_bytes = slots.numel * 4;
+    if (offload_master_) slots.master = add_slot(fp32_bytes);
+    if (options_.params() && !fp32) slots.compute = add_slot(slots.numel * c10::elementSize(param_dtype_));
+    if (options_.optimizer_state()) {
+      slots.exp_avg = add_slot(fp32_bytes);
+      slots.exp_avg_sq = add_slot(fp32_bytes);
+    }
+  }
+  offload::DiskStoreOptions store_options = options_.store();
+  store_options.name("rank" + std::to_string(state.group()->rank()));
+  store_ = std::make_unique<DiskStore>(store_options, slot_bytes);
+
+  // Everything offloaded leaves memory now, a unit at a time.
+  torch::NoGradGuard no_grad;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    UnitSlots& slots = units_[u];
+    if (slots.numel == 0) continue;
+    FlatParam& flat = state.units()[u]->flat_param();
+    if (offload_master_ || options_.params()) {
+      flat.set_compute_shard_source([this, u] { return compute_shard(u); });
+    }
+    if (offload_master_ && !fp32 && !options_.params()) {
+      MemoryCategoryScope scope(Category::kParameterShard);
+      slots.compute_copy = flat.shard().detach().to(param_dtype_);
+    }
+    Futures writes = issue_writes(u, nullptr, /*only_changed=*/false);
+    wait(writes);
+    release(u, nullptr);
+  }
+}
+
+NvmeOffload::~NvmeOffload() { drain(ahead_reads_); }
+
+OffloadStats NvmeOffload::stats() const {
+  return OffloadStats{store_->bytes_read(), store_->bytes_written(), wait_ns_.load() * 1e-9};
+}
+
+std::optional<NvmeOffload::Moments> NvmeOffload::moments_of(size_t unit, torch::optim::Optimizer* optimizer) const {
+  if (!optimizer || !options_.optimizer_state() || units_[unit].numel == 0) return std::nullopt;
+  if (!dynamic_cast<torch::optim::AdamW*>(optimizer) && !dynamic_cast<torch::optim::Adam*>(optimizer)) return std::nullopt;
+  OptimizerState optimizer_state(*optimizer);
+  const torch::Tensor& shard = state_.units()[unit]->flat_param().shard();
+  if (!optimizer_state.has_state(shard)) return std::nullopt;
+  return Moments{optimizer_state.tensor(shard, "exp_avg"), optimizer_state.tensor(shard, "exp_avg_sq")};
+}
+
+void NvmeOffload::wait(Futures& futures) {
+  const auto start = Clock::now();
+  try {
+    for (auto& f : futures) f.get();
+  } catch (...) {
+    drain(futures);
+    throw;
+  }
+  futures.clear();
+  wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+}
+
+void NvmeOffload::drain(Futures& futures) noexcept {
+  for (auto& f : futures) {
+    if (f.valid()) f.wait();
+  }
+  futures.clear();
+}
+
+NvmeOffload::Futures NvmeOffload::issue_reads(size_t unit, torch::optim::Optimizer* optimizer) {
+  UnitSlots& slots = units_[unit];
+  Futures futures;
+  if (slots.numel == 0) return futures;
+  torch::NoGradGuard no_grad;
+  const torch::Tensor& shard = state_.units()[unit]->flat_param().shard();
+  if (slots.master >= 0 && !in_memory(shard, slots.numel)) {
+    TORCH_CHECK(slots.master_on_disk, "NvmeOffload: the master shard of unit ", unit, " is neither in memory nor on disk");
+    torch::Tensor buffer = fresh(slots.numel, torch::kFloat, Category::kParameterShard);
+    shard.set_data(buffer);
+    futures.push_back(store_->read(slots.master, buffer.data_ptr()));
+  }
+  if (auto moments = moments_of(unit, optimizer)) {
+    for (auto [tensor, slot] : {std::pair{moments->exp_avg, slots.exp_avg}, {moments->exp_avg_sq, slots.exp_avg_sq}}) {
+      if (in_memory(tensor, slots.numel)) continue;
+      TORCH_CHECK(slots.moments_on_disk, "NvmeOffload: the optimizer state of unit ", unit,
+                  " is neither in memory nor on disk");
+      torch::Tensor buffer = fresh(slots.numel, torch::kFloat, Category::kOptimizerState);
+      tensor.set_(buffer);
+      futures.push_back(store_->read(slot, buffer.data_ptr()));
+    }
+  }
+  return futures;
+}
+
+NvmeOffload::Futures NvmeOffload::issue_writes(size_t unit, torch::optim::Optimizer* optimizer, bool only_changed) {
+  UnitSlots& slots = units_[unit];
+  Futures futures;
+  if (slots.numel == 0) return futures;
+  torch::NoGradGuard no_grad;
+  const torch::Tensor& shard = state_.units()[unit]->flat_param().shard();
+  const bool master_changed = !only_changed || shard._version() != slots.master_version;
+  if (master_changed && in_memory(shard, slots.numel)) {
+    // The copies the all-gathers read follow the master.
+    if (slots.compute_copy.defined()) slots.compute_copy.copy_(shard.detach());
+    if (slots.compute >= 0) {
+      {
+        MemoryCategoryScope scope(Category::kOther);
+        slots.compute_out = shard.detach().to(param_dtype_);
+      }
+      futures.push_back(store_->write(slots.compute, slots.compute_out.data_ptr()));
+      slots.compute_on_disk = true;
+    }
+    if (slots.master >= 0 && (!slots.master_on_disk || master_changed)) {
+      futures.push_back(store_->write(slots.master, shard.data_ptr()));
+      slots.master_on_disk = true;
+    }
+  }
+  if (auto moments = moments_of(unit, optimizer)) {
+    const bool changed = !only_changed || !slots.moments_on_disk ||
+                         moments->exp_avg._version() != slots.exp_avg_version ||
+                         moments->exp_avg_sq._version() != slots.exp_avg_sq_version;
+    if (changed && in_memory(moments->exp_avg, slots.numel) && in_memory(moments->exp_avg_sq, slots.numel)) {
+      futures.push_back(store_->write(slots.exp_avg, moments->exp_avg.data_ptr()));
+      futures.push_back(store_->write(slots.exp_avg_sq, moments->exp_avg_sq.data_ptr()));
+      slots.moments_on_disk = true;
+    }
+  }
+  return futures;
+}
+
+void NvmeOffload::release(size_t unit, torch::optim::Optimizer* optimizer) {
+  UnitSlots& slots = units_[unit];
+  if (slots.numel == 0) return;
+  torch::NoGradGuard no_grad;
+  slots.compute_out = torch::Tensor();
+  const torch::Tensor& shard = state_.units()[unit]->flat_param().shard();
+  if (slots.master >= 0 && slots.master_on_disk) shard.set_data(torch::empty({0}, shard.options()));
+  if (auto moments = moments_of(unit, optimizer)) {
+    if (slots.moments_on_disk) {
+      moments->exp_avg.set_(torch::empty({0}, moments->exp_avg.options()));
+      moments->exp_avg_sq.set_(torch::empty({0}, moments->exp_avg_sq.options()));
+    }
+  }
+}
+
+void NvmeOffload::bring_in(size_t unit, torch::optim::Optimizer* optimizer) {
+  Futures reads = issue_reads(unit, optimizer);
+  wait(reads);
+  UnitSlots& slots = units_[unit];
+  if (slots.numel == 0) return;
+  slots.master_version = state_.units()[unit]->flat_param().shard()._version();
+  if (auto moments = moments_of(unit, optimizer)) {
+    slots.exp_avg_version = moments->exp_avg._version();
+    slots.exp_avg_sq_version = moments->exp_avg_sq._version();
+  }
+}
+
+void NvmeOffload::send_out(size_t unit, torch::optim::Optimizer* optimizer) {
+  Futures writes = issue_writes(unit, optimizer, /*only_changed=*/true);
+  wait(writes);
+  release(unit, optimizer);
+}
+
+NvmeOffload::Futures NvmeOffload::read_compute(size_t unit, torch::Tensor& into) {
+  const UnitSlots& slots = units_[unit];
+  const bool from_master = slots.compute < 0;  // fp32 parameters: the master is what is gathered
+  TORCH_CHECK(from_master ? slots.master_on_disk : slots.compute_on_disk, "NvmeOffload: the parameters of unit ", unit,
+              " are not on disk");
+  into = fresh(slots.numel, from_master ? torch::kFloat : param_dtype_, Category::kUnshardedBuffer);
+  return Futures{store_->read(from_master ? slots.master : slots.compute, into.data_ptr())};
+}
+
+torch::Tensor NvmeOffload::compute_shard(size_t unit) {
+  UnitSlots& slots = units_[unit];
+  torch::NoGradGuard no_grad;
+  const torch::Tensor& shard = state_.units()[unit]->flat_param().shard();
+  if (slots.compute_copy.defined()) return slots.compute_copy;
+  if (in_memory(shard, slots.numel)) {
+    MemoryCategoryScope scope(Category::kUnshardedBuffer);
+    return shard.detach().to(param_dtype_);  // as the gather casts a shard in memory
+  }
+  torch::Tensor values;
+  if (ahead_unit_ == unit) {
+    values = std::move(ahead_tensor_);
+    wait(ahead_reads_);
+  } else {
+    drain(ahead_reads_);  // a read ahead for a unit that did not come next: discarded
+    Futures reads = read_compute(unit, values);
+    wait(reads);
+  }
+  ahead_unit_.reset();
+  ahead_tensor_ = torch::Tensor();
+  // The next unit of the last step's order, read while this one is gathered
+  // and computes.
+  const size_t position = fetch_order_this_.size();
+  fetch_order_this_.push_back(unit);
+  if (position + 1 < fetch_order_last_.size() && fetch_order_last_[position] == unit) {
+    const size_t next = fetch_order_last_[position + 1];
+    if (!in_memory(state_.units()[next]->flat_param().shard(), units_[next].numel) && units_[next].numel > 0) {
+      ahead_reads_ = read_compute(next, ahead_tensor_);
+      ahead_unit_ = next;
+    }
+  }
+  return values.scalar_type() == param_dtype_ ? values : values.to(param_dtype_);
+}
+
+void NvmeOffload::step(torch::optim::Optimizer& optimizer, double matrix_weight_decay) {
+  auto* fused = dynamic_cast<FusedAdamW*>(&optimizer);
+  TORCH_CHECK(fused, "fsdp: a model with nvme_offload steps with fsdp::FusedAdamW (it brings each unit's state in ",
+              "and out of memory around that unit's update); got ", optimizer_name(optimizer));
+  drain(ahead_reads_);
+  ahead_unit_.reset();
+  ahead_tensor_ = torch::Tensor();
+  fetch_order_last_ = std::move(fetch_order_this_);
+  fetch_order_this_.clear();
+
+  std::unordered_map<const c10::TensorImpl*, const torch::optim::AdamWOptions*> options_of;
+  for (auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      options_of[p.unsafeGetTensorImpl()] = &static_cast<const torch::optim::AdamWOptions&>(group.options());
+    }
+  }
+  std::vector<size_t> order;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const torch::Tensor& shard = state_.units()[u]->flat_param().shard();
+    if (units_[u].numel > 0 && shard.grad().defined() && options_of.count(shard.unsafeGetTensorImpl())) {
+      order.push_back(u);
+    }
+  }
+  // Read the next, step this one, write the previous: at most three units'
+  // state in memory. Every request in flight is waited for before an error
+  // leaves, so no buffer is freed under the store.
+  std::vector<Futures> reads(order.size()), writes(order.size());
+  try {
+    if (!order.empty()) reads[0] = issue_reads(order[0], &optimizer);
+    for (size_t i = 0; i < order.size(); ++i) {
+      const size_t u = order[i];
+      if (i + 1 < order.size()) reads[i + 1] = issue_reads(order[i + 1], &optimizer);
+      wait(reads[i]);
+      FlatParam& flat = state_.units()[u]->flat_param();
+      const torch::Tensor& shard = flat.shard();
+      const auto& options = *options_of.at(shard.unsafeGetTensorImpl());
+      if (matrix_weight_decay > 0) {
+        torch::NoGradGuard no_grad;
+        const double factor = 1.0 - options.lr() * matrix_weight_decay;
+        for (const auto& [begin, end] : matrix_ranges_of_shard(flat)) shard.narrow(0, begin, end - begin).mul_(factor);
+      }
+      {
+        MemoryCategoryScope scope(Category::kOptimizerState);  // a first step's fresh moments
+        fused->step_parameter(options, shard);
+      }
+      writes[i] = issue_writes(u, &optimizer, /*only_changed=*/false);
+      if (i == 0) detail::maybe_fault_offload_for_test(state_.group()->rank(), steps_ + 1, store_->reachable_path(), true);
+      if (i > 0) {
+        wait(writes[i - 1]);
+        release(order[i - 1], &optimizer);
+      }
+    }
+    if (!order.empty()) {
+      wait(writes.back());
+      release(order.back(), &optimizer);
+    }
+  } catch (...) {
+    for (auto& f : reads) drain(f);
+    for (auto& f : writes) drain(f);
+    throw;
+  }
+  ++steps_;
+  detail::maybe_fault_offload_for_test(state_.group()->rank(), steps_, store_->reachable_path(), false);
+}
+
+}  // namespace fsdp::offload
+
+namespace fsdp {
+
+ResidentScope::ResidentScope(const FsdpState& state, size_t unit, torch::optim::Optimizer* optimizer)
+    : offload_(state.nvme_offload()), unit_(unit), optimizer_(optimizer), uncaught_(std::uncaught_exceptions()) {
+  if (offload_) offload_->bring_in(unit_, optimizer_);
+}
+
+ResidentScope::~ResidentScope() noexcept(false) {
+  if (!offload_) return;
+  if (std::uncaught_exceptions() > uncaught_) {
+    // Unwinding: what the scope changed may be half done; try to leave the
+    // state on disk without adding an error to the one in flight.
+    try {
+      offload_->send_out(unit_, optimizer_);
+    } catch (const std::exception& e) {
+      std::cerr << "fsdp: returning unit " << unit_ << "'s offloaded state to disk failed: " << e.what() << "\n";
+    }
+    return;
+  }
+  offload_->send_out(unit_, optimizer_);
+}
+
+}  // namespace fsdp

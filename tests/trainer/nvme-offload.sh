@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# --offload-optimizer nvme / --offload-params nvme (ZeRO-Infinity): the
+# offloaded state lives in a scratch file per rank between uses, and the run
+# equals the same run in memory bit for bit: every strategy at W = 2 over 5
+# steps (losses and the step-5 checkpoint's files), fp32 and bf16, both
+# checkpoint formats; through a resume and a reshard (W = 2 -> 1 and 4). The
+# planner's disk figures are the run's. Faults leave the last checkpoint
+# loadable: a corrupted scratch block and a truncated scratch file (clear
+# errors naming the file and the offset), a full disk (refused before
+# training, naming the folder and the bytes), and a rank killed in the middle
+# of a swap. Scratch files never outlive their run, however it ends.
+source "$(dirname "$0")/lib.sh" "$@"
+
+scratch="$work/scratch"
+mkdir -p "$scratch"
+base=(--preset tiny --weight-decay 0.1)
+common=("${base[@]}" --steps 5)
+no_scratch_left() { [ -z "$(ls -A "$scratch")" ] || fail "scratch files left behind: $(ls "$scratch")"; }
+same_checkpoint() {  # DIR_A DIR_B: the same tensor files, bit for bit
+  local f n=0
+  for f in "$1"/*.safetensors; do same_safetensors "$f" "$2/$(basename "$f")"; n=$((n + 1)); done
+  [ "$n" -gt 0 ] || fail "$1 holds no safetensors files"
+}
+
+# Every strategy, in memory and offloaded.
+for cfg in "no_shard fp32 sharded" "zero1 fp32 sharded" "zero1 bf16 sharded" "shard_grad_op fp32 sharded" \
+           "full_shard fp32 sharded" "full_shard bf16 full" "hybrid_shard fp32 sharded" "hybrid_shard_zero2 bf16 sharded"; do
+  read -r strategy dtype format <<<"$cfg"
+  launcher=(); case "$strategy" in hybrid*) launcher=(--ranks-per-node 1 --) ;; esac
+  offload=(--offload-optimizer nvme --offload-dir "$scratch")
+  case "$strategy" in no_shard|zero1) ;; *) offload+=(--offload-params nvme) ;; esac
+  args=("${common[@]}" --strategy "$strategy" --param-dtype "$dtype" --ckpt-format "$format")
+  name="$strategy-$dtype"
+  train_run "mem-$name" 2 "${launcher[@]}" "${args[@]}" --ckpt-dir "$work/ck-mem-$name"
+  train_run "nvme-$name" 2 "${launcher[@]}" "${args[@]}" --ckpt-dir "$work/ck-nvme-$name" "${offload[@]}"
+  same_losses "$work/nvme-$name.jsonl" "$work/mem-$name.jsonl" 5
+  same_checkpoint "$work/ck-mem-$name/step-5" "$work/ck-nvme-$name/step-5"
+  s="$work/nvme-$name.json"
+  json_ok "$s" '.offload_optimizer == "nvme" and .offload_file_bytes == .offload_file_bytes_predicted and
+                .offload_file_bytes > 0' "$name: the scratch file is not the planner's size: $(jq -c '[.offload_file_bytes, .offload_file_bytes_predicted]' "$s")"
+  json_ok "$s" '.offload_read_bytes_per_step + .offload_written_bytes_per_step == .offload_io_bytes_per_step_predicted' \
+    "$name: the step's disk traffic is not the planner's: $(jq -c '[.offload_read_bytes_per_step, .offload_written_bytes_per_step, .offload_io_bytes_per_step_predicted]' "$s")"
+  # Between steps the offloaded state is not in memory.
+  json_ok "$s" '.model_state_bytes_by_kind.optimizer | all(. == 0)' "$name: optimizer state left in memory: $(jq -c .model_state_bytes_by_kind "$s")"
+  no_scratch_left
+  echo "ok: $name offloaded equals in memory bit for bit"
+done
+grep -q "nvme offload: optimizer state and parameters in $scratch/fsdp-offload-rank0.bin (libaio, O_DIRECT" \
+  "$work/nvme-full_shard-fp32.out" || { cat "$work/nvme-full_shard-fp32.out"; fail "the engine is not printed"; }
+
+# Resume: 3 steps offloaded, then resumed offloaded to 5, equals the
+# uninterrupted run in memory; resharded to W = 1 and 4, equals the same
+# resume in memory.
+offload=(--offload-optimizer nvme --offload-params nvme --offload-dir "$scratch")
+args=("${common[@]}" --strategy full_shard)
+train_run resume-a 2 "${base[@]}" --strategy full_shard --steps 3 --ckpt-dir "$work/ck-resume" "${offload[@]}"
+cp -r "$work/ck-resume/step-3" "$work/step-3"
+train_run resume-b 2 "${args[@]}" --ckpt-dir "$work/ck-resume" --resume "${offload[@]}"
+json_is "$work/resume-b.json" .first_step 3
+log_steps "$work/resume-b.jsonl" 4 5 > "$work/resume-4-5.jsonl"
+log_steps "$work/mem-full_shard-fp32.jsonl" 4 5 > "$work/mem-4-5.jsonl"
+same_losses "$work/resume-4-5.jsonl" "$work/mem-4-5.jsonl" 2
+same_checkpoint "$work/ck-mem-full_shard-fp32/step-5" "$work/ck-resume/step-5"
+for ranks in 1 4; do
+  for mode in mem nvme; do
+    rm -rf "$work/ck-$ranks-$mode" && mkdir -p "$work/ck-$ranks-$mode" && cp -r "$work/step-3" "$work/ck-$ranks-$mode/"
+    extra=(); [ "$mode" = nvme ] && extra=("${offload[@]}")
+    train_run "reshard-$ranks-$mode" "$ranks" "${args[@]}" --ckpt-dir "$work/ck-$ranks-$mode" --resume "${extra[@]}"
+  done
+  same_losses "$work/reshard-$ranks-nvme.jsonl" "$work/reshard-$ranks-mem.jsonl" 2
+  same_checkpoint "$work/ck-$ranks-mem/step-5" "$work/ck-$ranks-nvme/step-5"
+  echo "ok: resharded to W = $ranks, offloaded equals in memory"
+done
+no_scratch_left
+
+# Faults. Each run checkpoints at step 2 and breaks at step 3; the step-2
+# checkpoint then resumes to the uninterrupted run's losses.
+fault_then_resume() {  # NAME FAULT MESSAGE...
+  local name="$1" fault="$2"; shift 2
+  local out rc
+  out=$(FSDP_TEST_OFFLOAD_FAULT="$fault" timeout 300 "$run" -n 2 -- "$train" "${args[@]}" --ckpt-dir "$work/ck-$name" \
+        --ckpt-every 2 "${offload[@]}" 2>&1); rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] || { echo "$out" >&2; fail "$name: expected the run to fail (exit $rc)"; }
+  local want
+  for want in "$@"; do grep -qF -- "$want" <<<"$out" || { echo "$out" >&2; fail "$name: the error lacks '$want'"; }; done
+  [ -f "$work/ck-$name/step-2/metadata.json" ] && [ ! -e "$work/ck-$name/step-4" ] || fail "$name: not only step 2 saved"
+  no_scratch_left  # unlinked when opened: nothing is left even by a killed rank
+  train_run "$name-resumed" 2 "${args[@]}" --ckpt-dir "$work/ck-$name" --resume "${offload[@]}"
+  json_is "$work/$name-resumed.json" .first_step 2
+  log_steps "$work/$name-resumed.jsonl" 3 5 > "$work/$name-3-5.jsonl"
+  log_steps "$work/mem-full_shard-fp32.jsonl" 3 5 > "$work/mem-3-5.jsonl"
+  same_losses "$work/$name-3-5.jsonl" "$work/mem-3-5.jsonl" 3
+  echo "ok: $name (exit $rc): the last checkpoint resumes exactly"
+}
+fault_then_resume corrupt 1:3:corrupt "fsdp-offload-rank1.bin" "offset 0" "does not match the checksum"
+fault_then_resume truncate 0:3:truncate "fsdp-offload-rank0.bin" "offset"
+fault_then_resume killed 1:3:kill
+no_scratch_left
+
+# A full disk: a 1 MiB tmpfs (as root), else a folder the store is told has
+# 1 MiB free. Refused before the first step, naming the folder and the bytes.
+small="$work/small"
+mkdir -p "$small"
+if mount -t tmpfs -o size=1m tmpfs "$small" 2>/dev/null; then
+  trap 'umount "$small" 2>/dev/null; rm -rf "$work"' EXIT
+  expect_error "offload: the folder '$small' has" "$run" -n 2 -- "$train" "${args[@]}" --offload-optimizer nvme \
+    --offload-dir "$small" --log "$work/full-disk.jsonl"
+  [ ! -s "$work/full-disk.jsonl" ] || fail "a step ran before the full disk was refused"
+  umount "$small"
+  echo "ok: a full tmpfs is refused before training"
+else
+  echo "note: cannot mount a tmpfs here; the full-disk refusal is covered by test_offload's size limit"
+fi
+
+# Refusals.
+expect_error "--offload-dir DIR" "$run" -n 1 -- "$train" --preset tiny --steps 1 --offload-optimizer nvme
+expect_error "is not a folder" "$run" -n 1 -- "$train" --preset tiny --steps 1 --offload-optimizer nvme \
+  --offload-dir "$work/none"
+expect_error "must be none or nvme" "$run" -n 1 -- "$train" --preset tiny --steps 1 --offload-params disk \
+  --offload-dir "$scratch"
+expect_error "nvme_offload.params needs a sharded strategy" "$run" -n 2 -- "$train" --preset tiny --steps 1 \
+  --strategy zero1 --offload-params nvme --offload-dir "$scratch"
+expect_error "needs optimizer_state(true) too" "$run" -n 2 -- "$train" --preset tiny --steps 1 --param-dtype bf16 \
+  --offload-params nvme --offload-dir "$scratch"
+expect_error "--adamw torch cannot be combined" "$run" -n 1 -- "$train" --preset tiny --steps 1 --adamw torch \
+  --offload-optimizer nvme --offload-dir "$scratch"
+expect_error "--offload-dir needs" "$run" -n 1 -- "$train" --preset tiny --steps 1 --offload-dir "$scratch"
+no_scratch_left
+pass

@@ -47,6 +47,8 @@ std::string gib(double bytes) {
 // (bytes/s) and latency (s) inside a node and across nodes.
 struct Cluster {
   double flops = 0, intra_bandwidth = 0, intra_latency = 0, inter_bandwidth = 0, inter_latency = 0;
+  // fsdp-plan calibrate --offload-dir: the host's disk, all its ranks at once (bytes/s; 0: not measured).
+  double disk_read_bandwidth = 0, disk_write_bandwidth = 0;
   static Cluster load(const std::string& path) {
     std::ifstream in(path);
     TORCH_CHECK(in, "cannot open the cluster description '", path, "'");
@@ -57,6 +59,8 @@ struct Cluster {
                 j.at("intra_node_latency").get<double>(), j.at("inter_node_bandwidth").get<double>(),
                 j.at("inter_node_latency").get<double>()};
       TORCH_CHECK(c.flops > 0 && c.intra_bandwidth > 0 && c.inter_bandwidth > 0, "values must be positive");
+      c.disk_read_bandwidth = j.value("disk_read_bandwidth", 0.0);
+      c.disk_write_bandwidth = j.value("disk_write_bandwidth", 0.0);
       return c;
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "'", path, "': expected {flops, intra_node_bandwidth, intra_node_latency, ",
@@ -80,7 +84,22 @@ struct Plan {
   fsdp::CommBytes comm;
   int64_t host = 0;  // with --offload cpu: the model state, in host memory
   int64_t device() const { return peak.total() - host; }
+  // With --offload nvme: what goes to disk, and the host's peak with it.
+  std::optional<fsdp::NvmeOffloadPlan> nvme;
+  int64_t nvme_peak = 0;
 };
+
+nlohmann::json nvme_json(const Plan& plan, const std::optional<double>& io_s) {
+  if (!plan.nvme) return nullptr;
+  const fsdp::NvmeOffloadPlan& n = *plan.nvme;
+  return {{"ram_peak_bytes", plan.nvme_peak},
+          {"resident_model_state_bytes", n.resident.total()},
+          {"offloaded_bytes", n.offloaded},
+          {"file_bytes", n.file_bytes},
+          {"read_bytes_per_step", n.read_per_step},
+          {"written_bytes_per_step", n.written_per_step},
+          {"io_s_per_step", io_s ? nlohmann::json(*io_s) : nlohmann::json(nullptr)}};
+}
 
 // Step time on a cluster: compute, and communication overlapped with it
 // except the first unit's gather.
@@ -271,7 +290,10 @@ int main(int argc, char** argv) {
   app.add_flag("--activation-checkpointing", checkpointing, "recompute units in backward");
   app.add_option("--wrap", wrap, "block (a unit per block) or sublayer (per attention and per MLP)")->capture_default_str();
   app.add_flag("!--no-prefetch", prefetch, "no unit gathered ahead (default: one)");
-  app.add_option("--offload", offload, "none, or cpu: fp32 masters, gradients and optimizer state in host memory")
+  app.add_option("--offload", offload,
+                 "none; cpu: fp32 masters, gradients and optimizer state in host memory; nvme: the optimizer state "
+                 "and (sharded strategies) the parameters on disk, as fsdp-train --offload-optimizer nvme "
+                 "--offload-params nvme; nvme-optimizer: the optimizer state only")
       ->capture_default_str();
   app.add_option("--budget", budget,
                  "per-rank bytes for model state plus gathered parameters: the strategy fsdp-train --strategy auto "
@@ -301,7 +323,8 @@ int main(int argc, char** argv) {
   try {
     TORCH_CHECK(preset.empty() != (params == 0), "give --preset or --params (with --layers), not both");
     TORCH_CHECK(world > 0 && nodes > 0 && world % nodes == 0, "--world must be a positive multiple of --nodes");
-    TORCH_CHECK(offload == "none" || offload == "cpu", "--offload must be none or cpu, got '", offload, "'");
+    TORCH_CHECK(offload == "none" || offload == "cpu" || offload == "nvme" || offload == "nvme-optimizer",
+                "--offload must be none, cpu, nvme or nvme-optimizer, got '", offload, "'");
     TORCH_CHECK(wrap == "block" || wrap == "sublayer", "--wrap must be block or sublayer, got '", wrap, "'");
     TORCH_CHECK(budget >= 0, "--budget must be a positive number of bytes, got ", budget);
     // The budget is fsdp-train's: model state and gathered parameters on the device.
@@ -360,6 +383,12 @@ int main(int argc, char** argv) {
                 fsdp::estimate_comm_per_step(units, s, world, per_node, mp)};
       // Offload keeps fp32 masters, gradient shards and optimizer state in host memory (ZeRO-Offload's split).
       if (offload == "cpu") plan.host = plan.peak.state.total();
+      if (offload.rfind("nvme", 0) == 0) {
+        // Parameters go to disk only where the strategy shards them.
+        const bool params_too = offload == "nvme" && !fsdp::keeps_params_unsharded(s);
+        plan.nvme = fsdp::estimate_nvme_offload(units, s, world, per_node, mp, true, params_too);
+        plan.nvme_peak = fsdp::peak_with_nvme_offload(plan.peak, *plan.nvme);
+      }
       plans.push_back(plan);
     }
     std::optional<Recommendation> recommendation;
@@ -371,6 +400,12 @@ int main(int argc, char** argv) {
                                          static_cast<double>(shape.batch * shape.context) / cluster->flops
                                    : 0.0;
     const int64_t n_units = static_cast<int64_t>(units.size());
+    const bool disk_measured = cluster && cluster->disk_read_bandwidth > 0 && cluster->disk_write_bandwidth > 0;
+    auto io_seconds = [&](const Plan& plan) -> std::optional<double> {
+      if (!plan.nvme || !disk_measured) return std::nullopt;
+      // The host's bandwidth, shared by its ranks, all of which swap at once.
+      return plan.nvme->io_seconds(cluster->disk_read_bandwidth / per_node, cluster->disk_write_bandwidth / per_node);
+    };
 
     if (json) {
       nlohmann::json out;
@@ -397,7 +432,10 @@ int main(int argc, char** argv) {
                        {"cluster", cluster ? nlohmann::json(cluster_path) : null_json}};
       out["model"] = {{"parameters", total_params}, {"unit_numels", units}, {"largest_unit_numel", largest_unit}};
       out["strategies"] = nlohmann::json::array();
-      for (const auto& plan : plans) out["strategies"].push_back(plan_json(plan, world, per_node));
+      for (const auto& plan : plans) {
+        out["strategies"].push_back(plan_json(plan, world, per_node));
+        out["strategies"].back()["nvme"] = nvme_json(plan, io_seconds(plan));
+      }
       out["recommendation"] = recommendation ? recommendation_json(*recommendation) : nlohmann::json(nullptr);
       out["cluster"] = nullptr;
       if (cluster) {
@@ -451,6 +489,28 @@ int main(int argc, char** argv) {
                 << std::setw(12) << gib(plan.peak.gathered) << std::setw(15) << gib(plan.peak.activations)
                 << std::setw(15) << gib(plan.peak.backward_transient) << std::setw(15) << gib(plan.device())
                 << std::setw(15) << gib(plan.host) << std::setw(15) << gib(plan.comm.total()) << "\n";
+    }
+    if (offload.rfind("nvme", 0) == 0) {
+      std::cout << "with nvme offload (" << (offload == "nvme" ? "optimizer state and, where sharded, parameters"
+                                                                 : "optimizer state")
+                << " on disk), per rank: tensor bytes in host memory (the runtime's ~256 MiB come on top) and on disk"
+                << (disk_measured ? "" : " (I/O time: give --cluster with fsdp-plan calibrate --offload-dir's disk figures)")
+                << ":\n";
+      const char* nvme_columns[] = {"strategy", "RAM peak", "in memory", "on disk", "scratch file", "read / step",
+                                    "written / step", "I/O / step"};
+      std::cout << std::left << std::setw(20) << nvme_columns[0];
+      for (int i = 1; i < 8; ++i) std::cout << std::right << std::setw(15) << nvme_columns[i];
+      std::cout << "\n";
+      for (const auto& plan : plans) {
+        const fsdp::NvmeOffloadPlan& n = *plan.nvme;
+        const std::optional<double> io = io_seconds(plan);
+        std::ostringstream io_text;
+        if (io) io_text << std::fixed << std::setprecision(2) << *io << " s";
+        std::cout << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << std::right << std::setw(15)
+                  << gib(plan.nvme_peak) << std::setw(15) << gib(n.resident.total()) << std::setw(15)
+                  << gib(n.offloaded) << std::setw(15) << gib(n.file_bytes) << std::setw(15) << gib(n.read_per_step)
+                  << std::setw(15) << gib(n.written_per_step) << std::setw(15) << (io ? io_text.str() : "-") << "\n";
+      }
     }
     std::cout << "  (model state in bytes, as a run of fsdp-train measures it:";
     for (const auto& plan : plans) std::cout << " " << fsdp::strategy_name(plan.strategy) << " " << plan.peak.state.total();

@@ -194,6 +194,7 @@ struct Run {
   std::ofstream log;
   c10::Device device = c10::Device(torch::kCPU);  // --device: where the units compute
   std::string backend = "mpi";                   // --backend, resolved
+  int64_t ram_predicted = 0;                     // the preflight's host memory per rank (0: not checked)
   fsdp::ProcessGroupPtr group;                   // what the model is sharded over (world, or NCCL over it)
 };
 
@@ -350,7 +351,17 @@ int64_t host_memory_available() {
 // this host, against what the host has. A run that cannot fit is refused
 // before anything is allocated, with the planner's figures and the settings
 // that would fit, instead of an out-of-memory kill minutes later.
-void preflight(const TrainOptions& o, const Run& run, int world) {
+//
+// A run with disk offload is one sized against memory: its need also counts
+// the host block cache's limit (reserved bytes that RSS shows; see
+// fsdp::host_block_cache_limit), which in-memory runs leave out.
+int64_t nvme_block_cache(const std::vector<int64_t>& unit_numels, int shard_group) {
+  int64_t largest = 0;
+  for (int64_t n : unit_numels) largest = std::max(largest, (n + shard_group - 1) / shard_group * shard_group);
+  return fsdp::host_block_cache_limit(largest, true);
+}
+
+void preflight(const TrainOptions& o, Run& run, int world) {
   if (o.no_preflight || o.device != "cpu") return;  // a GPU run's host memory is not the step's peak
   const auto& c = run.config;
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");  // mpirun's count of this host's ranks
@@ -371,7 +382,8 @@ void preflight(const TrainOptions& o, const Run& run, int world) {
     if (nvme_optimizer || nvme_params) {
       step = fsdp::peak_with_nvme_offload(peak, fsdp::estimate_nvme_offload(units, strategy, world, per_node,
                                                                             options.mixed_precision(), nvme_optimizer,
-                                                                            nvme_params));
+                                                                            nvme_params)) +
+             nvme_block_cache(units, per_node);
     }
     // Building the whole model on every rank, then flattening its largest
     // unit; sharded, every unit's fp32 shard exists before it is offloaded.
@@ -383,6 +395,7 @@ void preflight(const TrainOptions& o, const Run& run, int world) {
   const bool nvme_optimizer = o.offload_optimizer == "nvme", nvme_params = o.offload_params == "nvme";
   const int64_t available = host_memory_available();
   const int64_t needed = need(o.activation_checkpointing, o.wrap == "sublayer", o.sharded_init, nvme_optimizer, nvme_params);
+  run.ram_predicted = needed;
   if (needed * ranks_here <= available) return;
   std::ostringstream alternatives;
   struct Variant {
@@ -885,6 +898,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"model_state_bytes_predicted", predicted.total()},
                               {"peak_tensor_bytes_predicted", predicted_peak_bytes},
                               {"peak_rss_bytes", rss_bytes},
+                              {"ram_bytes_predicted", run.ram_predicted},
                               {"last_step_peak_by_category_rank0", peak_by_category},
                               {"model_state_bytes_by_kind", model_state_by_kind},
                               {"comm_bytes", comm_bytes},
@@ -983,6 +997,16 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
               << human_bytes(predicted_peak.backward_transient) << ")\n";
     std::cout << "  full model state on one process would be " << human_bytes(16 * num_params)
               << " (16 bytes x parameters)\n";
+    {
+      const int64_t* rss_of = rss.data_ptr<int64_t>();
+      const int64_t rss_sum = std::accumulate(rss_of, rss_of + W, int64_t{0});
+      std::cout << "  peak RSS of all ranks " << human_bytes(rss_sum);
+      if (run.ram_predicted > 0) {
+        std::cout << "; the preflight planned " << human_bytes(run.ram_predicted * W) << " ("
+                  << human_bytes(run.ram_predicted) << " a rank)";
+      }
+      std::cout << "\n";
+    }
     if (!run.device.is_cpu()) {
       std::cout << "device memory     (" << run.device << ", the CUDA caching allocator; " << run.backend
                 << " collectives" << (o.offload == "cpu" ? ", CPU offload" : "") << ")\n";

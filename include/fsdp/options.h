@@ -147,7 +147,8 @@ struct FullyShardOptions {
   // in flight; on `large` six measured 6 % faster than three, twelve no
   // faster), so each re-gather reuses a buffer instead of faulting in fresh
   // pages. The cached bytes are reserved, not live: peak RSS did not grow.
-  // The limit is the process's: fully_shard only ever raises it, and
+  // Three buffers with nvme_offload (fsdp::host_block_cache_limit). The
+  // limit is the process's: fully_shard only ever raises it, and
   // memory::set_block_cache_limit / empty_block_cache lower or empty it.
   TORCH_ARG(bool, cache_host_blocks) = true;
 };

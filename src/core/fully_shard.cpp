@@ -3,6 +3,7 @@
 
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
+#include "fsdp/memory_plan.h"
 #include "fsdp/nvme_offload.h"
 #include "fsdp/trace.h"
 #include "core/unit.h"
@@ -203,7 +204,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
   if (options_.cache_host_blocks() && device_.is_cpu() && memory::counting_allocator_installed()) {
     int64_t largest = 0;
     for (const auto& unit : units_) largest = std::max(largest, unit->flat_param().padded_numel());
-    const int64_t limit = 6 * largest * static_cast<int64_t>(sizeof(float));
+    const int64_t limit = host_block_cache_limit(largest, options_.nvme_offload().has_value());
     memory::set_block_cache_limit(std::max(memory::block_cache_limit(), limit));
   }
   const torch::ScalarType buffer_dtype = options_.mixed_precision().effective_buffer_dtype();

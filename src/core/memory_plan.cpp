@@ -197,6 +197,10 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
   return peak;
 }
 
+int64_t host_block_cache_limit(int64_t largest_padded_unit_numel, bool nvme_offload) {
+  return (nvme_offload ? 3 : 6) * largest_padded_unit_numel * static_cast<int64_t>(sizeof(float));
+}
+
 double NvmeOffloadPlan::io_seconds(double read_bandwidth, double write_bandwidth) const {
   TORCH_CHECK(read_bandwidth > 0 && write_bandwidth > 0, "NvmeOffloadPlan::io_seconds: bandwidths must be positive");
   return static_cast<double>(read_per_step) / read_bandwidth + static_cast<double>(written_per_step) / write_bandwidth;

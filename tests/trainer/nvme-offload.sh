@@ -45,6 +45,26 @@ for cfg in "no_shard fp32 sharded" "zero1 fp32 sharded" "zero1 bf16 sharded" "sh
   no_scratch_left
   echo "ok: $name offloaded equals in memory bit for bit"
 done
+# fsdp-plan --offload nvme gives the run's scratch file and disk traffic, and
+# with a cluster file's disk bandwidths the I/O seconds (the host's
+# bandwidth shared by its ranks).
+plan="$build/fsdp-plan"
+cat > "$work/cluster.json" <<'JSON'
+{"flops": 1e11, "intra_node_bandwidth": 1e10, "intra_node_latency": 1e-5, "inter_node_bandwidth": 1e9,
+ "inter_node_latency": 1e-4, "disk_read_bandwidth": 2e9, "disk_write_bandwidth": 1e9}
+JSON
+"$plan" --preset tiny --world 2 --strategy full_shard --offload nvme --cluster "$work/cluster.json" --json \
+  > "$work/plan.json" || fail "fsdp-plan --offload nvme failed"
+s="$work/nvme-full_shard-fp32.json"
+json_is "$work/plan.json" '.strategies[0].nvme.file_bytes' "$(jq .offload_file_bytes "$s")"
+json_is "$work/plan.json" '.strategies[0].nvme.read_bytes_per_step' "$(jq .offload_read_bytes_per_step "$s")"
+json_is "$work/plan.json" '.strategies[0].nvme.written_bytes_per_step' "$(jq .offload_written_bytes_per_step "$s")"
+json_ok "$work/plan.json" '.strategies[0].nvme as $n | (($n.read_bytes_per_step * 2 / 2e9 + $n.written_bytes_per_step * 2 / 1e9) - $n.io_s_per_step | fabs) < 1e-9' \
+  "the I/O time is not the bytes over the host's bandwidth shared by 2 ranks: $(jq -c '.strategies[0].nvme' "$work/plan.json")"
+"$plan" --preset tiny --world 2 --offload nvme > "$work/plan.txt" || fail "fsdp-plan --offload nvme (table) failed"
+grep -q "with nvme offload" "$work/plan.txt" || { cat "$work/plan.txt"; fail "no nvme table"; }
+expect_error "--offload must be none, cpu, nvme or nvme-optimizer" "$plan" --preset tiny --offload disk
+
 grep -q "nvme offload: optimizer state and parameters in $scratch/fsdp-offload-rank0.bin (libaio, O_DIRECT" \
   "$work/nvme-full_shard-fp32.out" || { cat "$work/nvme-full_shard-fp32.out"; fail "the engine is not printed"; }
 

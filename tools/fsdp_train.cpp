@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -18,7 +19,10 @@
 #include <sstream>
 #include <thread>
 
+#include <csignal>
+#include <signal.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -100,6 +104,77 @@ struct TrainOptions {
   std::string prompt = "The ";
   uint64_t sample_seed = 0;
 };
+
+// Preemption (Slurm's SIGTERM or --signal, Kubernetes' SIGTERM; fsdp-run
+// turns its own SIGTERM into SIGUSR1, which mpirun forwards to every rank):
+// the first SIGTERM or SIGUSR1 is noted, and the ranks agree at the next step
+// boundary to save a checkpoint and stop; a second one ends the rank at once.
+volatile std::sig_atomic_t preemption_signal = 0;
+extern "C" void on_preemption_signal(int signal) {
+  if (preemption_signal != 0) ::_exit(128 + signal);
+  preemption_signal = signal;
+}
+void install_preemption_handlers() {
+  struct sigaction action {};
+  action.sa_handler = on_preemption_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int signal : {SIGTERM, SIGUSR1}) ::sigaction(signal, &action, nullptr);
+}
+// The documented exit statuses of a preempted run (README: Preemption).
+constexpr int kExitPreemptedSaved = 75;    // a checkpoint of the last step is in --ckpt-dir: requeue with --resume
+constexpr int kExitPreemptedUnsaved = 76;  // no --ckpt-dir: nothing was saved
+
+// A scheduler that started several tasks which MPI sees as worlds of one
+// each (OpenMPI without PMIx under srun): every task would train alone,
+// silently. mpirun's own ranks (OMPI_COMM_WORLD_SIZE) are not that case.
+void check_scheduler_world(int world_size) {
+  if (world_size != 1 || std::getenv("OMPI_COMM_WORLD_SIZE")) return;
+  for (const char* name : {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "PMI_SIZE"}) {
+    const char* value = std::getenv(name);
+    TORCH_CHECK(!value || std::atoi(value) <= 1, "the scheduler started ", value, " tasks (", name, "=", value,
+                "), but MPI sees a world of 1: each task would train alone. Start the ranks through the scheduler's ",
+                "PMI (srun --mpi=pmix, with an OpenMPI built with PMIx) or with mpirun / fsdp-run inside the allocation");
+  }
+}
+
+// Every rank must see the files the others write in the checkpoint folder,
+// or a checkpoint would be written that no rank can load whole: rank 0
+// writes a probe there, every rank reads it back.
+void check_checkpoint_dir_shared(const std::string& dir, const fsdp::ProcessGroupPtr& world) {
+  const std::filesystem::path probe = std::filesystem::path(dir) / ".fsdp-shared-probe";
+  // Rank 0's token (its pid and clock), which every rank then looks for in the file.
+  torch::Tensor token = torch::tensor(
+      {static_cast<int64_t>(::getpid()) ^ static_cast<int64_t>(Clock::now().time_since_epoch().count())}, torch::kLong);
+  world->broadcast(token, 0)->wait();
+  const std::string expected = std::to_string(token.item<int64_t>());
+  std::string error;
+  if (world->rank() == 0) {
+    try {
+      std::filesystem::create_directories(dir);
+      std::ofstream(probe) << expected;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  world->barrier()->wait();
+  std::string seen;
+  std::ifstream(probe) >> seen;
+  torch::Tensor blind = torch::zeros({world->size()}, torch::kInt);
+  blind[world->rank()] = seen == expected ? 0 : 1;
+  world->all_reduce(blind, fsdp::ReduceOp::kSum)->wait();
+  world->barrier()->wait();
+  if (world->rank() == 0) std::filesystem::remove(probe);
+  TORCH_CHECK(error.empty(), "--ckpt-dir: cannot write in '", dir, "': ", error);
+  std::ostringstream ranks;
+  int count = 0;
+  for (int r = 0; r < world->size(); ++r) {
+    if (blind[r].item<int>()) ranks << (count++ ? ", " : "") << r;
+  }
+  TORCH_CHECK(count == 0, "--ckpt-dir '", dir, "' is not shared: rank(s) ", ranks.str(), " cannot see the file rank 0 ",
+              "wrote there, so a checkpoint would be split across machines and could not be loaded. Put it on a file ",
+              "system every host mounts (NFS, Lustre, ...)");
+}
 
 // --trace FILE.json: rank r writes FILE.rank<r>.json.
 std::string trace_path(const std::string& path, int rank) {
@@ -206,7 +281,8 @@ void choose_device(const TrainOptions& o, const fsdp::ProcessGroupPtr& world, Ru
   TORCH_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '", o.device, "'");
   TORCH_CHECK(o.backend == "auto" || o.backend == "mpi" || o.backend == "nccl",
               "--backend must be auto, mpi or nccl, got '", o.backend, "'");
-  TORCH_CHECK(o.offload == "none" || o.offload == "cpu", "--offload must be none or cpu, got '", o.offload, "'");
+  TORCH_CHECK(o.offload == "none" || o.offload == "cpu", "--offload must be none or cpu, got '", o.offload, "'",
+              o.offload == "nvme" ? " (offload to disk: --offload-optimizer nvme, --offload-params nvme)" : "");
   run.group = world;
   run.backend = "mpi";
   if (o.device == "cpu") {
@@ -643,6 +719,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
       {"order", o.data_order}, {"seed", o.data_seed}, {"val_fraction", o.val_fraction}};
   int64_t first_step = 0;
   std::string resumed_from;  // the checkpoint loaded by --resume, for the summary
+  if (!o.ckpt_dir.empty()) check_checkpoint_dir_shared(o.ckpt_dir, world);
   if (o.resume) {
     const std::string latest = fsdp::latest_checkpoint(o.ckpt_dir);
     if (latest.empty()) {
@@ -701,6 +778,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   };
 
   std::vector<double> step_times, exposed_comm_times, optimizer_times, offload_wait_times, offload_read, offload_written;
+  int64_t preempted_after = 0;  // the last step done when the ranks agreed to stop on a signal (0: none)
   fsdp::CommStats last_comm;
   std::vector<fsdp::RankFigures> last_figures(W);
   std::vector<int64_t> max_peak(W, 0);
@@ -764,10 +842,21 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
       offload_read.push_back(static_cast<double>(result.offload_bytes_read));
       offload_written.push_back(static_cast<double>(result.offload_bytes_written));
     }
-    if (!o.ckpt_dir.empty() && ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps)) {
-      save_checkpoint(step + 1);
+    const bool saved =
+        !o.ckpt_dir.empty() && ((o.ckpt_every > 0 && (step + 1) % o.ckpt_every == 0) || step + 1 == o.steps);
+    if (saved) save_checkpoint(step + 1);
+    // Every rank learns whether any rank was signalled (a signal during the
+    // save above is seen here, after it completed).
+    torch::Tensor signalled = torch::tensor({static_cast<int>(preemption_signal != 0)}, torch::kInt);
+    world->all_reduce(signalled, fsdp::ReduceOp::kSum)->wait();
+    if (signalled.item<int>() > 0) {
+      preempted_after = step + 1;
+      if (!saved && !o.ckpt_dir.empty()) save_checkpoint(step + 1);
     }
-    if (rank != 0) continue;
+    if (rank != 0) {
+      if (preempted_after) break;
+      continue;
+    }
 
     last_figures = result.per_rank;
     std::vector<int64_t> model_state(W), peak(W);
@@ -812,7 +901,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
       }
       run.log << line.dump() << "\n" << std::flush;
     }
-    if ((step + 1) % print_every == 0 || step == 0 || step + 1 == o.steps) {
+    if ((step + 1) % print_every == 0 || step == 0 || step + 1 == o.steps || preempted_after) {
       const double typical = step_times.empty() ? step_s : median(step_times);
       std::cout << "step " << std::setw(5) << step + 1 << "/" << o.steps << " | loss " << std::fixed
                 << std::setprecision(4) << final_loss << " | " << std::setprecision(0) << tokens_per_s << " tok/s | "
@@ -822,6 +911,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
       if (!stepped) std::cout << " | skipped (overflow)";
       std::cout << "\n" << std::flush;
     }
+    if (preempted_after) break;
   }
   const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
   // Every rank's peak resident set (the runtime included), for the summary.
@@ -918,6 +1008,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"offload_io_bytes_per_step_predicted", nvme_plan ? nvme_plan->io_per_step() : 0},
                               {"offload_wait_s", median(offload_wait_times)},
                               {"first_step", first_step},
+                              {"preempted_after_step", preempted_after ? nlohmann::json(preempted_after) : nlohmann::json()},
                               {"resumed_from", resumed_from.empty() ? nlohmann::json() : nlohmann::json(resumed_from)}};
     if (!run.strategy_reason.empty()) summary["strategy_reason"] = run.strategy_reason;
     summary["data_order"] = o.data_order;
@@ -960,7 +1051,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   if (rank == 0) {
     const double typical = median(step_times);
     std::cout << "\n== summary ==\n"
-              << "final loss        " << std::fixed << std::setprecision(4) << final_loss << " after " << o.steps
+              << "final loss        " << std::fixed << std::setprecision(4) << final_loss << " after " << (preempted_after ? preempted_after : o.steps)
               << " steps" << (scaler ? " (" + std::to_string(skipped_steps) + " skipped on overflow)" : "") << "\n";
     if (final_val_loss) {
       std::cout << "validation loss   " << std::setprecision(4) << *final_val_loss << " (" << eval_sequences
@@ -1024,8 +1115,18 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                 << " MB/s; rank 0's tensor memory peaked " << human_bytes(save_final_peak_extra)
                 << " above its model state while saving)\n";
     }
+    if (preempted_after) {
+      std::cout << "preempted         a signal (SIGTERM or SIGUSR1) reached "
+                << (preemption_signal ? "this rank" : "a rank") << "; stopped after step " << preempted_after
+                << (o.ckpt_dir.empty() ? ", nothing saved (no --ckpt-dir)"
+                                       : ", checkpoint " + (std::filesystem::path(o.ckpt_dir) /
+                                                            ("step-" + std::to_string(preempted_after))).string() +
+                                             " saved: resume with --resume")
+                << "; exit status " << (o.ckpt_dir.empty() ? kExitPreemptedUnsaved : kExitPreemptedSaved) << "\n";
+    }
     std::cout << std::flush;
   }
+  if (preempted_after) return o.ckpt_dir.empty() ? kExitPreemptedUnsaved : kExitPreemptedSaved;
   return 0;
 }
 
@@ -1034,8 +1135,15 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
 int main(int argc, char** argv) {
   fsdp::memory::install_counting_allocator();
   fsdp::MpiEnvironment mpi(&argc, &argv);
+  install_preemption_handlers();
   const auto world = mpi.world();
   const int rank = world->rank();
+  try {
+    check_scheduler_world(world->size());
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp-train: error: " << fsdp::error_message(e) << "\n";
+    return 1;
+  }
 
   TrainOptions o;
   CLI::App app{"Train the reference GPT with fully sharded data parallelism. Start it through fsdp-run."};

@@ -8,7 +8,9 @@ namespace fsdp::detail {
 
 // Kills this process (SIGKILL) if the environment says
 // FSDP_TEST_KILL_IN_SAVE=<rank>:<n> and this is that rank's n-th save (full
-// or sharded), after its first unit. Does nothing otherwise.
+// or sharded), after its first unit; sends it SIGTERM there (a preemption
+// arriving mid-save) for FSDP_TEST_SIGNAL_IN_SAVE=<rank>:<n>. Does nothing
+// otherwise.
 void maybe_kill_for_test(int rank);
 
 // Disk offload's faults, if the environment says

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include "fsdp/compat.h"
 #include "fsdp/error.h"
@@ -155,11 +156,13 @@ void load_sharded_state_dict(FsdpState& state, const ShardedStateDict& dict) {
 
 namespace detail {
 void maybe_kill_for_test(int rank) {
-  static const char* spec = std::getenv("FSDP_TEST_KILL_IN_SAVE");
   static int saves = 0;
-  if (!spec) return;
-  int victim = -1, nth = -1;
-  if (std::sscanf(spec, "%d:%d", &victim, &nth) == 2 && victim == rank && ++saves == nth) std::raise(SIGKILL);
+  ++saves;
+  for (auto [variable, signal] : {std::pair{"FSDP_TEST_KILL_IN_SAVE", SIGKILL}, {"FSDP_TEST_SIGNAL_IN_SAVE", SIGTERM}}) {
+    const char* spec = std::getenv(variable);
+    int victim = -1, nth = -1;
+    if (spec && std::sscanf(spec, "%d:%d", &victim, &nth) == 2 && victim == rank && saves == nth) std::raise(signal);
+  }
 }
 }  // namespace detail
 

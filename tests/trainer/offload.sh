@@ -25,7 +25,7 @@ json_is "$work/bf16-offload.json" .device cpu
 json_is "$work/bf16-offload.json" .peak_device_bytes 0
 
 expect_error "cpu_offload needs a sharded strategy" "$run" -n 2 -- "$train" --preset tiny --steps 1 --strategy no_shard --offload cpu
-expect_error "--offload must be none or cpu" "$run" -n 1 -- "$train" --preset tiny --steps 1 --offload nvme
+expect_error "--offload must be none or cpu, got 'nvme' (offload to disk: --offload-optimizer nvme" "$run" -n 1 -- "$train" --preset tiny --steps 1 --offload nvme
 expect_error "--device must be cpu or cuda" "$run" -n 1 -- "$train" --preset tiny --steps 1 --device tpu
 expect_error "--backend nccl needs --device cuda" "$run" -n 1 -- "$train" --preset tiny --steps 1 --backend nccl
 if ! nvidia-smi -L > /dev/null 2>&1; then

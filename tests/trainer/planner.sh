@@ -113,6 +113,6 @@ jq -e '.disk_write_bandwidth > 0 and .disk_read_bandwidth > 0 and .disk.bytes_pe
 expect_error "cannot use the folder '$work/nowhere'" "$run" -n 2 -- "$plan" calibrate --offload-dir "$work/nowhere"
 
 expect_error "give --preset or --params" "$plan" --world 2
-expect_error "--offload must be none or cpu" "$plan" --preset tiny --offload disk
+expect_error "--offload must be none, cpu, nvme or nvme-optimizer" "$plan" --preset tiny --offload disk
 expect_error "cannot be combined with --offload cpu" "$plan" --preset tiny --offload cpu --budget 1e9
 pass

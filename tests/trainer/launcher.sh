@@ -38,4 +38,20 @@ fi
 # The trainer sees those threads.
 train_run one 1 --preset tiny --steps 1
 json_is "$work/one.json" .threads_per_rank "$(nproc)"
+# Hosts: --host and --hostfile go to mpirun, -n defaults to the slots, no
+# oversubscription, and each rank takes its own host's cores over the ranks there.
+train_run on-host 2 --host localhost:2 -- --preset tiny --steps 2
+json_is "$work/on-host.json" .world_size 2
+json_is "$work/on-host.json" .threads_per_rank $(( $(env -u OMP_NUM_THREADS nproc) / 2 > 0 ? $(env -u OMP_NUM_THREADS nproc) / 2 : 1 ))
+printf 'localhost slots=2\n' > "$work/hostfile"
+"$run" --hostfile "$work/hostfile" -- "$train" --preset tiny --steps 2 --summary "$work/hostfile.json" > "$work/hostfile.out" 2>&1 ||
+  { cat "$work/hostfile.out"; fail "--hostfile run failed"; }
+json_is "$work/hostfile.json" .world_size 2
+dry=$("$run" --hostfile "$work/hostfile" --dry-run -- "$train" --preset tiny)
+grep -q -- "--hostfile $work/hostfile" <<<"$dry" && ! grep -q -- "--oversubscribe" <<<"$dry" ||
+  fail "the dry run's mpirun command: $dry"
+expect_error "give --hostfile or --host, not both" "$run" --hostfile "$work/hostfile" --host a:1 -- true
+expect_error "--host wants host[:slots]" "$run" --host "a:x" -- true
+expect_error "with hosts, nodes are the hosts" "$run" --host localhost:2 --ranks-per-node 1 -- true
+expect_error "cannot read the hostfile" "$run" --hostfile "$work/none" -- true
 pass

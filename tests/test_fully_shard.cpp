@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <numeric>
 #include <thread>
 
@@ -15,7 +16,11 @@
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/gpt.h"
+#include "fsdp/fused_adamw.h"
 #include "fsdp/memory.h"
+#include "fsdp/nvme_offload.h"
+#include "fsdp/state_dict.h"
+#include "fsdp/train_step.h"
 #include "fsdp/token_data.h"
 #include "mpi_test_env.h"
 #include "test_helpers.h"
@@ -639,4 +644,53 @@ TEST(FullShard, ACheckpointedUnitFedDataGetsItsGradients) {
     sharded.forward(x).backward();
     expect_gradients_match(sharded.state(), *reference, 1e-5);
   }
+}
+
+// The library's use of disk offload beyond the trainer's: between steps, an
+// evaluation (a forward whose last gather reads the next unit ahead), then a
+// change through a sharded state dict (written back to the scratch file),
+// then training again. The offloaded model must compute what the in-memory
+// one computes, bit for bit: a parameter read issued ahead of a write-back
+// would hand the next gather the old values.
+TEST(FullShard, DiskOffloadEqualsMemoryThroughEvaluationAndStateDictLoads) {
+  const int W = world_group->size(), r = world_group->rank();
+  GPTConfig config = tiny();
+  fsdp::models::TokenData data(fsdp::testing::make_token_file("offload-loads", 20000, config.vocab), config.context,
+                               config.vocab);
+  const std::string dir = "/tmp/fsdp_offload_loads_" + std::to_string(::getppid());
+  std::filesystem::create_directories(dir);
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    std::vector<double> losses[2];
+    for (int offloaded = 0; offloaded < 2; ++offloaded) {
+      fsdp::MixedPrecision mp;
+      mp.param_dtype(dtype);
+      auto options = block_units().mixed_precision(mp);
+      if (offloaded) {
+        options.nvme_offload(fsdp::NvmeOffloadOptions(dir).optimizer_state(true).params(true)
+                                 .store(fsdp::offload::DiskStoreOptions(dir).block_bytes(64 << 10)));
+      }
+      auto model = fsdp::fully_shard(make_gpt(config), world_group, options);
+      ASSERT_EQ(model.state().nvme_offload() != nullptr, offloaded == 1);
+      fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());
+      fsdp::TrainStep train_step(model, optimizer, fsdp::TrainStepOptions().weight_decay(0.1));
+      for (int64_t step = 0; step < 4; ++step) {
+        auto [x, y] = data.batch(step, 0, r, W, 1, 2);
+        losses[offloaded].push_back(train_step([&](int64_t) { return model.forward(x, y); }).loss);
+        {
+          torch::NoGradGuard no_grad;
+          auto [vx, vy] = data.batch(100 + step, 0, r, W, 1, 2);
+          losses[offloaded].push_back(model.forward(vx, vy).item<double>());
+        }
+        fsdp::ShardedStateDict dict = fsdp::sharded_state_dict(model.state());
+        for (auto& item : dict) item.value().local.mul_(0.99);
+        fsdp::load_sharded_state_dict(model.state(), dict);
+      }
+    }
+    ASSERT_EQ(losses[0].size(), losses[1].size());
+    for (size_t i = 0; i < losses[0].size(); ++i) {
+      EXPECT_EQ(losses[1][i], losses[0][i]) << fsdp::dtype_name(dtype) << ": loss " << i << " (steps and evaluations)";
+    }
+  }
+  world_group->barrier()->wait();
+  if (r == 0) std::filesystem::remove_all(dir);
 }

@@ -458,7 +458,7 @@ void preflight(const TrainOptions& o, Run& run, int world) {
     if (nvme_optimizer || nvme_params) {
       step = fsdp::peak_with_nvme_offload(peak, fsdp::estimate_nvme_offload(units, strategy, world, per_node,
                                                                             options.mixed_precision(), nvme_optimizer,
-                                                                            nvme_params)) +
+                                                                            nvme_params, o.grad_accum)) +
              nvme_block_cache(units, per_node);
     }
     // Building the whole model on every rank, then flattening its largest
@@ -667,7 +667,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   std::optional<fsdp::NvmeOffloadPlan> nvme_plan;
   if (nvme) {
     nvme_plan = fsdp::estimate_nvme_offload(unit_numels, strategy, W, shard_group_size, mp,
-                                            nvme->offloads_optimizer_state(), nvme->offloads_params());
+                                            nvme->offloads_optimizer_state(), nvme->offloads_params(), o.grad_accum);
   }
   const int64_t predicted_peak_bytes =
       nvme_plan ? fsdp::peak_with_nvme_offload(predicted_peak, *nvme_plan) : predicted_peak.total();

@@ -143,7 +143,7 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
 //                    copy staying for the gathers
 //   params           fp32: the master 4S on disk; otherwise the pS copy
 //   per step         optimizer state: read and written once (the step);
-//                    parameters: read at every gather (two a step for
+//                    parameters: read at every gather (two a micro-step for
 //                    full_shard and hybrid_shard, one for the zero2 kinds),
 //                    written once (after the step)
 // The step then holds up to three units' offloaded state (read, step, write)
@@ -161,9 +161,11 @@ struct NvmeOffloadPlan {
   // counting what overlaps compute.
   double io_seconds(double read_bandwidth, double write_bandwidth) const;
 };
+// `micro_steps`: gradient accumulation gathers (and so reads) the parameters
+// in every micro-step.
 NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                       int ranks_per_node, const MixedPrecision& mixed_precision, bool optimizer_state,
-                                      bool params, int64_t block_bytes = int64_t{1} << 20);
+                                      bool params, int64_t micro_steps = 1, int64_t block_bytes = int64_t{1} << 20);
 // The step's peak of host memory with disk offload: the in-memory peak less
 // what is offloaded, plus the larger of the gather's and the step's buffers
 // (the step runs after backward has freed the activations).

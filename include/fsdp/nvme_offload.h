@@ -86,6 +86,9 @@ class NvmeOffload {
   // Issues the reads of whatever of `unit` is offloaded and out of memory,
   // into fresh memory; the tensors have their full size at once.
   Futures issue_reads(size_t unit, torch::optim::Optimizer* optimizer);
+  void issue_reads_into(size_t unit, torch::optim::Optimizer* optimizer, Futures& futures);
+  // Drops the parameter read issued ahead (waiting for it first).
+  void discard_read_ahead() noexcept;
   // Issues the writes of what is in memory and must go to disk (everything,
   // or only the changed and the new); release() then frees it.
   Futures issue_writes(size_t unit, torch::optim::Optimizer* optimizer, bool only_changed);
@@ -120,10 +123,13 @@ namespace fsdp {
 // Unit `unit`'s offloaded state in memory for the scope's life (nothing
 // without disk offload): checkpoints and state dicts read and write the
 // shard and the optimizer's state inside one, a unit at a time. What the
-// scope changed is written back when it ends.
+// scope changed is written back when it ends. With `agree` the entry is
+// collective over the model's group: a rank that cannot read its state makes
+// every rank throw (for callers that gather inside the scope).
 class ResidentScope {
  public:
-  ResidentScope(const FsdpState& state, size_t unit, torch::optim::Optimizer* optimizer = nullptr);
+  ResidentScope(const FsdpState& state, size_t unit, torch::optim::Optimizer* optimizer = nullptr,
+                bool agree = false);
   ~ResidentScope() noexcept(false);
   ResidentScope(const ResidentScope&) = delete;
   ResidentScope& operator=(const ResidentScope&) = delete;

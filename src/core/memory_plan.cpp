@@ -208,15 +208,16 @@ double NvmeOffloadPlan::io_seconds(double read_bandwidth, double write_bandwidth
 
 NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                       int ranks_per_node, const MixedPrecision& mixed_precision, bool optimizer_state,
-                                      bool params, int64_t block_bytes) {
-  TORCH_CHECK(block_bytes > 0, "estimate_nvme_offload: block_bytes must be positive");
+                                      bool params, int64_t micro_steps, int64_t block_bytes) {
+  TORCH_CHECK(block_bytes > 0 && micro_steps > 0, "estimate_nvme_offload: block_bytes and micro_steps must be positive");
   NvmeOffloadPlan plan;
   plan.resident = estimate_model_state(unit_numels, strategy, world, ranks_per_node, mixed_precision);
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
   const bool fp32 = p == 4;
   const bool master = fp32 ? params : optimizer_state;  // as NvmeOffload decides
-  const int64_t gathers = keeps_params_unsharded(strategy) ? 0 : (reshards_after_forward(strategy) ? 2 : 1);
+  const int64_t gathers =
+      micro_steps * (keeps_params_unsharded(strategy) ? 0 : (reshards_after_forward(strategy) ? 2 : 1));
   auto blocks = [block_bytes](int64_t bytes) { return (bytes + block_bytes - 1) / block_bytes * block_bytes; };
   // The three largest shards: the step's pipeline holds three units at once.
   std::vector<int64_t> shards;

@@ -159,6 +159,12 @@ NvmeOffload::NvmeOffload(FsdpState& state, const NvmeOffloadOptions& options)
 
 NvmeOffload::~NvmeOffload() { drain(ahead_reads_); }
 
+void NvmeOffload::discard_read_ahead() noexcept {
+  drain(ahead_reads_);
+  ahead_unit_.reset();
+  ahead_tensor_ = torch::Tensor();
+}
+
 OffloadStats NvmeOffload::stats() const {
   return OffloadStats{store_->bytes_read(), store_->bytes_written(), wait_ns_.load() * 1e-9};
 }
@@ -192,9 +198,19 @@ void NvmeOffload::drain(Futures& futures) noexcept {
 }
 
 NvmeOffload::Futures NvmeOffload::issue_reads(size_t unit, torch::optim::Optimizer* optimizer) {
-  UnitSlots& slots = units_[unit];
   Futures futures;
-  if (slots.numel == 0) return futures;
+  try {
+    issue_reads_into(unit, optimizer, futures);
+  } catch (...) {
+    drain(futures);  // what was queued before the error lands before its memory can go
+    throw;
+  }
+  return futures;
+}
+
+void NvmeOffload::issue_reads_into(size_t unit, torch::optim::Optimizer* optimizer, Futures& futures) {
+  UnitSlots& slots = units_[unit];
+  if (slots.numel == 0) return;
   torch::NoGradGuard no_grad;
   const torch::Tensor& shard = state_.units()[unit]->flat_param().shard();
   if (slots.master >= 0 && !in_memory(shard, slots.numel)) {
@@ -213,7 +229,6 @@ NvmeOffload::Futures NvmeOffload::issue_reads(size_t unit, torch::optim::Optimiz
       futures.push_back(store_->read(slot, buffer.data_ptr()));
     }
   }
-  return futures;
 }
 
 NvmeOffload::Futures NvmeOffload::issue_writes(size_t unit, torch::optim::Optimizer* optimizer, bool only_changed) {
@@ -268,6 +283,9 @@ void NvmeOffload::release(size_t unit, torch::optim::Optimizer* optimizer) {
 }
 
 void NvmeOffload::bring_in(size_t unit, torch::optim::Optimizer* optimizer) {
+  // What the scope changes is written back when it ends: a parameter read
+  // issued ahead before then would hold the old values.
+  discard_read_ahead();
   Futures reads = issue_reads(unit, optimizer);
   wait(reads);
   UnitSlots& slots = units_[unit];
@@ -306,14 +324,14 @@ torch::Tensor NvmeOffload::compute_shard(size_t unit) {
   torch::Tensor values;
   if (ahead_unit_ == unit) {
     values = std::move(ahead_tensor_);
-    wait(ahead_reads_);
+    Futures reads = std::move(ahead_reads_);
+    discard_read_ahead();
+    wait(reads);
   } else {
-    drain(ahead_reads_);  // a read ahead for a unit that did not come next: discarded
+    discard_read_ahead();  // a read ahead for a unit that did not come next
     Futures reads = read_compute(unit, values);
     wait(reads);
   }
-  ahead_unit_.reset();
-  ahead_tensor_ = torch::Tensor();
   // The next unit of the last step's order, read while this one is gathered
   // and computes.
   const size_t position = fetch_order_this_.size();
@@ -332,9 +350,7 @@ void NvmeOffload::step(torch::optim::Optimizer& optimizer, double matrix_weight_
   auto* fused = dynamic_cast<FusedAdamW*>(&optimizer);
   TORCH_CHECK(fused, "fsdp: a model with nvme_offload steps with fsdp::FusedAdamW (it brings each unit's state in ",
               "and out of memory around that unit's update); got ", optimizer_name(optimizer));
-  drain(ahead_reads_);
-  ahead_unit_.reset();
-  ahead_tensor_ = torch::Tensor();
+  discard_read_ahead();  // the step rewrites every unit
   fetch_order_last_ = std::move(fetch_order_this_);
   fetch_order_this_.clear();
 
@@ -344,11 +360,26 @@ void NvmeOffload::step(torch::optim::Optimizer& optimizer, double matrix_weight_
       options_of[p.unsafeGetTensorImpl()] = &static_cast<const torch::optim::AdamWOptions&>(group.options());
     }
   }
+  auto decay = [&](FlatParam& flat, const torch::optim::AdamWOptions& options) {
+    if (matrix_weight_decay <= 0) return;
+    torch::NoGradGuard no_grad;
+    const double factor = 1.0 - options.lr() * matrix_weight_decay;
+    const torch::Tensor& shard = flat.shard();
+    for (const auto& [begin, end] : matrix_ranges_of_shard(flat)) shard.narrow(0, begin, end - begin).mul_(factor);
+  };
   std::vector<size_t> order;
   for (size_t u = 0; u < units_.size(); ++u) {
-    const torch::Tensor& shard = state_.units()[u]->flat_param().shard();
-    if (units_[u].numel > 0 && shard.grad().defined() && options_of.count(shard.unsafeGetTensorImpl())) {
+    FlatParam& flat = state_.units()[u]->flat_param();
+    const auto found = options_of.find(flat.shard().unsafeGetTensorImpl());
+    if (units_[u].numel == 0 || found == options_of.end()) continue;
+    if (flat.shard().grad().defined()) {
       order.push_back(u);
+    } else if (matrix_weight_decay > 0) {
+      // No update without a gradient, but decay_matrix_weights_ decays
+      // every shard in memory: so does this.
+      bring_in(u, nullptr);
+      decay(flat, *found->second);
+      send_out(u, nullptr);
     }
   }
   // Read the next, step this one, write the previous: at most three units'
@@ -364,11 +395,7 @@ void NvmeOffload::step(torch::optim::Optimizer& optimizer, double matrix_weight_
       FlatParam& flat = state_.units()[u]->flat_param();
       const torch::Tensor& shard = flat.shard();
       const auto& options = *options_of.at(shard.unsafeGetTensorImpl());
-      if (matrix_weight_decay > 0) {
-        torch::NoGradGuard no_grad;
-        const double factor = 1.0 - options.lr() * matrix_weight_decay;
-        for (const auto& [begin, end] : matrix_ranges_of_shard(flat)) shard.narrow(0, begin, end - begin).mul_(factor);
-      }
+      decay(flat, options);
       {
         MemoryCategoryScope scope(Category::kOptimizerState);  // a first step's fresh moments
         fused->step_parameter(options, shard);
@@ -397,9 +424,27 @@ void NvmeOffload::step(torch::optim::Optimizer& optimizer, double matrix_weight_
 
 namespace fsdp {
 
-ResidentScope::ResidentScope(const FsdpState& state, size_t unit, torch::optim::Optimizer* optimizer)
+ResidentScope::ResidentScope(const FsdpState& state, size_t unit, torch::optim::Optimizer* optimizer, bool agree)
     : offload_(state.nvme_offload()), unit_(unit), optimizer_(optimizer), uncaught_(std::uncaught_exceptions()) {
-  if (offload_) offload_->bring_in(unit_, optimizer_);
+  if (!offload_) return;
+  if (!agree) {
+    offload_->bring_in(unit_, optimizer_);
+    return;
+  }
+  std::string error;
+  try {
+    offload_->bring_in(unit_, optimizer_);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // Collective callers gather inside the scope: a rank that failed must not
+  // leave the others waiting in that gather.
+  torch::Tensor failed = torch::tensor({error.empty() ? 0 : 1}, torch::kInt);
+  state.group()->all_reduce(failed, ReduceOp::kSum)->wait();
+  if (failed.item<int>() == 0) return;
+  if (error.empty()) offload_->send_out(unit_, optimizer_);  // this rank's part back on disk
+  TORCH_CHECK(error.empty(), error);
+  TORCH_CHECK(false, "another rank could not bring unit ", unit_, "'s offloaded state into memory (its error says why)");
 }
 
 ResidentScope::~ResidentScope() noexcept(false) {

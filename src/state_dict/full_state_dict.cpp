@@ -52,7 +52,7 @@ StateDict full_state_dict(FsdpState& state, FullStateDictOptions options) {
   std::map<std::string, torch::Tensor> gathered;
   for (const auto& unit : state.units()) {
     const FlatParam& flat = unit->flat_param();
-    ResidentScope resident(state, static_cast<size_t>(&unit - state.units().data()));
+    ResidentScope resident(state, static_cast<size_t>(&unit - state.units().data()), nullptr, /*agree=*/true);
     torch::Tensor full = flat.gather_full(flat.shard());  // the fp32 masters, one unit at a time
     if (!keep) continue;
     for (const auto& e : flat.entries()) gathered[e.name] = full.narrow(0, e.offset, e.numel).view(e.shape).clone();
@@ -215,7 +215,7 @@ void save_full_state_dict(FsdpState& state, const std::string& model_path,
   };
   for (size_t u = 0; u < state.units().size(); ++u) {
     const FlatParam& flat = state.units()[u]->flat_param();
-    ResidentScope resident(state, u, optimizer);
+    ResidentScope resident(state, u, optimizer, /*agree=*/true);
     stream(flat, flat.shard(), model_writer.get());  // the fp32 masters, not the compute-dtype copies
     if (optimizer_state) {
       for (const auto& name : optimizer_state->tensor_names()) {

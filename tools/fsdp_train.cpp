@@ -445,7 +445,11 @@ void preflight(const TrainOptions& o, Run& run, int world) {
   const fsdp::ShardingStrategy strategy =
       o.strategy == "auto" ? fsdp::ShardingStrategy::kFullShard : fsdp::parse_strategy(o.strategy);
   const auto& options = run.fsdp_options;
-  const int per_node = fsdp::shard_group_size(strategy, world, options.ranks_per_node());
+  // Hybrid without --ranks-per-node: the nodes are the hosts, and this
+  // host's ranks are the shard group (as fully_shard's shared-memory split).
+  int node_ranks = options.ranks_per_node();
+  if (node_ranks == 0) node_ranks = world % ranks_here == 0 ? ranks_here : world;
+  const int per_node = fsdp::shard_group_size(strategy, world, node_ranks);
   constexpr int64_t kRuntimeBytes = int64_t{256} << 20;  // LibTorch, MPI, the data's pages: measured 180-250 MiB
   auto need = [&](bool checkpointing, bool sublayer, bool sharded_init, bool nvme_optimizer, bool nvme_params) {
     const fsdp::TransformerShape shape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch, sublayer};

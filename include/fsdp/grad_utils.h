@@ -31,6 +31,10 @@ void decay_matrix_weights_(FsdpState& state, torch::optim::Optimizer& optimizer,
 // The element ranges [begin, end) of `flat`'s local shard that belong to
 // parameters of 2 or more dimensions (what decay_matrix_weights_ decays).
 std::vector<std::pair<int64_t, int64_t>> matrix_ranges_of_shard(const FlatParam& flat);
+// One shard's part of decay_matrix_weights_: its matrices times (1 - lr x
+// weight_decay). For a caller that has the shard in memory only at times
+// (disk offload's step).
+void decay_shard_matrices_(const FlatParam& flat, double lr, double weight_decay);
 
 struct GradScalerOptions {
   GradScalerOptions() = default;

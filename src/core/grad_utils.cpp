@@ -81,6 +81,13 @@ std::vector<std::pair<int64_t, int64_t>> matrix_ranges_of_shard(const FlatParam&
   return ranges;
 }
 
+void decay_shard_matrices_(const FlatParam& flat, double lr, double weight_decay) {
+  torch::NoGradGuard no_grad;
+  const double factor = 1.0 - lr * weight_decay;
+  const torch::Tensor& shard = flat.shard();
+  for (const auto& [begin, end] : matrix_ranges_of_shard(flat)) shard.narrow(0, begin, end - begin).mul_(factor);
+}
+
 void decay_matrix_weights_(FsdpState& state, torch::optim::Optimizer& optimizer, double weight_decay) {
   TORCH_CHECK(weight_decay >= 0, "decay_matrix_weights_: weight_decay must be >= 0, got ", weight_decay);
   if (weight_decay == 0) return;
@@ -88,16 +95,12 @@ void decay_matrix_weights_(FsdpState& state, torch::optim::Optimizer& optimizer,
   for (const auto& unit : state.units()) {
     flat_of_shard[unit->flat_param().shard().unsafeGetTensorImpl()] = &unit->flat_param();
   }
-  torch::NoGradGuard no_grad;
   for (auto& group : optimizer.param_groups()) {
-    const double factor = 1.0 - group.options().get_lr() * weight_decay;
     for (auto& param : group.params()) {
       auto found = flat_of_shard.find(param.unsafeGetTensorImpl());
       TORCH_CHECK(found != flat_of_shard.end(), "decay_matrix_weights_: the optimizer steps a tensor of shape ",
                   param.sizes(), " that is no shard of the model");
-      for (const auto& [begin, end] : matrix_ranges_of_shard(*found->second)) {
-        param.narrow(0, begin, end - begin).mul_(factor);
-      }
+      decay_shard_matrices_(*found->second, group.options().get_lr(), weight_decay);
     }
   }
 }

@@ -249,7 +249,7 @@ NvmeOffload::Futures NvmeOffload::issue_writes(size_t unit, torch::optim::Optimi
       futures.push_back(store_->write(slots.compute, slots.compute_out.data_ptr()));
       slots.compute_on_disk = true;
     }
-    if (slots.master >= 0 && (!slots.master_on_disk || master_changed)) {
+    if (slots.master >= 0) {
       futures.push_back(store_->write(slots.master, shard.data_ptr()));
       slots.master_on_disk = true;
     }
@@ -343,7 +343,7 @@ torch::Tensor NvmeOffload::compute_shard(size_t unit) {
       ahead_unit_ = next;
     }
   }
-  return values.scalar_type() == param_dtype_ ? values : values.to(param_dtype_);
+  return values;  // read in the param dtype (fp32 parameters: the master's slot)
 }
 
 void NvmeOffload::step(torch::optim::Optimizer& optimizer, double matrix_weight_decay) {
@@ -360,12 +360,8 @@ void NvmeOffload::step(torch::optim::Optimizer& optimizer, double matrix_weight_
       options_of[p.unsafeGetTensorImpl()] = &static_cast<const torch::optim::AdamWOptions&>(group.options());
     }
   }
-  auto decay = [&](FlatParam& flat, const torch::optim::AdamWOptions& options) {
-    if (matrix_weight_decay <= 0) return;
-    torch::NoGradGuard no_grad;
-    const double factor = 1.0 - options.lr() * matrix_weight_decay;
-    const torch::Tensor& shard = flat.shard();
-    for (const auto& [begin, end] : matrix_ranges_of_shard(flat)) shard.narrow(0, begin, end - begin).mul_(factor);
+  auto decay = [&](const FlatParam& flat, const torch::optim::AdamWOptions& options) {
+    if (matrix_weight_decay > 0) decay_shard_matrices_(flat, options.lr(), matrix_weight_decay);
   };
   std::vector<size_t> order;
   for (size_t u = 0; u < units_.size(); ++u) {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "fsdp/checkpoint.h"
@@ -18,6 +19,7 @@
 #include "fsdp/compat.h"
 #include "fsdp/fused_adamw.h"
 #include "fsdp/gpt.h"
+#include "fsdp/grad_utils.h"
 #include "fsdp/memory_plan.h"
 #include "fsdp/lr_schedule.h"
 #include "fsdp/memory.h"
@@ -679,9 +681,10 @@ TEST(LrSchedule, BadSettingsAreRefusedAndResumesCompareWhatMatters) {
 // FusedAdamW against torch::optim::AdamW (1e-6 relative in norm, per tensor,
 // parameters and both moments): two parameter groups (one with
 // weight decay), sizes that are not multiples of any vector width or of the
-// parallel grain, 10 steps with fresh gradients each; then a parameter it
-// cannot fuse makes the whole step AdamW's.
-TEST(FusedAdamW, EqualsTorchAdamWWithinFloatRoundingOverTenSteps) {
+// parallel grain, 10 steps with fresh gradients each, one parameter without
+// a gradient in step 4 (so the step counts differ). `take_step` steps the fused
+// optimizer: its own kernel (step()) or ATen's multi-tensor one.
+void expect_fused_adamw_equals_torch_adamw(const std::function<void(fsdp::FusedAdamW&)>& take_step) {
   torch::manual_seed(7);
   const std::vector<int64_t> sizes = {1, 7, 1000, (1 << 16) + 3, 300001};
   std::vector<torch::Tensor> init, reference, fused;
@@ -704,12 +707,13 @@ TEST(FusedAdamW, EqualsTorchAdamWWithinFloatRoundingOverTenSteps) {
   for (int step = 0; step < 10; ++step) {
     for (size_t i = 0; i < sizes.size(); ++i) {
       torch::Tensor g = torch::randn({sizes[i]}) * static_cast<double>(i + 1);
-      reference[i].mutable_grad() = g.clone();
-      fused[i].mutable_grad() = g.clone();
+      reference[i].mutable_grad() = step == 3 && i == 1 ? torch::Tensor() : g.clone();
+      fused[i].mutable_grad() = step == 3 && i == 1 ? torch::Tensor() : g.clone();
     }
     EXPECT_TRUE(fused_adamw.fuses_all());
+    EXPECT_FALSE(fused_adamw.steps_multi_tensor());  // on the CPU step() uses its own kernel
     torch_adamw.step();
-    fused_adamw.step();
+    take_step(fused_adamw);
   }
   for (size_t i = 0; i < sizes.size(); ++i) {
     const torch::Tensor a = reference[i].detach(), b = fused[i].detach();
@@ -728,6 +732,10 @@ TEST(FusedAdamW, EqualsTorchAdamWWithinFloatRoundingOverTenSteps) {
     EXPECT_LT(relative(sa.exp_avg(), sb.exp_avg()), 1e-6) << "exp_avg of " << sizes[i] << " elements";
     EXPECT_LT(relative(sa.exp_avg_sq(), sb.exp_avg_sq()), 1e-6) << "exp_avg_sq of " << sizes[i] << " elements";
   }
+}
+
+TEST(FusedAdamW, EqualsTorchAdamWWithinFloatRoundingOverTenSteps) {
+  expect_fused_adamw_equals_torch_adamw([](fsdp::FusedAdamW& optimizer) { optimizer.step(); });
   // A double parameter: AdamW's own step for all of them, still correct.
   torch::Tensor d = torch::ones({5}, torch::kDouble).requires_grad_(true);
   fsdp::FusedAdamW mixed(std::vector<torch::Tensor>{d}, torch::optim::AdamWOptions(0.1));
@@ -735,4 +743,39 @@ TEST(FusedAdamW, EqualsTorchAdamWWithinFloatRoundingOverTenSteps) {
   EXPECT_FALSE(mixed.fuses_all());
   mixed.step();
   EXPECT_NEAR(d[0].item<double>(), 1.0 * (1 - 0.1 * 0.01) - 0.1, 1e-7);
+}
+
+// Clipping as queued on a GPU (no host wait: the norm stays a tensor), run
+// on the CPU: the norm of all gradients together (float norms squared and
+// summed in double), every gradient scaled by max / (norm + 1e-6) when that
+// is below 1, and left bit for bit when it is not.
+TEST(GradClipping, TheQueuedPathForGpusClipsByTheGlobalNorm) {
+  torch::manual_seed(3);
+  std::vector<torch::Tensor> grads = {torch::randn({1000}), torch::randn({7}) * 3, torch::randn({70001}) * 0.1};
+  double sum = 0;
+  for (const auto& g : grads) sum += g.to(torch::kDouble).pow(2).sum().item<double>();
+  const double expected = std::sqrt(sum);
+  std::vector<torch::Tensor> before;
+  for (const auto& g : grads) before.push_back(g.clone());
+  const torch::Tensor norm = fsdp::detail::clip_gradients_queued(grads, nullptr, 1.0);
+  EXPECT_EQ(norm.dim(), 0);
+  EXPECT_EQ(norm.scalar_type(), torch::kDouble);
+  EXPECT_NEAR(norm.item<double>(), expected, 1e-6 * expected);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(grads[i], before[i] * (1.0 / (expected + 1e-6)), 1e-5, 1e-8)) << "gradient " << i;
+  }
+  std::vector<torch::Tensor> small = {before[0] * 1e-3};
+  const torch::Tensor unchanged = small[0].clone();
+  fsdp::detail::clip_gradients_queued(small, nullptr, 1.0);
+  EXPECT_TRUE(torch::equal(small[0], unchanged));
+  EXPECT_THROW(fsdp::detail::clip_gradients_queued({}, nullptr, 1.0), c10::Error);
+}
+
+// The path step() takes for parameters on a GPU (ATen's multi-tensor fused
+// kernel), run on the CPU, where that kernel exists too (LibTorch >= 2.4).
+TEST(FusedAdamW, TheMultiTensorPathForGpusEqualsTorchAdamW) {
+  if (!fsdp::FusedAdamW::multi_tensor_available()) {
+    GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no at::_fused_adamw_ (the GPU path falls back to AdamW's)";
+  }
+  expect_fused_adamw_equals_torch_adamw([](fsdp::FusedAdamW& optimizer) { optimizer.step_multi_tensor(); });
 }

@@ -276,8 +276,9 @@ int main(int argc, char** argv) {
   double budget = 0;
   app.add_option("--preset", preset, "a reference GPT preset: tiny, small, medium, large, xl");
   app.add_option("--params", params, "or a model of this many parameters (with --layers; e.g. 70e9)");
-  app.add_option("--layers", layers, "blocks (one unit each)");
-  app.add_option("--width", width, "hidden width (activation estimate; default: from --params)");
+  app.add_option("--layers", layers, "blocks (one unit each; with --preset: overrides the preset's)");
+  app.add_option("--width", width, "hidden width (with --params: the activation estimate, default from the count; "
+                                   "with --preset: overrides the preset's)");
   app.add_option("--vocab", vocab, "vocabulary (default: the preset's, else 32000)");
   app.add_option("--context", context, "sequence length (default: the preset's, else 4096)");
   app.add_option("--heads", heads, "attention heads (default: the preset's, else width / 128)");
@@ -334,6 +335,10 @@ int main(int argc, char** argv) {
     if (!preset.empty()) {
       const auto c = fsdp::models::GPTConfig::preset(preset);
       shape = {c.vocab, c.context, c.layers, c.heads, c.width, c.batch};
+      // The preset's shape with fsdp-train's overrides (vocab, context,
+      // heads and batch follow below for both kinds of model).
+      if (layers > 0) shape.layers = layers;
+      if (width > 0) shape.width = width;
     } else {
       TORCH_CHECK(layers > 0, "--params needs --layers");
       shape.layers = layers;

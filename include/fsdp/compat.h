@@ -5,8 +5,11 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <c10/core/Event.h>
+
 #include <sstream>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -69,6 +72,22 @@ void zero_grad_keeping_memory(Optimizer& optimizer) {
     optimizer.zero_grad(/*set_to_none=*/false);
   } else {
     optimizer.zero_grad();
+  }
+}
+
+// Blocks the host until a device event has happened: c10::Event::synchronize
+// where the LibTorch has it (2.x), else by polling (1.13 has only query()).
+template <class Event, class = void>
+struct has_synchronize : std::false_type {};
+template <class Event>
+struct has_synchronize<Event, std::void_t<decltype(std::declval<const Event&>().synchronize())>> : std::true_type {};
+
+template <class Event = c10::Event>
+void synchronize_event(const Event& event) {
+  if constexpr (has_synchronize<Event>::value) {
+    event.synchronize();
+  } else {
+    while (!event.query()) std::this_thread::yield();
   }
 }
 

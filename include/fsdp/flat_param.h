@@ -11,7 +11,12 @@
 
 #include <torch/torch.h>
 
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +46,11 @@ struct FlatParamConfig {
   // strategies only.
   bool cpu_offload = false;
   c10::Device device = c10::Device(torch::kCPU);  // where the unit computes (parameters are moved there)
+  // CPU offload on a GPU: the stream the shards cross on (host to device
+  // before a gather, the reduced gradient back after its reduction), one
+  // per model so that the copies keep their order, apart from the compute
+  // stream so that they overlap it. Made by fully_shard; unset otherwise.
+  std::optional<c10::Stream> copy_stream;
 };
 
 class FlatParam {
@@ -106,11 +116,22 @@ class FlatParam {
   // param dtype, and no gradients left from micro-steps without sync.
   void prepare_gradient_buffer();
   void drop_gradient_buffer();
+  // With a copy stream (CPU offload on a GPU) it leaves the gradient's copy
+  // to the host in flight: finish_host_gradient() waits for it and
+  // accumulates it into shard().grad(). Otherwise the gradient is there on return.
   void finish_reduce_gradients();
-  bool reduce_pending() const { return pending_reduce_ != nullptr; }
+  bool host_gradient_pending() const { return pending_host_gradient_ != nullptr; }
+  void finish_host_gradient();
+  // A reduction or its copy to the host is in flight.
+  bool reduce_pending() const { return pending_reduce_ != nullptr || host_gradient_pending(); }
+  bool collective_reduce_pending() const { return pending_reduce_ != nullptr; }
 
  private:
   bool shard_aliases_buffer() const;
+  // shard().grad() += gradient (or = it, the first time), in float32.
+  void accumulate_into_gradient(torch::Tensor gradient);
+  // The stream current for this unit's device (the compute stream).
+  c10::Stream current_stream() const;
 
   FlatParamConfig config_;
   std::vector<FlatParamEntry> entries_;
@@ -131,9 +152,18 @@ class FlatParam {
   torch::Tensor gradient_buffer_;  // see prepare_gradient_buffer()
   ComputeShardSource compute_shard_source_;
   WorkHandle pending_unshard_;
-  torch::Tensor pending_unshard_input_;  // the cast shard, alive until the gather ends
+  torch::Tensor pending_unshard_input_;    // the cast shard, alive until the gather ends
+  torch::Tensor pending_unshard_staging_;  // offload on a GPU: the float32 copy it was cast from, likewise
   WorkHandle pending_reduce_;
   torch::Tensor pending_result_;
+  // Offload on a GPU: the reduced gradient on its way to pinned host memory
+  // on the copy stream; the device copy stays alive until the event says
+  // the copy has read it.
+  struct PendingHostGradient {
+    torch::Tensor host, device;
+    c10::Event copied;
+  };
+  std::unique_ptr<PendingHostGradient> pending_host_gradient_;
 };
 
 }  // namespace fsdp

@@ -100,7 +100,10 @@ class FsdpState {
   void on_unit_started(Unit& unit);
   // Waits for the gradient reductions in flight and accumulates them into
   // the shards' gradients (hybrid: after the all-reduce across replicas).
-  void finish_reductions_in_flight();
+  // With CPU offload on a GPU, wait_for_host_copies = false leaves the
+  // gradients' copies to the host that this call issues in flight (the
+  // next call, or the end of backward, finishes them).
+  void finish_reductions_in_flight(bool wait_for_host_copies = true);
   // Gathers issued ahead for units that did not run (a pass that took
   // another path, or a forward without backward): waited for and freed.
   void release_unused_prefetches();

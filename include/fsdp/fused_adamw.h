@@ -14,8 +14,10 @@
 // resharding treat it as one, and a run may resume with either. Results equal
 // AdamW's to float rounding (tests/test_units.cpp checks 1e-6 relative over 10
 // steps), not bit for bit: the fused expression rounds in another order.
-// Parameters it cannot take (not float32, not contiguous, not on the CPU,
-// sparse gradients, amsgrad) are stepped by torch::optim::AdamW::step.
+// Parameters on a GPU (all on one, float32, contiguous) are stepped by
+// ATen's multi-tensor fused AdamW kernel, one launch per group (PyTorch's
+// fused=True; LibTorch 2.x). Others (sparse gradients, amsgrad, mixed
+// devices, or a GPU on LibTorch 1.x) are stepped by torch::optim::AdamW::step.
 
 #include <torch/torch.h>
 
@@ -34,6 +36,14 @@ class FusedAdamW : public torch::optim::AdamW {
   // for a caller that brings each parameter's state in and out of memory
   // around its step (disk offload). The parameter must be fusable.
   void step_parameter(const torch::optim::AdamWOptions& options, const torch::Tensor& param);
+
+  // Whether this LibTorch has ATen's multi-tensor fused AdamW.
+  static bool multi_tensor_available();
+  // True when step() uses it: every parameter on one GPU, fusable.
+  bool steps_multi_tensor() const;
+  // Steps every parameter with a gradient through it, wherever the
+  // parameters are (the CPU too: the tests check it against AdamW there).
+  void step_multi_tensor();
 };
 
 

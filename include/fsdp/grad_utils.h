@@ -17,6 +17,21 @@ namespace fsdp {
 // max_norm / (norm + 1e-6) when that is below 1. Collective; returns the
 // norm before clipping, the same on every rank.
 double clip_grad_norm_(FsdpState& state, double max_norm);
+// The same, the norm as a 0-dimensional double tensor where the gradients
+// are: on a GPU nothing waits for it (the sums, the all-reduce and the
+// scaling are queued on the stream), so the host can queue the optimizer's
+// step behind them and read the norm afterwards (PyTorch returns a tensor
+// for the same reason).
+torch::Tensor clip_grad_norm_tensor_(FsdpState& state, double max_norm);
+
+namespace detail {
+// clip_grad_norm_tensor_ for gradients on a device (any device: the tests
+// run it on the CPU): each gradient's norm in float, squared and summed in
+// double, summed over `shard_group` (null: none), every gradient scaled by
+// min(1, max_norm / (norm + 1e-6)).
+torch::Tensor clip_gradients_queued(const std::vector<torch::Tensor>& grads, const ProcessGroupPtr& shard_group,
+                                    double max_norm);
+}  // namespace detail
 
 // Decoupled (AdamW's) weight decay of the parameters of 2 or more dimensions
 // only, not of biases and norm gains (the spec's and nanoGPT's rule):

@@ -3,6 +3,10 @@
 #include "fsdp/flat_param.h"
 
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <optional>
 
 #include "fsdp/compat.h"
 #include "fsdp/memory.h"
@@ -115,6 +119,10 @@ bool FlatParam::shard_aliases_buffer() const {
   return shard_.storage().unsafeGetStorageImpl() == unsharded_.storage().unsafeGetStorageImpl();
 }
 
+c10::Stream FlatParam::current_stream() const {
+  return c10::impl::getDeviceGuardImpl(config_.device.type())->getStream(config_.device);
+}
+
 void FlatParam::start_unshard() {
   if (pending_unshard_) return;
   const int64_t version = shard_._version();
@@ -123,24 +131,46 @@ void FlatParam::start_unshard() {
     MemoryCategoryScope scope(buffer_category(config_));
     compat::allocate_storage(unsharded_, padded_numel() * unsharded_.element_size());
   }
+  // Offload on a GPU: the shard crosses on the copy stream, and the gather
+  // is issued with that stream current, so that it waits for the copy and
+  // the compute stream does not (it waits for the gather, in unshard()).
+  std::optional<c10::StreamGuard> on_copy_stream;
   torch::Tensor input;
   if (shard_aliases_buffer()) {
     input = unsharded_.narrow(0, shard_rank() * shard_numel_, shard_numel_);  // gathered in place
+  } else if (config_.copy_stream && !compute_shard_source_) {
+    MemoryCategoryScope scope(Category::kUnshardedBuffer);
+    // Both made on the compute stream, which frees them once the gather is
+    // waited for; the copy stream waits for the compute stream's work so
+    // far, so a block it reuses is no longer in use. The cast is on the
+    // device (FSDP2's order): a host-side cast would be synchronous.
+    torch::Tensor staging = torch::empty({shard_numel_}, unsharded_.options().dtype(torch::kFloat));
+    input = unsharded_.scalar_type() == torch::kFloat ? staging : torch::empty({shard_numel_}, unsharded_.options());
+    c10::Event ready(config_.device.type());
+    ready.record(current_stream());
+    ready.block(*config_.copy_stream);
+    on_copy_stream.emplace(*config_.copy_stream);
+    staging.copy_(shard_.detach(), /*non_blocking=*/true);
+    if (!input.is_same(staging)) input.copy_(staging);
+    pending_unshard_staging_ = staging;
   } else {
     MemoryCategoryScope scope(Category::kUnshardedBuffer);
-    // The cast halves bf16 traffic. An offloaded shard crosses to the GPU
-    // here, asynchronously from pinned memory, on the compute stream: the
-    // blocking gradient copy of finish_reduce_gradients() orders the next
-    // optimizer step after it.
-    input = compute_shard_source_
-                ? compute_shard_source_()
-                : shard_.detach().to(unsharded_.device(), unsharded_.scalar_type(), /*non_blocking=*/true);
+    // The cast halves bf16 traffic.
+    input = compute_shard_source_ ? compute_shard_source_()
+                                  : shard_.detach().to(unsharded_.device(), unsharded_.scalar_type(), /*non_blocking=*/true);
   }
   if (config_.shard_group) {
     pending_unshard_ = config_.shard_group->all_gather(unsharded_, input);
     pending_unshard_input_ = input;
   } else if (!shard_aliases_buffer()) {
     unsharded_.copy_(input);
+  }
+  if (on_copy_stream && !config_.shard_group) {
+    c10::Event copied(config_.device.type());
+    copied.record(*config_.copy_stream);
+    on_copy_stream.reset();
+    copied.block(current_stream());
+    pending_unshard_staging_.reset();
   }
   gathered_version_ = version;
   stale_ = false;
@@ -153,6 +183,7 @@ void FlatParam::unshard() {
     pending_unshard_ = nullptr;
     work->wait();
     pending_unshard_input_.reset();
+    pending_unshard_staging_.reset();
   }
   for (auto& e : entries_) e.param.set_data(unsharded_.narrow(0, e.offset, e.numel).view(e.shape));
   is_unsharded_ = true;
@@ -272,17 +303,46 @@ void FlatParam::finish_reduce_gradients() {
     config_.replicate_group->all_reduce(reduced, ReduceOp::kAvg)->wait();
   }
   if (reduced.device() != shard_.device()) {
-    // Offload: the gradient shard goes to the host, in fp32. Blocking, so
-    // the host's optimizer step sees it (and every copy queued before it).
-    MemoryCategoryScope scope(shard_.grad().defined() ? Category::kOther : Category::kGradientShard);
-    reduced = reduced.to(shard_.device(), torch::kFloat);
+    // Offload: the gradient shard goes to the host in fp32, on the copy
+    // stream, after the compute stream's work so far (the reduction it
+    // waited for, the cast); finish_host_gradient() waits for it.
+    TORCH_CHECK(config_.copy_stream, "FlatParam: an offloaded shard on ", shard_.device(), " with its gradient on ",
+                reduced.device(), " needs the copy stream fully_shard makes for cpu_offload");
+    if (pending_host_gradient_) finish_host_gradient();  // an earlier micro-step's
+    torch::Tensor source = reduced.scalar_type() == torch::kFloat ? reduced : reduced.to(torch::kFloat);
+    torch::Tensor host = torch::empty({shard_numel_}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
+    c10::Event ready(config_.device.type());
+    ready.record(current_stream());
+    ready.block(*config_.copy_stream);
+    {
+      c10::StreamGuard on_copy_stream(*config_.copy_stream);
+      host.copy_(source, /*non_blocking=*/true);
+    }
+    pending_host_gradient_ = std::make_unique<PendingHostGradient>(
+        PendingHostGradient{std::move(host), std::move(source), c10::Event(config_.device.type())});
+    pending_host_gradient_->copied.record(*config_.copy_stream);
+    return;
   }
+  accumulate_into_gradient(std::move(reduced));
+}
+
+void FlatParam::finish_host_gradient() {
+  TORCH_CHECK(pending_host_gradient_, "FlatParam: no gradient copy to the host in flight");
+  std::unique_ptr<PendingHostGradient> pending = std::move(pending_host_gradient_);
+  compat::synchronize_event(pending->copied);
+  // The copy has read it: its block may go back to the compute stream's pool.
+  pending->device.reset();
+  torch::NoGradGuard no_grad;
+  accumulate_into_gradient(std::move(pending->host));
+}
+
+void FlatParam::accumulate_into_gradient(torch::Tensor gradient) {
   torch::Tensor& grad = shard_.mutable_grad();
   if (grad.defined()) {
-    grad.add_(reduced);
+    grad.add_(gradient);
   } else {
     MemoryCategoryScope scope(Category::kGradientShard);
-    grad = reduced.scalar_type() == torch::kFloat ? reduced : reduced.to(torch::kFloat);
+    grad = gradient.scalar_type() == torch::kFloat ? gradient : gradient.to(torch::kFloat);
   }
 }
 

@@ -2,6 +2,7 @@
 // and the end-of-backward callback that completes every gradient reduction.
 
 #include "fsdp/fully_shard.h"
+
 #include "fsdp/memory.h"
 #include "fsdp/memory_plan.h"
 #include "fsdp/nvme_offload.h"
@@ -9,6 +10,7 @@
 #include "core/unit.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 
@@ -138,7 +140,7 @@ void Unit::before_recomputed_gradients() {
   // The previous unit's reduction overlapped the recompute; finishing it
   // before this unit's gradient buffer exists keeps one full-size gradient
   // buffer alive instead of two.
-  owner_->finish_reductions_in_flight();
+  owner_->finish_reductions_in_flight(/*wait_for_host_copies=*/false);
   flat_.prepare_gradient_buffer();
 }
 
@@ -159,7 +161,7 @@ void Unit::post_backward() {
     // (full size for full gradients, a shard otherwise) until finished:
     // finish the previous units' (overlapped with this unit's backward)
     // before starting ours, so at most one is in flight.
-    owner_->finish_reductions_in_flight();
+    owner_->finish_reductions_in_flight(/*wait_for_host_copies=*/false);
     flat_.start_reduce_gradients();
   }
   flat_.reshard();
@@ -196,9 +198,12 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
   make_groups();
   const ShardingStrategy strategy = options_.strategy();
   device_ = device.value_or(c10::Device(torch::kCPU));
-  const FlatParamConfig config{shard_group_, replicate_group_, keeps_params_unsharded(strategy),
-                               keeps_full_gradients(strategy), options_.mixed_precision(), options_.cpu_offload(),
-                               device_};
+  FlatParamConfig config{shard_group_, replicate_group_, keeps_params_unsharded(strategy),
+                         keeps_full_gradients(strategy), options_.mixed_precision(), options_.cpu_offload(),
+                         device_, /*copy_stream=*/std::nullopt};
+  if (options_.cpu_offload() && !device_.is_cpu()) {
+    config.copy_stream = c10::impl::getDeviceGuardImpl(device_.type())->getStreamFromGlobalPool(device_);
+  }
   build_units(std::move(plans), config);
   if (options_.nvme_offload()) nvme_offload_ = std::make_unique<offload::NvmeOffload>(*this, *options_.nvme_offload());
   if (options_.cache_host_blocks() && device_.is_cpu() && memory::counting_allocator_installed()) {
@@ -516,9 +521,19 @@ void FsdpState::on_backward_event() {
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
 }
 
-void FsdpState::finish_reductions_in_flight() {
+void FsdpState::finish_reductions_in_flight(bool wait_for_host_copies) {
+  // Copies to the host (offload on a GPU) issued by an earlier call are
+  // finished first: they have had a unit's backward to run in. The ones
+  // issued now are left in flight unless asked for.
   for (auto& unit : units_) {
-    if (unit->flat_param().reduce_pending()) unit->flat_param().finish_reduce_gradients();
+    if (unit->flat_param().host_gradient_pending()) unit->flat_param().finish_host_gradient();
+  }
+  for (auto& unit : units_) {
+    if (unit->flat_param().collective_reduce_pending()) unit->flat_param().finish_reduce_gradients();
+  }
+  if (!wait_for_host_copies) return;
+  for (auto& unit : units_) {
+    if (unit->flat_param().host_gradient_pending()) unit->flat_param().finish_host_gradient();
   }
 }
 
@@ -531,6 +546,11 @@ void FsdpState::finish_backward() {
   }
   finish_reductions_in_flight();
   release_unused_prefetches();
+  // Offload on a GPU: the host steps the shards next, so no copy of them
+  // may still be reading (an unused prefetch's) when it writes.
+  if (!units_.empty() && units_.front()->flat_param().config().copy_stream) {
+    units_.front()->flat_param().config().copy_stream->synchronize();
+  }
 }
 
 namespace detail {

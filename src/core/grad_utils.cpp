@@ -47,13 +47,19 @@ double sum_of_squares_in_double(const torch::Tensor& grad) {
 
 }  // namespace
 
-double clip_grad_norm_(FsdpState& state, double max_norm) {
+torch::Tensor clip_grad_norm_tensor_(FsdpState& state, double max_norm) {
   TORCH_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got ", max_norm);
   torch::NoGradGuard no_grad;
-  double sum_of_squares = 0.0;
+  std::vector<torch::Tensor> grads;
+  bool on_host = true;
   for (const auto& shard : state.parameters()) {
-    if (shard.grad().defined()) sum_of_squares += sum_of_squares_in_double(shard.grad());
+    if (!shard.grad().defined()) continue;
+    grads.push_back(shard.grad());
+    on_host = on_host && shard.grad().is_cpu();
   }
+  if (!on_host) return detail::clip_gradients_queued(grads, state.shard_group(), max_norm);
+  double sum_of_squares = 0.0;
+  for (const auto& grad : grads) sum_of_squares += sum_of_squares_in_double(grad);
   torch::Tensor total = torch::tensor({sum_of_squares}, torch::kDouble);
   // The shard group partitions the model: summing over it counts every
   // element once (replicas across nodes hold the same shards; no_shard has no
@@ -62,12 +68,36 @@ double clip_grad_norm_(FsdpState& state, double max_norm) {
   const double norm = std::sqrt(total.item<double>());
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient < 1.0) {
-    for (const auto& shard : state.parameters()) {
-      if (shard.grad().defined()) shard.grad().mul_(coefficient);
-    }
+    for (auto& grad : grads) grad.mul_(coefficient);
   }
+  return torch::tensor(norm, torch::kDouble);
+}
+
+double clip_grad_norm_(FsdpState& state, double max_norm) {
+  return clip_grad_norm_tensor_(state, max_norm).item<double>();
+}
+
+namespace detail {
+
+torch::Tensor clip_gradients_queued(const std::vector<torch::Tensor>& grads, const ProcessGroupPtr& shard_group,
+                                    double max_norm) {
+  TORCH_CHECK(!grads.empty(), "clip_gradients_queued: expected at least one gradient, got none");
+  torch::NoGradGuard no_grad;
+  // Each gradient's float norm (the reduction accumulates in float; a
+  // double copy would be 8 bytes an element of fresh device memory),
+  // squared and summed in double.
+  torch::Tensor total = torch::zeros({1}, grads.front().options().dtype(torch::kDouble));
+  for (const auto& grad : grads) total.add_(grad.norm().to(torch::kDouble).square());
+  if (shard_group) shard_group->all_reduce(total, ReduceOp::kSum)->wait();
+  torch::Tensor norm = total.sqrt().reshape({});
+  // min(1, max_norm / (norm + 1e-6)); a factor of exactly 1 leaves a
+  // gradient unchanged, so scaling every one needs no branch on the host.
+  const torch::Tensor coefficient = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  for (const auto& grad : grads) grad.mul_(coefficient);
   return norm;
 }
+
+}  // namespace detail
 
 std::vector<std::pair<int64_t, int64_t>> matrix_ranges_of_shard(const FlatParam& flat) {
   // The shard is elements [r*S, (r+1)*S) of the padded flat buffer.

@@ -146,10 +146,11 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   }
   state_.set_requires_gradient_sync(true);
   const auto optimizer_start = Clock::now();
+  torch::Tensor grad_norm;  // read once the step is queued (see clip_grad_norm_tensor_)
   {
     trace::Span span("optimizer step", "optimizer");
     const bool overflow = scaler_ && scaler_->unscale_();
-    if (options_.clip_grad_norm() > 0) result.grad_norm = clip_grad_norm_(state_, options_.clip_grad_norm());
+    if (options_.clip_grad_norm() > 0) grad_norm = clip_grad_norm_tensor_(state_, options_.clip_grad_norm());
     // A skipped step must not decay either (AdamW decays inside its step).
     // With disk offload the decay is part of each unit's step (the master
     // is in memory only then).
@@ -181,6 +182,7 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   step_loss = step_loss.to(torch::kCPU).reshape({});
   state_.group()->all_reduce(step_loss, ReduceOp::kAvg)->wait();
   result.loss = step_loss.item<double>();
+  if (grad_norm.defined()) result.grad_norm = grad_norm.item<double>();
   result.step_s = seconds_since(start);
   if (nvme) {
     const offload::OffloadStats io = nvme->stats();

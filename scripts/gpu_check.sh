@@ -24,16 +24,22 @@
 # FSDP_GPU_CHECK_JOBS (build jobs, default all cores), FSDP_GPU_CMAKE_ARGS
 # (more cmake arguments), FSDP_GPU_BENCH_STEPS (15), FSDP_GPU_BENCH_BATCH (16),
 # FSDP_GPU_CHECK_BUDGET (seconds after which the remaining checks are skipped,
-# so that the whole fits in 8 minutes: 450).
+# so that the whole fits in 8 minutes: 450), FSDP_GPU_BENCH_SHAPES (large
+# gpt2_124m), FSDP_GPU_PARITY_PRESET (small), FSDP_GPU_PARITY_STEPS (20),
+# FSDP_GPU_CHECK_LOGS ($FSDP_GPU_BUILD/gpu-logs), FSDP_GPU_CHECK_DEVICE
+# (cuda; cpu runs the checks' own logic without a GPU, with the tiny shape:
+# tests/trainer/gpu-check.sh does, sourcing this script).
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 
 dry=0
-case "${1:-}" in
-  --dry-run) dry=1 ;;
-  "") ;;
-  *) echo "usage: scripts/gpu_check.sh [--dry-run]" >&2; exit 2 ;;
-esac
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then  # sourced, the arguments are the caller's
+  case "${1:-}" in
+    --dry-run) dry=1 ;;
+    "") ;;
+    *) echo "usage: scripts/gpu_check.sh [--dry-run]" >&2; exit 2 ;;
+  esac
+fi
 [ -z "${FSDP_GPU_CHECK_NO_GPU:-}" ] || dry=1
 build="${FSDP_GPU_BUILD:-build-gpu}"
 prefix="${FSDP_GPU_PREFIX:-/tmp/gpu-prefix}"
@@ -42,9 +48,14 @@ jobs="${FSDP_GPU_CHECK_JOBS:-$(nproc)}"
 budget="${FSDP_GPU_CHECK_BUDGET:-450}"
 bench_steps="${FSDP_GPU_BENCH_STEPS:-15}"
 bench_batch="${FSDP_GPU_BENCH_BATCH:-16}"
+bench_shapes="${FSDP_GPU_BENCH_SHAPES:-large gpt2_124m}"
+parity_preset="${FSDP_GPU_PARITY_PRESET:-small}"
+parity_steps="${FSDP_GPU_PARITY_STEPS:-20}"
+device="${FSDP_GPU_CHECK_DEVICE:-cuda}"
 peak_flops=989e12  # H200 SXM dense bf16, the vendor's figure (KINDS.md measured ~790e12 on random data)
-mkdir -p "$build/gpu-logs"
-logs="$(cd "$build/gpu-logs" && pwd)"
+logs="${FSDP_GPU_CHECK_LOGS:-$build/gpu-logs}"
+mkdir -p "$logs"
+logs="$(cd "$logs" && pwd)"
 jsonl="${OUT:+$OUT/gpu_check.jsonl}"
 jsonl="${jsonl:-$build/gpu_check.jsonl}"
 : > "$jsonl"
@@ -260,9 +271,10 @@ reldiff() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; m = b
 # one GPU (W = 2, 4 over MPI's host-staged collectives: NCCL refuses two ranks
 # on one device), and on the CPU.
 check_parity() {
-  local common=(--preset small --steps 20 --strategy full_shard --param-dtype fp32 --print-every 20)
-  local runs=("cuda_w1 1 --device cuda --batch 8" "cuda_w2 2 --device cuda --backend mpi --batch 4"
-              "cuda_w4 4 --device cuda --backend mpi --batch 2" "cpu_w1 1 --device cpu --batch 8")
+  local common=(--preset "$parity_preset" --steps "$parity_steps" --strategy full_shard --param-dtype fp32
+                --print-every "$parity_steps")
+  local runs=("cuda_w1 1 --device $device --batch 8" "cuda_w2 2 --device $device --backend mpi --batch 4"
+              "cuda_w4 4 --device $device --backend mpi --batch 2" "cpu_w1 1 --device cpu --batch 8")
   local r name ranks args finals="{}" errors="{}"
   for r in "${runs[@]}"; do
     read -r name ranks args <<<"$r"
@@ -289,7 +301,8 @@ check_parity() {
             '. + {($n): {final_rel: $f, max_step_rel: $s, tol: $t}}' <<<"$diffs")
     awk -v d="$final" -v t="$tol" 'BEGIN { exit !(d <= t) }' || ok=false
   done
-  emit parity "$ok" preset '"small"' steps 20 final_loss "$finals" vs_cuda_w1 "$diffs" errors "$errors"
+  emit parity "$ok" device "$(str "$device")" preset "$(str "$parity_preset")" steps "$parity_steps" \
+    final_loss "$finals" vs_cuda_w1 "$diffs" errors "$errors"
 }
 
 # ---- the benchmark, bf16 at W = 1: fsdp-cpp full_shard against PyTorch
@@ -297,16 +310,18 @@ check_parity() {
 # flops_per_token / peak, flops_per_token = 6 N + 12 L C T (PaLM's and
 # nanoGPT's estimate: the matmuls' 6 per parameter, plus attention's),
 # N every parameter of the reference GPT (tied head counted once).
-shape_args() {  # SHAPE: fsdp-train's and peer.py's shape flags
+shape_args() {  # SHAPE: fsdp-train's, fsdp-plan's and peer.py's shape flags
   case "$1" in
     large) echo "--preset large" ;;
     gpt2_124m) echo "--preset large --vocab 50304 --context 1024 --layers 12 --heads 12 --width 768" ;;
+    tiny) echo "--preset tiny" ;;  # the suite's check of this script, on a CPU
   esac
 }
 shape_dims() {  # SHAPE: vocab context layers width
   case "$1" in
     large) echo "256 256 12 1024" ;;
     gpt2_124m) echo "50304 1024 12 768" ;;
+    tiny) echo "256 32 2 64" ;;
   esac
 }
 flops_per_token() {
@@ -329,25 +344,25 @@ bench_line() {
     tokens_per_s "$tps" step_s "$(figure "$summary" step_s)" peak_device_bytes "$peak" \
     peak_device_reserved_bytes "$(figure "$summary" peak_device_reserved_bytes)" \
     peak_device_gib "$(ratio "$peak" 1073741824)" n_params "$n" flops_per_token "$fpt" \
-    mfu "$(awk -v x="$tps" -v f="$fpt" -v p="$peak_flops" 'BEGIN { if (x + 0 > 0) printf "%.4f", x * f / p; else print "null" }')" \
+    mfu "$(awk -v x="$tps" -v f="$fpt" -v p="$peak_flops" 'BEGIN { if (x + 0 > 0) printf "%.4g", x * f / p; else print "null" }')" \
     final_loss "$(figure "$summary" final_loss)"
 }
 bench_ours() {  # NAME SHAPE [MORE ARGS]: fsdp-train bf16 full_shard at W=1
   local name="$1" shape="$2"; shift 2
   # shellcheck disable=SC2046
   train "$name" 1 $(shape_args "$shape") --batch "$bench_batch" --steps "$bench_steps" --print-every "$bench_steps" \
-    --device cuda --param-dtype bf16 --reduce-dtype fp32 --strategy full_shard "$@"
+    --device "$device" --param-dtype bf16 --reduce-dtype fp32 --strategy full_shard "$@"
 }
 bench_peer() {  # NAME SHAPE: PyTorch FSDP2 at W=1 (a 1-rank NCCL group, no torchrun)
   local name="$1" shape="$2"
   rm -f "$logs/$name.json"
   # shellcheck disable=SC2046
-  env -u LD_LIBRARY_PATH timeout -k 10 150 "$python" bench/peer.py --engine fsdp2 --device cuda --dtype bf16 \
+  env -u LD_LIBRARY_PATH timeout -k 10 150 "$python" bench/peer.py --engine fsdp2 --device "$device" --dtype bf16 \
     $(shape_args "$shape") --batch "$bench_batch" --steps "$bench_steps" --summary "$logs/$name.json" > "$logs/$name.log" 2>&1
 }
 check_bench() {
   local shape
-  for shape in large gpt2_124m; do
+  for shape in $bench_shapes; do
     if over_budget; then skip "bench_$shape" "over the time budget (${budget} s)"; continue; fi
     bench_ours "bench_fsdp_cpp_$shape" "$shape"
     bench_line bench fsdp_cpp "$shape" "$logs/bench_fsdp_cpp_$shape.json" "$logs/bench_fsdp_cpp_$shape.log"
@@ -368,18 +383,20 @@ check_bench() {
   done
 }
 
-# ---- offload: the large bf16 run again with --offload cpu, against the
-# bench's run without (goal: peak device memory at most 0.35 x).
+# ---- offload: the first shape's (large's) bf16 run again with --offload
+# cpu, against the bench's run without (goal: peak device memory at most 0.35 x).
 check_offload() {
-  bench_ours bench_fsdp_cpp_large_offload large --offload cpu
-  bench_line offload_run fsdp_cpp_offload_cpu large "$logs/bench_fsdp_cpp_large_offload.json" "$logs/bench_fsdp_cpp_large_offload.log"
-  local a="$logs/bench_fsdp_cpp_large_offload.json" b="$logs/bench_fsdp_cpp_large.json"
+  local shape="${bench_shapes%% *}"
+  bench_ours "bench_fsdp_cpp_${shape}_offload" "$shape" --offload cpu
+  bench_line offload_run fsdp_cpp_offload_cpu "$shape" "$logs/bench_fsdp_cpp_${shape}_offload.json" \
+    "$logs/bench_fsdp_cpp_${shape}_offload.log"
+  local a="$logs/bench_fsdp_cpp_${shape}_offload.json" b="$logs/bench_fsdp_cpp_$shape.json"
   if [ -s "$a" ] && [ -s "$b" ]; then
     local mr tr
     mr=$(ratio "$(figure "$a" peak_device_bytes)" "$(figure "$b" peak_device_bytes)")
     tr=$(ratio "$(figure "$a" tokens_per_s)" "$(figure "$b" tokens_per_s)")
     local ok=false; awk -v m="$mr" 'BEGIN { exit !(m != "null" && m <= 0.35) }' && ok=true
-    emit offload "$ok" shape '"large"' peak_device_ratio "$mr" tokens_per_s_ratio "$tr" \
+    emit offload "$ok" shape "$(str "$shape")" peak_device_ratio "$mr" tokens_per_s_ratio "$tr" \
       offload_reported "$(jq -c '.offload // null' "$a")" goal '"peak_device_ratio <= 0.35"'
   else
     emit offload false error '"the offload run or the run without gave no summary"'

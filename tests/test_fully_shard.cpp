@@ -213,7 +213,7 @@ TEST(FullShard, UnitsAreUnshardedOnlyInsideTheirForwardAndBackward) {
   fsdp::FsdpState* state = nullptr;
   std::vector<std::string> violations;
   int forward_probes = 0, backward_probes = 0;
-  int64_t unsharded_baseline = 0;
+  int64_t unsharded_baseline = 0, gathered_baseline = 0;
   auto probe = [&](int index, bool in_backward) {
     (in_backward ? backward_probes : forward_probes)++;
     // units()[0] is the root, units()[i + 1] block i.
@@ -235,6 +235,13 @@ TEST(FullShard, UnitsAreUnshardedOnlyInsideTheirForwardAndBackward) {
         violations.push_back("forward of block " + std::to_string(index) + ": " + std::to_string(live) +
                              " unsharded bytes live, expected " + std::to_string(expected));
     }
+    // The gathered parameter buffers alone (what a GPU run reports as its
+    // device split): the root's and the running block's, in both passes.
+    const int64_t gathered = fsdp::memory::gathered_usage().live - gathered_baseline;
+    if (gathered != 2 * unit_bytes)
+      violations.push_back(std::string(in_backward ? "backward" : "forward") + " of block " + std::to_string(index) +
+                           ": " + std::to_string(gathered) + " gathered bytes live, expected " +
+                           std::to_string(2 * unit_bytes));
   };
   torch::manual_seed(3);
   ProbeNet net(width, depth, probe);
@@ -245,11 +252,15 @@ TEST(FullShard, UnitsAreUnshardedOnlyInsideTheirForwardAndBackward) {
                                      .wrap_policy(fsdp::module_type_policy<ProbeBlockImpl>())
                                      .backward_prefetch(fsdp::BackwardPrefetch::kNone));
   state = &model.state();
+  gathered_baseline = fsdp::memory::gathered_usage().live;
   torch::manual_seed(100 + world_group->rank());
   for (int step = 0; step < 2; ++step) {
+    fsdp::memory::reset_peaks();
     model.forward(torch::randn({5, width})).backward();
     model.state().check_idle();
     EXPECT_EQ(fsdp::memory::usage().live(Category::kUnshardedBuffer), unsharded_baseline);
+    EXPECT_EQ(fsdp::memory::gathered_usage().live, gathered_baseline) << "every gathered buffer is freed";
+    EXPECT_EQ(fsdp::memory::gathered_usage().peak, gathered_baseline + 2 * unit_bytes);
   }
   EXPECT_EQ(forward_probes, 2 * depth);
   EXPECT_EQ(backward_probes, 2 * depth);

@@ -895,6 +895,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
         for (int r = 0; r < W; ++r) {
           line["device_peak_bytes"].push_back(last_figures[r].device_peak_bytes);
           line["device_model_state_bytes"].push_back(last_figures[r].device_model_state_bytes);
+          line["device_gathered_peak_bytes"].push_back(last_figures[r].device_gathered_peak_bytes);
         }
       }
       if (grad_norm >= 0) line["grad_norm"] = grad_norm;
@@ -949,6 +950,20 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
     nlohmann::json model_state_by_kind;  // per rank, split as fsdp-plan splits it
     nlohmann::json device_model_state = nlohmann::json::array();
     for (int r = 0; r < W; ++r) device_model_state.push_back(last_figures[r].device_model_state_bytes);
+    // The device's memory by category, per rank (the last step's): model
+    // state by kind at the step's end, and the peak of the gathered
+    // parameter buffers (ours, exact); the caching allocator's totals are
+    // peak_device_bytes and peak_device_reserved_bytes.
+    nlohmann::json device_by_category = nlohmann::json::object();
+    if (!run.device.is_cpu()) {
+      for (int r = 0; r < W; ++r) {
+        device_by_category["params"].push_back(last_figures[r].device_param_shard_bytes);
+        device_by_category["grads"].push_back(last_figures[r].device_grad_shard_bytes);
+        device_by_category["optimizer"].push_back(last_figures[r].device_optimizer_state_bytes);
+        device_by_category["gathered_peak"].push_back(last_figures[r].device_gathered_peak_bytes);
+        device_by_category["step_peak"].push_back(last_figures[r].device_peak_bytes);
+      }
+    }
     for (int r = 0; r < W; ++r) {
       model_state_by_kind["params"].push_back(last_figures[r].param_shard_bytes);
       model_state_by_kind["grads"].push_back(last_figures[r].grad_shard_bytes);
@@ -973,6 +988,7 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"peak_device_bytes", peak_device},
                               {"peak_device_reserved_bytes", peak_device_reserved},
                               {"device_model_state_bytes", device_model_state},
+                              {"device_memory_by_category", device_by_category},
                               // The planner's step peak as fsdp-plan --offload splits it: with
                               // offload the model state is on the host (CPU kernels' activations).
                               {"peak_device_bytes_predicted",
@@ -1106,8 +1122,12 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
       std::cout << "device memory     (" << run.device << ", the CUDA caching allocator; " << run.backend
                 << " collectives" << (o.offload == "cpu" ? ", CPU offload" : "") << ")\n";
       for (int r = 0; r < W; ++r) {
-        std::cout << "  rank " << r << ": last step's peak " << human_bytes(last_figures[r].device_peak_bytes)
-                  << ", model state there " << human_bytes(last_figures[r].device_model_state_bytes) << "\n";
+        const fsdp::RankFigures& f = last_figures[r];
+        std::cout << "  rank " << r << ": last step's peak " << human_bytes(f.device_peak_bytes)
+                  << ", of which gathered parameters at most " << human_bytes(f.device_gathered_peak_bytes)
+                  << "; model state there " << human_bytes(f.device_model_state_bytes) << " (params "
+                  << human_bytes(f.device_param_shard_bytes) << ", grads " << human_bytes(f.device_grad_shard_bytes)
+                  << ", optimizer " << human_bytes(f.device_optimizer_state_bytes) << ")\n";
       }
       std::cout << "  run's peak " << human_bytes(peak_device) << " allocated, " << human_bytes(peak_device_reserved)
                 << " reserved (largest rank)\n";

@@ -60,6 +60,9 @@ class FlatParam {
   // their full shape in the compute dtype and no meaningful values; call
   // initialize_views() once their gradient accumulators exist.
   FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, FlatParamConfig config);
+  ~FlatParam();  // a buffer still gathered leaves memory::gathered_usage()
+  FlatParam(const FlatParam&) = delete;
+  FlatParam& operator=(const FlatParam&) = delete;
   void initialize_views();
 
   int64_t numel() const { return numel_; }  // real elements

@@ -59,6 +59,18 @@ void set_block_cache_limit(int64_t bytes);
 int64_t block_cache_limit();
 void empty_block_cache();  // frees every cached block; the limit stays
 
+// The units' gathered parameter buffers (FlatParam's unsharded buffers,
+// filled before each use and freed after), on whatever device they are:
+// bytes live now and at their peak since reset_peaks(), counted exactly where
+// fsdp-cpp fills and frees them. On a GPU this is the split of transient
+// device memory beside the CUDA caching allocator's totals, which cannot be
+// split by category the way the counting allocator splits host memory.
+struct GatheredUsage {
+  int64_t live = 0, peak = 0;
+};
+GatheredUsage gathered_usage();
+void count_gathered_bytes(int64_t delta);  // FlatParam's, as it fills (+) and frees (-) a buffer
+
 // A GPU's memory as the CUDA caching allocator sees it (every tensor on the
 // device, ours and the model's; the categories above count host memory):
 // bytes in live tensors and reserved from the driver, now and at their peak

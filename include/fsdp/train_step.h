@@ -73,6 +73,14 @@ struct RankFigures {
   // gradients and the optimizer state that live there: none with offload).
   int64_t device_peak_bytes = 0;
   int64_t device_model_state_bytes = 0;
+  // The device's model state by kind (their sum is device_model_state_bytes),
+  // and the step's peak of the units' gathered parameter buffers there
+  // (memory::gathered_usage(): exact, ours; the rest of device_peak_bytes
+  // is activations, gradient buffers and temporaries).
+  int64_t device_param_shard_bytes = 0;
+  int64_t device_grad_shard_bytes = 0;
+  int64_t device_optimizer_state_bytes = 0;
+  int64_t device_gathered_peak_bytes = 0;
 };
 
 struct StepResult {

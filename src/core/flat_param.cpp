@@ -27,10 +27,12 @@ void allocate_storage(const torch::Tensor& tensor, size_t nbytes) {
   c10::DeviceGuard guard(storage->device());
   storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
   storage->set_nbytes(nbytes);
+  memory::count_gathered_bytes(static_cast<int64_t>(nbytes));
 }
 
 void free_storage(const torch::Tensor& tensor) {
   c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  memory::count_gathered_bytes(-static_cast<int64_t>(storage->nbytes()));
   storage->set_data_ptr_noswap(c10::DataPtr(nullptr, storage->device()));
   storage->set_nbytes(0);
 }
@@ -93,6 +95,9 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, 
     flat.reset();
     MemoryCategoryScope scope(buffer_category(config_));
     unsharded_ = torch::empty({padded_numel()}, on_device.dtype(param_dtype));
+    // A transient buffer from here on: counted as gathered until
+    // initialize_views() frees it.
+    if (!config_.persistent_params) memory::count_gathered_bytes(static_cast<int64_t>(unsharded_.nbytes()));
   }
   shard_.requires_grad_(true);
   gathered_version_ = shard_._version();
@@ -105,6 +110,12 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, 
   // Full shape and compute dtype, so that gradient accumulators made now fix
   // the right metadata; the values come with initialize_views().
   for (auto& e : entries_) e.param.set_data(unsharded_.narrow(0, e.offset, e.numel).view(e.shape));
+}
+
+FlatParam::~FlatParam() {
+  if (!config_.persistent_params && unsharded_.defined()) {
+    memory::count_gathered_bytes(-static_cast<int64_t>(unsharded_.storage().nbytes()));
+  }
 }
 
 void FlatParam::initialize_views() {

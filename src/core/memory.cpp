@@ -11,6 +11,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <deque>
 #include <mutex>
 #include <unordered_map>
@@ -221,12 +222,32 @@ Usage usage() {
   return c.usage;
 }
 
+namespace {
+std::mutex gathered_mutex;
+GatheredUsage gathered;
+}  // namespace
+
+GatheredUsage gathered_usage() {
+  std::lock_guard<std::mutex> lock(gathered_mutex);
+  return gathered;
+}
+
+void count_gathered_bytes(int64_t delta) {
+  std::lock_guard<std::mutex> lock(gathered_mutex);
+  gathered.live += delta;
+  gathered.peak = std::max(gathered.peak, gathered.live);
+}
+
 void reset_peaks() {
-  auto& c = counters();
-  std::lock_guard<std::mutex> lock(c.mutex);
-  c.usage.peak_bytes = c.usage.live_bytes;
-  c.usage.peak_total = c.usage.live_total;
-  c.usage.peak_reserved = c.usage.live_total + c.usage.cached_bytes;
+  {
+    auto& c = counters();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    c.usage.peak_bytes = c.usage.live_bytes;
+    c.usage.peak_total = c.usage.live_total;
+    c.usage.peak_reserved = c.usage.live_total + c.usage.cached_bytes;
+  }
+  std::lock_guard<std::mutex> lock(gathered_mutex);
+  gathered.peak = gathered.live;
 }
 
 void set_block_cache_limit(int64_t bytes) {

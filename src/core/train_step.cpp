@@ -58,26 +58,35 @@ RankFigures figures_now(const FsdpState& state, torch::optim::Optimizer& optimiz
                       usage.live(Category::kGradientShard), usage.live(Category::kOptimizerState)};
   if (!state.device().is_cpu()) {
     figures.device_peak_bytes = memory::device_usage(state.device()).peak_allocated;
+    figures.device_gathered_peak_bytes = memory::gathered_usage().peak;
     const OptimizerState optimizer_state(optimizer);
-    auto on_device = [&](const torch::Tensor& t) { return t.defined() && t.device() == state.device() ? t.nbytes() : 0; };
+    auto on_device = [&](const torch::Tensor& t) {
+      return t.defined() && t.device() == state.device() ? static_cast<int64_t>(t.nbytes()) : int64_t{0};
+    };
     for (const auto& shard : state.parameters()) {
-      figures.device_model_state_bytes += on_device(shard) + on_device(shard.grad());
+      figures.device_param_shard_bytes += on_device(shard);
+      figures.device_grad_shard_bytes += on_device(shard.grad());
       if (!optimizer_state.has_state(shard)) continue;
       for (const auto& name : optimizer_state.tensor_names()) {
-        figures.device_model_state_bytes += on_device(optimizer_state.value(shard, name));
+        figures.device_optimizer_state_bytes += on_device(optimizer_state.value(shard, name));
       }
     }
+    figures.device_model_state_bytes =
+        figures.device_param_shard_bytes + figures.device_grad_shard_bytes + figures.device_optimizer_state_bytes;
   }
   return figures;
 }
 
 std::vector<RankFigures> gather_figures(const ProcessGroupPtr& group, const RankFigures& mine) {
   auto fields = [](RankFigures& f) {
-    return std::array<int64_t*, 7>{&f.model_state_bytes, &f.peak_tensor_bytes, &f.param_shard_bytes,
-                                   &f.grad_shard_bytes, &f.optimizer_state_bytes, &f.device_peak_bytes,
-                                   &f.device_model_state_bytes};
+    return std::array<int64_t*, 11>{&f.model_state_bytes,         &f.peak_tensor_bytes,
+                                    &f.param_shard_bytes,         &f.grad_shard_bytes,
+                                    &f.optimizer_state_bytes,     &f.device_peak_bytes,
+                                    &f.device_model_state_bytes,  &f.device_param_shard_bytes,
+                                    &f.device_grad_shard_bytes,   &f.device_optimizer_state_bytes,
+                                    &f.device_gathered_peak_bytes};
   };
-  constexpr int64_t kFields = 7;
+  constexpr int64_t kFields = 11;
   RankFigures copy = mine;
   torch::Tensor local = torch::empty({kFields}, torch::kLong);
   for (int64_t k = 0; k < kFields; ++k) local[k] = *fields(copy)[k];

@@ -345,7 +345,8 @@ bench_line() {
     peak_device_reserved_bytes "$(figure "$summary" peak_device_reserved_bytes)" \
     peak_device_gib "$(ratio "$peak" 1073741824)" n_params "$n" flops_per_token "$fpt" \
     mfu "$(awk -v x="$tps" -v f="$fpt" -v p="$peak_flops" 'BEGIN { if (x + 0 > 0) printf "%.4g", x * f / p; else print "null" }')" \
-    final_loss "$(figure "$summary" final_loss)"
+    final_loss "$(figure "$summary" final_loss)" \
+    device_memory_by_category "$(jq -c '.device_memory_by_category // null' "$summary" 2>/dev/null || echo null)"
 }
 bench_ours() {  # NAME SHAPE [MORE ARGS]: fsdp-train bf16 full_shard at W=1
   local name="$1" shape="$2"; shift 2

@@ -6,7 +6,8 @@
 # and briefly: a mistake in this plumbing would cost a whole lease.
 #   - the MFU's parameter count of every benchmark shape is the model's
 #     (fsdp-plan's count for the same flags);
-#   - ctest's gpu cases are counted, and a skip is a failure there;
+#   - ctest's gpu cases are counted (trainer_gpu left out: its runs are the
+#     parity and offload checks'), and a skip is a failure there;
 #   - parity's relative differences are computed and held to their
 #     tolerances, and a run that trained otherwise (another learning rate
 #     for W = 4) is caught;
@@ -41,9 +42,15 @@ for shape in large gpt2_124m tiny; do
   echo "ok: $shape has $n parameters, as fsdp-plan counts"
 done
 
+# Every command's time limit is cut to what is left before the deadline.
+[ "$(deadline=100000 limit 150)" = 150 ] || fail "limit 150 with the deadline far: $(deadline=100000 limit 150)"
+[ "$(deadline=0 limit 150)" = 1 ] || fail "limit 150 past the deadline: $(deadline=0 limit 150), expected 1"
+
 check_tests
-expect tests "" '.ok == false and .total >= 4 and .skipped == .total and .passed == 0 and (.not_passed | length) == .total' \
+expect tests "" '.ok == false and .total >= 3 and .skipped == .total and .passed == 0 and (.not_passed | length) == .total' \
   "without a GPU every gpu case is counted as skipped, and that fails the check"
+jq -e 'select(.check == "tests") | .not_passed | map(startswith("trainer_gpu ")) | any | not' "$lines" > /dev/null ||
+  fail "trainer_gpu ran under gpu_check.sh (its runs are the parity and offload checks')"
 
 check_parity
 expect parity "" '.ok == true and (.vs_cuda_w1 | keys) == ["cpu_w1", "cuda_w2", "cuda_w4"]
@@ -75,6 +82,11 @@ fi
 check_offload
 expect offload_run "" '.ok == true and .engine == "fsdp_cpp_offload_cpu" and .tokens_per_s > 0' \
   "the --offload cpu run's figures are numbers"
-expect offload "" '.tokens_per_s_ratio > 0 and .peak_device_ratio == null and .ok == false and .shape == "tiny"' \
+expect offload "" '.tokens_per_s_ratio > 0 and .peak_device_ratio == null and .ok == false and .shape == "tiny"
+                   and .batch == 4' \
   "offload against none: the time ratio is computed, the memory one needs a device"
+# The logs come back after every check, so a run cut short still has them.
+saved=$(tar -tzf "$work/gpu_logs.tar.gz") || fail "no readable $work/gpu_logs.tar.gz"
+grep -qx './parity_cuda_w4.json' <<<"$saved" || fail "gpu_logs.tar.gz lacks the parity runs' summaries"
+grep -qx './bench_fsdp_cpp_tiny_b4_offload.json' <<<"$saved" || fail "gpu_logs.tar.gz lacks the offload run"
 pass

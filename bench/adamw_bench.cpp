@@ -1,7 +1,9 @@
 // fsdp-bench-adamw: fsdp::FusedAdamW against torch::optim::AdamW on one
-// shard of N float32 elements (what an offloaded or CPU rank steps), in
-// alternating rounds: each round times one step of each, in turn, after a
-// warm-up step of each. Prints one JSON object: the median seconds per step
+// shard of N float32 elements (what an offloaded or CPU rank steps), and,
+// where the LibTorch has it (2.x), against ATen's own fused AdamW on the CPU
+// (at::_fused_adamw_: PyTorch's torch.optim.AdamW(fused=True), what a
+// PyTorch user's CPU-offloaded step can at best use), in alternating rounds:
+// each round times one step of each, in turn, after a warm-up step of each. Prints one JSON object: the median seconds per step
 // of each, the speed-up, the bytes each step moves (the fused pass reads
 // param, grad and both moments and writes param and both moments: 28 B per
 // element), and how far the two parameters are apart after the same steps.
@@ -48,22 +50,34 @@ int main(int argc, char** argv) {
   const auto options = torch::optim::AdamWOptions(1e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1);
   torch::Tensor fused_param = initial.clone().requires_grad_(true);
   torch::Tensor torch_param = initial.clone().requires_grad_(true);
+  torch::Tensor aten_param = initial.clone().requires_grad_(true);
   fused_param.mutable_grad() = gradient.clone();
   torch_param.mutable_grad() = gradient.clone();
+  aten_param.mutable_grad() = gradient.clone();
   fsdp::FusedAdamW fused({fused_param}, options);
   torch::optim::AdamW reference({torch_param}, options);
+  // FusedAdamW's GPU path, here on the CPU: ATen's multi-tensor kernel.
+  fsdp::FusedAdamW aten({aten_param}, options);
+  const bool with_aten = fsdp::FusedAdamW::multi_tensor_available();
   using Clock = std::chrono::steady_clock;
   auto time_step = [](torch::optim::Optimizer& optimizer) {
     const auto start = Clock::now();
     optimizer.step();
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
+  auto time_aten_step = [&] {
+    const auto start = Clock::now();
+    aten.step_multi_tensor();
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
   time_step(fused);  // warm-up: the moments are allocated here
   time_step(reference);
-  std::vector<double> fused_s, torch_s;
+  if (with_aten) time_aten_step();
+  std::vector<double> fused_s, torch_s, aten_s;
   for (int r = 0; r < rounds; ++r) {
     fused_s.push_back(time_step(fused));
     torch_s.push_back(time_step(reference));
+    if (with_aten) aten_s.push_back(time_aten_step());
   }
   const double difference =
       ((fused_param - torch_param).norm() / torch_param.norm()).item<double>();  // norm-relative
@@ -81,6 +95,13 @@ int main(int argc, char** argv) {
                            {"relative_difference", difference},
                            {"fused_rounds_s", fused_s},
                            {"torch_rounds_s", torch_s}};
+  if (with_aten) {
+    const double aten_median = median(aten_s);
+    result["aten_fused_s"] = aten_median;
+    result["speedup_over_aten_fused"] = aten_median / fused_median;
+    result["aten_fused_rounds_s"] = aten_s;
+    result["aten_relative_difference"] = ((aten_param - torch_param).norm() / torch_param.norm()).item<double>();
+  }
   std::cout << result.dump() << "\n";
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <vector>
 #include <unordered_map>
 
+#include "parallel.h"
 #include "unit.h"
 
 namespace fsdp {
@@ -28,7 +29,7 @@ double sum_of_squares_in_double(const torch::Tensor& grad) {
   const float* data = grad.data_ptr<float>();
   const int64_t n = grad.numel(), chunks = (n + kChunk - 1) / kChunk;
   std::vector<double> chunk_sums(chunks);
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+  parallel::for_each_chunk(0, chunks, 1, at::get_num_threads(), [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       const float* x = data + c * kChunk;
       const int64_t m = std::min(kChunk, n - c * kChunk);

@@ -1,15 +1,30 @@
 // The element-wise AdamW update, kept free of LibTorch's headers so that it
-// compiles quickly and vectorizes: CMake builds this file with -O3 and
-// -fno-math-errno (sqrt without errno is one instruction, and so a vector one).
+// compiles quickly and vectorizes: CMake builds this file with -O3,
+// -fno-math-errno (sqrt without errno is one instruction, and so a vector
+// one) and -ffp-contract=off (no fused multiply-adds: every build and every
+// processor rounds exactly as the scalar loop does).
+//
+// On x86-64 the loop is compiled three times, for AVX-512, AVX2 and the
+// baseline (SSE2), and the loader picks the widest the processor has
+// (target_clones): the baseline alone ran at half the speed of ATen's own
+// fused AdamW (fsdp-bench-adamw, 100 M elements, 2 threads: 0.140 s against
+// 0.067 s), which dispatches the same way. Division and square root are
+// correctly rounded at every width, so the clones give the same bits.
 
 #include <cmath>
 #include <cstdint>
 
 #include "fsdp/adamw_kernel.h"
 
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__)
+#define FSDP_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define FSDP_VECTOR_CLONES
+#endif
+
 namespace fsdp::kernels {
 
-void adamw_update(float* __restrict param, const float* __restrict grad, float* __restrict exp_avg,
+FSDP_VECTOR_CLONES void adamw_update(float* __restrict param, const float* __restrict grad, float* __restrict exp_avg,
                   float* __restrict exp_avg_sq, int64_t n, const AdamWStep& s) {
   // torch::optim::AdamW's order of operations, one element at a time:
   //   p *= 1 - lr * wd;  m = m * b1 + (1 - b1) g;  v = v * b2 + (1 - b2) g^2

@@ -18,6 +18,7 @@
 #define FSDP_HAS_ATEN_FUSED_ADAMW 0
 #endif
 
+#include "core/parallel.h"
 #include "fsdp/compat.h"
 
 namespace fsdp {
@@ -147,7 +148,7 @@ void FusedAdamW::step_parameter(const torch::optim::AdamWOptions& options, const
   const float* grad = p.grad().data_ptr<float>();
   float* exp_avg = s.exp_avg().data_ptr<float>();
   float* exp_avg_sq = s.exp_avg_sq().data_ptr<float>();
-  at::parallel_for(0, p.numel(), kGrain, [&](int64_t begin, int64_t end) {
+  parallel::for_each_chunk(0, p.numel(), kGrain, at::get_num_threads(), [&](int64_t begin, int64_t end) {
     kernels::adamw_update(param + begin, grad + begin, exp_avg + begin, exp_avg_sq + begin, end - begin, update);
   });
 }

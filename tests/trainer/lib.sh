@@ -48,8 +48,14 @@ train_run() {
 # Random lower-case text (30,000 bytes) as a data file: $work/data.txt.
 make_text_data() { head -c 60000 /dev/urandom | tr -dc 'a-z .\n' | head -c 30000 > "$work/data.txt"; }
 
-# Overwrites one byte in the data section of a file (100 bytes from its end).
-corrupt_byte() { printf 'X' | dd of="$1" bs=1 seek=$(( $(stat -c %s "$1") - 100 )) conv=notrunc 2>/dev/null; }
+# Changes one byte in the data section of a file (100 bytes from its end):
+# its bits inverted (writing a fixed byte left the file intact whenever that
+# byte was already there: 1 run in 256 of a random model).
+corrupt_byte() {
+  local at=$(( $(stat -c %s "$1") - 100 )) old
+  old=$(dd if="$1" bs=1 skip="$at" count=1 2>/dev/null | od -An -tu1 | tr -d ' ')
+  printf "\\$(printf %03o $(( old ^ 255 )))" | dd of="$1" bs=1 seek="$at" conv=notrunc 2>/dev/null
+}
 
 # The "loss" values of a JSON-lines log, one per line.
 losses() { jq -r '.loss' "$1"; }

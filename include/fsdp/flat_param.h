@@ -135,6 +135,9 @@ class FlatParam {
   void accumulate_into_gradient(torch::Tensor gradient);
   // The stream current for this unit's device (the compute stream).
   c10::Stream current_stream() const;
+  // The copy stream waits (on the device) for the compute stream's work so
+  // far: blocks freed there may be reused, and what it produced is ready.
+  void copy_stream_waits_for_compute() const;
 
   FlatParamConfig config_;
   std::vector<FlatParamEntry> entries_;

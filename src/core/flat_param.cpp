@@ -134,6 +134,12 @@ c10::Stream FlatParam::current_stream() const {
   return c10::impl::getDeviceGuardImpl(config_.device.type())->getStream(config_.device);
 }
 
+void FlatParam::copy_stream_waits_for_compute() const {
+  c10::Event ready(config_.device.type());
+  ready.record(current_stream());
+  ready.block(*config_.copy_stream);
+}
+
 void FlatParam::start_unshard() {
   if (pending_unshard_) return;
   const int64_t version = shard_._version();
@@ -157,9 +163,7 @@ void FlatParam::start_unshard() {
     // device (FSDP2's order): a host-side cast would be synchronous.
     torch::Tensor staging = torch::empty({shard_numel_}, unsharded_.options().dtype(torch::kFloat));
     input = unsharded_.scalar_type() == torch::kFloat ? staging : torch::empty({shard_numel_}, unsharded_.options());
-    c10::Event ready(config_.device.type());
-    ready.record(current_stream());
-    ready.block(*config_.copy_stream);
+    copy_stream_waits_for_compute();
     on_copy_stream.emplace(*config_.copy_stream);
     staging.copy_(shard_.detach(), /*non_blocking=*/true);
     if (!input.is_same(staging)) input.copy_(staging);
@@ -322,9 +326,7 @@ void FlatParam::finish_reduce_gradients() {
     if (pending_host_gradient_) finish_host_gradient();  // an earlier micro-step's
     torch::Tensor source = reduced.scalar_type() == torch::kFloat ? reduced : reduced.to(torch::kFloat);
     torch::Tensor host = torch::empty({shard_numel_}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
-    c10::Event ready(config_.device.type());
-    ready.record(current_stream());
-    ready.block(*config_.copy_stream);
+    copy_stream_waits_for_compute();
     {
       c10::StreamGuard on_copy_stream(*config_.copy_stream);
       host.copy_(source, /*non_blocking=*/true);

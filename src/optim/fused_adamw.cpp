@@ -28,18 +28,18 @@ namespace {
 // against its memory traffic (16 bytes read and written per element).
 constexpr int64_t kGrain = 1 << 16;
 
-bool fusable(const torch::Tensor& p) {
-  if (!p.grad().defined()) return true;  // skipped either way
-  return p.device().is_cpu() && p.scalar_type() == torch::kFloat && p.is_contiguous() && !p.grad().is_sparse() &&
-         p.grad().scalar_type() == torch::kFloat && p.grad().is_contiguous() && p.grad().sizes() == p.sizes();
-}
-// What ATen's fused kernel takes: float32, contiguous, a dense gradient of
-// the same, all on one device.
+// What both fused paths take: float32, contiguous, a dense gradient of the
+// same, all on `device`.
 bool multi_tensor_fusable(const torch::Tensor& p, const c10::Device& device) {
   if (!p.grad().defined()) return true;
   return p.device() == device && p.scalar_type() == torch::kFloat && p.is_contiguous() && !p.grad().is_sparse() &&
          p.grad().scalar_type() == torch::kFloat && p.grad().is_contiguous() && p.grad().sizes() == p.sizes() &&
          p.grad().device() == device;
+}
+// What the own kernel takes: the same, on the CPU (a parameter without a
+// gradient is skipped either way).
+bool fusable(const torch::Tensor& p) {
+  return !p.grad().defined() || (p.device().is_cpu() && multi_tensor_fusable(p, p.device()));
 }
 
 // The parameter's AdamW state, made as AdamW::step makes it on first use.

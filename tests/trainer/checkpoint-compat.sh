@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Checkpoints written by an earlier fsdp-cpp resume bit-exactly: the fixtures
+# in tests/fixtures/checkpoint-04d839d/ were saved at step 3 of 6 by commit
+# 04d839d (the trainer before it became a program over the library's
+# checkpoint manager); resuming them must give, to the last bit, the losses
+# of steps 4-6 that the uninterrupted run of that commit logged with this
+# LibTorch (losses-libtorch-<version>.jsonl beside each fixture).
+source "$(dirname "$0")/lib.sh"
+fixtures="$here/../fixtures/checkpoint-04d839d"
+# The flags each fixture was trained with (its README says so too).
+declare -A flags=(
+  [sharded]="--lr-schedule cosine --warmup-steps 2 --weight-decay 0.1"
+  [full]="--ckpt-format full --param-dtype bf16 --reduce-dtype fp16"
+)
+for fixture in sharded full; do
+  mkdir -p "$work/$fixture"
+  cp -r "$fixtures/$fixture/step-3" "$work/$fixture/"
+  # shellcheck disable=SC2086
+  train_run "$fixture" 2 --preset tiny --steps 6 --ckpt-dir "$work/$fixture" --ckpt-every 3 --resume ${flags[$fixture]}
+  version=$(jq -r .libtorch "$work/$fixture.json")
+  expected="$fixtures/$fixture/losses-libtorch-$version.jsonl"
+  [ -f "$expected" ] || fail "no losses recorded for LibTorch $version in $fixtures/$fixture (add them from a run of 04d839d)"
+  [ "$(jq -r .first_step "$work/$fixture.json")" = 3 ] || fail "$fixture: did not resume at step 3"
+  jq -c '[.step,.loss]' "$work/$fixture.jsonl" > "$work/$fixture.losses"
+  diff "$expected" "$work/$fixture.losses" || fail "$fixture: the resumed losses differ from 04d839d's"
+  echo "ok: $fixture checkpoint of 04d839d resumed; steps 4-6 equal its run's bit for bit (LibTorch $version)"
+done
+pass

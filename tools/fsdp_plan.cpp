@@ -263,10 +263,8 @@ int calibrate(int* argc, char*** argv, const std::string& disk_dir, int64_t disk
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"The memory planner: per-rank memory, communication and step time of each sharding strategy."};
+// What fsdp-plan was asked, as its command line gives it.
+struct PlanInputs {
   std::string preset;
   double params = 0;
   int64_t layers = 0, width = 0, vocab = 0, context = 0, heads = 0, batch = 0;
@@ -274,36 +272,371 @@ int main(int argc, char** argv) {
   std::string strategy = "all", param_dtype = "fp32", reduce_dtype, cluster_path, offload = "none", wrap = "block";
   bool checkpointing = false, prefetch = true, seed_accounting = false, json = false;
   double budget = 0;
-  app.add_option("--preset", preset, "a reference GPT preset: tiny, small, medium, large, xl");
-  app.add_option("--params", params, "or a model of this many parameters (with --layers; e.g. 70e9)");
-  app.add_option("--layers", layers, "blocks (one unit each; with --preset: overrides the preset's)");
-  app.add_option("--width", width, "hidden width (with --params: the activation estimate, default from the count; "
-                                   "with --preset: overrides the preset's)");
-  app.add_option("--vocab", vocab, "vocabulary (default: the preset's, else 32000)");
-  app.add_option("--context", context, "sequence length (default: the preset's, else 4096)");
-  app.add_option("--heads", heads, "attention heads (default: the preset's, else width / 128)");
-  app.add_option("--batch", batch, "sequences per rank (default: the preset's, else 1)");
-  app.add_option("--world", world, "ranks")->capture_default_str();
-  app.add_option("--nodes", nodes, "nodes (hybrid strategies shard inside a node)")->capture_default_str();
-  app.add_option("--strategy", strategy, "one strategy, or all")->capture_default_str();
-  app.add_option("--param-dtype", param_dtype, "fp32, bf16, fp16")->capture_default_str();
-  app.add_option("--reduce-dtype", reduce_dtype, "default: the param dtype");
-  app.add_flag("--activation-checkpointing", checkpointing, "recompute units in backward");
-  app.add_option("--wrap", wrap, "block (a unit per block) or sublayer (per attention and per MLP)")->capture_default_str();
-  app.add_flag("!--no-prefetch", prefetch, "no unit gathered ahead (default: one)");
-  app.add_option("--offload", offload,
+};
+
+void add_plan_options(CLI::App& app, PlanInputs& in) {
+  app.add_option("--preset", in.preset, "a reference GPT preset: tiny, small, medium, large, xl");
+  app.add_option("--params", in.params, "or a model of this many parameters (with --layers; e.g. 70e9)");
+  app.add_option("--layers", in.layers, "blocks (one unit each; with --preset: overrides the preset's)");
+  app.add_option("--width", in.width, "hidden width (with --params: the activation estimate, default from the count; "
+                                      "with --preset: overrides the preset's)");
+  app.add_option("--vocab", in.vocab, "vocabulary (default: the preset's, else 32000)");
+  app.add_option("--context", in.context, "sequence length (default: the preset's, else 4096)");
+  app.add_option("--heads", in.heads, "attention heads (default: the preset's, else width / 128)");
+  app.add_option("--batch", in.batch, "sequences per rank (default: the preset's, else 1)");
+  app.add_option("--world", in.world, "ranks")->capture_default_str();
+  app.add_option("--nodes", in.nodes, "nodes (hybrid strategies shard inside a node)")->capture_default_str();
+  app.add_option("--strategy", in.strategy, "one strategy, or all")->capture_default_str();
+  app.add_option("--param-dtype", in.param_dtype, "fp32, bf16, fp16")->capture_default_str();
+  app.add_option("--reduce-dtype", in.reduce_dtype, "default: the param dtype");
+  app.add_flag("--activation-checkpointing", in.checkpointing, "recompute units in backward");
+  app.add_option("--wrap", in.wrap, "block (a unit per block) or sublayer (per attention and per MLP)")
+      ->capture_default_str();
+  app.add_flag("!--no-prefetch", in.prefetch, "no unit gathered ahead (default: one)");
+  app.add_option("--offload", in.offload,
                  "none; cpu: fp32 masters, gradients and optimizer state in host memory; nvme: the optimizer state "
                  "and (sharded strategies) the parameters on disk, as fsdp-train --offload-optimizer nvme "
                  "--offload-params nvme; nvme-optimizer: the optimizer state only")
       ->capture_default_str();
-  app.add_option("--budget", budget,
+  app.add_option("--budget", in.budget,
                  "per-rank bytes for model state plus gathered parameters: the strategy fsdp-train --strategy auto "
                  "--memory-budget picks (the first that fits, from least to most communication)");
-  app.add_option("--cluster", cluster_path, "cluster JSON (fsdp-plan calibrate writes one): estimate step time");
-  app.add_flag("--seed-accounting", seed_accounting,
+  app.add_option("--cluster", in.cluster_path, "cluster JSON (fsdp-plan calibrate writes one): estimate step time");
+  app.add_flag("--seed-accounting", in.seed_accounting,
                "also print the textbook DDP-versus-FSDP table, with the optimizer state at 4 B per parameter "
                "(the common shortcut) and at Adam's real 12");
-  app.add_flag("--json", json, "print the whole plan as one JSON object instead (fields: README.md)");
+  app.add_flag("--json", in.json, "print the whole plan as one JSON object instead (fields: README.md)");
+}
+
+void check_inputs(const PlanInputs& in) {
+  TORCH_CHECK(in.preset.empty() != (in.params == 0), "give --preset or --params (with --layers), not both");
+  TORCH_CHECK(in.world > 0 && in.nodes > 0 && in.world % in.nodes == 0, "--world must be a positive multiple of --nodes");
+  TORCH_CHECK(in.offload == "none" || in.offload == "cpu" || in.offload == "nvme" || in.offload == "nvme-optimizer",
+              "--offload must be none, cpu, nvme or nvme-optimizer, got '", in.offload, "'");
+  TORCH_CHECK(in.wrap == "block" || in.wrap == "sublayer", "--wrap must be block or sublayer, got '", in.wrap, "'");
+  TORCH_CHECK(in.budget >= 0, "--budget must be a positive number of bytes, got ", in.budget);
+  // The budget is fsdp-train's: model state and gathered parameters on the device.
+  TORCH_CHECK(in.budget == 0 || in.offload == "none", "--budget covers the model state on the device, as fsdp-train "
+              "--memory-budget does; it cannot be combined with --offload ", in.offload);
+}
+
+// The model planned: its shape and its units' element counts, root first.
+struct PlannedModel {
+  fsdp::TransformerShape shape;
+  std::vector<int64_t> units;
+  int64_t total_params = 0, largest_unit = 0;
+};
+
+fsdp::TransformerShape model_shape(const PlanInputs& in) {
+  fsdp::TransformerShape shape;
+  if (!in.preset.empty()) {
+    const auto c = fsdp::models::GPTConfig::preset(in.preset);
+    shape = {c.vocab, c.context, c.layers, c.heads, c.width, c.batch};
+    // The preset's shape with fsdp-train's overrides (vocab, context,
+    // heads and batch follow below for both kinds of model).
+    if (in.layers > 0) shape.layers = in.layers;
+    if (in.width > 0) shape.width = in.width;
+  } else {
+    TORCH_CHECK(in.layers > 0, "--params needs --layers");
+    shape.layers = in.layers;
+    shape.vocab = in.vocab > 0 ? in.vocab : 32000;
+    // 12 C^2 per block dominates: C from the parameter count unless given.
+    shape.width = in.width > 0 ? in.width : static_cast<int64_t>(std::sqrt(in.params / (12.0 * in.layers)));
+    shape.context = in.context > 0 ? in.context : 4096;
+    shape.heads = in.heads > 0 ? in.heads : std::max<int64_t>(1, shape.width / 128);
+    shape.batch = 1;
+  }
+  if (in.vocab > 0) shape.vocab = in.vocab;
+  if (in.context > 0) shape.context = in.context;
+  if (in.heads > 0) shape.heads = in.heads;
+  if (in.batch > 0) shape.batch = in.batch;
+  shape.sublayer_units = in.wrap == "sublayer";
+  return shape;
+}
+
+PlannedModel plan_model(const PlanInputs& in) {
+  PlannedModel m;
+  m.shape = model_shape(in);
+  m.units = m.shape.unit_numels();
+  if (in.params > 0) {  // exactly the count asked for: the blocks take what the embeddings leave
+    const double block = (in.params - static_cast<double>(m.units[0])) / static_cast<double>(in.layers);
+    TORCH_CHECK(block > 0, "--params ", in.params, " is smaller than the embeddings alone");
+    for (size_t u = 1; u < m.units.size(); ++u) {
+      // Per sublayer: attention 4 C^2 and MLP 8 C^2 of a block's 12 C^2.
+      const double share = !m.shape.sublayer_units ? 1.0 : (u % 2 == 1 ? 1.0 / 3 : 2.0 / 3);
+      m.units[u] = static_cast<int64_t>(block * share);
+    }
+  }
+  for (int64_t n : m.units) m.total_params += n;
+  m.largest_unit = *std::max_element(m.units.begin() + 1, m.units.end());
+  return m;
+}
+
+// Everything fsdp-plan prints, computed once for both its outputs.
+struct Report {
+  PlanInputs in;
+  PlannedModel model;
+  fsdp::MixedPrecision mp;
+  int per_node = 1;
+  std::vector<Plan> plans;
+  std::optional<Recommendation> recommendation;
+  std::optional<Cluster> cluster;
+  double compute = 0;  // seconds of a step's compute on the cluster
+  bool disk_measured = false;
+  // The host's bandwidth, shared by its ranks, all of which swap at once.
+  std::optional<double> io_seconds(const Plan& plan) const {
+    if (!plan.nvme || !disk_measured) return std::nullopt;
+    return plan.nvme->io_seconds(cluster->disk_read_bandwidth / per_node, cluster->disk_write_bandwidth / per_node);
+  }
+  StepTime time_of(const Plan& plan) const {
+    return step_time(plan, *cluster, compute, in.world, in.nodes, static_cast<int64_t>(model.units.size()));
+  }
+};
+
+std::vector<fsdp::ShardingStrategy> strategies_asked(const PlanInputs& in) {
+  if (in.strategy != "all") return {fsdp::parse_strategy(in.strategy)};
+  std::vector<fsdp::ShardingStrategy> strategies;
+  for (auto s : {fsdp::ShardingStrategy::kNoShard, fsdp::ShardingStrategy::kZero1, fsdp::ShardingStrategy::kShardGradOp,
+                 fsdp::ShardingStrategy::kFullShard, fsdp::ShardingStrategy::kHybridShard,
+                 fsdp::ShardingStrategy::kHybridShardZero2}) {
+    if (!fsdp::is_hybrid(s) || in.nodes > 1) strategies.push_back(s);
+  }
+  return strategies;
+}
+
+Plan plan_strategy(const Report& r, fsdp::ShardingStrategy s) {
+  const auto& units = r.model.units;
+  Plan plan{s,
+            fsdp::estimate_step_peak(r.model.shape, s, r.in.world, r.per_node, r.mp, r.in.prefetch, r.in.checkpointing,
+                                     units),
+            fsdp::estimate_comm_per_step(units, s, r.in.world, r.per_node, r.mp)};
+  // Offload keeps fp32 masters, gradient shards and optimizer state in host memory (ZeRO-Offload's split).
+  if (r.in.offload == "cpu") plan.host = plan.peak.state.total();
+  if (r.in.offload.rfind("nvme", 0) == 0) {
+    // Parameters go to disk only where the strategy shards them.
+    const bool params_too = r.in.offload == "nvme" && !fsdp::keeps_params_unsharded(s);
+    plan.nvme = fsdp::estimate_nvme_offload(units, s, r.in.world, r.per_node, r.mp, true, params_too);
+    plan.nvme_peak = fsdp::peak_with_nvme_offload(plan.peak, *plan.nvme);
+  }
+  return plan;
+}
+
+Report make_report(const PlanInputs& in) {
+  check_inputs(in);
+  Report r;
+  r.in = in;
+  r.model = plan_model(in);
+  r.mp.param_dtype(fsdp::parse_dtype(in.param_dtype));
+  if (!in.reduce_dtype.empty()) r.mp.reduce_dtype(fsdp::parse_dtype(in.reduce_dtype));
+  r.per_node = in.world / in.nodes;
+  for (auto s : strategies_asked(in)) r.plans.push_back(plan_strategy(r, s));
+  if (in.budget > 0) {
+    r.recommendation =
+        recommend(r.model.units, in.world, r.per_node, r.mp, static_cast<int64_t>(std::llround(in.budget)));
+  }
+  if (!in.cluster_path.empty()) r.cluster = Cluster::load(in.cluster_path);
+  // 6 N FLOPs per token for forward and backward, 2 N more to recompute.
+  r.compute = r.cluster ? (in.checkpointing ? 8.0 : 6.0) * r.model.total_params *
+                              static_cast<double>(r.model.shape.batch * r.model.shape.context) / r.cluster->flops
+                        : 0.0;
+  r.disk_measured = r.cluster && r.cluster->disk_read_bandwidth > 0 && r.cluster->disk_write_bandwidth > 0;
+  return r;
+}
+
+// The textbook table (bf16 parameters and gradients, replicated or divided
+// by the world): a shortcut counts 4 B of optimizer state per parameter;
+// Adam with fp32 master weights needs 12 (master, two moments). Calls
+// row(layout is sharded, optimizer bytes per parameter, divisor).
+template <class Row>
+void for_each_seed_accounting_row(int world, Row row) {
+  for (int sharded = 0; sharded < 2; ++sharded) {
+    for (double optimizer_bytes : {4.0, 12.0}) row(sharded != 0, optimizer_bytes, sharded ? world : 1.0);
+  }
+}
+
+nlohmann::json inputs_json(const Report& r) {
+  const PlanInputs& in = r.in;
+  const fsdp::TransformerShape& shape = r.model.shape;
+  const nlohmann::json null_json(nullptr);
+  return {{"preset", in.preset.empty() ? null_json : nlohmann::json(in.preset)},
+          {"params", in.params > 0 ? nlohmann::json(in.params) : null_json},
+          {"layers", shape.layers},
+          {"width", shape.width},
+          {"vocab", shape.vocab},
+          {"context", shape.context},
+          {"heads", shape.heads},
+          {"batch", shape.batch},
+          {"world", in.world},
+          {"nodes", in.nodes},
+          {"ranks_per_node", r.per_node},
+          {"strategy", in.strategy},
+          {"param_dtype", fsdp::dtype_name(r.mp.param_dtype())},
+          {"reduce_dtype", fsdp::dtype_name(r.mp.effective_reduce_dtype())},
+          {"activation_checkpointing", in.checkpointing},
+          {"wrap", in.wrap},
+          {"prefetch", in.prefetch},
+          {"offload", in.offload},
+          {"budget_bytes", r.recommendation ? nlohmann::json(r.recommendation->budget) : null_json},
+          {"cluster", r.cluster ? nlohmann::json(in.cluster_path) : null_json}};
+}
+
+nlohmann::json cluster_json(const Report& r) {
+  if (!r.cluster) return nullptr;
+  nlohmann::json times = nlohmann::json::array();
+  for (const auto& plan : r.plans) {
+    const StepTime t = r.time_of(plan);
+    times.push_back({{"strategy", fsdp::strategy_name(plan.strategy)},
+                     {"comm_s", t.comm},
+                     {"step_s", t.step},
+                     {"scaling_efficiency", t.efficiency}});
+  }
+  return {{"flops", r.cluster->flops}, {"compute_s", r.compute}, {"strategies", times}};
+}
+
+void print_json(const Report& r) {
+  nlohmann::json out;
+  out["inputs"] = inputs_json(r);
+  out["model"] = {{"parameters", r.model.total_params},
+                  {"unit_numels", r.model.units},
+                  {"largest_unit_numel", r.model.largest_unit}};
+  out["strategies"] = nlohmann::json::array();
+  for (const auto& plan : r.plans) {
+    out["strategies"].push_back(plan_json(plan, r.in.world, r.per_node));
+    out["strategies"].back()["nvme"] = nvme_json(plan, r.io_seconds(plan));
+  }
+  out["recommendation"] = r.recommendation ? recommendation_json(*r.recommendation) : nlohmann::json(nullptr);
+  out["cluster"] = cluster_json(r);
+  if (r.in.seed_accounting) {  // the textbook table, in bytes
+    const double N = static_cast<double>(r.model.total_params);
+    out["seed_accounting"] = nlohmann::json::array();
+    for_each_seed_accounting_row(r.in.world, [&](bool sharded, double optimizer_bytes, double d) {
+      out["seed_accounting"].push_back({{"layout", sharded ? "fsdp" : "ddp"},
+                                        {"optimizer_bytes_per_param", optimizer_bytes},
+                                        {"params_bytes", 2 * N / d},
+                                        {"grads_bytes", 2 * N / d},
+                                        {"optimizer_bytes", optimizer_bytes * N / d},
+                                        {"total_bytes", (4 + optimizer_bytes) * N / d}});
+    });
+  }
+  std::cout << out.dump(2) << "\n";
+}
+
+void print_strategy_table(const Report& r) {
+  const fsdp::TransformerShape& shape = r.model.shape;
+  std::cout << "model: " << r.model.total_params << " parameters in " << r.model.units.size() << " units ("
+            << shape.layers << " blocks, " << r.in.wrap << " units, the largest " << r.model.largest_unit
+            << "); vocab " << shape.vocab << ", context " << shape.context << ", width " << shape.width << ", heads "
+            << shape.heads << ", batch " << shape.batch << " per rank\n"
+            << "world: " << r.in.world << " ranks on " << r.in.nodes << " node(s); params "
+            << fsdp::dtype_name(r.mp.param_dtype()) << ", reduce " << fsdp::dtype_name(r.mp.effective_reduce_dtype())
+            << "; prefetch " << (r.in.prefetch ? "on" : "off") << "; activation checkpointing "
+            << (r.in.checkpointing ? "on" : "off") << "; offload " << r.in.offload << "\n"
+            << "per rank (AdamW: fp32 master + two fp32 moments = 12 B per parameter, sharded as the strategy says):\n";
+  const char* columns[] = {"strategy", "params", "grads", "optimizer", "gathered", "activations", "bwd transient",
+                           "device total", "host (offload)", "comm / step"};
+  std::cout << std::left << std::setw(20) << columns[0];
+  for (int i = 1; i < 10; ++i) std::cout << std::right << std::setw(i >= 5 ? 15 : 12) << columns[i];
+  std::cout << "\n";
+  for (const auto& plan : r.plans) {
+    const auto& st = plan.peak.state;
+    std::cout << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << std::right << std::setw(12)
+              << gib(st.params) << std::setw(12) << gib(st.grads) << std::setw(12) << gib(st.optimizer)
+              << std::setw(12) << gib(plan.peak.gathered) << std::setw(15) << gib(plan.peak.activations)
+              << std::setw(15) << gib(plan.peak.backward_transient) << std::setw(15) << gib(plan.device())
+              << std::setw(15) << gib(plan.host) << std::setw(15) << gib(plan.comm.total()) << "\n";
+  }
+}
+
+void print_nvme_table(const Report& r) {
+  std::cout << "with nvme offload ("
+            << (r.in.offload == "nvme" ? "optimizer state and, where sharded, parameters" : "optimizer state")
+            << " on disk), per rank: tensor bytes in host memory (the runtime's ~256 MiB come on top) and on disk"
+            << (r.disk_measured ? "" : " (I/O time: give --cluster with fsdp-plan calibrate --offload-dir's disk figures)")
+            << ":\n";
+  const char* columns[] = {"strategy", "RAM peak", "in memory", "on disk", "scratch file", "read / step",
+                           "written / step", "I/O / step"};
+  std::cout << std::left << std::setw(20) << columns[0];
+  for (int i = 1; i < 8; ++i) std::cout << std::right << std::setw(15) << columns[i];
+  std::cout << "\n";
+  for (const auto& plan : r.plans) {
+    const fsdp::NvmeOffloadPlan& n = *plan.nvme;
+    const std::optional<double> io = r.io_seconds(plan);
+    std::ostringstream io_text;
+    if (io) io_text << std::fixed << std::setprecision(2) << *io << " s";
+    std::cout << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << std::right << std::setw(15)
+              << gib(plan.nvme_peak) << std::setw(15) << gib(n.resident.total()) << std::setw(15) << gib(n.offloaded)
+              << std::setw(15) << gib(n.file_bytes) << std::setw(15) << gib(n.read_per_step) << std::setw(15)
+              << gib(n.written_per_step) << std::setw(15) << (io ? io_text.str() : "-") << "\n";
+  }
+}
+
+void print_seed_accounting(const Report& r) {
+  const double N = static_cast<double>(r.model.total_params), gb = 1e9;
+  std::cout << "textbook accounting, per device (GB = 1e9 B; bf16 params and grads):\n"
+            << "  layout                         params    grads  optimizer    total\n";
+  for_each_seed_accounting_row(r.in.world, [&](bool sharded, double optimizer_bytes, double d) {
+    std::ostringstream name;
+    name << (sharded ? "FSDP / " + std::to_string(r.in.world) : std::string("DDP")) << ", optimizer "
+         << optimizer_bytes << " B/param";
+    std::cout << "  " << std::left << std::setw(30) << name.str() << std::right << std::fixed << std::setprecision(1)
+              << std::setw(9) << 2 * N / d / gb << std::setw(9) << 2 * N / d / gb << std::setw(11)
+              << optimizer_bytes * N / d / gb << std::setw(9) << (4 + optimizer_bytes) * N / d / gb << "\n"
+              << std::defaultfloat;
+  });
+  std::cout << "  (this project keeps fp32 gradient shards and a separate fp32 master, as the table above shows)\n";
+}
+
+void print_recommendation(const Report& r) {
+  // The same text fsdp-train --strategy auto prints.
+  std::cout << "--budget (" << gib(r.recommendation->budget) << " per rank): " << r.recommendation->reason << "\n";
+  if (!r.recommendation->choice) return;
+  const auto chosen = fsdp::estimate_step_peak(r.model.shape, r.recommendation->choice->strategy, r.in.world,
+                                               r.per_node, r.mp, r.in.prefetch, r.in.checkpointing, r.model.units);
+  std::cout << "  (on top of the budget: prefetch's unit ahead, activations and backward's buffers; "
+            << fsdp::strategy_name(r.recommendation->choice->strategy) << "'s step peak is " << gib(chosen.total())
+            << ")\n";
+}
+
+void print_cluster_times(const Report& r) {
+  std::cout << "step time per rank on the cluster (compute " << std::setprecision(3) << r.compute
+            << " s; communication overlapped with it, except the first unit's gather):\n";
+  for (const auto& plan : r.plans) {
+    const StepTime t = r.time_of(plan);
+    std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << " comm "
+              << std::setprecision(3) << t.comm << " s, step " << t.step << " s, scaling efficiency "
+              << std::setprecision(0) << std::fixed << 100.0 * t.efficiency << "%\n"
+              << std::defaultfloat;
+  }
+}
+
+void print_text(const Report& r) {
+  print_strategy_table(r);
+  if (r.in.offload.rfind("nvme", 0) == 0) print_nvme_table(r);
+  std::cout << "  (model state in bytes, as a run of fsdp-train measures it:";
+  for (const auto& plan : r.plans) std::cout << " " << fsdp::strategy_name(plan.strategy) << " " << plan.peak.state.total();
+  std::cout << ")\n";
+  if (r.in.seed_accounting) print_seed_accounting(r);
+  if (r.recommendation) print_recommendation(r);
+  if (r.cluster) print_cluster_times(r);
+}
+
+// Runs `body`, printing an error as fsdp-plan's and returning 1 for it.
+template <class Body>
+int reporting_errors(Body body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp-plan: error: " << fsdp::error_message(e) << "\n";
+    return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"The memory planner: per-rank memory, communication and step time of each sharding strategy."};
+  PlanInputs in;
+  add_plan_options(app, in);
   auto* calibrate_cmd = app.add_subcommand("calibrate", "measure FLOP/s and all-gather bandwidth here (under fsdp-run)");
   std::string disk_dir;
   int64_t disk_mib = 1024;
@@ -313,260 +646,18 @@ int main(int argc, char** argv) {
   calibrate_cmd->add_option("--disk-mib", disk_mib, "MiB per rank for the disk measurement")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (calibrate_cmd->parsed()) {
-    try {
+    return reporting_errors([&] {
       TORCH_CHECK(disk_mib > 0, "--disk-mib must be positive, got ", disk_mib);
       return calibrate(&argc, &argv, disk_dir, disk_mib << 20);
-    } catch (const std::exception& e) {
-      std::cerr << "fsdp-plan: error: " << fsdp::error_message(e) << "\n";
-      return 1;
-    }
+    });
   }
-  try {
-    TORCH_CHECK(preset.empty() != (params == 0), "give --preset or --params (with --layers), not both");
-    TORCH_CHECK(world > 0 && nodes > 0 && world % nodes == 0, "--world must be a positive multiple of --nodes");
-    TORCH_CHECK(offload == "none" || offload == "cpu" || offload == "nvme" || offload == "nvme-optimizer",
-                "--offload must be none, cpu, nvme or nvme-optimizer, got '", offload, "'");
-    TORCH_CHECK(wrap == "block" || wrap == "sublayer", "--wrap must be block or sublayer, got '", wrap, "'");
-    TORCH_CHECK(budget >= 0, "--budget must be a positive number of bytes, got ", budget);
-    // The budget is fsdp-train's: model state and gathered parameters on the device.
-    TORCH_CHECK(budget == 0 || offload == "none", "--budget covers the model state on the device, as fsdp-train "
-                "--memory-budget does; it cannot be combined with --offload ", offload);
-    fsdp::TransformerShape shape;
-    if (!preset.empty()) {
-      const auto c = fsdp::models::GPTConfig::preset(preset);
-      shape = {c.vocab, c.context, c.layers, c.heads, c.width, c.batch};
-      // The preset's shape with fsdp-train's overrides (vocab, context,
-      // heads and batch follow below for both kinds of model).
-      if (layers > 0) shape.layers = layers;
-      if (width > 0) shape.width = width;
+  return reporting_errors([&] {
+    const Report report = make_report(in);
+    if (in.json) {
+      print_json(report);
     } else {
-      TORCH_CHECK(layers > 0, "--params needs --layers");
-      shape.layers = layers;
-      shape.vocab = vocab > 0 ? vocab : 32000;
-      // 12 C^2 per block dominates: C from the parameter count unless given.
-      shape.width = width > 0 ? width : static_cast<int64_t>(std::sqrt(params / (12.0 * layers)));
-      shape.context = context > 0 ? context : 4096;
-      shape.heads = heads > 0 ? heads : std::max<int64_t>(1, shape.width / 128);
-      shape.batch = 1;
+      print_text(report);
     }
-    if (vocab > 0) shape.vocab = vocab;
-    if (context > 0) shape.context = context;
-    if (heads > 0) shape.heads = heads;
-    if (batch > 0) shape.batch = batch;
-    shape.sublayer_units = wrap == "sublayer";
-    std::vector<int64_t> units = shape.unit_numels();
-    if (params > 0) {  // exactly the count asked for: the blocks take what the embeddings leave
-      const double block = (params - static_cast<double>(units[0])) / static_cast<double>(layers);
-      TORCH_CHECK(block > 0, "--params ", params, " is smaller than the embeddings alone");
-      for (size_t u = 1; u < units.size(); ++u) {
-        // Per sublayer: attention 4 C^2 and MLP 8 C^2 of a block's 12 C^2.
-        const double share = !shape.sublayer_units ? 1.0 : (u % 2 == 1 ? 1.0 / 3 : 2.0 / 3);
-        units[u] = static_cast<int64_t>(block * share);
-      }
-    }
-    int64_t total_params = 0;
-    for (int64_t n : units) total_params += n;
-    const int64_t largest_unit = *std::max_element(units.begin() + 1, units.end());
-    fsdp::MixedPrecision mp;
-    mp.param_dtype(fsdp::parse_dtype(param_dtype));
-    if (!reduce_dtype.empty()) mp.reduce_dtype(fsdp::parse_dtype(reduce_dtype));
-    const int per_node = world / nodes;
-
-    std::vector<fsdp::ShardingStrategy> strategies;
-    if (strategy == "all") {
-      for (auto s : {fsdp::ShardingStrategy::kNoShard, fsdp::ShardingStrategy::kZero1,
-                     fsdp::ShardingStrategy::kShardGradOp, fsdp::ShardingStrategy::kFullShard,
-                     fsdp::ShardingStrategy::kHybridShard, fsdp::ShardingStrategy::kHybridShardZero2}) {
-        if (!fsdp::is_hybrid(s) || nodes > 1) strategies.push_back(s);
-      }
-    } else {
-      strategies.push_back(fsdp::parse_strategy(strategy));
-    }
-    std::vector<Plan> plans;
-    for (auto s : strategies) {
-      Plan plan{s, fsdp::estimate_step_peak(shape, s, world, per_node, mp, prefetch, checkpointing, units),
-                fsdp::estimate_comm_per_step(units, s, world, per_node, mp)};
-      // Offload keeps fp32 masters, gradient shards and optimizer state in host memory (ZeRO-Offload's split).
-      if (offload == "cpu") plan.host = plan.peak.state.total();
-      if (offload.rfind("nvme", 0) == 0) {
-        // Parameters go to disk only where the strategy shards them.
-        const bool params_too = offload == "nvme" && !fsdp::keeps_params_unsharded(s);
-        plan.nvme = fsdp::estimate_nvme_offload(units, s, world, per_node, mp, true, params_too);
-        plan.nvme_peak = fsdp::peak_with_nvme_offload(plan.peak, *plan.nvme);
-      }
-      plans.push_back(plan);
-    }
-    std::optional<Recommendation> recommendation;
-    if (budget > 0) recommendation = recommend(units, world, per_node, mp, static_cast<int64_t>(std::llround(budget)));
-    std::optional<Cluster> cluster;
-    if (!cluster_path.empty()) cluster = Cluster::load(cluster_path);
-    // 6 N FLOPs per token for forward and backward, 2 N more to recompute.
-    const double compute = cluster ? (checkpointing ? 8.0 : 6.0) * total_params *
-                                         static_cast<double>(shape.batch * shape.context) / cluster->flops
-                                   : 0.0;
-    const int64_t n_units = static_cast<int64_t>(units.size());
-    const bool disk_measured = cluster && cluster->disk_read_bandwidth > 0 && cluster->disk_write_bandwidth > 0;
-    auto io_seconds = [&](const Plan& plan) -> std::optional<double> {
-      if (!plan.nvme || !disk_measured) return std::nullopt;
-      // The host's bandwidth, shared by its ranks, all of which swap at once.
-      return plan.nvme->io_seconds(cluster->disk_read_bandwidth / per_node, cluster->disk_write_bandwidth / per_node);
-    };
-
-    if (json) {
-      nlohmann::json out;
-      const nlohmann::json null_json(nullptr);
-      out["inputs"] = {{"preset", preset.empty() ? null_json : nlohmann::json(preset)},
-                       {"params", params > 0 ? nlohmann::json(params) : null_json},
-                       {"layers", shape.layers},
-                       {"width", shape.width},
-                       {"vocab", shape.vocab},
-                       {"context", shape.context},
-                       {"heads", shape.heads},
-                       {"batch", shape.batch},
-                       {"world", world},
-                       {"nodes", nodes},
-                       {"ranks_per_node", per_node},
-                       {"strategy", strategy},
-                       {"param_dtype", fsdp::dtype_name(mp.param_dtype())},
-                       {"reduce_dtype", fsdp::dtype_name(mp.effective_reduce_dtype())},
-                       {"activation_checkpointing", checkpointing},
-                       {"wrap", wrap},
-                       {"prefetch", prefetch},
-                       {"offload", offload},
-                       {"budget_bytes", recommendation ? nlohmann::json(recommendation->budget) : null_json},
-                       {"cluster", cluster ? nlohmann::json(cluster_path) : null_json}};
-      out["model"] = {{"parameters", total_params}, {"unit_numels", units}, {"largest_unit_numel", largest_unit}};
-      out["strategies"] = nlohmann::json::array();
-      for (const auto& plan : plans) {
-        out["strategies"].push_back(plan_json(plan, world, per_node));
-        out["strategies"].back()["nvme"] = nvme_json(plan, io_seconds(plan));
-      }
-      out["recommendation"] = recommendation ? recommendation_json(*recommendation) : nlohmann::json(nullptr);
-      out["cluster"] = nullptr;
-      if (cluster) {
-        nlohmann::json times = nlohmann::json::array();
-        for (const auto& plan : plans) {
-          const StepTime t = step_time(plan, *cluster, compute, world, nodes, n_units);
-          times.push_back({{"strategy", fsdp::strategy_name(plan.strategy)},
-                           {"comm_s", t.comm},
-                           {"step_s", t.step},
-                           {"scaling_efficiency", t.efficiency}});
-        }
-        out["cluster"] = {{"flops", cluster->flops}, {"compute_s", compute}, {"strategies", times}};
-      }
-      if (seed_accounting) {
-        // The textbook table below, in bytes.
-        const double N = static_cast<double>(total_params);
-        out["seed_accounting"] = nlohmann::json::array();
-        for (int sharded = 0; sharded < 2; ++sharded) {
-          for (double optimizer_bytes : {4.0, 12.0}) {
-            const double d = sharded ? world : 1.0;
-            out["seed_accounting"].push_back({{"layout", sharded ? "fsdp" : "ddp"},
-                                              {"optimizer_bytes_per_param", optimizer_bytes},
-                                              {"params_bytes", 2 * N / d},
-                                              {"grads_bytes", 2 * N / d},
-                                              {"optimizer_bytes", optimizer_bytes * N / d},
-                                              {"total_bytes", (4 + optimizer_bytes) * N / d}});
-          }
-        }
-      }
-      std::cout << out.dump(2) << "\n";
-      return 0;
-    }
-
-    std::cout << "model: " << total_params << " parameters in " << units.size() << " units (" << shape.layers
-              << " blocks, " << wrap << " units, the largest " << largest_unit
-              << "); vocab " << shape.vocab << ", context " << shape.context
-              << ", width " << shape.width << ", heads " << shape.heads << ", batch " << shape.batch << " per rank\n"
-              << "world: " << world << " ranks on " << nodes << " node(s); params " << fsdp::dtype_name(mp.param_dtype())
-              << ", reduce " << fsdp::dtype_name(mp.effective_reduce_dtype()) << "; prefetch " << (prefetch ? "on" : "off")
-              << "; activation checkpointing " << (checkpointing ? "on" : "off") << "; offload " << offload << "\n"
-              << "per rank (AdamW: fp32 master + two fp32 moments = 12 B per parameter, sharded as the strategy says):\n";
-    const char* columns[] = {"strategy", "params", "grads", "optimizer", "gathered", "activations", "bwd transient",
-                             "device total", "host (offload)", "comm / step"};
-    std::cout << std::left << std::setw(20) << columns[0];
-    for (int i = 1; i < 10; ++i) std::cout << std::right << std::setw(i >= 5 ? 15 : 12) << columns[i];
-    std::cout << "\n";
-    for (const auto& plan : plans) {
-      const auto& st = plan.peak.state;
-      std::cout << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << std::right << std::setw(12)
-                << gib(st.params) << std::setw(12) << gib(st.grads) << std::setw(12) << gib(st.optimizer)
-                << std::setw(12) << gib(plan.peak.gathered) << std::setw(15) << gib(plan.peak.activations)
-                << std::setw(15) << gib(plan.peak.backward_transient) << std::setw(15) << gib(plan.device())
-                << std::setw(15) << gib(plan.host) << std::setw(15) << gib(plan.comm.total()) << "\n";
-    }
-    if (offload.rfind("nvme", 0) == 0) {
-      std::cout << "with nvme offload (" << (offload == "nvme" ? "optimizer state and, where sharded, parameters"
-                                                                 : "optimizer state")
-                << " on disk), per rank: tensor bytes in host memory (the runtime's ~256 MiB come on top) and on disk"
-                << (disk_measured ? "" : " (I/O time: give --cluster with fsdp-plan calibrate --offload-dir's disk figures)")
-                << ":\n";
-      const char* nvme_columns[] = {"strategy", "RAM peak", "in memory", "on disk", "scratch file", "read / step",
-                                    "written / step", "I/O / step"};
-      std::cout << std::left << std::setw(20) << nvme_columns[0];
-      for (int i = 1; i < 8; ++i) std::cout << std::right << std::setw(15) << nvme_columns[i];
-      std::cout << "\n";
-      for (const auto& plan : plans) {
-        const fsdp::NvmeOffloadPlan& n = *plan.nvme;
-        const std::optional<double> io = io_seconds(plan);
-        std::ostringstream io_text;
-        if (io) io_text << std::fixed << std::setprecision(2) << *io << " s";
-        std::cout << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << std::right << std::setw(15)
-                  << gib(plan.nvme_peak) << std::setw(15) << gib(n.resident.total()) << std::setw(15)
-                  << gib(n.offloaded) << std::setw(15) << gib(n.file_bytes) << std::setw(15) << gib(n.read_per_step)
-                  << std::setw(15) << gib(n.written_per_step) << std::setw(15) << (io ? io_text.str() : "-") << "\n";
-      }
-    }
-    std::cout << "  (model state in bytes, as a run of fsdp-train measures it:";
-    for (const auto& plan : plans) std::cout << " " << fsdp::strategy_name(plan.strategy) << " " << plan.peak.state.total();
-    std::cout << ")\n";
-    if (seed_accounting) {
-      // The textbook table (bf16 parameters and gradients, replicated or
-      // divided by the world): a shortcut counts 4 B of optimizer state per
-      // parameter; Adam with fp32 master weights needs 12 (master, two moments).
-      const double N = static_cast<double>(total_params), gb = 1e9;
-      std::cout << "textbook accounting, per device (GB = 1e9 B; bf16 params and grads):\n"
-                << "  layout                         params    grads  optimizer    total\n";
-      for (int sharded = 0; sharded < 2; ++sharded) {
-        for (double optimizer_bytes : {4.0, 12.0}) {
-          const double d = sharded ? world : 1.0;
-          std::ostringstream name;
-          name << (sharded ? "FSDP / " + std::to_string(world) : std::string("DDP")) << ", optimizer "
-               << optimizer_bytes << " B/param";
-          std::cout << "  " << std::left << std::setw(30) << name.str() << std::right << std::fixed
-                    << std::setprecision(1) << std::setw(9) << 2 * N / d / gb << std::setw(9) << 2 * N / d / gb
-                    << std::setw(11) << optimizer_bytes * N / d / gb << std::setw(9)
-                    << (4 + optimizer_bytes) * N / d / gb << "\n"
-                    << std::defaultfloat;
-        }
-      }
-      std::cout << "  (this project keeps fp32 gradient shards and a separate fp32 master, as the table above shows)\n";
-    }
-    if (recommendation) {
-      // The same text fsdp-train --strategy auto prints.
-      std::cout << "--budget (" << gib(recommendation->budget) << " per rank): " << recommendation->reason << "\n";
-      if (recommendation->choice) {
-        const auto chosen = fsdp::estimate_step_peak(shape, recommendation->choice->strategy, world, per_node, mp,
-                                                     prefetch, checkpointing, units);
-        std::cout << "  (on top of the budget: prefetch's unit ahead, activations and backward's buffers; "
-                  << fsdp::strategy_name(recommendation->choice->strategy) << "'s step peak is "
-                  << gib(chosen.total()) << ")\n";
-      }
-    }
-    if (cluster) {
-      std::cout << "step time per rank on the cluster (compute " << std::setprecision(3) << compute
-                << " s; communication overlapped with it, except the first unit's gather):\n";
-      for (const auto& plan : plans) {
-        const StepTime t = step_time(plan, *cluster, compute, world, nodes, n_units);
-        std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << " comm "
-                  << std::setprecision(3) << t.comm << " s, step " << t.step << " s, scaling efficiency "
-                  << std::setprecision(0) << std::fixed << 100.0 * t.efficiency << "%\n"
-                  << std::defaultfloat;
-      }
-    }
-  } catch (const std::exception& e) {
-    std::cerr << "fsdp-plan: error: " << fsdp::error_message(e) << "\n";
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }

@@ -3,8 +3,8 @@
 # in tests/fixtures/checkpoint-04d839d/ were saved at step 3 of 6 by commit
 # 04d839d (the trainer before it became a program over the library's
 # checkpoint manager); resuming them must give, to the last bit, the losses
-# of steps 4-6 that the uninterrupted run of that commit logged with this
-# LibTorch (losses-libtorch-<version>.jsonl beside each fixture).
+# of steps 4-6 that 04d839d itself gave resuming them with this LibTorch
+# (losses-libtorch-<version>.jsonl beside each fixture).
 source "$(dirname "$0")/lib.sh"
 fixtures="$here/../fixtures/checkpoint-04d839d"
 # The flags each fixture was trained with (its README says so too).

@@ -23,10 +23,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "fsdp/comm.h"
-#include "fsdp/fully_shard.h"
-#include "fsdp/token_data.h"
-#include "fsdp/train_step.h"
+#include "fsdp/fsdp.h"
 
 struct LlamaConfig {
   int64_t vocab = 256, context = 32, width = 64, layers = 2, heads = 4;

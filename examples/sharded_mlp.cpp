@@ -7,8 +7,7 @@
 
 #include <iostream>
 
-#include "fsdp/comm.h"
-#include "fsdp/fully_shard.h"
+#include "fsdp/fsdp.h"
 
 struct ResidualBlockImpl : torch::nn::Module {
   explicit ResidualBlockImpl(int64_t width)

@@ -24,6 +24,19 @@ done
 # Exactly the public headers: include/fsdp/*.h, nothing from src/.
 diff <(cd "$src/include" && find . -type f | sort) <(cd "$prefix/include" && find . -type f | sort) ||
   fail "installed headers differ from include/fsdp"
+# The umbrella header is the whole API a user needs: the examples include
+# fsdp/fsdp.h and no other header of ours (the consumer below builds one).
+for example in "$src"/examples/*.cpp; do
+  other=$(grep -o '#include [<"]fsdp/[^">]*' "$example" | grep -v 'fsdp/fsdp\.h$' || true)
+  [ -z "$other" ] || fail "$(basename "$example") includes $other: the examples include fsdp/fsdp.h alone"
+done
+grep -q '#include "fsdp/fsdp.h"' "$prefix/include/fsdp/fsdp.h" && fail "fsdp/fsdp.h includes itself"
+[ -f "$prefix/include/fsdp/fsdp.h" ] || fail "the umbrella header fsdp/fsdp.h is not installed"
+# Every installed header is reachable from the umbrella: none is installed that it leaves out.
+for h in "$prefix"/include/fsdp/*.h; do
+  n=$(basename "$h"); [ "$n" = fsdp.h ] && continue
+  grep -q "#include \"fsdp/$n\"" "$prefix/include/fsdp/fsdp.h" || fail "fsdp/fsdp.h does not include the installed fsdp/$n"
+done
 # The exported target carries no build-tree property: no source paths, no
 # precompiled header, no default-corpus definition.
 targets=$(cat "$cmake_dir"/fsdp_cppTargets*.cmake)

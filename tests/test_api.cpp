@@ -290,12 +290,13 @@ void expect_exact_resume(const Options& options, const std::string& name, fsdp::
     Optimizer opt_first(first.parameters(), options);
     fsdp::TrainStep step_first(first, opt_first);
     train(first, step_first, 0, 2);
-    path = fsdp::save_checkpoint(first.state(), opt_first, dir, 2, nlohmann::json::object(), format);
+    path = fsdp::save_checkpoint(first.state(), opt_first, dir, 2, {}, format);
   }
   auto resumed = fsdp::fully_shard(make_gpt(tiny(), 99), world_group, block_units());
   Optimizer opt_resumed(resumed.parameters(), options);
-  const nlohmann::json meta = fsdp::load_checkpoint(resumed.state(), opt_resumed, path);
-  EXPECT_EQ(meta.at("optimizer").at("type").get<std::string>(), fsdp::OptimizerState(opt_resumed).type());
+  const fsdp::CheckpointInfo info = fsdp::load_checkpoint(resumed.state(), opt_resumed, path);
+  EXPECT_EQ(info.optimizer_type, fsdp::OptimizerState(opt_resumed).type());
+  EXPECT_EQ(info.step, 2);
   fsdp::TrainStep step_resumed(resumed, opt_resumed);
   train(resumed, step_resumed, 2, 4);
   expect_same_params(resumed.state(), straight.state(), name + " " + fsdp::checkpoint_format_name(format));

@@ -14,6 +14,7 @@
 
 #include "core/unit.h"
 #include "fsdp/checkpoint.h"
+#include "state_dict/checkpoint_json.h"
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/grad_utils.h"

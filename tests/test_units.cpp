@@ -14,6 +14,7 @@
 #include <random>
 
 #include "fsdp/checkpoint.h"
+#include "state_dict/checkpoint_json.h"
 #include "fsdp/checksum.h"
 #include "fsdp/error.h"
 #include "fsdp/compat.h"
@@ -409,7 +410,7 @@ TEST(Checksum, CheckpointsFromBeforeXxh3StayReadableAndVerifiable) {
     EXPECT_NO_THROW(reader.verify_checksum());
     shards.push_back(reader.read("u1.exp_avg"));
   }
-  const int64_t numel = saved.metadata().at("units").at(1).at("numel").get<int64_t>();
+  const int64_t numel = saved.metadata().json.at("units").at(1).at("numel").get<int64_t>();
   torch::Tensor state = torch::empty({numel});
   saved.read_range(1, "exp_avg", 0, numel, state);
   EXPECT_TRUE(torch::equal(state, torch::cat(shards).narrow(0, 0, numel)));

@@ -12,6 +12,7 @@
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 #include "fsdp/safetensors.h"
+#include "state_dict/checkpoint_json.h"  // metadata.json in full (src/, not installed)
 
 namespace {
 
@@ -31,7 +32,7 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 
 void inspect_checkpoint(const std::string& path) {
   fsdp::SavedCheckpoint saved(path);
-  const auto& m = saved.metadata();
+  const nlohmann::json& m = saved.metadata().json;
   std::cout << fsdp::checkpoint_format_name(saved.format()) << " checkpoint " << path << "\n"
             << "  step " << m.at("step") << ", saved by " << m.at("world_size") << " ranks with "
             << m.at("strategy").get<std::string>()
@@ -76,9 +77,8 @@ void inspect_folder(const std::string& path, const std::vector<fsdp::CheckpointE
     std::cout << "  " << std::left << std::setw(16) << fs::path(e.path).filename().string() << std::setw(12)
               << (e.complete ? "complete" : "unfinished");
     if (e.complete) {
-      const auto& m = e.metadata;
-      std::cout << fsdp::checkpoint_format_name(e.format) << ", step " << m.at("step") << ", world size "
-                << m.at("world_size") << ", " << m.at("strategy").get<std::string>() << "\n";
+      std::cout << fsdp::checkpoint_format_name(e.format) << ", step " << e.info.step << ", world size "
+                << e.info.world_size << ", " << e.info.strategy << "\n";
     } else {
       std::cout << e.problem << "\n";
     }
@@ -117,13 +117,13 @@ void inspect_file(const std::string& path) {
 int verify(const std::string& path) {
   if (fs::is_directory(path)) {
     fsdp::SavedCheckpoint saved(path);  // checksums and presence of every file
-    const auto& units = saved.metadata().at("units");
+    const auto& units = saved.metadata().json.at("units");
     for (size_t u = 0; u < units.size(); ++u) {
       const int64_t numel = units[u].at("numel").get<int64_t>();
       torch::Tensor scratch = torch::empty({numel});
       for (const char* what : {"param", "exp_avg", "exp_avg_sq"}) saved.read_range(u, what, 0, numel, scratch);
     }
-    std::cout << "ok: " << path << ": " << saved.metadata().at("files").size() << " files, checksums match, "
+    std::cout << "ok: " << path << ": " << saved.metadata().json.at("files").size() << " files, checksums match, "
               << units.size() << " units readable\n";
   } else {
     fsdp::safetensors::Reader reader(path);  // the header is fully validated

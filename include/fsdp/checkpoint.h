@@ -17,7 +17,6 @@
 // every file flushed, and renamed to DIR/step-N by rank 0 once all are
 // whole. A crash mid-save leaves the previous checkpoint untouched.
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <map>
@@ -30,16 +29,37 @@
 
 namespace fsdp {
 
-enum class CheckpointFormat { kSharded, kFull };
+// The two layouts of a checkpoint's tensors (see above).
+enum class CheckpointFormat {
+  kSharded,  // every shard in its own file, written by its rank
+  kFull,     // model.safetensors and optimizer.safetensors, written by rank 0
+};
 std::string checkpoint_format_name(CheckpointFormat format);      // "sharded", "full"
 CheckpointFormat parse_checkpoint_format(const std::string& name);  // throws listing the choices
 
+// What metadata.json's "extra" holds beside the tensors: by key, each value
+// as JSON text (e.g. {"loss_scale": "65536.0", "data": "{\"seed\":0}"}).
+// The checkpoint manager (checkpoint_manager.h) fills it from objects that
+// save their own state.
+using CheckpointExtra = std::map<std::string, std::string>;
+
+// What a checkpoint records besides its tensors.
+struct CheckpointInfo {
+  std::string path;                                     // the checkpoint's directory
+  CheckpointFormat format = CheckpointFormat::kSharded;  // its layout
+  int64_t step = 0;                                     // the training step it was saved after
+  int64_t world_size = 0;                               // the ranks that saved it
+  std::string strategy;                                 // their sharding strategy's name
+  std::string optimizer_type;                           // OptimizerState::type() of the saved optimizer
+  CheckpointExtra extra;                                // metadata.json's "extra", key by key
+};
+
 // Collective. Writes DIR/step-<step> and returns its path. `extra` is kept
-// in the metadata (e.g. the trainer's configuration and loss scale).
-// The optimizer must be one OptimizerState accepts, over state.parameters().
+// in the metadata (each value must be valid JSON text; e.g. the trainer's
+// configuration and loss scale). The optimizer must be one OptimizerState
+// accepts, over state.parameters().
 std::string save_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& dir, int64_t step,
-                            const nlohmann::json& extra = nlohmann::json::object(),
-                            CheckpointFormat format = CheckpointFormat::kSharded);
+                            const CheckpointExtra& extra = {}, CheckpointFormat format = CheckpointFormat::kSharded);
 
 // Collective. Loads a checkpoint of either format, on any world size and
 // strategy, after verifying every file's checksum and contents, that the
@@ -47,13 +67,14 @@ std::string save_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer
 // that was saved. Returns its metadata. Each data file's bytes are verified
 // by one rank (the ranks in parallel); a corrupt file stops every rank with
 // the same message, before any state is changed.
-nlohmann::json load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& path);
+CheckpointInfo load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& path);
 
 // A saved checkpoint, opened without any process group: its metadata, every
 // file checked on opening (present, listed with its checksum, exactly the
 // tensors the layout describes, and its bytes matching its checksum), and
 // any range of a unit's saved flat state ("param", or one of the optimizer's
 // state tensors, e.g. "exp_avg").
+struct CheckpointMetadata;  // metadata.json parsed: the library's own (src/state_dict/checkpoint_json.h)
 class SavedCheckpoint {
  public:
   // kEveryFile reads every data file in full to verify its checksum (the
@@ -64,7 +85,11 @@ class SavedCheckpoint {
   // Throws naming the problem file and tensor.
   explicit SavedCheckpoint(const std::string& path, Verify verify = Verify::kEveryFile);
   ~SavedCheckpoint();
-  const nlohmann::json& metadata() const { return metadata_; }
+  // The step, world size, strategy, optimizer and extra it records.
+  const CheckpointInfo& info() const { return info_; }
+  // metadata.json in full, parsed (its fields: src/state_dict/checkpoint_json.h).
+  const CheckpointMetadata& metadata() const { return *metadata_; }
+  // The checkpoint's layout.
   CheckpointFormat format() const { return format_; }
   // The data files, in the layout's order (shard-0, shard-1, ...; or model, optimizer).
   const std::vector<std::string>& file_names() const { return file_names_; }
@@ -76,16 +101,13 @@ class SavedCheckpoint {
 
  private:
   std::string path_;
-  nlohmann::json metadata_;
+  std::shared_ptr<const CheckpointMetadata> metadata_;
+  CheckpointInfo info_;
   CheckpointFormat format_ = CheckpointFormat::kSharded;
   std::vector<std::string> file_names_;
   std::map<std::string, std::unique_ptr<safetensors::Reader>> readers_;  // by file name
   void verify_files_in_parallel() const;
 };
-
-// Writes DIR/metadata.json (through a temporary file, flushed) with a
-// checksum of its contents that SavedCheckpoint verifies.
-void write_checkpoint_metadata(const std::string& dir, nlohmann::json metadata);
 
 // Offline: the fp32 weights of a checkpoint (either format) as one
 // safetensors file under the model's parameter names, one unit in memory at a time.
@@ -103,7 +125,8 @@ struct CheckpointEntry {
   // verifies those).
   bool complete = false;
   CheckpointFormat format = CheckpointFormat::kSharded;  // when complete
-  nlohmann::json metadata;                               // when complete
+  CheckpointInfo info;                                   // when complete
+  std::shared_ptr<const CheckpointMetadata> metadata;    // when complete: metadata.json parsed
   std::string problem;                                   // why not complete
 };
 

@@ -3,6 +3,7 @@
 
 #include "fsdp/checkpoint.h"
 #include "core/unit.h"
+#include "state_dict/checkpoint_json.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -330,11 +331,39 @@ void write_checkpoint_metadata(const std::string& dir, nlohmann::json metadata) 
   fs::rename(temp, fs::path(dir) / "metadata.json");
 }
 
+nlohmann::json extra_to_json(const CheckpointExtra& extra) {
+  nlohmann::json object = nlohmann::json::object();
+  for (const auto& [key, text] : extra) {
+    object[key] = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    TORCH_CHECK(!object[key].is_discarded(), "save_checkpoint: extra '", key, "' must be JSON text, got '", text, "'");
+  }
+  return object;
+}
+
+CheckpointExtra extra_from_json(const nlohmann::json& extra) {
+  CheckpointExtra texts;
+  if (extra.is_object()) {
+    for (const auto& [key, value] : extra.items()) texts[key] = value.dump();
+  }
+  return texts;
+}
+
+CheckpointInfo checkpoint_info(const nlohmann::json& metadata, const std::string& path, CheckpointFormat format) {
+  CheckpointInfo info;
+  info.path = path;
+  info.format = format;
+  info.step = metadata.at("step").get<int64_t>();
+  info.world_size = metadata.at("world_size").get<int64_t>();
+  info.strategy = metadata.at("strategy").get<std::string>();
+  info.optimizer_type = metadata.at("optimizer").value("type", "adamw");
+  info.extra = extra_from_json(metadata.at("extra"));
+  return info;
+}
+
 std::string save_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& dir, int64_t step,
-                            const nlohmann::json& extra, CheckpointFormat format) {
+                            const CheckpointExtra& extra_texts, CheckpointFormat format) {
   state.check_idle();
-  TORCH_CHECK(extra.is_object() || extra.is_null(), "save_checkpoint: extra must be a JSON object, got ",
-              extra.type_name());
+  const nlohmann::json extra = extra_to_json(extra_texts);
   const OptimizerState optimizer_state(optimizer);
   const ProcessGroupPtr& group = state.group();
   const fs::path final_dir = fs::path(dir) / ("step-" + std::to_string(step));
@@ -363,7 +392,7 @@ std::string save_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer
                          {"shard_group_size", state.shard_group() ? state.shard_group()->size() : 1},
                          {"optimizer", optimizer_meta},
                          {"units", unit_layout(state)},
-                         {"extra", extra.is_null() ? nlohmann::json::object() : extra}};
+                         {"extra", extra}};
   if (format == CheckpointFormat::kSharded) {
     try {
       write_shard_file(state, optimizer_state, meta, temp_dir);
@@ -426,7 +455,10 @@ std::vector<CheckpointEntry> list_checkpoints(const std::string& dir) {
       entry.problem = "a save that did not finish (never renamed to step-" + std::to_string(entry.step) + ")";
     } else {
       try {
-        entry.metadata = read_metadata(entry.path, &entry.format);
+        auto metadata = std::make_shared<CheckpointMetadata>();
+        metadata->json = read_metadata(entry.path, &entry.format);
+        entry.info = checkpoint_info(metadata->json, entry.path, entry.format);
+        entry.metadata = std::move(metadata);
         entry.complete = true;
       } catch (const std::exception& e) {
         entry.problem = error_message(e);
@@ -465,15 +497,19 @@ void prune_checkpoints(const std::string& dir, int keep) {
 
 SavedCheckpoint::SavedCheckpoint(const std::string& path, Verify verify) : path_(path) {
   const fs::path dir(path);
-  metadata_ = read_metadata(path, &format_);
+  auto metadata = std::make_shared<CheckpointMetadata>();
+  metadata->json = read_metadata(path, &format_);
+  metadata_ = metadata;
+  info_ = checkpoint_info(metadata->json, path, format_);
+  const nlohmann::json& meta = metadata->json;
   // Every file the layout calls for: present, intact, listed, and holding
   // exactly the tensors the layout describes.
-  for (const auto& [name, specs] : expected_files(metadata_, format_)) {
+  for (const auto& [name, specs] : expected_files(meta, format_)) {
     const fs::path file = dir / name;
     TORCH_CHECK(fs::exists(file), "checkpoint '", path, "' is missing '", name, "'");
     auto reader = std::make_unique<safetensors::Reader>(file.string());
     TORCH_CHECK(reader->has_checksum(), "'", file.string(), "' carries no checksum");
-    const std::string listed = metadata_.at("files").value(name, "");
+    const std::string listed = meta.at("files").value(name, "");
     TORCH_CHECK(safetensors::hex64(reader->stored_checksum()) == listed, "'", file.string(), "' has checksum ",
                 safetensors::hex64(reader->stored_checksum()), ", the metadata lists '", listed,
                 "' (a file of another checkpoint?)");
@@ -528,9 +564,10 @@ void SavedCheckpoint::verify_files_in_parallel() const {
 
 void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t from, int64_t to,
                                  const torch::Tensor& out) const {
-  const nlohmann::json& units = metadata_.at("units");
+  const nlohmann::json& meta = metadata_->json;
+  const nlohmann::json& units = meta.at("units");
   TORCH_CHECK(unit < units.size(), "checkpoint '", path_, "' has ", units.size(), " units, asked for unit ", unit);
-  const std::vector<std::string> names = state_names(metadata_);
+  const std::vector<std::string> names = state_names(meta);
   TORCH_CHECK(std::find(names.begin(), names.end(), what) != names.end(), "read_range: checkpoint '", path_,
               "' holds no state '", what, "' (it holds ", nlohmann::json(names).dump(), ")");
   TORCH_CHECK(0 <= from && from <= to && to <= units[unit].at("numel").get<int64_t>() && out.numel() == to - from,
@@ -545,7 +582,7 @@ void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t f
   std::vector<std::tuple<std::string, std::string, int64_t, int64_t>> pieces;
   if (format_ == CheckpointFormat::kSharded) {
     const int64_t S = units[unit].at("shard_numel").get<int64_t>();
-    for (int64_t q = 0; q < metadata_.at("shard_group_size").get<int64_t>(); ++q) {
+    for (int64_t q = 0; q < meta.at("shard_group_size").get<int64_t>(); ++q) {
       pieces.emplace_back(shard_file(q), tensor_name(unit, what), q * S, S);
     }
   } else {
@@ -562,11 +599,11 @@ void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t f
   }
 }
 
-nlohmann::json load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& path) {
+CheckpointInfo load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& path) {
   state.check_idle();
   OptimizerState optimizer_state(optimizer);
   SavedCheckpoint saved(path, SavedCheckpoint::Verify::kHeadersOnly);
-  const nlohmann::json& meta = saved.metadata();
+  const nlohmann::json& meta = saved.metadata().json;
   // The model must be the one saved: same units, same parameters, same shapes.
   const nlohmann::json& saved_units = meta.at("units");
   const nlohmann::json our_units = unit_layout(state);
@@ -620,13 +657,13 @@ nlohmann::json load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimi
       saved.read_range(u, saved_names[k], begin, end, targets[k].narrow(0, 0, end - begin));
     }
   }
-  return meta;
+  return saved.info();
 }
 
 void convert_to_full(const std::string& checkpoint, const std::string& output) {
   SavedCheckpoint saved(checkpoint);
-  const nlohmann::json& units = saved.metadata().at("units");
-  safetensors::Writer writer(output, expected_files(saved.metadata(), CheckpointFormat::kFull).at(0).second,
+  const nlohmann::json& units = saved.metadata().json.at("units");
+  safetensors::Writer writer(output, expected_files(saved.metadata().json, CheckpointFormat::kFull).at(0).second,
                              {{"format", "pt"}, {"converted_from", checkpoint}});
   for (size_t u = 0; u < units.size(); ++u) {  // one unit in memory at a time
     const int64_t numel = units[u].at("numel").get<int64_t>();

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "fsdp/checkpoint.h"
+#include "state_dict/checkpoint_json.h"
 
 #ifndef FSDP_FUZZ_CHECKPOINT_FILES
 #error "compile with -DFSDP_FUZZ_CHECKPOINT_FILES=\"<tests/fuzz/checkpoint>\""
@@ -72,7 +73,7 @@ void open_and_read() {
   }
   // SavedCheckpoint accepted it: what the layout says can be read, every
   // element of it (the data files hold no NaN: one left over was never read).
-  const nlohmann::json& units = saved->metadata().at("units");
+  const nlohmann::json& units = saved->metadata().json.at("units");
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t numel = units[u].at("numel").get<int64_t>();
     for (const char* what : {"param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "other"}) {

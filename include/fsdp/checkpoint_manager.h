@@ -1,0 +1,164 @@
+#pragma once
+// The checkpoint manager: when to save (every K steps and after the last),
+// how many to keep (the newest N complete ones), and resuming from the
+// newest complete one, over a model, its optimizer and a set of objects
+// that save and load their own state (torchtitan's checkpointer). The
+// objects' states go into metadata.json's "extra", each under its key; on
+// resume each object checks what was saved against itself and refuses a
+// mismatch, naming both.
+//
+//   fsdp::CheckpointManager checkpoints(model.state(), optimizer,
+//                                       fsdp::CheckpointManagerOptions("ckpt").every(100));
+//   fsdp::LrScheduleState schedule_state(schedule);
+//   checkpoints.add("lr_schedule", schedule_state);
+//   fsdp::check_folder_shared("ckpt", world);
+//   if (auto resumed = checkpoints.resume()) first_step = resumed->info.step;
+//   ... after each step: if (checkpoints.due(step + 1, steps)) checkpoints.save(step + 1);
+
+#include <torch/torch.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/checkpoint.h"
+#include "fsdp/comm.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/grad_utils.h"
+#include "fsdp/lr_schedule.h"
+#include "fsdp/token_data.h"
+
+namespace fsdp {
+
+// An object that saves and loads its own part of a checkpoint, as JSON text.
+class Stateful {
+ public:
+  virtual ~Stateful() = default;
+  // The state to save, as JSON text.
+  virtual std::string state_json() const = 0;
+  // Takes the saved state (nullopt: the checkpoint holds none under this
+  // object's key, e.g. one written before it was recorded). Throws, naming
+  // the saved and the current value, when the saved state cannot continue
+  // this run; `checkpoint` is the checkpoint's path, for the message.
+  virtual void load_state_json(const std::optional<std::string>& saved, const std::string& checkpoint) = 0;
+};
+
+// A value kept for the record (a configuration's description, a setting):
+// saved, and not checked on resume.
+class RecordedValue : public Stateful {
+ public:
+  // The value as JSON text.
+  explicit RecordedValue(std::string json_text) : json_(std::move(json_text)) {}
+  // A string or a number, as JSON.
+  static RecordedValue text(const std::string& value);
+  static RecordedValue number(double value);
+  std::string state_json() const override { return json_; }
+  void load_state_json(const std::optional<std::string>&, const std::string&) override {}
+
+ private:
+  std::string json_;
+};
+
+// The learning-rate schedule: a resume must continue the same one (a
+// cosine's length is part of it). A checkpoint without one is taken as it is.
+class LrScheduleState : public Stateful {
+ public:
+  // `remedy` ends the refusal's message (e.g. which options to pass).
+  explicit LrScheduleState(const LrSchedule& schedule, std::string remedy = "")
+      : schedule_(schedule), remedy_(std::move(remedy)) {}
+  std::string state_json() const override;
+  void load_state_json(const std::optional<std::string>& saved, const std::string& checkpoint) override;
+
+ private:
+  const LrSchedule& schedule_;
+  std::string remedy_;
+};
+
+// The data order (order, seed, validation fraction): a resume in another
+// would silently continue with other batches. A checkpoint without one is
+// taken as it is.
+class DataOrderState : public Stateful {
+ public:
+  // `remedy` ends the refusal's message (e.g. which options to pass).
+  explicit DataOrderState(const models::TokenDataOptions& options, std::string remedy = "")
+      : options_(options), remedy_(std::move(remedy)) {}
+  std::string state_json() const override;
+  void load_state_json(const std::optional<std::string>& saved, const std::string& checkpoint) override;
+
+ private:
+  models::TokenDataOptions options_;
+  std::string remedy_;
+};
+
+// The loss scaler's scale factor: saved, and restored on resume (a
+// checkpoint without one leaves the scaler's own).
+class LossScaleState : public Stateful {
+ public:
+  explicit LossScaleState(GradScaler& scaler) : scaler_(scaler) {}
+  std::string state_json() const override;
+  void load_state_json(const std::optional<std::string>& saved, const std::string& checkpoint) override;
+
+ private:
+  GradScaler& scaler_;
+};
+
+// Where and how often the manager saves.
+struct CheckpointManagerOptions {
+  // The folder of the step-N checkpoints.
+  explicit CheckpointManagerOptions(std::string dir) : dir_(std::move(dir)) {}
+  TORCH_ARG(std::string, dir);
+  // Save every K steps (0: only after the last step).
+  TORCH_ARG(int64_t, every) = 0;
+  // Keep the newest N complete checkpoints (at least 1).
+  TORCH_ARG(int, keep) = 2;
+  // The layout of the tensors.
+  TORCH_ARG(CheckpointFormat, format) = CheckpointFormat::kSharded;
+};
+
+// One save: where it went, and what it cost.
+struct CheckpointSave {
+  std::string path;            // DIR/step-N
+  double seconds = 0.0;        // writing and publishing
+  int64_t peak_extra_bytes = 0;  // this rank's tensor memory peak above its live bytes while saving
+};
+
+// One resume: what was loaded, and how long it took.
+struct CheckpointResume {
+  CheckpointInfo info;   // the checkpoint's step, world size, strategy, extra
+  double seconds = 0.0;  // loading (every rank done)
+};
+
+// Saves, prunes and resumes the checkpoints of one run. Every method is
+// collective over the model's ranks.
+class CheckpointManager {
+ public:
+  CheckpointManager(FsdpState& state, torch::optim::Optimizer& optimizer, CheckpointManagerOptions options);
+  // Adds an object whose state is saved under `key` of the metadata's
+  // extra; it must outlive the manager. Keys are checked in the order added.
+  void add(const std::string& key, Stateful& object);
+  // Whether a checkpoint is due after `completed_steps` of `total_steps`:
+  // every `every` steps, and after the last.
+  bool due(int64_t completed_steps, int64_t total_steps) const;
+  // Saves DIR/step-<completed_steps> with every object's state, then keeps
+  // the newest `keep` complete checkpoints.
+  CheckpointSave save(int64_t completed_steps);
+  // Loads the newest complete checkpoint into the model and optimizer, then
+  // hands each object its saved state (each may refuse it); nullopt when the
+  // folder holds none.
+  std::optional<CheckpointResume> resume();
+  const CheckpointManagerOptions& options() const { return options_; }
+
+ private:
+  FsdpState& state_;
+  torch::optim::Optimizer& optimizer_;
+  CheckpointManagerOptions options_;
+  std::vector<std::pair<std::string, Stateful*>> objects_;
+};
+
+// Collective over `world`: every rank must see the files the others write in
+// `dir`, or a checkpoint would be split across machines: rank 0 writes a
+// probe there, every rank reads it back. Throws naming the ranks that cannot.
+void check_folder_shared(const std::string& dir, const ProcessGroupPtr& world);
+
+}  // namespace fsdp

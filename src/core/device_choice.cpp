@@ -1,0 +1,48 @@
+// Device and backend selection, and the scheduler-world check.
+
+#include "fsdp/device_choice.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <cstdlib>
+
+namespace fsdp {
+
+DeviceChoice choose_device(c10::DeviceType device, CollectiveBackend backend, const ProcessGroupPtr& world) {
+  DeviceChoice choice;
+  choice.group = world;
+  if (device == c10::DeviceType::CPU) {
+    TORCH_CHECK(backend != CollectiveBackend::kNccl, "the NCCL backend needs CUDA devices, got the CPU");
+    return choice;
+  }
+  TORCH_CHECK(device == c10::DeviceType::CUDA, "choose_device: the CPU or CUDA, got ", c10::DeviceTypeName(device));
+  const int gpus = cuda_device_count();
+  TORCH_CHECK(gpus > 0, cuda_build() ? "this process sees no GPU (CUDA_VISIBLE_DEVICES, the driver?)"
+                                     : "this fsdp-cpp was built without CUDA (build against a LibTorch with CUDA: "
+                                       "scripts/setup.sh wheel)");
+  const ProcessGroupPtr host = world->split_shared_memory();
+  choice.device = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(host->rank() % gpus));
+  // This rank's current device from here on: pinned host memory and any
+  // call without a device then make no context on GPU 0.
+  c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(choice.device);
+  const bool own_gpu = host->size() <= gpus;
+  TORCH_CHECK(backend != CollectiveBackend::kNccl || own_gpu, "the NCCL backend needs a GPU per rank: ", host->size(),
+              " ranks on this host share ", gpus, " GPU(s); use the MPI backend (or auto)");
+  if (backend == CollectiveBackend::kNccl || (backend == CollectiveBackend::kAuto && own_gpu)) {
+    choice.group = make_nccl_process_group(world, choice.device);
+    choice.backend = "nccl";
+  }
+  return choice;
+}
+
+void check_scheduler_world(int world_size) {
+  if (world_size != 1 || std::getenv("OMPI_COMM_WORLD_SIZE")) return;
+  for (const char* name : {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "PMI_SIZE"}) {
+    const char* value = std::getenv(name);
+    TORCH_CHECK(!value || std::atoi(value) <= 1, "the scheduler started ", value, " tasks (", name, "=", value,
+                "), but MPI sees a world of 1: each task would train alone. Start the ranks through the scheduler's ",
+                "PMI (srun --mpi=pmix, with an OpenMPI built with PMIx) or with mpirun / fsdp-run inside the allocation");
+  }
+}
+
+}  // namespace fsdp

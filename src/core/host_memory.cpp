@@ -1,0 +1,123 @@
+// Host-memory planning: what the host has, what a run needs, the preflight.
+
+#include "fsdp/host_memory.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <iomanip>
+#include <limits>
+#include <numeric>
+#include <sstream>
+
+namespace fsdp {
+namespace {
+
+// The host block cache's limit of a run with disk offload (see
+// fsdp::host_block_cache_limit): its largest padded unit.
+int64_t nvme_block_cache(const std::vector<int64_t>& unit_numels, int shard_group) {
+  int64_t largest = 0;
+  for (int64_t n : unit_numels) largest = std::max(largest, (n + shard_group - 1) / shard_group * shard_group);
+  return host_block_cache_limit(largest, true);
+}
+
+// The shard group's size: hybrid without ranks_per_node shards over the
+// host's ranks (where they divide the world).
+int planned_shard_group(const HostMemoryRun& run) {
+  int node_ranks = run.ranks_per_node;
+  if (node_ranks == 0) node_ranks = run.world % run.ranks_here == 0 ? run.ranks_here : run.world;
+  return shard_group_size(run.strategy, run.world, node_ranks);
+}
+
+}  // namespace
+
+int64_t host_memory_available() {
+  if (const char* forced = std::getenv("FSDP_PREFLIGHT_AVAILABLE_BYTES")) return static_cast<int64_t>(std::atoll(forced));
+  int64_t available = std::numeric_limits<int64_t>::max();
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    int64_t kib = 0;
+    meminfo >> kib;
+    if (key == "MemAvailable:") available = kib * 1024;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  std::ifstream max_file("/sys/fs/cgroup/memory.max"), current_file("/sys/fs/cgroup/memory.current");
+  std::string max_text;
+  int64_t current = 0;
+  if (max_file >> max_text && max_text != "max" && current_file >> current) {
+    available = std::min<int64_t>(available, std::atoll(max_text.c_str()) - current);
+  }
+  return available;
+}
+
+int ranks_on_this_host(int world_size) {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");  // mpirun's count of this host's ranks
+  return local ? std::max(1, std::atoi(local)) : world_size;
+}
+
+std::string format_mib(int64_t bytes) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(2) << bytes / (1024.0 * 1024.0) << " MiB";
+  return s.str();
+}
+
+int64_t host_memory_needed(const HostMemoryRun& run, const HostMemorySettings& settings) {
+  const int per_node = planned_shard_group(run);
+  TransformerShape shape = run.shape;
+  shape.sublayer_units = settings.sublayer_units;
+  const auto units = shape.unit_numels();
+  const int64_t params = std::accumulate(units.begin(), units.end(), int64_t{0});
+  const StepPeak peak = estimate_step_peak(shape, run.strategy, run.world, per_node, run.mixed_precision, run.prefetch,
+                                           settings.activation_checkpointing);
+  const bool nvme = settings.nvme_optimizer || settings.nvme_params;
+  int64_t step = peak.total();
+  if (nvme) {
+    step = peak_with_nvme_offload(peak, estimate_nvme_offload(units, run.strategy, run.world, per_node,
+                                                              run.mixed_precision, settings.nvme_optimizer,
+                                                              settings.nvme_params, run.micro_steps)) +
+           nvme_block_cache(units, per_node);
+  }
+  // Building the whole model on every rank, then flattening its largest
+  // unit; sharded, every unit's fp32 shard exists before it is offloaded.
+  const int64_t construction = settings.sharded_init ? (nvme ? peak.state.params : 0)
+                                                     : 4 * (params + *std::max_element(units.begin(), units.end()));
+  return std::max(step, construction) + kHostRuntimeBytes;
+}
+
+std::vector<HostMemoryVariant> host_memory_variants(const HostMemoryRun& run, const HostMemorySettings& settings) {
+  const bool ac = settings.activation_checkpointing, sublayer = settings.sublayer_units;
+  const bool nvme_optimizer = settings.nvme_optimizer, nvme_params = settings.nvme_params;
+  std::vector<HostMemoryVariant> variants = {
+      {"--sharded-init", {ac, sublayer, true, nvme_optimizer, nvme_params}},
+      {"--sharded-init --activation-checkpointing", {true, sublayer, true, nvme_optimizer, nvme_params}},
+      {"--sharded-init --activation-checkpointing --wrap sublayer", {true, true, true, nvme_optimizer, nvme_params}},
+      {"--sharded-init --activation-checkpointing --offload-optimizer nvme", {true, sublayer, true, true, nvme_params}}};
+  const bool shardable = !keeps_params_unsharded(run.strategy);
+  if (shardable && (run.mixed_precision.param_dtype() == torch::kFloat || nvme_optimizer)) {
+    variants.push_back({"--sharded-init --activation-checkpointing --offload-optimizer nvme --offload-params nvme",
+                        {true, sublayer, true, true, true}});
+  }
+  return variants;
+}
+
+int64_t preflight_host_memory(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t available) {
+  const int64_t needed = host_memory_needed(run, settings);
+  const int ranks_here = run.ranks_here;
+  if (needed * ranks_here <= available) return needed;
+  std::ostringstream alternatives;
+  bool any = false;
+  for (const auto& v : host_memory_variants(run, settings)) {
+    const int64_t n = host_memory_needed(run, v.settings);
+    alternatives << "\n  " << v.flags << ": " << format_mib(n) << " per rank, " << format_mib(n * ranks_here)
+                 << (n * ranks_here <= available ? " (fits)" : " (does not fit)");
+    any = any || n * ranks_here <= available;
+  }
+  TORCH_CHECK(false, "preflight: this run needs about ", format_mib(needed), " per rank on the host (the planner's step peak",
+              settings.sharded_init ? "" : " or the whole model each rank builds first", ", plus ",
+              format_mib(kHostRuntimeBytes), " of runtime), ", ranks_here, " rank(s) here: ", format_mib(needed * ranks_here),
+              ", but the host has ", format_mib(available), " available. With other settings:", alternatives.str(),
+              any ? "" : "\n  none fits: fewer ranks on this host, a smaller --batch or --context, or bf16 parameters",
+              "\n(fsdp-plan gives the whole table; --no-preflight runs anyway)");
+}
+
+}  // namespace fsdp

@@ -1,0 +1,165 @@
+// The checkpoint manager and the objects that save their own state.
+
+#include "fsdp/checkpoint_manager.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/memory.h"
+
+namespace fsdp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+nlohmann::json parse_saved(const std::string& text, const char* what, const std::string& checkpoint) {
+  nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  TORCH_CHECK(!json.is_discarded(), "checkpoint ", checkpoint, ": its ", what, " is not JSON: ", text);
+  return json;
+}
+
+}  // namespace
+
+RecordedValue RecordedValue::text(const std::string& value) { return RecordedValue(nlohmann::json(value).dump()); }
+RecordedValue RecordedValue::number(double value) { return RecordedValue(nlohmann::json(value).dump()); }
+
+std::string LrScheduleState::state_json() const {
+  const nlohmann::json json = {{"kind", lr_schedule_name(schedule_.kind())},
+                               {"lr", schedule_.lr()},
+                               {"warmup_steps", schedule_.warmup_steps()},
+                               {"min_lr", schedule_.min_lr()},
+                               {"total_steps", schedule_.total_steps()}};
+  return json.dump();
+}
+
+void LrScheduleState::load_state_json(const std::optional<std::string>& saved_text, const std::string& checkpoint) {
+  if (!saved_text) return;
+  const nlohmann::json j = parse_saved(*saved_text, "learning-rate schedule", checkpoint);
+  const auto saved = LrSchedule()
+                         .kind(parse_lr_schedule(j.at("kind").get<std::string>()))
+                         .lr(j.at("lr").get<double>())
+                         .warmup_steps(j.at("warmup_steps").get<int64_t>())
+                         .min_lr(j.at("min_lr").get<double>())
+                         .total_steps(j.at("total_steps").get<int64_t>());
+  TORCH_CHECK(saved.same_as(schedule_), "resume: the checkpoint ", checkpoint,
+              " was trained with the learning-rate schedule '", saved.describe(), "', this run asks for '",
+              schedule_.describe(), "'", remedy_);
+}
+
+std::string DataOrderState::state_json() const {
+  const nlohmann::json json = {{"order", models::data_order_name(options_.order())},
+                               {"seed", options_.seed()},
+                               {"val_fraction", options_.val_fraction()}};
+  return json.dump();
+}
+
+void DataOrderState::load_state_json(const std::optional<std::string>& saved_text, const std::string& checkpoint) {
+  if (!saved_text) return;
+  const nlohmann::json saved = parse_saved(*saved_text, "data order", checkpoint);
+  const nlohmann::json mine = nlohmann::json::parse(state_json());
+  TORCH_CHECK(saved == mine, "resume: ", checkpoint, " was trained with data order ", saved.dump(),
+              " but this run asks for ", mine.dump(), remedy_);
+}
+
+std::string LossScaleState::state_json() const { return nlohmann::json(scaler_.scale_factor()).dump(); }
+
+void LossScaleState::load_state_json(const std::optional<std::string>& saved_text, const std::string& checkpoint) {
+  if (!saved_text) return;
+  const nlohmann::json saved = parse_saved(*saved_text, "loss scale", checkpoint);
+  TORCH_CHECK(saved.is_number() && saved.get<double>() > 0, "checkpoint ", checkpoint,
+              ": the loss scale must be a positive number, found ", saved.dump());
+  scaler_.set_scale_factor(saved.get<double>());
+}
+
+CheckpointManager::CheckpointManager(FsdpState& state, torch::optim::Optimizer& optimizer,
+                                     CheckpointManagerOptions options)
+    : state_(state), optimizer_(optimizer), options_(std::move(options)) {
+  TORCH_CHECK(!options_.dir().empty(), "CheckpointManager needs a folder, got an empty path");
+  TORCH_CHECK(options_.every() >= 0 && options_.keep() >= 1, "CheckpointManager: every must be >= 0 and keep >= 1, got ",
+              options_.every(), " and ", options_.keep());
+}
+
+void CheckpointManager::add(const std::string& key, Stateful& object) {
+  for (const auto& [k, o] : objects_) TORCH_CHECK(k != key, "CheckpointManager: '", key, "' was added twice");
+  objects_.emplace_back(key, &object);
+}
+
+bool CheckpointManager::due(int64_t completed_steps, int64_t total_steps) const {
+  return (options_.every() > 0 && completed_steps % options_.every() == 0) || completed_steps == total_steps;
+}
+
+CheckpointSave CheckpointManager::save(int64_t completed_steps) {
+  CheckpointExtra extra;
+  for (const auto& [key, object] : objects_) extra[key] = object->state_json();
+  const auto start = Clock::now();
+  memory::reset_peaks();
+  const int64_t live_before = memory::usage().live_total;
+  CheckpointSave result;
+  result.path = save_checkpoint(state_, optimizer_, options_.dir(), completed_steps, extra, options_.format());
+  result.peak_extra_bytes = memory::usage().peak_total - live_before;
+  result.seconds = seconds_since(start);
+  if (state_.group()->rank() == 0) prune_checkpoints(options_.dir(), options_.keep());
+  state_.group()->barrier()->wait();
+  return result;
+}
+
+std::optional<CheckpointResume> CheckpointManager::resume() {
+  const std::string latest = latest_checkpoint(options_.dir());
+  if (latest.empty()) return std::nullopt;
+  const auto start = Clock::now();
+  CheckpointResume resumed;
+  resumed.info = load_checkpoint(state_, optimizer_, latest);
+  state_.group()->barrier()->wait();
+  resumed.seconds = seconds_since(start);
+  for (const auto& [key, object] : objects_) {
+    const auto saved = resumed.info.extra.find(key);
+    object->load_state_json(saved == resumed.info.extra.end() ? std::nullopt : std::optional<std::string>(saved->second),
+                            latest);
+  }
+  return resumed;
+}
+
+void check_folder_shared(const std::string& dir, const ProcessGroupPtr& world) {
+  const std::filesystem::path probe = std::filesystem::path(dir) / ".fsdp-shared-probe";
+  // Rank 0's token (its pid and clock), which every rank then looks for in the file.
+  torch::Tensor token = torch::tensor(
+      {static_cast<int64_t>(::getpid()) ^ static_cast<int64_t>(Clock::now().time_since_epoch().count())}, torch::kLong);
+  world->broadcast(token, 0)->wait();
+  const std::string expected = std::to_string(token.item<int64_t>());
+  std::string error;
+  if (world->rank() == 0) {
+    try {
+      std::filesystem::create_directories(dir);
+      std::ofstream(probe) << expected;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  world->barrier()->wait();
+  std::string seen;
+  std::ifstream(probe) >> seen;
+  torch::Tensor blind = torch::zeros({world->size()}, torch::kInt);
+  blind[world->rank()] = seen == expected ? 0 : 1;
+  world->all_reduce(blind, ReduceOp::kSum)->wait();
+  world->barrier()->wait();
+  if (world->rank() == 0) std::filesystem::remove(probe);
+  TORCH_CHECK(error.empty(), "checkpoint folder: cannot write in '", dir, "': ", error);
+  std::ostringstream ranks;
+  int count = 0;
+  for (int r = 0; r < world->size(); ++r) {
+    if (blind[r].item<int>()) ranks << (count++ ? ", " : "") << r;
+  }
+  TORCH_CHECK(count == 0, "checkpoint folder '", dir, "' is not shared: rank(s) ", ranks.str(), " cannot see the file rank 0 ",
+              "wrote there, so a checkpoint would be split across machines and could not be loaded. Put it on a file ",
+              "system every host mounts (NFS, Lustre, ...)");
+}
+
+}  // namespace fsdp

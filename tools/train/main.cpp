@@ -1,0 +1,75 @@
+// fsdp-train: trains the reference GPT with FULL_SHARD over the MPI ranks it
+// is started on (through fsdp-run). Rank 0 prints progress and a summary and
+// writes the log and the final weights.
+//
+// The program's parts: options.h (the command line), setup.h (options to
+// the library's structs, the data and the model), train.h (sharding,
+// checkpoints, the loop), report.h (what is printed and written).
+
+#include <filesystem>
+#include <iostream>
+
+#include "fsdp/comm.h"
+#include "fsdp/device_choice.h"
+#include "fsdp/error.h"
+#include "fsdp/memory.h"
+#include "fsdp/preemption.h"
+#include "train/options.h"
+#include "train/setup.h"
+#include "train/train.h"
+
+namespace {
+
+// Collective: prepares the run; one rank's failure (its log file, say)
+// stops every rank cleanly. Returns false when any rank failed.
+bool prepare_everywhere(const fsdp_train::TrainOptions& o, const fsdp::ProcessGroupPtr& world,
+                        fsdp_train::Run& run) {
+  int failed = 0;
+  try {
+    run = fsdp_train::prepare(o, world);
+  } catch (const std::exception& e) {
+    failed = 1;
+    if (world->rank() == 0 || std::string(e.what()).find("log file") != std::string::npos)
+      std::cerr << "fsdp-train: error: " << fsdp::error_message(e) << "\n";
+  }
+  torch::Tensor any_failed = torch::tensor({failed}, torch::kInt);
+  world->all_reduce(any_failed, fsdp::ReduceOp::kSum)->wait();
+  return any_failed.item<int>() == 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fsdp::memory::install_counting_allocator();
+  fsdp::MpiEnvironment mpi(&argc, &argv);
+  const fsdp::Preemption preemption;  // SIGTERM and SIGUSR1: save and stop at the next step boundary
+  const auto world = mpi.world();
+  try {
+    fsdp::check_scheduler_world(world->size());
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp-train: error: " << fsdp::error_message(e) << "\n";
+    return 1;
+  }
+  fsdp_train::TrainOptions o;
+  CLI::App app{"Train the reference GPT with fully sharded data parallelism. Start it through fsdp-run."};
+  fsdp_train::add_options(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Every rank parses the same arguments, so every rank leaves here alike.
+    if (world->rank() == 0) return app.exit(e);
+    return e.get_exit_code();
+  }
+  if (!o.plot.empty() && o.log.empty()) o.log = (std::filesystem::path(o.plot) / "log.jsonl").string();
+  torch::set_num_threads(o.threads > 0 ? o.threads : fsdp_train::default_threads(world->size()));
+  if (o.collective_timeout > 0) world->set_timeout(o.collective_timeout);  // the units' groups inherit it
+  fsdp_train::Run run;
+  if (!prepare_everywhere(o, world, run)) return 1;
+  try {
+    return fsdp_train::train(o, run, world, preemption);
+  } catch (const std::exception& e) {
+    // Ranks that fail alike print one message; MPI then ends the job.
+    std::cout << std::flush;
+    fsdp::MpiEnvironment::abort_with_message("fsdp-train: error: " + fsdp::error_message(e));
+  }
+}

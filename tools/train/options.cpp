@@ -1,0 +1,156 @@
+// fsdp-train's command line: each option bound to its TrainOptions field.
+
+#include "train/options.h"
+
+namespace fsdp_train {
+namespace {
+
+// The model, the optimizer, the device.
+void add_model_options(CLI::App& app, TrainOptions& o) {
+  app.add_option("--preset", o.preset, "tiny, small, medium, large or xl")->capture_default_str();
+  app.add_option("--vocab", o.vocab, "override the preset's vocabulary size");
+  app.add_option("--context", o.context, "override the preset's context length");
+  app.add_option("--layers", o.layers, "override the preset's number of layers");
+  app.add_option("--heads", o.heads, "override the preset's number of heads");
+  app.add_option("--width", o.width, "override the preset's width");
+  app.add_option("--batch", o.batch, "sequences per rank per step (default: the preset's)");
+  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--adamw", o.adamw, "fused (fsdp::FusedAdamW: one vectorized, multi-threaded pass) or torch "
+                                     "(torch::optim::AdamW); checkpoints of either resume with either")
+      ->capture_default_str();
+  app.add_option("--device", o.device, "cpu, or cuda (rank r of a host on its GPU r mod the GPUs it sees)")
+      ->capture_default_str();
+  app.add_option("--backend", o.backend,
+                 "collectives: mpi, nccl (a GPU per rank), or auto (nccl where every rank has its own GPU)")
+      ->capture_default_str();
+}
+
+// Offload and the preflight.
+void add_offload_options(CLI::App& app, TrainOptions& o) {
+  app.add_option("--offload", o.offload,
+                 "none, or cpu: fp32 shards, gradients and optimizer state in host memory, optimizer step on the CPU "
+                 "(sharded strategies)")
+      ->capture_default_str();
+  app.add_option("--offload-optimizer", o.offload_optimizer,
+                 "none, or nvme: AdamW's moments (and the fp32 masters of bf16/fp16 parameters) in a scratch file "
+                 "in --offload-dir between steps, stepped unit by unit with the reads and writes overlapped")
+      ->capture_default_str();
+  app.add_option("--offload-params", o.offload_params,
+                 "none, or nvme: the parameter shards on disk, read before each all-gather (sharded strategies; with "
+                 "bf16/fp16 parameters together with --offload-optimizer nvme)")
+      ->capture_default_str();
+  app.add_option("--offload-dir", o.offload_dir, "the folder of the nvme offload's scratch files (one per rank)");
+  app.add_option("--offload-engine", o.offload_engine,
+                 "auto (libaio with O_DIRECT where the file system takes it, else threads), libaio, or threads "
+                 "(pread/pwrite)")
+      ->capture_default_str();
+  app.add_flag("--no-preflight", o.no_preflight,
+               "skip the check that the planner's memory for this run fits the host's available memory");
+}
+
+// Data, evaluation, weights in and out, logging.
+void add_data_options(CLI::App& app, TrainOptions& o) {
+  app.add_option("--seed", o.seed, "initialization seed")->capture_default_str();
+  app.add_option("--data", o.data, "token file: raw bytes, or .bin of uint16 tokens (default: built-in corpus)");
+  app.add_option("--data-order", o.data_order,
+                 "shuffled (each sequence's start drawn from its global index) or sequential (consecutive sequences)")
+      ->capture_default_str();
+  app.add_option("--data-seed", o.data_seed, "seed of the shuffled data order")->capture_default_str();
+  app.add_option("--val-fraction", o.val_fraction,
+                 "hold out this last fraction of the data for validation, in [0, 1) (0: none)")
+      ->capture_default_str();
+  app.add_option("--eval-every", o.eval_every,
+                 "compute the validation loss every K steps and after the last (0: never)")
+      ->capture_default_str();
+  app.add_option("--eval-sequences", o.eval_sequences,
+                 "validation sequences per evaluation, a multiple of the world size (default: 64 rounded up to one)");
+  app.add_option("--init-from", o.init_from, "initial weights (.safetensors, the spec's names)");
+  app.add_option("--save-final", o.save_final, "write the trained weights here (.safetensors)");
+  app.add_option("--log", o.log, "JSON lines, one per step");
+  app.add_option("--threads", o.threads, "LibTorch threads per rank (default: from fsdp-run, else cores / ranks)");
+  app.add_option("--print-every", o.print_every, "progress line interval (default: steps / 20)");
+}
+
+// Sharding, precision, accumulation, the schedule.
+void add_parallel_options(CLI::App& app, TrainOptions& o) {
+  app.add_option("--strategy", o.strategy,
+                 "no_shard, zero1, shard_grad_op, full_shard, hybrid_shard, hybrid_shard_zero2, or auto")
+      ->capture_default_str();
+  app.add_option("--ranks-per-node", o.ranks_per_node,
+                 "hybrid strategies: ranks per (simulated) node (default: from fsdp-run, else MPI's shared-memory nodes)");
+  app.add_option("--memory-budget", o.memory_budget,
+                 "--strategy auto: per-rank bytes for model state plus gathered parameters "
+                 "(the rule of fsdp-plan --budget)");
+  app.add_option("--param-dtype", o.param_dtype, "fp32, bf16 or fp16: the dtype gathered and computed with")
+      ->capture_default_str();
+  app.add_option("--reduce-dtype", o.reduce_dtype, "fp32, bf16 or fp16: the dtype gradients are reduced in "
+                                                   "(default: the param dtype)");
+  app.add_option("--grad-accum", o.grad_accum, "micro-steps per optimizer step")->capture_default_str();
+  app.add_flag("--no-sync", o.no_sync,
+               "with --grad-accum: skip the reduction before the last micro-step also for sharded-gradient "
+               "strategies (keeps full-size gradients between micro-steps)");
+  app.add_option("--clip-grad-norm", o.clip_grad_norm, "clip the global gradient norm to this (0: off)")
+      ->capture_default_str();
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "constant, or cosine (to --min-lr at the last step); either after --warmup-steps of linear warmup")
+      ->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup_steps, "steps of linear warmup from lr/warmup to --lr")
+      ->capture_default_str();
+  app.add_option("--min-lr", o.min_lr, "--lr-schedule cosine: the learning rate of the last step (default: lr / 10)");
+  app.add_option("--weight-decay", o.weight_decay,
+                 "AdamW's decoupled weight decay, of parameters of 2 or more dimensions only")
+      ->capture_default_str();
+}
+
+// Checkpoints, prefetch, memory, and what is written after training.
+void add_output_options(CLI::App& app, TrainOptions& o) {
+  app.add_option("--ckpt-dir", o.ckpt_dir, "directory of checkpoints (step-N sub-directories)");
+  app.add_option("--ckpt-format", o.ckpt_format,
+                 "sharded (each rank writes its shards) or full (rank 0 writes model and optimizer safetensors)")
+      ->capture_default_str();
+  app.add_option("--ckpt-every", o.ckpt_every,
+                 "save a checkpoint every K steps; with --ckpt-dir one is always saved after the last step (0: only then)");
+  app.add_option("--ckpt-keep", o.ckpt_keep, "keep the newest N complete checkpoints")->capture_default_str();
+  app.add_flag("--resume", o.resume, "continue from the newest complete checkpoint in --ckpt-dir (if any)");
+  app.add_flag("--forward-prefetch", o.forward_prefetch, "issue the next unit's all-gather before this unit's forward");
+  app.add_option("--backward-prefetch", o.backward_prefetch,
+                 "none, pre (before this unit's gradients) or post (after them): when backward gathers the next unit")
+      ->capture_default_str();
+  app.add_option("--wrap", o.wrap, "block (a unit per transformer block) or sublayer (per attention and per MLP)")
+      ->capture_default_str();
+  app.add_option("--prefetch-depth", o.prefetch_depth, "units ahead that prefetch gathers")->capture_default_str();
+  app.add_flag("--no-limit-all-gathers", o.no_limit_all_gathers,
+               "let prefetch keep more than one unused unit gathered (off: at most one)");
+  app.add_flag("--no-block-cache", o.no_block_cache,
+               "give every freed host buffer back at once instead of keeping six unit buffers' worth for reuse");
+  app.add_flag("--sharded-init", o.sharded_init,
+               "build the model without memory for its weights and initialize it unit by unit while sharding "
+               "(the same weights as the default initialization)");
+  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
+               "recompute each block's forward in backward instead of keeping its activations");
+  app.add_option("--plot", o.plot,
+                 "write DIR/loss.png and DIR/memory.png from the log after training (the log defaults to DIR/log.jsonl)");
+  app.add_option("--sample", o.sample, "after training, print N tokens the model generates from --prompt (0: none)");
+  app.add_option("--temperature", o.temperature, "--sample: softmax temperature (0: greedy)")->capture_default_str();
+  app.add_option("--prompt", o.prompt, "--sample: the text generation starts from")->capture_default_str();
+  app.add_option("--sample-seed", o.sample_seed, "--sample: seed of the sampling")->capture_default_str();
+  app.add_option("--trace", o.trace,
+                 "write a Chrome/Perfetto trace per rank: FILE.json becomes FILE.rank<r>.json");
+  app.add_option("--summary", o.summary,
+                 "write the run's figures as one JSON object (medians after the first step; per-rank lists)");
+  app.add_option("--collective-timeout", o.collective_timeout,
+                 "seconds a collective may wait before the job is ended (default: FSDP_COLLECTIVE_TIMEOUT, else 600)");
+}
+
+}  // namespace
+
+void add_options(CLI::App& app, TrainOptions& o) {
+  add_model_options(app, o);
+  add_offload_options(app, o);
+  add_data_options(app, o);
+  add_parallel_options(app, o);
+  add_output_options(app, o);
+}
+
+}  // namespace fsdp_train

@@ -1,0 +1,74 @@
+#pragma once
+// fsdp-train's configuration: every command-line option, and their binding.
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace fsdp_train {
+
+// The command line as given (validated by prepare(), setup.h).
+struct TrainOptions {
+  std::string preset = "small";
+  std::optional<int64_t> vocab, context, layers, heads, width, batch;
+  int64_t steps = 100;
+  double lr = 1e-3;
+  uint64_t seed = 1337;
+  std::string data;
+  std::string data_order = "shuffled";
+  uint64_t data_seed = 0;
+  double val_fraction = 0.1;
+  int64_t eval_every = 0;
+  std::optional<int64_t> eval_sequences;
+  std::string init_from;
+  std::string save_final;
+  std::string log;
+  int threads = 0;
+  int64_t print_every = 0;
+  std::string strategy = "full_shard";
+  int ranks_per_node = 0;
+  int64_t memory_budget = 0;
+  std::string param_dtype = "fp32";
+  std::string reduce_dtype;
+  int64_t grad_accum = 1;
+  bool no_sync = false;
+  double clip_grad_norm = 1.0;  // nanoGPT's default
+  std::string lr_schedule = "constant";  // the spec's default: constant unless a schedule is asked for
+  int64_t warmup_steps = 0;
+  std::optional<double> min_lr;  // default: lr / 10 (nanoGPT's)
+  double weight_decay = 0.0;
+  std::string adamw = "fused";
+  std::string device = "cpu";
+  std::string backend = "auto";
+  std::string offload = "none";
+  std::string offload_optimizer = "none", offload_params = "none", offload_dir, offload_engine = "auto";
+  bool no_preflight = false;
+  double collective_timeout = 0.0;
+  std::string ckpt_dir;
+  int64_t ckpt_every = 0;
+  int ckpt_keep = 2;
+  std::string ckpt_format = "sharded";
+  bool resume = false;
+  bool forward_prefetch = false;
+  std::string backward_prefetch = "pre";
+  std::string wrap = "block";
+  int prefetch_depth = 1;
+  bool no_limit_all_gathers = false;
+  bool no_block_cache = false;
+  std::string trace;
+  std::string summary;
+  bool activation_checkpointing = false;
+  bool sharded_init = false;
+  std::string plot;
+  int64_t sample = 0;
+  double temperature = 0.8;
+  std::string prompt = "The ";
+  uint64_t sample_seed = 0;
+};
+
+// Registers every option of `o` with `app`.
+void add_options(CLI::App& app, TrainOptions& o);
+
+}  // namespace fsdp_train

@@ -1,0 +1,221 @@
+// fsdp-train's reporting: banner, progress, log records; the figures of the
+// steps and what the planner predicted (the end of the run: summary.cpp).
+
+#include "train/report.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/host_memory.h"
+#include "fsdp/nvme_offload.h"
+#include "train/report_util.h"
+
+namespace fsdp_train {
+
+using fsdp::format_mib;
+
+NvmeReport nvme_report(const fsdp::FsdpState& state) {
+  NvmeReport report;
+  const fsdp::offload::NvmeOffload* nvme = state.nvme_offload();
+  if (!nvme) return report;
+  report.on = true;
+  report.optimizer_state = nvme->offloads_optimizer_state();
+  report.params = nvme->offloads_params();
+  report.path = nvme->store().path();
+  report.engine = nvme->store().engine_description();
+  report.offloaded_bytes = nvme->offloaded_bytes();
+  report.file_bytes = static_cast<int64_t>(nvme->store().file_bytes());
+  return report;
+}
+
+Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState& state, const NvmeReport& nvme,
+                    std::vector<int64_t> unit_numels, int64_t num_params, int world) {
+  Predictions p;
+  const auto& c = run.config;
+  const auto& mp = run.fsdp_options.mixed_precision();
+  const fsdp::ShardingStrategy strategy = run.fsdp_options.strategy();
+  p.num_params = num_params;
+  p.unit_numels = std::move(unit_numels);
+  p.shard_group_size = state.shard_group() ? state.shard_group()->size() : 1;
+  p.state = fsdp::estimate_model_state(p.unit_numels, strategy, world, p.shard_group_size, mp);
+  p.peak = fsdp::estimate_step_peak(
+      fsdp::TransformerShape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch, o.wrap == "sublayer"}, strategy,
+      world, p.shard_group_size, mp, o.forward_prefetch || o.backward_prefetch != "none", o.activation_checkpointing,
+      p.unit_numels);
+  if (nvme.on) {
+    p.nvme = fsdp::estimate_nvme_offload(p.unit_numels, strategy, world, p.shard_group_size, mp, nvme.optimizer_state,
+                                         nvme.params, o.grad_accum);
+  }
+  p.peak_bytes = p.nvme ? fsdp::peak_with_nvme_offload(p.peak, *p.nvme) : p.peak.total();
+  p.tokens_per_step = c.batch * c.context * world * o.grad_accum;
+  return p;
+}
+
+void RunFigures::record(const fsdp::StepResult& result, int64_t step, int64_t steps, int rank) {
+  skipped_steps += result.stepped ? 0 : 1;
+  last_comm = result.comm;
+  final_loss = result.loss;
+  if (step > first_step || steps == first_step + 1) {
+    step_times.push_back(result.step_s);
+    exposed_comm_times.push_back(result.comm.wait_seconds);
+    optimizer_times.push_back(result.optimizer_s);
+    offload_wait_times.push_back(result.offload_wait_s);
+    offload_read.push_back(static_cast<double>(result.offload_bytes_read));
+    offload_written.push_back(static_cast<double>(result.offload_bytes_written));
+  }
+  if (rank != 0) return;
+  last_figures = result.per_rank;
+  max_peak.resize(last_figures.size(), 0);
+  for (size_t r = 0; r < last_figures.size(); ++r) max_peak[r] = std::max(max_peak[r], last_figures[r].peak_tensor_bytes);
+}
+
+// TrainStep restarts the allocator's peak at every step, so what came
+// between steps (construction, evaluation) is folded in before each one,
+// and the step's own after it.
+void RunFigures::fold_device_peak(c10::Device device) {
+  const fsdp::memory::DeviceUsage now = fsdp::memory::device_usage(device);
+  run_device_peak.peak_allocated = std::max(run_device_peak.peak_allocated, now.peak_allocated);
+  run_device_peak.peak_reserved = std::max(run_device_peak.peak_reserved, now.peak_reserved);
+}
+
+namespace {
+
+// The disk offload's and --init-from's lines of the banner.
+void print_nvme_and_init(const ReportContext& c) {
+  const TrainOptions& o = c.o;
+  if (c.nvme.on) {
+    std::cout << "  nvme offload: " << (c.nvme.optimizer_state ? "optimizer state" : "")
+              << (c.nvme.optimizer_state && c.nvme.params ? " and " : "") << (c.nvme.params ? "parameters" : "")
+              << " in " << c.nvme.path << " (" << c.nvme.engine << "), " << format_mib(c.nvme.offloaded_bytes)
+              << " per rank on disk\n";
+  }
+  if (!o.init_from.empty()) {
+    const double mb = std::filesystem::file_size(o.init_from) / 1e6;
+    std::cout << "  initialized from " << o.init_from << " (" << std::fixed << std::setprecision(1) << mb
+              << " MB in " << std::setprecision(2) << c.run.init_seconds << " s on each rank, " << std::setprecision(0)
+              << mb / c.run.init_seconds << " MB/s)\n";
+  }
+}
+
+}  // namespace
+
+void print_banner(const ReportContext& c) {
+  const TrainOptions& o = c.o;
+  const Run& run = c.run;
+  const auto& mp = run.fsdp_options.mixed_precision();
+  const fsdp::FsdpState& state = c.state;
+  const int W = c.world_size;
+  const bool scaling = c.train_step.scaler() != nullptr, skip_sync = c.train_step.syncs_only_last_micro_step();
+  std::cout << "fsdp-train: GPT " << o.preset << " (" << run.config.describe() << "), " << c.predicted.num_params
+            << " parameters\n"
+            << "  " << fsdp::strategy_name(run.fsdp_options.strategy()) << " over " << W << " rank(s)";
+  if (state.shard_group()) std::cout << ", shard group of " << state.shard_group()->size();
+  if (state.replicate_group()) std::cout << ", replicate group of " << state.replicate_group()->size();
+  std::cout << ", " << state.num_units() << " units (wrap " << o.wrap << "), " << torch::get_num_threads()
+            << " thread(s) per rank\n"
+            << "  params " << fsdp::dtype_name(mp.param_dtype()) << ", reduce "
+            << fsdp::dtype_name(mp.effective_reduce_dtype()) << (scaling ? " with loss scaling" : "") << ", "
+            << o.grad_accum << " micro-step(s) per step" << (skip_sync ? " (reduced on the last)" : "") << ", "
+            << c.predicted.tokens_per_step << " tokens per step\n"
+            << "  prefetch: forward " << (o.forward_prefetch ? "on" : "off") << ", backward " << o.backward_prefetch
+            << ", depth " << o.prefetch_depth << (o.no_limit_all_gathers ? ", unlimited" : ", limited to one unit ahead")
+            << "; activation checkpointing " << (o.activation_checkpointing ? "on" : "off") << "\n"
+            << "  AdamW (" << (o.adamw == "fused" ? "fsdp::FusedAdamW" : "torch::optim::AdamW") << "): lr "
+            << run.schedule.describe() << "; weight decay " << o.weight_decay << " (matrices only); clip grad norm "
+            << o.clip_grad_norm << " (0: off)\n"
+            << "  data: " << run.data->path() << " (" << run.data->size() << " tokens, " << run.data->val_size()
+            << " held out for validation; " << o.data_order << " order, seed " << o.data_seed << ")\n";
+  if (!run.strategy_reason.empty()) std::cout << "  " << run.strategy_reason << "\n";
+  print_nvme_and_init(c);
+  const fsdp::ModelStateBytes& predicted = c.predicted.state;
+  std::cout << "  construction (model built and sharded" << (o.sharded_init ? ", sharded initialization" : "")
+            << "): rank 0's tensor memory peaked at " << format_mib(c.predicted.construction_peak) << "\n";
+  std::cout << "  per-rank model state by formula: " << predicted.total() << " B (params " << predicted.params
+            << ", grads " << predicted.grads << ", optimizer " << predicted.optimizer << ")\n";
+  std::cout << std::flush;
+}
+
+void print_resumed(const fsdp::CheckpointResume& resumed) {
+  const double mb = directory_bytes(resumed.info.path) / 1e6;
+  std::cout << "  resumed from " << resumed.info.path << " (step " << resumed.info.step << ", saved by "
+            << resumed.info.world_size << " ranks with " << resumed.info.strategy << "); loaded " << std::fixed
+            << std::setprecision(1) << mb << " MB in " << std::setprecision(2) << resumed.seconds << " s ("
+            << std::setprecision(0) << mb / resumed.seconds << " MB/s)\n";
+}
+
+void print_saved(const fsdp::CheckpointSave& saved) {
+  const double mb = directory_bytes(saved.path) / 1e6;
+  std::cout << "  checkpoint: " << saved.path << " (" << std::fixed << std::setprecision(1) << mb << " MB in "
+            << std::setprecision(2) << saved.seconds << " s, " << std::setprecision(0) << mb / saved.seconds
+            << " MB/s; rank 0's tensor memory peaked " << format_mib(saved.peak_extra_bytes)
+            << " above its live bytes)\n"
+            << std::flush;
+}
+
+namespace {
+
+void write_log_record(const ReportContext& c, const RunFigures& figures, const fsdp::StepResult& result, int64_t step,
+                      double lr, const std::optional<double>& val_loss) {
+  const int W = c.world_size;
+  const auto& f = figures.last_figures;
+  std::vector<int64_t> model_state(W), peak(W);
+  for (int r = 0; r < W; ++r) {
+    model_state[r] = f[r].model_state_bytes;
+    peak[r] = f[r].peak_tensor_bytes;
+  }
+  nlohmann::json line = {{"step", step + 1},
+                         {"loss", figures.final_loss},
+                         {"step_s", result.step_s},
+                         {"tokens_per_s", c.predicted.tokens_per_step / result.step_s},
+                         {"lr", lr},
+                         {"world_size", W},
+                         {"strategy", fsdp::strategy_name(c.run.fsdp_options.strategy())},
+                         {"comm_bytes", comm_bytes_json(result.comm)},
+                         {"exposed_comm_s", result.comm.wait_seconds},
+                         {"optimizer_s", result.optimizer_s},
+                         {"offload_bytes_read", result.offload_bytes_read},
+                         {"offload_bytes_written", result.offload_bytes_written},
+                         {"offload_wait_s", result.offload_wait_s},
+                         {"model_state_bytes", model_state},
+                         {"peak_tensor_bytes", peak}};
+  if (!c.run.device.is_cpu()) {  // the GPU's figures beside the host's (per rank)
+    for (int r = 0; r < W; ++r) {
+      line["device_peak_bytes"].push_back(f[r].device_peak_bytes);
+      line["device_model_state_bytes"].push_back(f[r].device_model_state_bytes);
+      line["device_gathered_peak_bytes"].push_back(f[r].device_gathered_peak_bytes);
+    }
+  }
+  const double grad_norm = result.grad_norm.value_or(-1.0);
+  if (grad_norm >= 0) line["grad_norm"] = grad_norm;
+  if (val_loss) line["val_loss"] = *val_loss;
+  if (const fsdp::GradScaler* scaler = c.train_step.scaler()) {
+    line["skipped"] = !result.stepped;
+    line["loss_scale"] = scaler->scale_factor();
+  }
+  c.run.log << line.dump() << "\n" << std::flush;
+}
+
+}  // namespace
+
+void report_step(const ReportContext& c, const RunFigures& figures, const fsdp::StepResult& result, int64_t step,
+                 double lr, const std::optional<double>& val_loss) {
+  const TrainOptions& o = c.o;
+  if (c.run.log.is_open()) write_log_record(c, figures, result, step, lr, val_loss);
+  const int64_t print_every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 20);
+  if ((step + 1) % print_every != 0 && step != 0 && step + 1 != o.steps && !figures.preempted_after) return;
+  const double step_s = result.step_s;
+  const double typical = figures.step_times.empty() ? step_s : median(figures.step_times);
+  std::cout << "step " << std::setw(5) << step + 1 << "/" << o.steps << " | loss " << std::fixed << std::setprecision(4)
+            << figures.final_loss << " | " << std::setprecision(0) << c.predicted.tokens_per_step / step_s
+            << " tok/s | " << std::setprecision(3) << step_s << " s/step | ETA "
+            << human_seconds(typical * static_cast<double>(o.steps - step - 1));
+  if (val_loss) std::cout << " | val loss " << std::setprecision(4) << *val_loss;
+  if (!result.stepped) std::cout << " | skipped (overflow)";
+  std::cout << "\n" << std::flush;
+}
+
+}  // namespace fsdp_train

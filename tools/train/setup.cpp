@@ -1,0 +1,280 @@
+// fsdp-train's set-up: options to the library's option structs, the
+// preflight, the data, the model, the device.
+
+#include "train/setup.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "fsdp/device_choice.h"
+#include "fsdp/error.h"
+#include "fsdp/host_memory.h"
+#include "fsdp/memory.h"
+#include "fsdp/memory_plan.h"
+#include "fsdp/state_dict.h"
+#include "fsdp/wrap_policy.h"
+
+namespace fsdp_train {
+namespace {
+
+fsdp::models::GPTConfig make_config(const TrainOptions& o) {
+  auto c = fsdp::models::GPTConfig::preset(o.preset);
+  if (o.vocab) c.vocab = *o.vocab;
+  if (o.context) c.context = *o.context;
+  if (o.layers) c.layers = *o.layers;
+  if (o.heads) c.heads = *o.heads;
+  if (o.width) c.width = *o.width;
+  if (o.batch) c.batch = *o.batch;
+  c.validate();
+  return c;
+}
+
+int ranks_per_node(const TrainOptions& o) {
+  if (o.ranks_per_node > 0) return o.ranks_per_node;
+  const char* env = std::getenv("FSDP_RANKS_PER_NODE");  // set by fsdp-run --ranks-per-node
+  return env ? std::atoi(env) : 0;
+}
+
+// --wrap: a unit per transformer block, or one per attention and per MLP
+// (half the largest gathered buffer, twice the collectives).
+fsdp::WrapPolicy make_wrap_policy(const std::string& wrap) {
+  using namespace fsdp::models;
+  if (wrap == "block") return fsdp::module_type_policy<BlockImpl>();
+  if (wrap == "sublayer") return fsdp::module_type_policy<AttentionImpl, MLPImpl>();
+  TORCH_CHECK(false, "--wrap must be block or sublayer, got '", wrap, "'");
+}
+
+bool uses_nvme(const TrainOptions& o) { return o.offload_optimizer == "nvme" || o.offload_params == "nvme"; }
+
+// --offload-optimizer nvme, --offload-params nvme: the disk offload's options.
+void set_nvme_offload(const TrainOptions& o, fsdp::FullyShardOptions& options) {
+  for (const std::string* value : {&o.offload_optimizer, &o.offload_params}) {
+    TORCH_CHECK(*value == "none" || *value == "nvme", "--offload-optimizer and --offload-params must be none or nvme, got '",
+                *value, "'");
+  }
+  if (!uses_nvme(o)) {
+    TORCH_CHECK(o.offload_dir.empty(), "--offload-dir needs --offload-optimizer nvme or --offload-params nvme");
+    return;
+  }
+  TORCH_CHECK(!o.offload_dir.empty(), "--offload-optimizer nvme and --offload-params nvme need --offload-dir DIR ",
+              "(a folder on a disk with room for the offloaded state; fsdp-plan --offload nvme says how much)");
+  TORCH_CHECK(std::filesystem::is_directory(o.offload_dir), "--offload-dir: '", o.offload_dir, "' is not a folder");
+  TORCH_CHECK(o.offload == "none", "--offload cpu is for a GPU run; it cannot be combined with nvme offload");
+  TORCH_CHECK(o.adamw == "fused", "nvme offload steps with fsdp::FusedAdamW: --adamw torch cannot be combined with it");
+  options.nvme_offload(fsdp::NvmeOffloadOptions(o.offload_dir)
+                           .optimizer_state(o.offload_optimizer == "nvme")
+                           .params(o.offload_params == "nvme")
+                           .store(fsdp::offload::DiskStoreOptions(o.offload_dir)
+                                      .engine(fsdp::offload::parse_io_engine(o.offload_engine))));
+}
+
+fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
+  fsdp::MixedPrecision mp;
+  mp.param_dtype(fsdp::parse_dtype(o.param_dtype));
+  if (!o.reduce_dtype.empty()) mp.reduce_dtype(fsdp::parse_dtype(o.reduce_dtype));
+  auto options = fsdp::FullyShardOptions()
+                     .wrap_policy(make_wrap_policy(o.wrap))
+                     .mixed_precision(mp)
+                     .ranks_per_node(ranks_per_node(o))
+                     .forward_prefetch(o.forward_prefetch)
+                     .backward_prefetch(fsdp::parse_backward_prefetch(o.backward_prefetch))
+                     .prefetch_depth(o.prefetch_depth)
+                     .limit_all_gathers(!o.no_limit_all_gathers)
+                     .cache_host_blocks(!o.no_block_cache)
+                     .activation_checkpointing(o.activation_checkpointing);
+  TORCH_CHECK(o.prefetch_depth >= 1, "--prefetch-depth must be at least 1, got ", o.prefetch_depth);
+  if (o.strategy != "auto") options.strategy(fsdp::parse_strategy(o.strategy));
+  set_nvme_offload(o, options);
+  return options;
+}
+
+// --strategy auto: fsdp::choose_strategy's rule, the one fsdp-plan --budget
+// applies too (model state plus gathered parameters, least communication first).
+fsdp::ShardingStrategy pick_strategy(const TrainOptions& o, Run& run, int world) {
+  TORCH_CHECK(o.memory_budget > 0,
+              "--strategy auto needs --memory-budget BYTES (per-rank model state plus gathered parameters)");
+  const fsdp::StrategyChoice choice =
+      fsdp::choose_strategy(planned_unit_numels(run), world, run.fsdp_options.ranks_per_node(),
+                            run.fsdp_options.mixed_precision(), o.memory_budget);
+  run.strategy_reason = choice.reason;
+  return choice.strategy;
+}
+
+// The preflight (fsdp/host_memory.h) of this run on the CPU: a GPU run's
+// host memory is not the step's peak.
+void preflight(const TrainOptions& o, Run& run, int world) {
+  if (o.no_preflight || o.device != "cpu") return;
+  const auto& c = run.config;
+  const auto& options = run.fsdp_options;
+  fsdp::HostMemoryRun plan;
+  plan.shape = fsdp::TransformerShape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch, false};
+  plan.strategy = o.strategy == "auto" ? fsdp::ShardingStrategy::kFullShard : fsdp::parse_strategy(o.strategy);
+  plan.world = world;
+  plan.ranks_here = fsdp::ranks_on_this_host(world);
+  plan.ranks_per_node = options.ranks_per_node();
+  plan.mixed_precision = options.mixed_precision();
+  plan.prefetch = options.forward_prefetch() || options.backward_prefetch() != fsdp::BackwardPrefetch::kNone;
+  plan.micro_steps = o.grad_accum;
+  fsdp::HostMemorySettings settings;
+  settings.activation_checkpointing = o.activation_checkpointing;
+  settings.sublayer_units = o.wrap == "sublayer";
+  settings.sharded_init = o.sharded_init;
+  settings.nvme_optimizer = o.offload_optimizer == "nvme";
+  settings.nvme_params = o.offload_params == "nvme";
+  run.ram_predicted = fsdp::preflight_host_memory(plan, settings, fsdp::host_memory_available());
+}
+
+// The options that are single numbers or names, checked before anything is built.
+void check_values(const TrainOptions& o, int world) {
+  TORCH_CHECK(o.steps > 0, "--steps must be positive, got ", o.steps);
+  TORCH_CHECK(o.lr > 0, "--lr must be positive, got ", o.lr);
+  TORCH_CHECK(o.grad_accum > 0, "--grad-accum must be positive, got ", o.grad_accum);
+  TORCH_CHECK(o.sample >= 0 && o.temperature >= 0, "--sample and --temperature must be >= 0");
+  TORCH_CHECK(o.clip_grad_norm >= 0, "--clip-grad-norm must be positive, got ", o.clip_grad_norm);
+  TORCH_CHECK(o.weight_decay >= 0, "--weight-decay must be >= 0, got ", o.weight_decay);
+  TORCH_CHECK(o.adamw == "fused" || o.adamw == "torch", "--adamw must be fused or torch, got '", o.adamw, "'");
+  TORCH_CHECK(o.lr_schedule == "cosine" || !o.min_lr, "--min-lr needs --lr-schedule cosine");
+  TORCH_CHECK(o.ckpt_every >= 0 && o.ckpt_keep >= 1, "--ckpt-every must be >= 0 and --ckpt-keep >= 1");
+  TORCH_CHECK(!o.ckpt_dir.empty() || (o.ckpt_every == 0 && !o.resume), "--ckpt-every and --resume need --ckpt-dir");
+  TORCH_CHECK(o.val_fraction >= 0 && o.val_fraction < 1, "--val-fraction must be in [0, 1), got ", o.val_fraction);
+  TORCH_CHECK(o.eval_every >= 0, "--eval-every must be >= 0, got ", o.eval_every);
+  TORCH_CHECK(o.eval_every == 0 || o.val_fraction > 0, "--eval-every ", o.eval_every,
+              " needs a validation split, but --val-fraction is 0");
+  // Each rank evaluates E / W sequences, so that every rank runs the same
+  // number of forwards (their all-gathers): E must split evenly.
+  TORCH_CHECK(!o.eval_sequences || (*o.eval_sequences > 0 && *o.eval_sequences % world == 0),
+              "--eval-sequences must be a positive multiple of the world size ", world, ", got ",
+              o.eval_sequences.value_or(0));
+  TORCH_CHECK(!o.sharded_init || o.init_from.empty(), "--sharded-init draws the initial weights unit by unit; "
+              "it cannot be combined with --init-from");
+  TORCH_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '", o.device, "'");
+  TORCH_CHECK(o.backend == "auto" || o.backend == "mpi" || o.backend == "nccl",
+              "--backend must be auto, mpi or nccl, got '", o.backend, "'");
+  TORCH_CHECK(o.offload == "none" || o.offload == "cpu", "--offload must be none or cpu, got '", o.offload, "'",
+              o.offload == "nvme" ? " (offload to disk: --offload-optimizer nvme, --offload-params nvme)" : "");
+  TORCH_CHECK(o.device == "cuda" || o.backend != "nccl", "--backend nccl needs --device cuda");
+}
+
+fsdp::LrSchedule make_schedule(const TrainOptions& o) {
+  auto schedule = fsdp::LrSchedule()
+                      .kind(fsdp::parse_lr_schedule(o.lr_schedule))
+                      .lr(o.lr)
+                      .warmup_steps(o.warmup_steps)
+                      .min_lr(o.min_lr.value_or(o.lr / 10))
+                      .total_steps(o.steps);
+  schedule.validate();
+  return schedule;
+}
+
+std::unique_ptr<fsdp::models::TokenData> make_data(const TrainOptions& o, const Run& run) {
+  std::string data_path = o.data.empty() ? std::string(FSDP_DEFAULT_CORPUS) : o.data;
+  TORCH_CHECK(!o.data.empty() || std::ifstream(data_path).good(), "the built-in default corpus '", data_path,
+              "' is missing: run scripts/setup.sh, or pass --data FILE");
+  return std::make_unique<fsdp::models::TokenData>(data_path, run.config.context, run.config.vocab,
+                                                   fsdp::models::TokenDataOptions()
+                                                       .order(fsdp::models::parse_data_order(o.data_order))
+                                                       .seed(o.data_seed)
+                                                       .val_fraction(o.val_fraction));
+}
+
+// The whole model on every rank (initialized), or its shapes only for
+// --sharded-init; then --init-from's weights.
+void make_model(const TrainOptions& o, Run& run) {
+  fsdp::memory::reset_peaks();
+  if (o.sharded_init) {
+    fsdp::memory::DeferredInit deferred;  // shapes only: fully_shard initializes unit by unit
+    run.model = fsdp::models::GPT(run.config);
+  } else {
+    run.model = fsdp::models::GPT(run.config);
+    run.model->init_weights(o.seed);
+  }
+  if (!o.init_from.empty()) {
+    const auto start = std::chrono::steady_clock::now();
+    fsdp::load_full_weights(*run.model, o.init_from);
+    run.init_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+}
+
+// --device, --backend (fsdp/device_choice.h), named in its errors.
+void choose_device(const TrainOptions& o, const fsdp::ProcessGroupPtr& world, Run& run) {
+  const auto backend = o.backend == "nccl" ? fsdp::CollectiveBackend::kNccl
+                       : o.backend == "mpi" ? fsdp::CollectiveBackend::kMpi
+                                            : fsdp::CollectiveBackend::kAuto;
+  fsdp::DeviceChoice choice;
+  try {
+    choice = fsdp::choose_device(o.device == "cuda" ? c10::DeviceType::CUDA : c10::DeviceType::CPU, backend, world);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "--device ", o.device, ": ", fsdp::error_message(e));
+  }
+  run.device = choice.device;
+  run.backend = choice.backend;
+  run.group = choice.group;
+  if (o.device == "cuda") run.fsdp_options.device(run.device);
+}
+
+// --trace's folder, --plot's gnuplot and folder, rank 0's --log.
+void prepare_outputs(const TrainOptions& o, Run& run, int rank) {
+  if (!o.trace.empty()) {
+    const auto dir = std::filesystem::path(trace_path(o.trace, rank)).parent_path();
+    TORCH_CHECK(dir.empty() || std::filesystem::is_directory(dir), "--trace: the directory '", dir.string(),
+                "' does not exist");
+  }
+  if (!o.plot.empty()) {
+    TORCH_CHECK(std::system("command -v gnuplot > /dev/null 2>&1") == 0,
+                "--plot needs gnuplot (Debian: apt-get install gnuplot-nox)");
+    std::filesystem::create_directories(o.plot);
+  }
+  if (rank == 0 && !o.log.empty()) {
+    run.log.open(o.log, o.resume ? std::ios::app : std::ios::trunc);
+    TORCH_CHECK(run.log, "cannot open the log file '", o.log, "' for writing");
+  }
+}
+
+}  // namespace
+
+int default_threads(int world) {
+  for (const char* var : {"FSDP_THREADS_PER_RANK", "OMP_NUM_THREADS"}) {
+    if (const char* value = std::getenv(var)) {
+      int n = std::atoi(value);
+      if (n > 0) return n;
+    }
+  }
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world);
+}
+
+std::vector<int64_t> planned_unit_numels(Run& run) {
+  std::vector<int64_t> numels;
+  for (const auto& plan : fsdp::plan_units(*run.model, run.fsdp_options.wrap_policy())) {
+    int64_t n = 0;
+    for (const auto& p : plan.params) n += p.second.numel();
+    numels.push_back(n);
+  }
+  return numels;
+}
+
+std::string trace_path(const std::string& path, int rank) {
+  const std::string suffix = ".json";
+  const bool json = path.size() > suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return (json ? path.substr(0, path.size() - suffix.size()) : path) + ".rank" + std::to_string(rank) + suffix;
+}
+
+Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
+  Run run;
+  run.config = make_config(o);
+  check_values(o, world->size());
+  run.schedule = make_schedule(o);
+  run.ckpt_format = fsdp::parse_checkpoint_format(o.ckpt_format);
+  run.fsdp_options = make_fsdp_options(o);
+  preflight(o, run, world->size());
+  run.data = make_data(o, run);
+  make_model(o, run);
+  if (o.strategy == "auto") run.fsdp_options.strategy(pick_strategy(o, run, world->size()));
+  choose_device(o, world, run);
+  run.fsdp_options.cpu_offload(o.offload == "cpu");
+  prepare_outputs(o, run, world->rank());
+  return run;
+}
+
+}  // namespace fsdp_train

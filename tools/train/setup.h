@@ -1,0 +1,57 @@
+#pragma once
+// fsdp-train's set-up: the options checked and turned into the library's
+// option structs, the data and the model built, before the first collective
+// of training, so that bad input fails on every rank alike.
+
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/checkpoint.h"
+#include "fsdp/comm.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/gpt.h"
+#include "fsdp/lr_schedule.h"
+#include "fsdp/token_data.h"
+#include "train/options.h"
+
+namespace fsdp_train {
+
+// Everything a run needs, built and checked.
+struct Run {
+  fsdp::models::GPTConfig config;
+  std::unique_ptr<fsdp::models::TokenData> data;
+  fsdp::models::GPT model{nullptr};
+  fsdp::FullyShardOptions fsdp_options;
+  std::string strategy_reason;  // why --strategy auto picked what it did
+  fsdp::CheckpointFormat ckpt_format = fsdp::CheckpointFormat::kSharded;
+  double init_seconds = 0.0;     // reading --init-from
+  fsdp::LrSchedule schedule;     // --lr-schedule, --warmup-steps, --min-lr over --steps
+  // The sharded model, held here too: an error in training reaches main's
+  // handler, which ends the job, with the model's process groups alive.
+  // Destroying a group whose collective is stuck (the watchdog's case)
+  // would wait for it forever.
+  std::shared_ptr<void> sharded_model;
+  std::ofstream log;
+  c10::Device device = c10::Device(torch::kCPU);  // --device: where the units compute
+  std::string backend = "mpi";                   // --backend, resolved
+  int64_t ram_predicted = 0;                     // the preflight's host memory per rank (0: not checked)
+  fsdp::ProcessGroupPtr group;                   // what the model is sharded over (world, or NCCL over it)
+};
+
+// Checks the options and builds the run (collective only with --device cuda).
+Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world);
+
+// LibTorch threads per rank without --threads: FSDP_THREADS_PER_RANK or
+// OMP_NUM_THREADS, else the cores shared among the ranks.
+int default_threads(int world);
+
+// The element count of each unit the run's wrap policy makes, root first
+// (what the planner's estimates take).
+std::vector<int64_t> planned_unit_numels(Run& run);
+
+// --trace FILE.json: rank r writes FILE.rank<r>.json.
+std::string trace_path(const std::string& path, int rank);
+
+}  // namespace fsdp_train

@@ -1,0 +1,280 @@
+// fsdp-train's end of run: the figures every rank contributes, --summary's
+// JSON object, and the printout.
+
+#include <sys/resource.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/host_memory.h"
+#include "train/report.h"
+#include "train/report_util.h"
+
+namespace fsdp_train {
+
+using fsdp::format_mib;
+
+EndFigures gather_end_figures(const fsdp::ProcessGroupPtr& world, RunFigures& figures, c10::Device device) {
+  const int W = world->size();
+  EndFigures end;
+  // Every rank's peak resident set (the runtime included), for the summary.
+  struct rusage usage_now {};
+  ::getrusage(RUSAGE_SELF, &usage_now);
+  // The GPU's peak over the run (the CUDA caching allocator's), the largest
+  // of any rank: 0 on the CPU.
+  figures.fold_device_peak(device);
+  torch::Tensor device_peaks = torch::empty({W, 2}, torch::kLong);
+  world->all_gather(device_peaks, torch::tensor({figures.run_device_peak.peak_allocated,
+                                                 figures.run_device_peak.peak_reserved},
+                                                torch::kLong))
+      ->wait();
+  end.peak_device = device_peaks.select(1, 0).max().item<int64_t>();
+  end.peak_device_reserved = device_peaks.select(1, 1).max().item<int64_t>();
+  torch::Tensor rss = torch::empty({W}, torch::kLong);
+  world->all_gather(rss, torch::tensor({static_cast<int64_t>(usage_now.ru_maxrss) * 1024}, torch::kLong))->wait();
+  end.rss.assign(rss.data_ptr<int64_t>(), rss.data_ptr<int64_t>() + W);
+  return end;
+}
+
+namespace {
+
+// The summary's memory figures: per rank, by category, on the host and the device.
+void add_memory(nlohmann::json& summary, const ReportContext& c, const RunFigures& figures, const EndFigures& end) {
+  const int W = c.world_size;
+  const auto& f = figures.last_figures;
+  nlohmann::json peak_by_category;  // each category's own peak in the last step (they need not coincide)
+  const auto usage_last = fsdp::memory::usage();
+  for (size_t k = 0; k < fsdp::memory::kNumCategories; ++k) {
+    const auto category = static_cast<fsdp::memory::Category>(k);
+    peak_by_category[fsdp::memory::category_name(category)] = usage_last.peak(category);
+  }
+  std::vector<int64_t> model_state(W);
+  for (int r = 0; r < W; ++r) model_state[r] = f[r].model_state_bytes;
+  nlohmann::json model_state_by_kind;  // per rank, split as fsdp-plan splits it
+  nlohmann::json device_model_state = nlohmann::json::array();
+  for (int r = 0; r < W; ++r) device_model_state.push_back(f[r].device_model_state_bytes);
+  // The device's memory by category, per rank (the last step's): model
+  // state by kind at the step's end, and the peak of the gathered
+  // parameter buffers (ours, exact); the caching allocator's totals are
+  // peak_device_bytes and peak_device_reserved_bytes.
+  nlohmann::json device_by_category = nlohmann::json::object();
+  if (!c.run.device.is_cpu()) {
+    for (int r = 0; r < W; ++r) {
+      device_by_category["params"].push_back(f[r].device_param_shard_bytes);
+      device_by_category["grads"].push_back(f[r].device_grad_shard_bytes);
+      device_by_category["optimizer"].push_back(f[r].device_optimizer_state_bytes);
+      device_by_category["gathered_peak"].push_back(f[r].device_gathered_peak_bytes);
+      device_by_category["step_peak"].push_back(f[r].device_peak_bytes);
+    }
+  }
+  for (int r = 0; r < W; ++r) {
+    model_state_by_kind["params"].push_back(f[r].param_shard_bytes);
+    model_state_by_kind["grads"].push_back(f[r].grad_shard_bytes);
+    model_state_by_kind["optimizer"].push_back(f[r].optimizer_state_bytes);
+  }
+  const Predictions& p = c.predicted;
+  summary["construction_peak_bytes"] = p.construction_peak;
+  summary["peak_device_bytes"] = end.peak_device;
+  summary["peak_device_reserved_bytes"] = end.peak_device_reserved;
+  summary["device_model_state_bytes"] = device_model_state;
+  summary["device_memory_by_category"] = device_by_category;
+  // The planner's step peak as fsdp-plan --offload splits it: with
+  // offload the model state is on the host (CPU kernels' activations).
+  summary["peak_device_bytes_predicted"] =
+      c.run.device.is_cpu() ? int64_t{0} : p.peak.total() - (c.o.offload == "cpu" ? p.peak.state.total() : 0);
+  summary["peak_tensor_bytes"] = figures.max_peak;
+  summary["model_state_bytes"] = model_state;
+  summary["model_state_bytes_predicted"] = p.state.total();
+  summary["peak_tensor_bytes_predicted"] = p.peak_bytes;
+  summary["peak_rss_bytes"] = end.rss;
+  summary["ram_bytes_predicted"] = c.run.ram_predicted;
+  summary["last_step_peak_by_category_rank0"] = peak_by_category;
+  summary["model_state_bytes_by_kind"] = model_state_by_kind;
+  summary["block_cache_bytes"] = fsdp::memory::block_cache_limit();
+}
+
+// The summary's disk offload figures (measured medians and the planner's).
+void add_offload(nlohmann::json& summary, const ReportContext& c, const RunFigures& figures) {
+  const auto& plan = c.predicted.nvme;
+  summary["offload_optimizer"] = c.o.offload_optimizer;
+  summary["offload_params"] = c.o.offload_params;
+  summary["offload_engine"] = c.nvme.on ? c.nvme.engine : "";
+  summary["offload_file_bytes"] = c.nvme.on ? c.nvme.file_bytes : 0;
+  summary["offload_file_bytes_predicted"] = plan ? plan->file_bytes : 0;
+  summary["offload_read_bytes_per_step"] = median(figures.offload_read);
+  summary["offload_written_bytes_per_step"] = median(figures.offload_written);
+  summary["offload_io_bytes_per_step_predicted"] = plan ? plan->io_per_step() : 0;
+  summary["offload_wait_s"] = median(figures.offload_wait_times);
+}
+
+// The summary's configuration and timing.
+nlohmann::json run_summary(const ReportContext& c, const RunFigures& figures) {
+  const TrainOptions& o = c.o;
+  const auto& mp = c.run.fsdp_options.mixed_precision();
+  const double typical = median(figures.step_times);
+  return {{"preset", o.preset},
+          {"world_size", c.world_size},
+          {"strategy", fsdp::strategy_name(c.run.fsdp_options.strategy())},
+          {"param_dtype", fsdp::dtype_name(mp.param_dtype())},
+          {"reduce_dtype", fsdp::dtype_name(mp.effective_reduce_dtype())},
+          {"forward_prefetch", o.forward_prefetch},
+          {"backward_prefetch", o.backward_prefetch},
+          {"activation_checkpointing", o.activation_checkpointing},
+          {"wrap", o.wrap},
+          {"threads_per_rank", torch::get_num_threads()},
+          {"adamw", o.adamw},
+          {"device", c.run.device.str()},
+          {"backend", c.run.backend},
+          {"offload", o.offload},
+          {"libtorch", c10::str(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, ".", TORCH_VERSION_PATCH)},
+          {"steps", o.steps},
+          {"final_loss", figures.final_loss},
+          {"step_s", typical},
+          {"tokens_per_s", c.predicted.tokens_per_step / typical},
+          {"exposed_comm_s", median(figures.exposed_comm_times)},
+          {"optimizer_s", median(figures.optimizer_times)},
+          {"comm_bytes", comm_bytes_json(figures.last_comm)},
+          {"units", c.state.num_units()},
+          {"shard_group_size", c.predicted.shard_group_size},
+          {"replicate_group_size", c.state.replicate_group() ? c.state.replicate_group()->size() : 1},
+          {"prefetch_depth", o.prefetch_depth},
+          {"limit_all_gathers", !o.no_limit_all_gathers},
+          {"first_step", figures.first_step},
+          {"preempted_after_step",
+           figures.preempted_after ? nlohmann::json(figures.preempted_after) : nlohmann::json()},
+          {"resumed_from", figures.resumed_from.empty() ? nlohmann::json() : nlohmann::json(figures.resumed_from)},
+          {"data_order", o.data_order},
+          {"data_seed", o.data_seed},
+          {"val_fraction", o.val_fraction}};
+}
+
+}  // namespace
+
+void write_summary(const ReportContext& c, const RunFigures& figures, const EndFigures& end) {
+  nlohmann::json summary = run_summary(c, figures);
+  add_memory(summary, c, figures, end);
+  add_offload(summary, c, figures);
+  if (!c.run.strategy_reason.empty()) summary["strategy_reason"] = c.run.strategy_reason;
+  if (figures.final_val_loss) {
+    summary["final_val_loss"] = *figures.final_val_loss;
+    summary["eval_sequences"] = figures.eval_sequences;
+  }
+  std::ofstream out(c.o.summary);
+  out << summary.dump() << "\n";
+  TORCH_CHECK(out.good(), "writing the summary '", c.o.summary, "' failed");
+}
+
+namespace {
+
+// Loss, validation, throughput, the step's time split, the disk offload's traffic.
+void print_training(const ReportContext& c, const RunFigures& figures) {
+  const TrainOptions& o = c.o;
+  const double typical = median(figures.step_times);
+  const double exposed = median(figures.exposed_comm_times), optimizer = median(figures.optimizer_times);
+  std::cout << "\n== summary ==\n"
+            << "final loss        " << std::fixed << std::setprecision(4) << figures.final_loss << " after "
+            << (figures.preempted_after ? figures.preempted_after : o.steps) << " steps"
+            << (c.train_step.scaler() ? " (" + std::to_string(figures.skipped_steps) + " skipped on overflow)" : "")
+            << "\n";
+  if (figures.final_val_loss) {
+    std::cout << "validation loss   " << std::setprecision(4) << *figures.final_val_loss << " ("
+              << figures.eval_sequences << " held-out sequences)\n";
+  }
+  std::cout << "throughput        " << std::setprecision(0) << c.predicted.tokens_per_step / typical
+            << " tokens/s (median step " << std::setprecision(3) << typical << " s, first step excluded); wall "
+            << std::setprecision(1) << figures.elapsed << " s\n"
+            << "step time split   (rank 0, medians) compute " << std::setprecision(3) << typical - exposed - optimizer
+            << " s, exposed communication " << exposed << " s (" << std::setprecision(1) << 100.0 * exposed / typical
+            << "%), optimizer " << std::setprecision(3) << optimizer << " s\n";
+  if (c.nvme.on) {
+    const double wait = median(figures.offload_wait_times);
+    std::cout << "disk offload      (rank 0, medians) " << format_mib(static_cast<int64_t>(median(figures.offload_read)))
+              << " read and " << format_mib(static_cast<int64_t>(median(figures.offload_written)))
+              << " written per step (the planner: " << format_mib(c.predicted.nvme->io_per_step())
+              << " in all); compute waited " << std::setprecision(3) << wait << " s (" << std::setprecision(1)
+              << 100.0 * wait / typical << "%) on it\n";
+  }
+}
+
+// Per-rank tensor memory against the planner's, and the resident sets.
+void print_host_memory(const ReportContext& c, const RunFigures& figures, const EndFigures& end) {
+  const int W = c.world_size;
+  const Predictions& p = c.predicted;
+  std::cout << "per-rank memory   (exact tensor bytes from the counting allocator)\n";
+  for (int r = 0; r < W; ++r) {
+    const fsdp::RankFigures& f = figures.last_figures[r];
+    std::cout << "  rank " << r << ": model state " << format_mib(f.model_state_bytes) << " (params "
+              << format_mib(f.param_shard_bytes) << ", grads " << format_mib(f.grad_shard_bytes) << ", optimizer "
+              << format_mib(f.optimizer_state_bytes) << "), peak tensors " << format_mib(figures.max_peak[r]) << "\n";
+  }
+  std::cout << "  the planner predicted a peak of " << format_mib(p.peak_bytes)
+            << (c.nvme.on ? " with the offload (in memory: " : " (") << "model state "
+            << format_mib(p.nvme ? p.nvme->resident.total() : p.peak.state.total()) << ", gathered "
+            << format_mib(p.peak.gathered) << ", activations " << format_mib(p.peak.activations)
+            << ", backward transient " << format_mib(p.peak.backward_transient) << ")\n";
+  std::cout << "  full model state on one process would be " << format_mib(16 * p.num_params)
+            << " (16 bytes x parameters)\n";
+  const int64_t rss_sum = std::accumulate(end.rss.begin(), end.rss.end(), int64_t{0});
+  std::cout << "  peak RSS of all ranks " << format_mib(rss_sum);
+  if (c.run.ram_predicted > 0) {
+    std::cout << "; the preflight planned " << format_mib(c.run.ram_predicted * W) << " ("
+              << format_mib(c.run.ram_predicted) << " a rank)";
+  }
+  std::cout << "\n";
+}
+
+// A GPU run's device memory, per rank and over the run.
+void print_device_memory(const ReportContext& c, const RunFigures& figures, const EndFigures& end) {
+  if (c.run.device.is_cpu()) return;
+  std::cout << "device memory     (" << c.run.device << ", the CUDA caching allocator; " << c.run.backend
+            << " collectives" << (c.o.offload == "cpu" ? ", CPU offload" : "") << ")\n";
+  for (int r = 0; r < c.world_size; ++r) {
+    const fsdp::RankFigures& f = figures.last_figures[r];
+    std::cout << "  rank " << r << ": last step's peak " << format_mib(f.device_peak_bytes)
+              << ", of which gathered parameters at most " << format_mib(f.device_gathered_peak_bytes)
+              << "; model state there " << format_mib(f.device_model_state_bytes) << " (params "
+              << format_mib(f.device_param_shard_bytes) << ", grads " << format_mib(f.device_grad_shard_bytes)
+              << ", optimizer " << format_mib(f.device_optimizer_state_bytes) << ")\n";
+  }
+  std::cout << "  run's peak " << format_mib(end.peak_device) << " allocated, " << format_mib(end.peak_device_reserved)
+            << " reserved (largest rank)\n";
+}
+
+// --save-final's file, and the preemption's line.
+void print_outputs(const ReportContext& c, const RunFigures& figures, const EndFigures& end) {
+  const TrainOptions& o = c.o;
+  if (!o.save_final.empty()) {
+    const double mb = std::filesystem::file_size(o.save_final) / 1e6;
+    std::cout << "saved final weights to " << o.save_final << " (" << std::setprecision(1) << mb << " MB in "
+              << std::setprecision(2) << end.save_final_s << " s, " << std::setprecision(0) << mb / end.save_final_s
+              << " MB/s; rank 0's tensor memory peaked " << format_mib(end.save_final_peak_extra)
+              << " above its model state while saving)\n";
+  }
+  if (figures.preempted_after) {
+    const int64_t after = figures.preempted_after;
+    std::cout << "preempted         a signal (SIGTERM or SIGUSR1) reached "
+              << (figures.signalled_here ? "this rank" : "a rank") << "; stopped after step " << after
+              << (o.ckpt_dir.empty() ? ", nothing saved (no --ckpt-dir)"
+                                     : ", checkpoint " +
+                                           (std::filesystem::path(o.ckpt_dir) / ("step-" + std::to_string(after))).string() +
+                                           " saved: resume with --resume")
+              << "; exit status " << (o.ckpt_dir.empty() ? kExitPreemptedUnsaved : kExitPreemptedSaved) << "\n";
+  }
+}
+
+}  // namespace
+
+void print_summary(const ReportContext& c, const RunFigures& figures, const EndFigures& end) {
+  print_training(c, figures);
+  print_host_memory(c, figures, end);
+  print_device_memory(c, figures, end);
+  print_outputs(c, figures, end);
+  std::cout << std::flush;
+}
+
+}  // namespace fsdp_train

@@ -1,0 +1,291 @@
+// fsdp-train's training: the model sharded, the optimizer and the step,
+// checkpoints, the loop, and the end of the run.
+
+#include "train/train.h"
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "fsdp/checkpoint_manager.h"
+#include "fsdp/error.h"
+#include "fsdp/evaluation.h"
+#include "fsdp/fused_adamw.h"
+#include "fsdp/memory.h"
+#include "fsdp/state_dict.h"
+#include "fsdp/trace.h"
+#include "fsdp/train_step.h"
+#include "train/report.h"
+
+namespace fsdp_train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Model = fsdp::FullyShardedModule<fsdp::models::GPTImpl>;
+
+Model shard_model(const TrainOptions& o, Run& run) {
+  if (o.sharded_init) {
+    // The same draws as init_weights: seeded alike, parameter by parameter in named order.
+    torch::manual_seed(o.seed);
+    fsdp::models::GPT gpt = run.model;
+    run.fsdp_options.param_init_fn(
+        [gpt](const std::string& name, torch::Tensor& param) { gpt->init_parameter(name, param); });
+  }
+  auto model = fsdp::fully_shard(run.model, run.group, run.fsdp_options);
+  run.sharded_model = std::make_shared<Model>(model);
+  return model;
+}
+
+// Both are torch::optim::AdamW to the library and to checkpoints: a run may
+// resume with the other.
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const TrainOptions& o, Model& model) {
+  const auto options = torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0);
+  if (o.adamw == "fused") return std::make_unique<fsdp::FusedAdamW>(model.parameters(), options);
+  return std::make_unique<torch::optim::AdamW>(model.parameters(), options);
+}
+
+// The objects a checkpoint saves beside the model and the optimizer (their
+// keys are those of metadata.json's "extra" that checkpoints have always had).
+struct CheckpointedState {
+  fsdp::RecordedValue config, preset, weight_decay;
+  fsdp::DataOrderState data;
+  fsdp::LrScheduleState schedule;
+  std::unique_ptr<fsdp::LossScaleState> loss_scale;
+  CheckpointedState(const TrainOptions& o, const Run& run, fsdp::GradScaler* scaler)
+      : config(fsdp::RecordedValue::text(run.config.describe())),
+        preset(fsdp::RecordedValue::text(o.preset)),
+        weight_decay(fsdp::RecordedValue::number(o.weight_decay)),
+        data(run.data->options(),
+             ": pass the same --data-order, --data-seed and --val-fraction to continue the same batches"),
+        schedule(run.schedule, ": pass the same --lr, --lr-schedule, --warmup-steps, --min-lr (and --steps for cosine)"),
+        loss_scale(scaler ? std::make_unique<fsdp::LossScaleState>(*scaler) : nullptr) {}
+  void add_to(fsdp::CheckpointManager& manager) {
+    manager.add("config", config);
+    manager.add("preset", preset);
+    manager.add("data", data);
+    manager.add("lr_schedule", schedule);
+    if (loss_scale) manager.add("loss_scale", *loss_scale);
+    manager.add("weight_decay", weight_decay);
+  }
+};
+
+// --sample N: rank 0 generates N tokens from --prompt with the whole
+// parameters (an UnshardScope: collective on entry and exit, nothing
+// collective inside it), greedily at temperature 0, else sampled.
+void print_sample(Model& model, const TrainOptions& o, int rank, c10::Device device) {
+  fsdp::UnshardScope whole(model.state());
+  if (rank != 0) return;
+  const auto& c = model->config();
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(o.sample_seed);
+  std::vector<int64_t> tokens;
+  for (unsigned char ch : o.prompt) tokens.push_back(static_cast<int64_t>(ch) % c.vocab);
+  if (tokens.empty()) tokens.push_back('\n' % c.vocab);
+  for (int64_t i = 0; i < o.sample; ++i) {
+    const int64_t window = std::min<int64_t>(static_cast<int64_t>(tokens.size()), c.context);
+    torch::Tensor idx = torch::tensor(std::vector<int64_t>(tokens.end() - window, tokens.end()), torch::kLong)
+                            .view({1, -1})
+                            .to(device);
+    torch::Tensor last = model->logits(idx).select(1, window - 1).squeeze(0).to(torch::kFloat);
+    const int64_t next = o.temperature <= 0 ? last.argmax().item<int64_t>()
+                                            : torch::multinomial(torch::softmax(last / o.temperature, 0), 1).item<int64_t>();
+    tokens.push_back(next);
+  }
+  std::ostringstream temperature;  // as given (std::cout may hold std::fixed from the progress lines)
+  temperature << o.temperature;
+  std::cout << "\n== sample (" << o.sample << " tokens, "
+            << (o.temperature <= 0 ? std::string("greedy") : "temperature " + temperature.str())
+            << ", prompt included) ==\n";
+  if (c.vocab <= 256) {
+    for (int64_t t : tokens) std::cout << static_cast<char>(t);
+  } else {
+    for (size_t i = 0; i < tokens.size(); ++i) std::cout << (i ? " " : "") << tokens[i];
+  }
+  std::cout << "\n" << std::flush;
+}
+
+// One run once sharded: the model, its optimizer and step, the checkpoints,
+// the figures, and the reports' view of them.
+class Trainer {
+ public:
+  Trainer(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world, const fsdp::Preemption& preemption)
+      : o_(o),
+        run_(run),
+        world_(world),
+        preemption_(preemption),
+        rank_(world->rank()),
+        num_params_(run.model->num_parameters()),
+        unit_numels_(planned_unit_numels(run)),
+        model_(shard_model(o, run)),
+        construction_peak_(fsdp::memory::usage().peak_total),  // building and sharding: this rank's peak so far
+        optimizer_(make_optimizer(o, model_)),
+        // The step itself (accumulation, loss scaling, clipping, skipping on
+        // overflow, the figures) is the library's: this tool is a front end to it.
+        train_step_(model_, *optimizer_,
+                    fsdp::TrainStepOptions()
+                        .micro_steps(o.grad_accum)
+                        .no_sync(o.no_sync)
+                        .clip_grad_norm(o.clip_grad_norm)
+                        .weight_decay(o.weight_decay)),
+        nvme_(nvme_report(model_.state())),
+        predicted_(predict(o, run, model_.state(), nvme_, unit_numels_, num_params_, world->size())),
+        report_{o, run, model_.state(), train_step_, predicted_, nvme_, world->size()},
+        checkpointed_(o, run, train_step_.scaler()) {
+    predicted_.construction_peak = construction_peak_;
+    figures_.eval_sequences = o.eval_sequences.value_or(fsdp::default_evaluation_sequences(world->size()));
+  }
+
+  int run() {
+    if (rank_ == 0) print_banner(report_);
+    if (!o_.ckpt_dir.empty()) open_checkpoints();
+    if (figures_.first_step >= o_.steps) {
+      if (rank_ == 0) {
+        std::cout << "nothing left to train: the checkpoint is at step " << figures_.first_step << " and --steps is "
+                  << o_.steps << " (raise --steps to continue training)\n";
+      }
+      return 0;
+    }
+    if (!o_.trace.empty()) fsdp::trace::enable();
+    const auto start = Clock::now();
+    loop();
+    figures_.elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    return finish();
+  }
+
+ private:
+  const TrainOptions& o_;
+  Run& run_;
+  fsdp::ProcessGroupPtr world_;
+  const fsdp::Preemption& preemption_;
+  int rank_;
+  int64_t num_params_;
+  std::vector<int64_t> unit_numels_;
+  Model model_;
+  int64_t construction_peak_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  fsdp::TrainStep train_step_;
+  NvmeReport nvme_;
+  Predictions predicted_;
+  ReportContext report_;
+  CheckpointedState checkpointed_;
+  std::optional<fsdp::CheckpointManager> checkpoints_;
+  RunFigures figures_;
+
+  // --ckpt-dir: the shared-folder probe, then --resume from the newest checkpoint.
+  void open_checkpoints() {
+    checkpoints_.emplace(model_.state(), *optimizer_,
+                         fsdp::CheckpointManagerOptions(o_.ckpt_dir)
+                             .every(o_.ckpt_every)
+                             .keep(o_.ckpt_keep)
+                             .format(run_.ckpt_format));
+    checkpointed_.add_to(*checkpoints_);
+    try {
+      fsdp::check_folder_shared(o_.ckpt_dir, world_);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "--ckpt-dir: ", fsdp::error_message(e));
+    }
+    if (!o_.resume) return;
+    const auto resumed = checkpoints_->resume();
+    if (!resumed) {
+      if (rank_ == 0) std::cout << "  no checkpoint in " << o_.ckpt_dir << ": starting at step 0\n";
+      return;
+    }
+    figures_.first_step = resumed->info.step;
+    figures_.resumed_from = resumed->info.path;
+    if (rank_ == 0) print_resumed(*resumed);
+  }
+
+  void save(int64_t completed_steps) {
+    const fsdp::CheckpointSave saved = checkpoints_->save(completed_steps);
+    if (rank_ == 0) print_saved(saved);
+  }
+
+  std::optional<double> maybe_evaluate(int64_t step) {
+    if (o_.eval_every == 0 || ((step + 1) % o_.eval_every != 0 && step + 1 != o_.steps)) return std::nullopt;
+    const auto options = fsdp::EvaluationOptions()
+                             .sequences(figures_.eval_sequences)
+                             .batch(run_.config.batch)
+                             .device(run_.device);
+    auto loss = [this](const torch::Tensor& x, const torch::Tensor& y) { return model_.forward(x, y); };
+    figures_.final_val_loss = fsdp::evaluate_loss(model_.state(), loss, *run_.data, world_, options);
+    return figures_.final_val_loss;
+  }
+
+  // The loop: a step, the evaluation and checkpoint when due, the ranks'
+  // agreement on a preemption, the step's report.
+  void loop() {
+    const int W = world_->size();
+    const int64_t A = o_.grad_accum, batch = run_.config.batch;
+    for (int64_t step = figures_.first_step; step < o_.steps; ++step) {
+      fsdp::trace::Span step_span("step " + std::to_string(step + 1), "step");
+      const double lr = run_.schedule.lr_at(step);
+      fsdp::set_learning_rate(*optimizer_, lr);
+      figures_.fold_device_peak(run_.device);
+      const fsdp::StepResult result = train_step_([&](int64_t micro) {
+        auto [x, y] = run_.data->batch(step, micro, rank_, W, A, batch);
+        return model_.forward(x.to(run_.device, /*non_blocking=*/true), y.to(run_.device, /*non_blocking=*/true));
+      });
+      figures_.record(result, step, o_.steps, rank_);
+      const std::optional<double> val_loss = maybe_evaluate(step);
+      const bool saved = checkpoints_ && checkpoints_->due(step + 1, o_.steps);
+      if (saved) save(step + 1);
+      // Every rank learns whether any rank was signalled (a signal during the
+      // save above is seen here, after it completed).
+      if (preemption_.agreed_to_stop(world_)) {
+        figures_.preempted_after = step + 1;
+        if (!saved && checkpoints_) save(step + 1);
+      }
+      if (rank_ == 0) report_step(report_, figures_, result, step, lr, val_loss);
+      if (figures_.preempted_after) break;
+    }
+  }
+
+  // After the loop: the summary, plot, trace, sample, final weights and
+  // printout; returns the exit status.
+  int finish() {
+    EndFigures end = gather_end_figures(world_, figures_, run_.device);
+    if (rank_ == 0 && !o_.summary.empty()) write_summary(report_, figures_, end);
+    if (rank_ == 0 && !o_.plot.empty()) plot();
+    if (!o_.trace.empty()) {
+      fsdp::trace::enable(false);
+      fsdp::trace::write(trace_path(o_.trace, rank_), rank_);
+      if (rank_ == 0) std::cout << "trace written to " << trace_path(o_.trace, 0) << " (one file per rank)\n";
+    }
+    if (o_.sample > 0) print_sample(model_, o_, rank_, run_.device);
+    if (!o_.save_final.empty()) save_final(end);
+    figures_.signalled_here = preemption_.signal_here() != 0;
+    if (rank_ == 0) print_summary(report_, figures_, end);
+    if (!figures_.preempted_after) return 0;
+    return o_.ckpt_dir.empty() ? kExitPreemptedUnsaved : kExitPreemptedSaved;
+  }
+
+  void plot() {
+    run_.log.close();
+    // fsdp-plot sits next to this executable.
+    const auto self = std::filesystem::read_symlink("/proc/self/exe").parent_path();
+    const std::string command = "'" + (self / "fsdp-plot").string() + "' '" + o_.log + "' '" + o_.plot + "'";
+    if (std::system(command.c_str()) != 0) std::cerr << "fsdp-train: warning: plotting failed: " << command << "\n";
+  }
+
+  void save_final(EndFigures& end) {
+    const auto start = Clock::now();
+    fsdp::memory::reset_peaks();
+    const int64_t live_before = fsdp::memory::usage().live_total;
+    const auto& c = run_.config;
+    fsdp::save_full_state_dict(
+        model_.state(), o_.save_final,
+        {{"format", "pt"}, {"model", "gpt"}, {"config", c.describe()}, {"steps", std::to_string(o_.steps)}});
+    end.save_final_peak_extra = fsdp::memory::usage().peak_total - live_before;
+    end.save_final_s = std::chrono::duration<double>(Clock::now() - start).count();
+  }
+};
+
+}  // namespace
+
+int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world, const fsdp::Preemption& preemption) {
+  Trainer trainer(o, run, world, preemption);
+  return trainer.run();
+}
+
+}  // namespace fsdp_train

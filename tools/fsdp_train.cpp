@@ -33,7 +33,6 @@
 #include "fsdp/fused_adamw.h"
 #include "fsdp/grad_utils.h"
 #include "fsdp/memory_plan.h"
-#include "fsdp/nvme_offload.h"
 #include "fsdp/gpt.h"
 #include "fsdp/lr_schedule.h"
 #include "fsdp/memory.h"
@@ -667,11 +666,11 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
   const fsdp::StepPeak predicted_peak = fsdp::estimate_step_peak(
       fsdp::TransformerShape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch, o.wrap == "sublayer"}, strategy, W,
       shard_group_size, mp, o.forward_prefetch || o.backward_prefetch != "none", o.activation_checkpointing, unit_numels);
-  const fsdp::offload::NvmeOffload* nvme = state.nvme_offload();
+  const std::optional<fsdp::offload::NvmeOffloadInfo> nvme = state.nvme_offload();
   std::optional<fsdp::NvmeOffloadPlan> nvme_plan;
   if (nvme) {
     nvme_plan = fsdp::estimate_nvme_offload(unit_numels, strategy, W, shard_group_size, mp,
-                                            nvme->offloads_optimizer_state(), nvme->offloads_params(), o.grad_accum);
+                                            nvme->optimizer_state, nvme->params, o.grad_accum);
   }
   const int64_t predicted_peak_bytes =
       nvme_plan ? fsdp::peak_with_nvme_offload(predicted_peak, *nvme_plan) : predicted_peak.total();
@@ -698,10 +697,10 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
               << " held out for validation; " << o.data_order << " order, seed " << o.data_seed << ")\n";
     if (!run.strategy_reason.empty()) std::cout << "  " << run.strategy_reason << "\n";
     if (nvme) {
-      std::cout << "  nvme offload: " << (nvme->offloads_optimizer_state() ? "optimizer state" : "")
-                << (nvme->offloads_optimizer_state() && nvme->offloads_params() ? " and " : "")
-                << (nvme->offloads_params() ? "parameters" : "") << " in " << nvme->store().path() << " ("
-                << nvme->store().engine_description() << "), " << human_bytes(nvme->offloaded_bytes())
+      std::cout << "  nvme offload: " << (nvme->optimizer_state ? "optimizer state" : "")
+                << (nvme->optimizer_state && nvme->params ? " and " : "")
+                << (nvme->params ? "parameters" : "") << " in " << nvme->file_path << " ("
+                << nvme->engine_description << "), " << human_bytes(nvme->offloaded_bytes)
                 << " per rank on disk\n";
     }
     if (!o.init_from.empty()) {
@@ -1020,8 +1019,8 @@ int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world) {
                               {"block_cache_bytes", fsdp::memory::block_cache_limit()},
                               {"offload_optimizer", o.offload_optimizer},
                               {"offload_params", o.offload_params},
-                              {"offload_engine", nvme ? nvme->store().engine_description() : ""},
-                              {"offload_file_bytes", nvme ? static_cast<int64_t>(nvme->store().file_bytes()) : 0},
+                              {"offload_engine", nvme ? nvme->engine_description : ""},
+                              {"offload_file_bytes", nvme ? nvme->offloaded_bytes : 0},
                               {"offload_file_bytes_predicted", nvme_plan ? nvme_plan->file_bytes : 0},
                               {"offload_read_bytes_per_step", median(offload_read)},
                               {"offload_written_bytes_per_step", median(offload_written)},

@@ -18,7 +18,7 @@
 #include "fsdp/gpt.h"
 #include "fsdp/fused_adamw.h"
 #include "fsdp/memory.h"
-#include "fsdp/nvme_offload.h"
+#include "offload/nvme_offload.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/train_step.h"
 #include "fsdp/token_data.h"
@@ -657,6 +657,61 @@ TEST(FullShard, ACheckpointedUnitFedDataGetsItsGradients) {
   }
 }
 
+// A disk-offload test's scratch folder (one per run of the suite, made
+// here) and the offload of parameters and optimizer state into it, in
+// small blocks.
+std::string offload_test_dir(const std::string& name) {
+  const std::string dir = "/tmp/fsdp_offload_" + name + "_" + std::to_string(::getppid());
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+fsdp::NvmeOffloadOptions offload_everything_to(const std::string& dir) {
+  return fsdp::NvmeOffloadOptions(dir).optimizer_state(true).params(true).store(
+      fsdp::offload::DiskStoreOptions(dir).block_bytes(64 << 10));
+}
+
+// A user's own loop on a disk-offloaded model (loss.backward(); then their
+// optimizer's step) cannot train: no step of theirs brings each unit's
+// state from disk into memory around its update. So the backward is refused,
+// naming fsdp::TrainStep, before it changes anything: the same model then
+// trains through TrainStep, bit for bit as the in-memory one.
+TEST(FullShard, DiskOffloadRefusesAPlainBackwardAndStaysUsable) {
+  const int W = world_group->size(), r = world_group->rank();
+  const GPTConfig config = tiny();
+  const std::string dir = offload_test_dir("plain");
+  fsdp::models::TokenData data(fsdp::testing::make_token_file("offload-plain", 20000, config.vocab), config.context,
+                               config.vocab);
+  std::vector<double> losses[2];
+  for (int offloaded = 0; offloaded < 2; ++offloaded) {
+    auto options = block_units();
+    if (offloaded) options.nvme_offload(offload_everything_to(dir));
+    auto model = fsdp::fully_shard(make_gpt(config), world_group, options);
+    fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());
+    auto [x, y] = data.batch(0, 0, r, W, 1, 2);
+    torch::Tensor loss = model.forward(x, y);  // both models run it: the same draws of every generator
+    if (offloaded) {
+      std::string error;
+      try {
+        loss.backward();
+      } catch (const c10::Error& e) {
+        error = e.what_without_backtrace();
+      }
+      EXPECT_NE(error.find("nvme_offload trains through fsdp::TrainStep"), std::string::npos)
+          << "a plain backward on a disk-offloaded model: " << (error.empty() ? "accepted" : error);
+      for (const auto& shard : model.parameters()) EXPECT_FALSE(shard.grad().defined()) << "a refused backward left a gradient";
+    }
+    loss = torch::Tensor();
+    fsdp::TrainStep train_step(model, optimizer);
+    for (int64_t step = 0; step < 3; ++step) {
+      auto [sx, sy] = data.batch(1 + step, 0, r, W, 1, 2);
+      losses[offloaded].push_back(train_step([&](int64_t) { return model.forward(sx, sy); }).loss);
+    }
+  }
+  for (size_t i = 0; i < losses[0].size(); ++i) EXPECT_EQ(losses[1][i], losses[0][i]) << "step " << i;
+  world_group->barrier()->wait();
+  if (r == 0) std::filesystem::remove_all(dir);
+}
+
 // The library's use of disk offload beyond the trainer's: between steps, an
 // evaluation (a forward whose last gather reads the next unit ahead), then a
 // change through a sharded state dict (written back to the scratch file),
@@ -668,20 +723,16 @@ TEST(FullShard, DiskOffloadEqualsMemoryThroughEvaluationAndStateDictLoads) {
   GPTConfig config = tiny();
   fsdp::models::TokenData data(fsdp::testing::make_token_file("offload-loads", 20000, config.vocab), config.context,
                                config.vocab);
-  const std::string dir = "/tmp/fsdp_offload_loads_" + std::to_string(::getppid());
-  std::filesystem::create_directories(dir);
+  const std::string dir = offload_test_dir("loads");
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
     std::vector<double> losses[2];
     for (int offloaded = 0; offloaded < 2; ++offloaded) {
       fsdp::MixedPrecision mp;
       mp.param_dtype(dtype);
       auto options = block_units().mixed_precision(mp);
-      if (offloaded) {
-        options.nvme_offload(fsdp::NvmeOffloadOptions(dir).optimizer_state(true).params(true)
-                                 .store(fsdp::offload::DiskStoreOptions(dir).block_bytes(64 << 10)));
-      }
+      if (offloaded) options.nvme_offload(offload_everything_to(dir));
       auto model = fsdp::fully_shard(make_gpt(config), world_group, options);
-      ASSERT_EQ(model.state().nvme_offload() != nullptr, offloaded == 1);
+      ASSERT_EQ(model.state().nvme_offload().has_value(), offloaded == 1);
       fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());
       fsdp::TrainStep train_step(model, optimizer, fsdp::TrainStepOptions().weight_decay(0.1));
       for (int64_t step = 0; step < 4; ++step) {

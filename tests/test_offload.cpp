@@ -19,7 +19,7 @@
 #include <random>
 
 #include "fsdp/error.h"
-#include "fsdp/disk_store.h"
+#include "offload/disk_store.h"
 
 using fsdp::offload::DiskStore;
 using fsdp::offload::DiskStoreOptions;

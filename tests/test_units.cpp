@@ -17,10 +17,12 @@
 #include "state_dict/checkpoint_json.h"
 #include "fsdp/checksum.h"
 #include "fsdp/error.h"
-#include "fsdp/compat.h"
+#include "core/compat.h"
 #include "fsdp/fused_adamw.h"
 #include "fsdp/gpt.h"
 #include "fsdp/grad_utils.h"
+#include "core/grad_utils_internal.h"
+#include "core/device_context.h"
 #include "fsdp/memory_plan.h"
 #include "fsdp/lr_schedule.h"
 #include "fsdp/memory.h"
@@ -779,4 +781,17 @@ TEST(FusedAdamW, TheMultiTensorPathForGpusEqualsTorchAdamW) {
     GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no at::_fused_adamw_ (the GPU path falls back to AdamW's)";
   }
   expect_fused_adamw_equals_torch_adamw([](fsdp::FusedAdamW& optimizer) { optimizer.step_multi_tensor(); });
+}
+
+// The model's device context on the host: CPU offload there copies nothing,
+// so no copy stream is made even when asked for, and asking for it is
+// refused by name; waiting for its copies waits for nothing.
+TEST(DeviceContext, OnTheHostThereIsNoCopyStream) {
+  const fsdp::DeviceContext context(c10::Device(torch::kCPU), /*copy_stream=*/true);
+  EXPECT_TRUE(context.on_host());
+  EXPECT_FALSE(context.has_copy_stream());
+  EXPECT_THROW(context.copy_stream(), c10::Error);
+  context.synchronize_copy_stream();
+  EXPECT_TRUE(fsdp::in_host_memory(torch::zeros({2})));
+  EXPECT_TRUE(fsdp::is_host_device(c10::Device(torch::kCPU)));
 }

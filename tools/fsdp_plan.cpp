@@ -26,7 +26,7 @@
 #include "fsdp/comm.h"
 #include "fsdp/error.h"
 #include "fsdp/gpt.h"
-#include "fsdp/disk_store.h"
+#include "offload/disk_store.h"
 #include "fsdp/memory_plan.h"
 
 namespace {

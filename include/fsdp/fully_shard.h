@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <functional>
 #include <tuple>
@@ -23,15 +24,18 @@
 #include <vector>
 
 #include "fsdp/comm.h"
-#include "fsdp/flat_param.h"
+#include "fsdp/offload.h"
 #include "fsdp/options.h"
 #include "fsdp/wrap_policy.h"
 
 namespace fsdp {
 
 class Unit;  // one unit's parameters and lifecycle: the engine's own (src/core/unit.h)
+struct FlatParamConfig;  // the engine's own (src/core/flat_param.h)
+class DeviceContext;     // the device and its streams: the engine's own (src/core/device_context.h)
+class TrainStep;         // fsdp/train_step.h
 namespace offload {
-class NvmeOffload;  // fsdp/nvme_offload.h
+class ShardOffload;  // where the shards live between uses: the engine's own (src/offload/shard_offload.h)
 }
 namespace detail {
 class UnitForwardScope;
@@ -51,8 +55,13 @@ class FsdpState {
   // The units, root first (opaque outside the library).
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
   size_t num_units() const { return units_.size(); }
-  // The disk offload (FullyShardOptions::nvme_offload), or null.
-  offload::NvmeOffload* nvme_offload() const { return nvme_offload_.get(); }
+  // What the disk offload (FullyShardOptions::nvme_offload) is and has
+  // moved so far, or nothing without one.
+  std::optional<offload::NvmeOffloadInfo> nvme_offload() const;
+  // Where the units' shards live between uses, and the device context with
+  // the streams they cross on (opaque outside the library).
+  offload::ShardOffload& offload() const { return *offload_; }
+  const DeviceContext& device_context() const { return *device_context_; }
   // The group fully_shard() was given (every rank of the model).
   const ProcessGroupPtr& group() const { return group_; }
   const FullyShardOptions& options() const { return options_; }
@@ -85,6 +94,7 @@ class FsdpState {
   friend class Unit;
   friend class detail::UnitForwardScope;
   friend class UnshardScope;
+  friend class TrainStep;  // marks the backward passes it runs (in_train_step_)
   template <class M>
   friend class FullyShardedModule;
 
@@ -124,6 +134,8 @@ class FsdpState {
   // Builds a Unit per plan (root first), materializing and initializing
   // parameters through options().param_init_fn() when one is given.
   void build_units(std::vector<UnitPlan> plans, const FlatParamConfig& config);
+  // Builds the unit at position `index` of units().
+  std::unique_ptr<Unit> make_unit(UnitPlan plan, const FlatParamConfig& config, size_t index);
   // Every rank must have planned the same units with the same sizes, or the
   // first collective would pair different buffers: checked at construction.
   void check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans) const;
@@ -133,17 +145,20 @@ class FsdpState {
   FullyShardOptions options_;
   ProcessGroupPtr shard_group_, replicate_group_;
   c10::Device device_ = c10::Device(torch::kCPU);
+  // Before units_ and offload_: the offload's copies use its streams.
+  std::unique_ptr<DeviceContext> device_context_;
   std::vector<std::unique_ptr<Unit>> units_;
   bool backward_callback_queued_ = false;
   bool requires_gradient_sync_ = true;
   bool unshard_scope_ = false;
+  bool in_train_step_ = false;  // a TrainStep is running the micro-steps (see ShardOffload::before_backward)
   // The order units entered forward in this pass and in the last whole one.
   std::vector<Unit*> forward_order_this_pass_, forward_order_;
   std::vector<std::pair<Unit*, bool>> deferred_prefetches_;  // (unit, for backward) over the limit
   int prefetched_unused_ = 0;
   int max_prefetched_unused_ = 0;
-  // After units_: destroyed first (its parameter sources point into it).
-  std::unique_ptr<offload::NvmeOffload> nvme_offload_;
+  // After units_: destroyed first (disk offload's reads ahead land in it).
+  std::unique_ptr<offload::ShardOffload> offload_;
 };
 
 // Gathers every unit's whole parameters for the scope's life (PyTorch's

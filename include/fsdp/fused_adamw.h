@@ -21,7 +21,6 @@
 
 #include <torch/torch.h>
 
-#include "fsdp/adamw_kernel.h"
 
 namespace fsdp {
 

@@ -24,15 +24,6 @@ double clip_grad_norm_(FsdpState& state, double max_norm);
 // for the same reason).
 torch::Tensor clip_grad_norm_tensor_(FsdpState& state, double max_norm);
 
-namespace detail {
-// clip_grad_norm_tensor_ for gradients on a device (any device: the tests
-// run it on the CPU): each gradient's norm in float, squared and summed in
-// double, summed over `shard_group` (null: none), every gradient scaled by
-// min(1, max_norm / (norm + 1e-6)).
-torch::Tensor clip_gradients_queued(const std::vector<torch::Tensor>& grads, const ProcessGroupPtr& shard_group,
-                                    double max_norm);
-}  // namespace detail
-
 // Decoupled (AdamW's) weight decay of the parameters of 2 or more dimensions
 // only, not of biases and norm gains (the spec's and nanoGPT's rule):
 // p *= 1 - lr * weight_decay, lr being that of the shard's parameter group.
@@ -42,14 +33,6 @@ torch::Tensor clip_gradients_queued(const std::vector<torch::Tensor>& grads, con
 // torch AdamW with two parameter groups (decay on matrices, 0 on the rest).
 // Local: every rank decays its own shards.
 void decay_matrix_weights_(FsdpState& state, torch::optim::Optimizer& optimizer, double weight_decay);
-
-// The element ranges [begin, end) of `flat`'s local shard that belong to
-// parameters of 2 or more dimensions (what decay_matrix_weights_ decays).
-std::vector<std::pair<int64_t, int64_t>> matrix_ranges_of_shard(const FlatParam& flat);
-// One shard's part of decay_matrix_weights_: its matrices times (1 - lr x
-// weight_decay). For a caller that has the shard in memory only at times
-// (disk offload's step).
-void decay_shard_matrices_(const FlatParam& flat, double lr, double weight_decay);
 
 struct GradScalerOptions {
   GradScalerOptions() = default;

@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "fsdp/disk_store.h"
+#include "fsdp/offload.h"
 #include "fsdp/wrap_policy.h"
 
 namespace fsdp {
@@ -76,7 +76,9 @@ BackwardPrefetch parse_backward_prefetch(const std::string& name);  // throws, l
 //                    write overlapping this one's step
 //   params           the parameter shards (in the param dtype), read before
 //                    their unit's all-gather; sharded strategies only
-// Gradient shards stay in memory. The optimizer must be an fsdp::FusedAdamW.
+// Gradient shards stay in memory. The optimizer must be an fsdp::FusedAdamW,
+// and the model trains through fsdp::TrainStep, whose step brings each
+// unit's state in around its update: a plain loss.backward() is refused.
 // Results are bitwise those of the same run in memory, and checkpoints hold
 // the offloaded state as if it had never left (scratch files are never
 // checkpoints: they are removed when the model is destroyed).

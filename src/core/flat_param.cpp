@@ -1,15 +1,14 @@
 // Flattening, sharding, gathering and reducing one unit's parameters.
 
-#include "fsdp/flat_param.h"
+#include "core/flat_param.h"
 
 #include <c10/core/DeviceGuard.h>
-#include <c10/core/StreamGuard.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <optional>
 
-#include "fsdp/compat.h"
+#include "core/compat.h"
 #include "fsdp/memory.h"
+#include "offload/shard_offload.h"
 
 namespace fsdp {
 
@@ -60,8 +59,7 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, 
     entries_.push_back(FlatParamEntry{name, param, param.sizes().vec(), numel_, param.numel()});
     numel_ += param.numel();
   }
-  TORCH_CHECK(!config_.cpu_offload || !config_.persistent_params,
-              "FlatParam: CPU offload needs a sharded strategy (full_shard, shard_grad_op or hybrid)");
+  TORCH_CHECK(config_.offload, "FlatParam: no offload given (FlatParamConfig::offload: where the shard lives)");
   const c10::Device device = config_.device;
   const auto on_device = torch::TensorOptions().device(device);
   const int K = shard_group_size(), r = shard_rank();
@@ -83,14 +81,7 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, 
   } else {
     {
       MemoryCategoryScope scope(Category::kParameterShard);
-      torch::Tensor slice = flat.narrow(0, r * shard_numel_, shard_numel_);
-      if (config_.cpu_offload) {
-        // Pinned, so that the copies to and from the GPU are asynchronous.
-        shard_ = torch::empty({shard_numel_}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(device.is_cuda()));
-        shard_.copy_(slice);
-      } else {
-        shard_ = slice.clone();
-      }
+      shard_ = config_.offload->make_shard(flat.narrow(0, r * shard_numel_, shard_numel_));
     }
     flat.reset();
     MemoryCategoryScope scope(buffer_category(config_));
@@ -130,16 +121,6 @@ bool FlatParam::shard_aliases_buffer() const {
   return shard_.storage().unsafeGetStorageImpl() == unsharded_.storage().unsafeGetStorageImpl();
 }
 
-c10::Stream FlatParam::current_stream() const {
-  return c10::impl::getDeviceGuardImpl(config_.device.type())->getStream(config_.device);
-}
-
-void FlatParam::copy_stream_waits_for_compute() const {
-  c10::Event ready(config_.device.type());
-  ready.record(current_stream());
-  ready.block(*config_.copy_stream);
-}
-
 void FlatParam::start_unshard() {
   if (pending_unshard_) return;
   const int64_t version = shard_._version();
@@ -148,44 +129,23 @@ void FlatParam::start_unshard() {
     MemoryCategoryScope scope(buffer_category(config_));
     compat::allocate_storage(unsharded_, padded_numel() * unsharded_.element_size());
   }
-  // Offload on a GPU: the shard crosses on the copy stream, and the gather
-  // is issued with that stream current, so that it waits for the copy and
-  // the compute stream does not (it waits for the gather, in unshard()).
-  std::optional<c10::StreamGuard> on_copy_stream;
-  torch::Tensor input;
+  // The offload fetches the shard; CPU offload on a GPU hands it over on
+  // the copy stream, current until the gather is issued (the gather waits
+  // for the copy, the compute stream does not: it waits in unshard()).
+  offload::GatherInput input;
   if (shard_aliases_buffer()) {
-    input = unsharded_.narrow(0, shard_rank() * shard_numel_, shard_numel_);  // gathered in place
-  } else if (config_.copy_stream && !compute_shard_source_) {
-    MemoryCategoryScope scope(Category::kUnshardedBuffer);
-    // Both made on the compute stream, which frees them once the gather is
-    // waited for; the copy stream waits for the compute stream's work so
-    // far, so a block it reuses is no longer in use. The cast is on the
-    // device (FSDP2's order): a host-side cast would be synchronous.
-    torch::Tensor staging = torch::empty({shard_numel_}, unsharded_.options().dtype(torch::kFloat));
-    input = unsharded_.scalar_type() == torch::kFloat ? staging : torch::empty({shard_numel_}, unsharded_.options());
-    copy_stream_waits_for_compute();
-    on_copy_stream.emplace(*config_.copy_stream);
-    staging.copy_(shard_.detach(), /*non_blocking=*/true);
-    if (!input.is_same(staging)) input.copy_(staging);
-    pending_unshard_staging_ = staging;
+    input.values = unsharded_.narrow(0, shard_rank() * shard_numel_, shard_numel_);  // gathered in place
   } else {
     MemoryCategoryScope scope(Category::kUnshardedBuffer);
-    // The cast halves bf16 traffic.
-    input = compute_shard_source_ ? compute_shard_source_()
-                                  : shard_.detach().to(unsharded_.device(), unsharded_.scalar_type(), /*non_blocking=*/true);
+    input = config_.offload->fetch(*this);
   }
   if (config_.shard_group) {
-    pending_unshard_ = config_.shard_group->all_gather(unsharded_, input);
-    pending_unshard_input_ = input;
+    pending_unshard_ = config_.shard_group->all_gather(unsharded_, input.values);
+    pending_unshard_input_ = input.values;
+    pending_unshard_staging_ = input.staging;
   } else if (!shard_aliases_buffer()) {
-    unsharded_.copy_(input);
-  }
-  if (on_copy_stream && !config_.shard_group) {
-    c10::Event copied(config_.device.type());
-    copied.record(*config_.copy_stream);
-    on_copy_stream.reset();
-    copied.block(current_stream());
-    pending_unshard_staging_.reset();
+    unsharded_.copy_(input.values);
+    config_.offload->finish_local_gather(input);
   }
   gathered_version_ = version;
   stale_ = false;
@@ -317,36 +277,14 @@ void FlatParam::finish_reduce_gradients() {
   if (config_.replicate_group && config_.replicate_group->size() > 1) {
     config_.replicate_group->all_reduce(reduced, ReduceOp::kAvg)->wait();
   }
-  if (reduced.device() != shard_.device()) {
-    // Offload: the gradient shard goes to the host in fp32, on the copy
-    // stream, after the compute stream's work so far (the reduction it
-    // waited for, the cast); finish_host_gradient() waits for it.
-    TORCH_CHECK(config_.copy_stream, "FlatParam: an offloaded shard on ", shard_.device(), " with its gradient on ",
-                reduced.device(), " needs the copy stream fully_shard makes for cpu_offload");
-    if (pending_host_gradient_) finish_host_gradient();  // an earlier micro-step's
-    torch::Tensor source = reduced.scalar_type() == torch::kFloat ? reduced : reduced.to(torch::kFloat);
-    torch::Tensor host = torch::empty({shard_numel_}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
-    copy_stream_waits_for_compute();
-    {
-      c10::StreamGuard on_copy_stream(*config_.copy_stream);
-      host.copy_(source, /*non_blocking=*/true);
-    }
-    pending_host_gradient_ = std::make_unique<PendingHostGradient>(
-        PendingHostGradient{std::move(host), std::move(source), c10::Event(config_.device.type())});
-    pending_host_gradient_->copied.record(*config_.copy_stream);
-    return;
-  }
-  accumulate_into_gradient(std::move(reduced));
+  config_.offload->accept_gradient(*this, std::move(reduced));
 }
 
+bool FlatParam::host_gradient_pending() const { return config_.offload->gradient_pending(*this); }
+
 void FlatParam::finish_host_gradient() {
-  TORCH_CHECK(pending_host_gradient_, "FlatParam: no gradient copy to the host in flight");
-  std::unique_ptr<PendingHostGradient> pending = std::move(pending_host_gradient_);
-  compat::synchronize_event(pending->copied);
-  // The copy has read it: its block may go back to the compute stream's pool.
-  pending->device.reset();
-  torch::NoGradGuard no_grad;
-  accumulate_into_gradient(std::move(pending->host));
+  TORCH_CHECK(host_gradient_pending(), "FlatParam: no gradient copy to the host in flight");
+  config_.offload->finish_gradient(*this);
 }
 
 void FlatParam::accumulate_into_gradient(torch::Tensor gradient) {

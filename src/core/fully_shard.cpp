@@ -5,12 +5,12 @@
 
 #include "fsdp/memory.h"
 #include "fsdp/memory_plan.h"
-#include "fsdp/nvme_offload.h"
 #include "fsdp/trace.h"
+#include "core/device_context.h"
 #include "core/unit.h"
+#include "offload/shard_offload.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 
@@ -189,24 +189,18 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
                   " on ", param.device());
     }
   }
-  TORCH_CHECK(!options_.cpu_offload() || !keeps_params_unsharded(options_.strategy()),
-              "fully_shard: cpu_offload needs a sharded strategy (full_shard, shard_grad_op, hybrid_shard or "
-              "hybrid_shard_zero2); ",
-              strategy_name(options_.strategy()), " keeps whole parameters on every rank");
-  offload::check_nvme_offload_options(options_, device.value_or(c10::Device(torch::kCPU)));
+  device_ = device.value_or(c10::Device(torch::kCPU));
+  offload::check_offload_options(options_, device_);
   check_same_plan_on_every_rank(plans);
   make_groups();
+  device_context_ = std::make_unique<DeviceContext>(device_, /*copy_stream=*/options_.cpu_offload());
+  offload_ = offload::make_shard_offload(options_, *device_context_);
   const ShardingStrategy strategy = options_.strategy();
-  device_ = device.value_or(c10::Device(torch::kCPU));
   FlatParamConfig config{shard_group_, replicate_group_, keeps_params_unsharded(strategy),
-                         keeps_full_gradients(strategy), options_.mixed_precision(), options_.cpu_offload(),
-                         device_, /*copy_stream=*/std::nullopt};
-  if (options_.cpu_offload() && !device_.is_cpu()) {
-    config.copy_stream = c10::impl::getDeviceGuardImpl(device_.type())->getStreamFromGlobalPool(device_);
-  }
+                         keeps_full_gradients(strategy), options_.mixed_precision(), device_, offload_.get()};
   build_units(std::move(plans), config);
-  if (options_.nvme_offload()) nvme_offload_ = std::make_unique<offload::NvmeOffload>(*this, *options_.nvme_offload());
-  if (options_.cache_host_blocks() && device_.is_cpu() && memory::counting_allocator_installed()) {
+  offload_->attach(*this);
+  if (options_.cache_host_blocks() && device_context_->on_host() && memory::counting_allocator_installed()) {
     int64_t largest = 0;
     for (const auto& unit : units_) largest = std::max(largest, unit->flat_param().padded_numel());
     const int64_t limit = host_block_cache_limit(largest, options_.nvme_offload().has_value());
@@ -240,7 +234,7 @@ void FsdpState::set_unsharded_scope(bool on, bool writeback) {
     TORCH_CHECK(unit->state_ == UnitState::kUnsharded, "FSDP unit '", unit->display_name(), "' is ",
                 unit_state_name(unit->state_), " when its UnshardScope ends (expected UNSHARDED)");
     if (writeback) {
-      ResidentScope resident(*this, static_cast<size_t>(&unit - units_.data()));
+      ResidentScope resident(*this, *unit);
       unit->flat_param().write_back_shard();
     }
     if (unit->flat_param().config().persistent_params) continue;
@@ -270,7 +264,7 @@ void FsdpState::build_units(std::vector<UnitPlan> plans, const FlatParamConfig& 
                     "' was created under memory::DeferredInit and has no values: give FullyShardOptions::param_init_fn");
       }
     }
-    for (auto& plan : plans) units_.push_back(std::make_unique<Unit>(this, std::move(plan), config));
+    for (auto& plan : plans) units_.push_back(make_unit(std::move(plan), config, units_.size()));
     return;
   }
   // Sharded initialization: parameters in named_parameters() order, each
@@ -282,7 +276,7 @@ void FsdpState::build_units(std::vector<UnitPlan> plans, const FlatParamConfig& 
     remaining[u] = plans[u].params.size();
   }
   std::vector<std::unique_ptr<Unit>> built(plans.size());
-  auto build = [&](size_t u) { built[u] = std::make_unique<Unit>(this, std::move(plans[u]), config); };
+  auto build = [&](size_t u) { built[u] = make_unit(std::move(plans[u]), config, u); };
   for (size_t u = 0; u < plans.size(); ++u)
     if (remaining[u] == 0) build(u);  // a unit without parameters of its own
   for (auto& [name, param] : unique_named_parameters(*module_)) {
@@ -307,6 +301,12 @@ void FsdpState::build_units(std::vector<UnitPlan> plans, const FlatParamConfig& 
                 "' has parameters that named_parameters() does not list");
     units_.push_back(std::move(built[u]));
   }
+}
+
+std::unique_ptr<Unit> FsdpState::make_unit(UnitPlan plan, const FlatParamConfig& config, size_t index) {
+  FlatParamConfig own = config;
+  own.unit_index = index;
+  return std::make_unique<Unit>(this, std::move(plan), std::move(own));
 }
 
 void FsdpState::check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans) const {
@@ -347,6 +347,8 @@ FsdpState::~FsdpState() {
   std::lock_guard<std::mutex> lock(registry_mutex);
   for (auto& unit : units_) registry().erase(unit->module());
 }
+
+std::optional<offload::NvmeOffloadInfo> FsdpState::nvme_offload() const { return offload_->nvme_info(); }
 
 std::vector<torch::Tensor> FsdpState::parameters() const {
   std::vector<torch::Tensor> shards;
@@ -516,6 +518,7 @@ void FsdpState::rethrow_forward_error(const c10::Error& error) const {
 
 void FsdpState::on_backward_event() {
   if (backward_callback_queued_) return;
+  offload_->before_backward(in_train_step_);  // before anything of this backward changes
   backward_callback_queued_ = true;  // the first event of a new backward pass
   for (auto& unit : units_) unit->backward_done_in_this_pass_ = false;
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
@@ -546,11 +549,7 @@ void FsdpState::finish_backward() {
   }
   finish_reductions_in_flight();
   release_unused_prefetches();
-  // Offload on a GPU: the host steps the shards next, so no copy of them
-  // may still be reading (an unused prefetch's) when it writes.
-  if (!units_.empty() && units_.front()->flat_param().config().copy_stream) {
-    units_.front()->flat_param().config().copy_stream->synchronize();
-  }
+  offload_->finish_backward();
 }
 
 namespace detail {
@@ -570,7 +569,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     ctx->save_for_backward({input});
     ctx->saved_data["unit"] = unit_address;
     ctx->saved_data["rng"] = at::detail::getDefaultCPUGenerator().get_state();
-    if (!input.device().is_cpu()) {
+    if (!in_host_memory(input)) {
       ctx->saved_data["device_rng"] = at::globalContext().defaultGenerator(input.device()).get_state();
     }
     return unit->checkpoint_body()(input);
@@ -588,7 +587,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     // must draw what forward drew there too.
     std::optional<at::Generator> device_generator;
     at::Tensor device_rng_now;
-    if (!input.device().is_cpu()) {
+    if (!in_host_memory(input)) {
       device_generator = at::globalContext().defaultGenerator(input.device());
       device_rng_now = device_generator->get_state();
       device_generator->set_state(ctx->saved_data["device_rng"].toTensor());

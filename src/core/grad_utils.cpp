@@ -1,4 +1,6 @@
 #include "fsdp/grad_utils.h"
+#include "core/grad_utils_internal.h"
+#include "core/device_context.h"
 
 #include <ATen/Parallel.h>
 
@@ -22,7 +24,7 @@ namespace {
 // bit), and a float32 gradient needs no double copy (on `large` that copy
 // and its square were 1.2 GB of fresh memory per rank and step).
 double sum_of_squares_in_double(const torch::Tensor& grad) {
-  if (!grad.is_cpu() || grad.scalar_type() != torch::kFloat || !grad.is_contiguous()) {
+  if (!in_host_memory(grad) || grad.scalar_type() != torch::kFloat || !grad.is_contiguous()) {
     return grad.to(torch::kDouble).pow(2).sum().item<double>();
   }
   constexpr int64_t kChunk = 1 << 16;
@@ -56,7 +58,7 @@ torch::Tensor clip_grad_norm_tensor_(FsdpState& state, double max_norm) {
   for (const auto& shard : state.parameters()) {
     if (!shard.grad().defined()) continue;
     grads.push_back(shard.grad());
-    on_host = on_host && shard.grad().is_cpu();
+    on_host = on_host && in_host_memory(shard.grad());
   }
   if (!on_host) return detail::clip_gradients_queued(grads, state.shard_group(), max_norm);
   double sum_of_squares = 0.0;

@@ -17,7 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "fsdp/compat.h"
+#include "core/compat.h"
 
 namespace fsdp::memory {
 namespace {

@@ -6,11 +6,11 @@
 #include <chrono>
 #include <unordered_set>
 
-#include "fsdp/compat.h"
-#include "fsdp/fused_adamw.h"
-#include "fsdp/nvme_offload.h"
+#include "core/compat.h"
+#include "core/device_context.h"
 #include "fsdp/optimizer_state.h"
 #include "fsdp/trace.h"
+#include "offload/shard_offload.h"
 
 namespace fsdp {
 namespace {
@@ -56,7 +56,7 @@ RankFigures figures_now(const FsdpState& state, torch::optim::Optimizer& optimiz
   const memory::Usage usage = memory::usage();
   RankFigures figures{usage.model_state(), usage.peak_total, usage.live(Category::kParameterShard),
                       usage.live(Category::kGradientShard), usage.live(Category::kOptimizerState)};
-  if (!state.device().is_cpu()) {
+  if (!state.device_context().on_host()) {
     figures.device_peak_bytes = memory::device_usage(state.device()).peak_allocated;
     figures.device_gathered_peak_bytes = memory::gathered_usage().peak;
     const OptimizerState optimizer_state(optimizer);
@@ -119,9 +119,7 @@ TrainStep::TrainStep(FsdpState& state, torch::optim::Optimizer& optimizer, Train
     }
   }
   check_optimizer_steps_the_shards(state_, optimizer_);
-  TORCH_CHECK(!state_.nvme_offload() || dynamic_cast<FusedAdamW*>(&optimizer_), "fsdp::TrainStep: a model with ",
-              "nvme_offload steps with fsdp::FusedAdamW (it brings each unit's state in and out of memory around ",
-              "that unit's update); got ", optimizer_name(optimizer_));
+  state_.offload().check_optimizer(optimizer_);  // disk offload steps with fsdp::FusedAdamW
   if (options_.loss_scaling().value_or(uses_fp16(state_.options().mixed_precision()))) {
     scaler_ = std::make_unique<GradScaler>(state_, options_.grad_scaler());
   }
@@ -136,8 +134,12 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   memory::reset_peaks();
   memory::reset_device_peaks(state_.device());
   state_.reset_comm_stats();
-  offload::NvmeOffload* nvme = state_.nvme_offload();
-  const offload::OffloadStats io_before = nvme ? nvme->stats() : offload::OffloadStats();
+  offload::ShardOffload& offload = state_.offload();
+  const offload::OffloadStats io_before = offload.stats();
+  // The backward passes below are this step's (a placement whose step
+  // needs its own pipeline refuses any other).
+  state_.in_train_step_ = true;
+  const std::shared_ptr<void> leave_step(nullptr, [this](void*) { state_.in_train_step_ = false; });
   const auto start = Clock::now();
   const int64_t A = options_.micro_steps();
   torch::Tensor step_loss;  // on the loss's device: a GPU run does not wait for it until the step ends
@@ -158,20 +160,13 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   torch::Tensor grad_norm;  // read once the step is queued (see clip_grad_norm_tensor_)
   {
     trace::Span span("optimizer step", "optimizer");
-    const bool overflow = scaler_ && scaler_->unscale_();
+    if (scaler_) scaler_->unscale_();  // before clipping, which needs the true gradients
     if (options_.clip_grad_norm() > 0) grad_norm = clip_grad_norm_tensor_(state_, options_.clip_grad_norm());
-    // A skipped step must not decay either (AdamW decays inside its step).
-    // With disk offload the decay is part of each unit's step (the master
-    // is in memory only then).
-    if (!overflow && !nvme) decay_matrix_weights_(state_, optimizer_, options_.weight_decay());
     memory::MemoryCategoryScope scope(Category::kOptimizerState);
-    const std::function<void()> take_step = [&] {
-      if (nvme) {
-        nvme->step(optimizer_, options_.weight_decay());
-      } else {
-        optimizer_.step();
-      }
-    };
+    // The matrices' decay is part of the step (the offload's: with disk
+    // offload a master is in memory only during its unit's step), so a
+    // skipped step does not decay either (AdamW decays inside its step).
+    const std::function<void()> take_step = [&] { offload.step(state_, optimizer_, options_.weight_decay()); };
     if (scaler_) {
       result.stepped = scaler_->step(take_step);
       result.loss_scale = scaler_->scale_factor();
@@ -193,12 +188,10 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   result.loss = step_loss.item<double>();
   if (grad_norm.defined()) result.grad_norm = grad_norm.item<double>();
   result.step_s = seconds_since(start);
-  if (nvme) {
-    const offload::OffloadStats io = nvme->stats();
-    result.offload_bytes_read = io.bytes_read - io_before.bytes_read;
-    result.offload_bytes_written = io.bytes_written - io_before.bytes_written;
-    result.offload_wait_s = io.wait_seconds - io_before.wait_seconds;
-  }
+  const offload::OffloadStats io = offload.stats();  // zeros where the shards never leave memory
+  result.offload_bytes_read = io.bytes_read - io_before.bytes_read;
+  result.offload_bytes_written = io.bytes_written - io_before.bytes_written;
+  result.offload_wait_s = io.wait_seconds - io_before.wait_seconds;
   result.figures = figures_now(state_, optimizer_);
   if (options_.gather_rank_figures()) result.per_rank = gather_figures(state_.group(), result.figures);
   return result;

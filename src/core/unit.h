@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/compat.h"
-#include "fsdp/flat_param.h"
+#include "core/compat.h"
+#include "core/flat_param.h"
 #include "fsdp/fully_shard.h"
 
 namespace fsdp {
@@ -27,6 +27,7 @@ class Unit {
  public:
   Unit(FsdpState* owner, UnitPlan plan, FlatParamConfig config);
   const std::string& name() const { return name_; }  // "" for the root
+  size_t index() const { return flat_.unit_index(); }  // its position in FsdpState::units()
   std::string display_name() const;
   UnitState state() const { return state_; }
   const FlatParam& flat_param() const { return flat_; }

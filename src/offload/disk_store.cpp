@@ -1,4 +1,4 @@
-#include "fsdp/disk_store.h"
+#include "offload/disk_store.h"
 #include "state_dict/file_io.h"
 
 #include <fcntl.h>
@@ -281,6 +281,29 @@ void DiskStore::read_blocks_threads(const Slot& slot, size_t index, char* data) 
   }
 }
 
+std::string DiskStore::aio_block_done(const Slot& slot, size_t index, size_t b, bool is_write, const char* staging,
+                                      char* data, long res) const {
+  const int64_t block = options_.block_bytes();
+  const size_t n = static_cast<size_t>(std::min<int64_t>(block, slot.bytes - static_cast<int64_t>(b) * block));
+  if (res < 0) {
+    return std::string("offload: ") + (is_write ? "writing " : "reading ") + block_name(index, b) + " of " + path_ +
+           " failed: " + std::strerror(static_cast<int>(-res));
+  }
+  if (static_cast<size_t>(res) < n) {
+    return "offload: " + path_ + (is_write ? " took " : " ends inside ") + block_name(index, b) + ": " +
+           std::to_string(res) + " of " + std::to_string(n) + " bytes" +
+           (is_write ? " (is the disk full?)" : " (the scratch file was truncated)");
+  }
+  if (is_write) return "";
+  try {
+    check_block(slot, index, b, staging, n);
+    std::memcpy(data + b * block, staging, n);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
 // libaio: up to queue_depth blocks in flight, each in its own staging
 // buffer; completions come in any order. Every submitted block is reaped
 // before returning, even after an error, so no buffer is still in the
@@ -304,26 +327,12 @@ void DiskStore::transfer_aio(const Slot& slot, size_t index, bool is_write, char
   std::string error;
   size_t error_block = SIZE_MAX;
   auto completed = [&](int buffer, long res) {
-    const size_t b = buffer_block[buffer], n = bytes_of(b);
-    char* staging = staging_[buffer].get();
+    const size_t b = buffer_block[buffer];
     if (b > error_block) return;
-    const std::string before = error;
-    if (res < 0) {
-      error = std::string("offload: ") + (is_write ? "writing " : "reading ") + block_name(index, b) + " of " + path_ +
-              " failed: " + std::strerror(static_cast<int>(-res));
-    } else if (static_cast<size_t>(res) < n) {
-      error = "offload: " + path_ + (is_write ? " took " : " ends inside ") + block_name(index, b) + ": " +
-              std::to_string(res) + " of " + std::to_string(n) + " bytes" +
-              (is_write ? " (is the disk full?)" : " (the scratch file was truncated)");
-    } else if (!is_write) {
-      try {
-        check_block(slot, index, b, staging, n);
-        std::memcpy(data + b * block, staging, n);
-      } catch (const c10::Error& e) {
-        error = e.what_without_backtrace();
-      }
-    }
-    if (error != before) error_block = b;
+    std::string failure = aio_block_done(slot, index, b, is_write, staging_[buffer].get(), data, res);
+    if (failure.empty()) return;
+    error = std::move(failure);
+    error_block = b;
   };
   size_t in_flight = 0;
   auto reap = [&] {

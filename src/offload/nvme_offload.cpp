@@ -1,7 +1,7 @@
 // Disk offload of a sharded model's state: which tensors go to disk, when
 // they come back, and the pipelined optimizer step (see nvme_offload.h).
 
-#include "fsdp/nvme_offload.h"
+#include "offload/nvme_offload.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -17,7 +17,8 @@
 #include "core/unit.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/fused_adamw.h"
-#include "fsdp/grad_utils.h"
+#include "core/device_context.h"
+#include "core/grad_utils_internal.h"
 #include "fsdp/memory.h"
 #include "fsdp/optimizer_state.h"
 #include "state_dict/fault_injection.h"
@@ -95,7 +96,7 @@ void check_nvme_offload_options(const FullyShardOptions& fsdp, c10::Device devic
   const torch::ScalarType param_dtype = fsdp.mixed_precision().param_dtype();
   TORCH_CHECK(options.optimizer_state() || options.params(), "fully_shard: nvme_offload offloads nothing: set ",
               "optimizer_state(true), params(true) or both");
-  TORCH_CHECK(device.is_cpu(), "fully_shard: nvme_offload needs the units on the CPU, found ", device,
+  TORCH_CHECK(is_host_device(device), "fully_shard: nvme_offload needs the units on the CPU, found ", device,
               " (on a GPU, cpu_offload moves the state to host memory)");
   TORCH_CHECK(!fsdp.cpu_offload(), "fully_shard: nvme_offload and cpu_offload cannot be combined");
   TORCH_CHECK(!options.params() || !keeps_params_unsharded(fsdp.strategy()), "fully_shard: nvme_offload.params ",
@@ -107,15 +108,17 @@ void check_nvme_offload_options(const FullyShardOptions& fsdp, c10::Device devic
               " shard is cast from the fp32 master, and a master kept in memory leaves nothing to offload");
 }
 
-NvmeOffload::NvmeOffload(FsdpState& state, const NvmeOffloadOptions& options)
-    : state_(state), options_(options), param_dtype_(state.options().mixed_precision().param_dtype()) {
-  check_nvme_offload_options(state.options(), state.device());
-  const bool fp32 = param_dtype_ == torch::kFloat;
+NvmeOffload::NvmeOffload(const FullyShardOptions& options)
+    : options_(*options.nvme_offload()), param_dtype_(options.mixed_precision().param_dtype()) {
   // With fp32 parameters the master is what the all-gather sends: it goes
   // with the parameters. Otherwise it is optimizer state (a param-dtype copy
   // stays for the gathers).
-  offload_master_ = fp32 ? options_.params() : options_.optimizer_state();
+  offload_master_ = param_dtype_ == torch::kFloat ? options_.params() : options_.optimizer_state();
+}
 
+void NvmeOffload::attach(FsdpState& state) {
+  state_ = &state;
+  const bool fp32 = param_dtype_ == torch::kFloat;
   std::vector<int64_t> slot_bytes;
   auto add_slot = [&slot_bytes](int64_t bytes) {
     slot_bytes.push_back(bytes);
@@ -144,16 +147,13 @@ NvmeOffload::NvmeOffload(FsdpState& state, const NvmeOffloadOptions& options)
     UnitSlots& slots = units_[u];
     if (slots.numel == 0) continue;
     FlatParam& flat = state.units()[u]->flat_param();
-    if (offload_master_ || options_.params()) {
-      flat.set_compute_shard_source([this, u] { return compute_shard(u); });
-    }
     if (offload_master_ && !fp32 && !options_.params()) {
       MemoryCategoryScope scope(Category::kParameterShard);
       slots.compute_copy = flat.shard().detach().to(param_dtype_);
     }
     Futures writes = issue_writes(u, nullptr, /*only_changed=*/false);
     wait(writes);
-    release(u, nullptr);
+    free_unit(u, nullptr);
   }
 }
 
@@ -169,11 +169,49 @@ OffloadStats NvmeOffload::stats() const {
   return OffloadStats{store_->bytes_read(), store_->bytes_written(), wait_ns_.load() * 1e-9};
 }
 
+std::optional<NvmeOffloadInfo> NvmeOffload::nvme_info() const {
+  return NvmeOffloadInfo{options_.optimizer_state(), options_.params(), store_->path(),
+                         store_->engine_description(), static_cast<int64_t>(store_->file_bytes()), stats()};
+}
+
+GatherInput NvmeOffload::fetch(const FlatParam& flat) {
+  // Until attach() (the units' first gathers, while they are built) the
+  // shards are in memory still.
+  const size_t unit = flat.unit_index();
+  if (unit >= units_.size() || units_[unit].numel == 0 || !(offload_master_ || options_.params())) {
+    return ShardOffload::fetch(flat);
+  }
+  GatherInput input;
+  input.values = compute_shard(unit);
+  return input;
+}
+
+void NvmeOffload::check_optimizer(const torch::optim::Optimizer& optimizer) const {
+  TORCH_CHECK(dynamic_cast<const FusedAdamW*>(&optimizer), "fsdp::TrainStep: a model with nvme_offload steps with ",
+              "fsdp::FusedAdamW (it brings each unit's state in and out of memory around that unit's update); got ",
+              optimizer_name(optimizer));
+}
+
+void NvmeOffload::before_backward(bool in_train_step) const {
+  TORCH_CHECK(in_train_step, "fsdp: a model with nvme_offload trains through fsdp::TrainStep (with an ",
+              "fsdp::FusedAdamW): its optimizer step brings each unit's offloaded state from disk into memory around ",
+              "that unit's update, which a plain loss.backward(); optimizer.step() cannot. This backward was refused ",
+              "before it changed anything");
+}
+
+void NvmeOffload::make_resident(const FlatParam& flat, torch::optim::Optimizer* optimizer) {
+  bring_in(flat.unit_index(), optimizer);
+}
+
+void NvmeOffload::release(const FlatParam& flat, torch::optim::Optimizer* optimizer) {
+  send_out(flat.unit_index(), optimizer);
+}
+
 std::optional<NvmeOffload::Moments> NvmeOffload::moments_of(size_t unit, torch::optim::Optimizer* optimizer) const {
   if (!optimizer || !options_.optimizer_state() || units_[unit].numel == 0) return std::nullopt;
   if (!dynamic_cast<torch::optim::AdamW*>(optimizer) && !dynamic_cast<torch::optim::Adam*>(optimizer)) return std::nullopt;
   OptimizerState optimizer_state(*optimizer);
-  const torch::Tensor& shard = state_.units()[unit]->flat_param().shard();
+  const torch::Tensor& shard = state_->units()[unit]->flat_param().shard();
   if (!optimizer_state.has_state(shard)) return std::nullopt;
   return Moments{optimizer_state.tensor(shard, "exp_avg"), optimizer_state.tensor(shard, "exp_avg_sq")};
 }
@@ -212,7 +250,7 @@ void NvmeOffload::issue_reads_into(size_t unit, torch::optim::Optimizer* optimiz
   UnitSlots& slots = units_[unit];
   if (slots.numel == 0) return;
   torch::NoGradGuard no_grad;
-  const torch::Tensor& shard = state_.units()[unit]->flat_param().shard();
+  const torch::Tensor& shard = state_->units()[unit]->flat_param().shard();
   if (slots.master >= 0 && !in_memory(shard, slots.numel)) {
     TORCH_CHECK(slots.master_on_disk, "NvmeOffload: the master shard of unit ", unit, " is neither in memory nor on disk");
     torch::Tensor buffer = fresh(slots.numel, torch::kFloat, Category::kParameterShard);
@@ -236,7 +274,7 @@ NvmeOffload::Futures NvmeOffload::issue_writes(size_t unit, torch::optim::Optimi
   Futures futures;
   if (slots.numel == 0) return futures;
   torch::NoGradGuard no_grad;
-  const torch::Tensor& shard = state_.units()[unit]->flat_param().shard();
+  const torch::Tensor& shard = state_->units()[unit]->flat_param().shard();
   const bool master_changed = !only_changed || shard._version() != slots.master_version;
   if (master_changed && in_memory(shard, slots.numel)) {
     // The copies the all-gathers read follow the master.
@@ -267,12 +305,12 @@ NvmeOffload::Futures NvmeOffload::issue_writes(size_t unit, torch::optim::Optimi
   return futures;
 }
 
-void NvmeOffload::release(size_t unit, torch::optim::Optimizer* optimizer) {
+void NvmeOffload::free_unit(size_t unit, torch::optim::Optimizer* optimizer) {
   UnitSlots& slots = units_[unit];
   if (slots.numel == 0) return;
   torch::NoGradGuard no_grad;
   slots.compute_out = torch::Tensor();
-  const torch::Tensor& shard = state_.units()[unit]->flat_param().shard();
+  const torch::Tensor& shard = state_->units()[unit]->flat_param().shard();
   if (slots.master >= 0 && slots.master_on_disk) shard.set_data(torch::empty({0}, shard.options()));
   if (auto moments = moments_of(unit, optimizer)) {
     if (slots.moments_on_disk) {
@@ -290,7 +328,7 @@ void NvmeOffload::bring_in(size_t unit, torch::optim::Optimizer* optimizer) {
   wait(reads);
   UnitSlots& slots = units_[unit];
   if (slots.numel == 0) return;
-  slots.master_version = state_.units()[unit]->flat_param().shard()._version();
+  slots.master_version = state_->units()[unit]->flat_param().shard()._version();
   if (auto moments = moments_of(unit, optimizer)) {
     slots.exp_avg_version = moments->exp_avg._version();
     slots.exp_avg_sq_version = moments->exp_avg_sq._version();
@@ -300,7 +338,7 @@ void NvmeOffload::bring_in(size_t unit, torch::optim::Optimizer* optimizer) {
 void NvmeOffload::send_out(size_t unit, torch::optim::Optimizer* optimizer) {
   Futures writes = issue_writes(unit, optimizer, /*only_changed=*/true);
   wait(writes);
-  release(unit, optimizer);
+  free_unit(unit, optimizer);
 }
 
 NvmeOffload::Futures NvmeOffload::read_compute(size_t unit, torch::Tensor& into) {
@@ -315,7 +353,7 @@ NvmeOffload::Futures NvmeOffload::read_compute(size_t unit, torch::Tensor& into)
 torch::Tensor NvmeOffload::compute_shard(size_t unit) {
   UnitSlots& slots = units_[unit];
   torch::NoGradGuard no_grad;
-  const torch::Tensor& shard = state_.units()[unit]->flat_param().shard();
+  const torch::Tensor& shard = state_->units()[unit]->flat_param().shard();
   if (slots.compute_copy.defined()) return slots.compute_copy;
   if (in_memory(shard, slots.numel)) {
     MemoryCategoryScope scope(Category::kUnshardedBuffer);
@@ -338,7 +376,7 @@ torch::Tensor NvmeOffload::compute_shard(size_t unit) {
   fetch_order_this_.push_back(unit);
   if (position + 1 < fetch_order_last_.size() && fetch_order_last_[position] == unit) {
     const size_t next = fetch_order_last_[position + 1];
-    if (!in_memory(state_.units()[next]->flat_param().shard(), units_[next].numel) && units_[next].numel > 0) {
+    if (!in_memory(state_->units()[next]->flat_param().shard(), units_[next].numel) && units_[next].numel > 0) {
       ahead_reads_ = read_compute(next, ahead_tensor_);
       ahead_unit_ = next;
     }
@@ -346,7 +384,8 @@ torch::Tensor NvmeOffload::compute_shard(size_t unit) {
   return values;  // read in the param dtype (fp32 parameters: the master's slot)
 }
 
-void NvmeOffload::step(torch::optim::Optimizer& optimizer, double matrix_weight_decay) {
+void NvmeOffload::step(FsdpState& /*state: the one attached*/, torch::optim::Optimizer& optimizer,
+                       double matrix_weight_decay) {
   auto* fused = dynamic_cast<FusedAdamW*>(&optimizer);
   TORCH_CHECK(fused, "fsdp: a model with nvme_offload steps with fsdp::FusedAdamW (it brings each unit's state in ",
               "and out of memory around that unit's update); got ", optimizer_name(optimizer));
@@ -365,7 +404,7 @@ void NvmeOffload::step(torch::optim::Optimizer& optimizer, double matrix_weight_
   };
   std::vector<size_t> order;
   for (size_t u = 0; u < units_.size(); ++u) {
-    FlatParam& flat = state_.units()[u]->flat_param();
+    FlatParam& flat = state_->units()[u]->flat_param();
     const auto found = options_of.find(flat.shard().unsafeGetTensorImpl());
     if (units_[u].numel == 0 || found == options_of.end()) continue;
     if (flat.shard().grad().defined()) {
@@ -388,7 +427,7 @@ void NvmeOffload::step(torch::optim::Optimizer& optimizer, double matrix_weight_
       const size_t u = order[i];
       if (i + 1 < order.size()) reads[i + 1] = issue_reads(order[i + 1], &optimizer);
       wait(reads[i]);
-      FlatParam& flat = state_.units()[u]->flat_param();
+      FlatParam& flat = state_->units()[u]->flat_param();
       const torch::Tensor& shard = flat.shard();
       const auto& options = *options_of.at(shard.unsafeGetTensorImpl());
       decay(flat, options);
@@ -397,15 +436,15 @@ void NvmeOffload::step(torch::optim::Optimizer& optimizer, double matrix_weight_
         fused->step_parameter(options, shard);
       }
       writes[i] = issue_writes(u, &optimizer, /*only_changed=*/false);
-      if (i == 0) detail::maybe_fault_offload_for_test(state_.group()->rank(), steps_ + 1, store_->reachable_path(), true);
+      if (i == 0) detail::maybe_fault_offload_for_test(state_->group()->rank(), steps_ + 1, store_->reachable_path(), true);
       if (i > 0) {
         wait(writes[i - 1]);
-        release(order[i - 1], &optimizer);
+        free_unit(order[i - 1], &optimizer);
       }
     }
     if (!order.empty()) {
       wait(writes.back());
-      release(order.back(), &optimizer);
+      free_unit(order.back(), &optimizer);
     }
   } catch (...) {
     for (auto& f : reads) drain(f);
@@ -413,49 +452,8 @@ void NvmeOffload::step(torch::optim::Optimizer& optimizer, double matrix_weight_
     throw;
   }
   ++steps_;
-  detail::maybe_fault_offload_for_test(state_.group()->rank(), steps_, store_->reachable_path(), false);
+  detail::maybe_fault_offload_for_test(state_->group()->rank(), steps_, store_->reachable_path(), false);
 }
 
 }  // namespace fsdp::offload
 
-namespace fsdp {
-
-ResidentScope::ResidentScope(const FsdpState& state, size_t unit, torch::optim::Optimizer* optimizer, bool agree)
-    : offload_(state.nvme_offload()), unit_(unit), optimizer_(optimizer), uncaught_(std::uncaught_exceptions()) {
-  if (!offload_) return;
-  if (!agree) {
-    offload_->bring_in(unit_, optimizer_);
-    return;
-  }
-  std::string error;
-  try {
-    offload_->bring_in(unit_, optimizer_);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  // Collective callers gather inside the scope: a rank that failed must not
-  // leave the others waiting in that gather.
-  torch::Tensor failed = torch::tensor({error.empty() ? 0 : 1}, torch::kInt);
-  state.group()->all_reduce(failed, ReduceOp::kSum)->wait();
-  if (failed.item<int>() == 0) return;
-  if (error.empty()) offload_->send_out(unit_, optimizer_);  // this rank's part back on disk
-  TORCH_CHECK(error.empty(), error);
-  TORCH_CHECK(false, "another rank could not bring unit ", unit_, "'s offloaded state into memory (its error says why)");
-}
-
-ResidentScope::~ResidentScope() noexcept(false) {
-  if (!offload_) return;
-  if (std::uncaught_exceptions() > uncaught_) {
-    // Unwinding: what the scope changed may be half done; try to leave the
-    // state on disk without adding an error to the one in flight.
-    try {
-      offload_->send_out(unit_, optimizer_);
-    } catch (const std::exception& e) {
-      std::cerr << "fsdp: returning unit " << unit_ << "'s offloaded state to disk failed: " << e.what() << "\n";
-    }
-    return;
-  }
-  offload_->send_out(unit_, optimizer_);
-}
-
-}  // namespace fsdp

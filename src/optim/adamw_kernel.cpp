@@ -14,7 +14,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "fsdp/adamw_kernel.h"
+#include "optim/adamw_kernel.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__ELF__)
 #define FSDP_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))

@@ -19,7 +19,9 @@
 #endif
 
 #include "core/parallel.h"
-#include "fsdp/compat.h"
+#include "core/compat.h"
+#include "core/device_context.h"
+#include "optim/adamw_kernel.h"
 
 namespace fsdp {
 
@@ -39,7 +41,7 @@ bool multi_tensor_fusable(const torch::Tensor& p, const c10::Device& device) {
 // What the own kernel takes: the same, on the CPU (a parameter without a
 // gradient is skipped either way).
 bool fusable(const torch::Tensor& p) {
-  return !p.grad().defined() || (p.device().is_cpu() && multi_tensor_fusable(p, p.device()));
+  return !p.grad().defined() || (in_host_memory(p) && multi_tensor_fusable(p, p.device()));
 }
 
 // The parameter's AdamW state, made as AdamW::step makes it on first use.
@@ -65,7 +67,7 @@ bool FusedAdamW::steps_multi_tensor() const {
     if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return false;
     for (const auto& p : group.params()) {
       if (!device) device = p.device();
-      if (device->is_cpu() || !multi_tensor_fusable(p, *device)) return false;
+      if (is_host_device(*device) || !multi_tensor_fusable(p, *device)) return false;
     }
   }
   return device.has_value();

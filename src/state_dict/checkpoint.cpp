@@ -18,7 +18,8 @@
 #include <thread>
 
 #include "fsdp/error.h"
-#include "fsdp/nvme_offload.h"
+#include "core/device_context.h"
+#include "offload/shard_offload.h"
 #include "fsdp/optimizer_state.h"
 #include "fsdp/state_dict.h"
 #include "state_dict/fault_injection.h"
@@ -296,7 +297,7 @@ void write_shard_file(FsdpState& state, const OptimizerState& optimizer, const n
   safetensors::Writer writer((temp_dir / name).string(), std::move(specs),
                              {{"format", format_tag(CheckpointFormat::kSharded)}, {"shard", std::to_string(shard_index)}});
   for (size_t u = 0; u < state.units().size(); ++u) {
-    ResidentScope resident(state, u, &optimizer.optimizer());
+    ResidentScope resident(state, *state.units()[u], &optimizer.optimizer());
     const torch::Tensor& shard = state.units()[u]->flat_param().shard();
     writer.write(shard.detach());
     for (const auto& name : optimizer.tensor_names()) writer.write(optimizer.value(shard, name));
@@ -572,7 +573,7 @@ void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t f
               "' holds no state '", what, "' (it holds ", nlohmann::json(names).dump(), ")");
   TORCH_CHECK(0 <= from && from <= to && to <= units[unit].at("numel").get<int64_t>() && out.numel() == to - from,
               "read_range: [", from, ", ", to, ") does not fit unit ", unit, " or the output of ", out.numel());
-  if (!out.device().is_cpu()) {  // a GPU run's shard: read on the host, then copied over
+  if (!in_host_memory(out)) {  // a GPU run's shard: read on the host, then copied over
     torch::Tensor host = torch::empty(out.sizes(), out.options().device(torch::kCPU));
     read_range(unit, what, from, to, host);
     out.copy_(host);
@@ -640,7 +641,7 @@ CheckpointInfo load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimi
   torch::NoGradGuard no_grad;
   for (size_t u = 0; u < state.units().size(); ++u) {
     FlatParam& flat = state.units()[u]->flat_param();
-    ResidentScope resident(state, u, &optimizer);
+    ResidentScope resident(state, *state.units()[u], &optimizer);
     // This rank's new shard covers [begin, end) of the real elements; the
     // padding after them stays zero.
     const int64_t begin = std::min(flat.shard_rank() * flat.shard_numel(), flat.numel());

@@ -9,10 +9,10 @@
 #include <set>
 #include <utility>
 
-#include "fsdp/compat.h"
+#include "core/compat.h"
 #include "fsdp/error.h"
 #include "fsdp/memory.h"
-#include "fsdp/nvme_offload.h"
+#include "offload/shard_offload.h"
 #include "fsdp/optimizer_state.h"
 #include "fsdp/safetensors.h"
 
@@ -52,7 +52,7 @@ StateDict full_state_dict(FsdpState& state, FullStateDictOptions options) {
   std::map<std::string, torch::Tensor> gathered;
   for (const auto& unit : state.units()) {
     const FlatParam& flat = unit->flat_param();
-    ResidentScope resident(state, static_cast<size_t>(&unit - state.units().data()), nullptr, /*agree=*/true);
+    ResidentScope resident(state, *unit, nullptr, /*agree=*/true);
     torch::Tensor full = flat.gather_full(flat.shard());  // the fp32 masters, one unit at a time
     if (!keep) continue;
     for (const auto& e : flat.entries()) gathered[e.name] = full.narrow(0, e.offset, e.numel).view(e.shape).clone();
@@ -93,7 +93,7 @@ void load_full_state_dict(FsdpState& state, const StateDict& dict) {
   torch::NoGradGuard no_grad;
   for (const auto& unit : state.units()) {
     FlatParam& flat = unit->flat_param();
-    ResidentScope resident(state, static_cast<size_t>(&unit - state.units().data()));
+    ResidentScope resident(state, *unit);
     // This rank's shard covers [begin, end) of the unit's flat elements.
     const int64_t begin = flat.shard_rank() * flat.shard_numel(), end = begin + flat.shard_numel();
     torch::Tensor shard = flat.shard().detach();
@@ -111,7 +111,7 @@ ShardedStateDict sharded_state_dict(const FsdpState& state) {
   ShardedStateDict dict;
   for (const auto& unit : state.units()) {
     const FlatParam& flat = unit->flat_param();
-    ResidentScope resident(state, static_cast<size_t>(&unit - state.units().data()));
+    ResidentScope resident(state, *unit);
     const int64_t begin = flat.shard_rank() * flat.shard_numel(), end = begin + flat.shard_numel();
     for (const auto& e : flat.entries()) {
       const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
@@ -145,7 +145,7 @@ void load_sharded_state_dict(FsdpState& state, const ShardedStateDict& dict) {
   torch::NoGradGuard no_grad;
   for (const auto& unit : state.units()) {
     FlatParam& flat = unit->flat_param();
-    ResidentScope resident(state, static_cast<size_t>(&unit - state.units().data()));
+    ResidentScope resident(state, *unit);
     const int64_t begin = flat.shard_rank() * flat.shard_numel(), end = begin + flat.shard_numel();
     for (const auto& e : flat.entries()) {
       const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
@@ -215,7 +215,7 @@ void save_full_state_dict(FsdpState& state, const std::string& model_path,
   };
   for (size_t u = 0; u < state.units().size(); ++u) {
     const FlatParam& flat = state.units()[u]->flat_param();
-    ResidentScope resident(state, u, optimizer, /*agree=*/true);
+    ResidentScope resident(state, *state.units()[u], optimizer, /*agree=*/true);
     stream(flat, flat.shard(), model_writer.get());  // the fp32 masters, not the compute-dtype copies
     if (optimizer_state) {
       for (const auto& name : optimizer_state->tensor_names()) {

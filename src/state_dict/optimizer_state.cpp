@@ -7,7 +7,7 @@
 #include <memory>
 #include <typeinfo>
 
-#include "fsdp/compat.h"
+#include "core/compat.h"
 #include "fsdp/memory.h"
 
 namespace fsdp {

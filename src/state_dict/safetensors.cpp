@@ -1,6 +1,6 @@
 #include "fsdp/safetensors.h"
 
-#include "fsdp/safetensors_header.h"
+#include "state_dict/safetensors_header.h"
 
 #include <fcntl.h>
 

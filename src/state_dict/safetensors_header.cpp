@@ -1,6 +1,6 @@
 // Parsing and validating safetensors headers (see safetensors_header.h).
 
-#include "fsdp/safetensors_header.h"
+#include "state_dict/safetensors_header.h"
 
 #include <c10/util/Exception.h>
 

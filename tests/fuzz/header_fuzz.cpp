@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "fsdp/safetensors_header.h"
+#include "state_dict/safetensors_header.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/host_memory.h"
-#include "fsdp/nvme_offload.h"
+#include "fsdp/offload.h"
 #include "train/report_util.h"
 
 namespace fsdp_train {
@@ -20,15 +20,15 @@ using fsdp::format_mib;
 
 NvmeReport nvme_report(const fsdp::FsdpState& state) {
   NvmeReport report;
-  const fsdp::offload::NvmeOffload* nvme = state.nvme_offload();
+  const std::optional<fsdp::offload::NvmeOffloadInfo> nvme = state.nvme_offload();
   if (!nvme) return report;
   report.on = true;
-  report.optimizer_state = nvme->offloads_optimizer_state();
-  report.params = nvme->offloads_params();
-  report.path = nvme->store().path();
-  report.engine = nvme->store().engine_description();
-  report.offloaded_bytes = nvme->offloaded_bytes();
-  report.file_bytes = static_cast<int64_t>(nvme->store().file_bytes());
+  report.optimizer_state = nvme->optimizer_state;
+  report.params = nvme->params;
+  report.path = nvme->file_path;
+  report.engine = nvme->engine_description;
+  report.offloaded_bytes = nvme->offloaded_bytes;
+  report.file_bytes = nvme->offloaded_bytes;  // the scratch file holds exactly the offloaded state
   return report;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // Disk offload of a sharded model's state (DeepSpeed's ZeRO-Infinity): what
-// FullyShardOptions::nvme_offload asks for, owned by the model's FsdpState.
+// FullyShardOptions::nvme_offload asks for, the model's ShardOffload (the
+// seam in offload/shard_offload.h). Not installed.
 // Each rank keeps its offloaded tensors in one DiskStore (a scratch file in
 // the offload folder), one slot per tensor per unit:
 //   master      the fp32 shard (what the optimizer steps), when it is offloaded
@@ -15,6 +16,8 @@
 // - an all-gather of offloaded parameters (the FlatParam's compute source),
 //   the read of the unit that came next in the last step issued ahead;
 // - a ResidentScope, for checkpoints and state dicts, one unit at a time.
+// A backward outside fsdp::TrainStep is refused: a user's own
+// optimizer.step() could not bring the state in around each unit's update.
 
 #include <torch/torch.h>
 
@@ -25,7 +28,8 @@
 #include <optional>
 #include <vector>
 
-#include "fsdp/disk_store.h"
+#include "offload/disk_store.h"
+#include "offload/shard_offload.h"
 #include "fsdp/options.h"
 
 namespace fsdp {
@@ -35,35 +39,41 @@ class FusedAdamW;
 
 namespace fsdp::offload {
 
-// The step's and the run's disk traffic, and how long compute waited for it.
-struct OffloadStats {
-  int64_t bytes_read = 0;
-  int64_t bytes_written = 0;
-  double wait_seconds = 0;  // compute blocked on a read or a write
-};
-
 // Refuses, naming the setting, what nvme_offload cannot do with these
 // options (before fully_shard touches a parameter).
 void check_nvme_offload_options(const FullyShardOptions& options, c10::Device device);
 
-class NvmeOffload {
+class NvmeOffload final : public ShardOffload {
  public:
-  // Creates this rank's scratch file (refused, naming the folder and the
-  // bytes, where it has no room) and moves the offloaded state of every
-  // unit there. The state must have been built with `options`.
-  NvmeOffload(FsdpState& state, const NvmeOffloadOptions& options);
-  ~NvmeOffload();
+  // The scratch file is made when the units are built (attach()). The
+  // options must have passed check_nvme_offload_options.
+  explicit NvmeOffload(const FullyShardOptions& options);
+  ~NvmeOffload() override;
   NvmeOffload(const NvmeOffload&) = delete;
   NvmeOffload& operator=(const NvmeOffload&) = delete;
 
-  // The optimizer step over every unit that has a gradient: matrices
-  // decayed by matrix_weight_decay (TrainStepOptions::weight_decay; 0: none)
-  // at their group's lr, then one FusedAdamW update, then back to disk.
-  void step(torch::optim::Optimizer& optimizer, double matrix_weight_decay);
+  const char* where() const override { return "disk"; }
+  bool keeps_state_in_memory() const override { return false; }
+  // Creates this rank's scratch file (refused, naming the folder and the
+  // bytes, where it has no room) and moves the offloaded state of every
+  // unit there.
+  void attach(FsdpState& state) override;
+  // The all-gather's input read from disk (or from the param-dtype copy kept in memory).
+  GatherInput fetch(const FlatParam& flat) override;
+  // fsdp::FusedAdamW only.
+  void check_optimizer(const torch::optim::Optimizer& optimizer) const override;
+  void before_backward(bool in_train_step) const override;
+  // The optimizer step over every unit that has a gradient, pipelined: the
+  // next unit's read and the previous unit's write run while this unit steps.
+  void step(FsdpState& state, torch::optim::Optimizer& optimizer, double matrix_weight_decay) override;
+  void make_resident(const FlatParam& flat, torch::optim::Optimizer* optimizer) override;
+  void release(const FlatParam& flat, torch::optim::Optimizer* optimizer) override;
+  OffloadStats stats() const override;
+  std::optional<NvmeOffloadInfo> nvme_info() const override;
 
   // Unit `unit`'s offloaded state in memory (optimizer: null for the model's
   // tensors only), and back on disk: what a changed (or new) tensor holds is
-  // written first. Blocking; ResidentScope is the way to call them.
+  // written first. Blocking.
   void bring_in(size_t unit, torch::optim::Optimizer* optimizer);
   void send_out(size_t unit, torch::optim::Optimizer* optimizer);
 
@@ -71,8 +81,6 @@ class NvmeOffload {
   bool offloads_optimizer_state() const { return options_.optimizer_state(); }
   bool offloads_params() const { return options_.params(); }
   const DiskStore& store() const { return *store_; }
-  // Since the model was built.
-  OffloadStats stats() const;
   // The bytes of memory the offloaded state would take: what is on disk.
   int64_t offloaded_bytes() const { return static_cast<int64_t>(store_->file_bytes()); }
 
@@ -90,9 +98,9 @@ class NvmeOffload {
   // Drops the parameter read issued ahead (waiting for it first).
   void discard_read_ahead() noexcept;
   // Issues the writes of what is in memory and must go to disk (everything,
-  // or only the changed and the new); release() then frees it.
+  // or only the changed and the new); free_unit() then frees it.
   Futures issue_writes(size_t unit, torch::optim::Optimizer* optimizer, bool only_changed);
-  void release(size_t unit, torch::optim::Optimizer* optimizer);
+  void free_unit(size_t unit, torch::optim::Optimizer* optimizer);
   void wait(Futures& futures);
   // Waits without throwing (unwinding): memory the store still uses must outlive it.
   static void drain(Futures& futures) noexcept;
@@ -100,7 +108,7 @@ class NvmeOffload {
   torch::Tensor compute_shard(size_t unit);
   Futures read_compute(size_t unit, torch::Tensor& into);
 
-  FsdpState& state_;
+  FsdpState* state_ = nullptr;  // set by attach()
   NvmeOffloadOptions options_;
   bool offload_master_ = false;
   torch::ScalarType param_dtype_ = torch::kFloat;
@@ -118,27 +126,3 @@ class NvmeOffload {
 
 }  // namespace fsdp::offload
 
-namespace fsdp {
-
-// Unit `unit`'s offloaded state in memory for the scope's life (nothing
-// without disk offload): checkpoints and state dicts read and write the
-// shard and the optimizer's state inside one, a unit at a time. What the
-// scope changed is written back when it ends. With `agree` the entry is
-// collective over the model's group: a rank that cannot read its state makes
-// every rank throw (for callers that gather inside the scope).
-class ResidentScope {
- public:
-  ResidentScope(const FsdpState& state, size_t unit, torch::optim::Optimizer* optimizer = nullptr,
-                bool agree = false);
-  ~ResidentScope() noexcept(false);
-  ResidentScope(const ResidentScope&) = delete;
-  ResidentScope& operator=(const ResidentScope&) = delete;
-
- private:
-  offload::NvmeOffload* offload_;
-  size_t unit_;
-  torch::optim::Optimizer* optimizer_;
-  int uncaught_ = 0;
-};
-
-}  // namespace fsdp

@@ -1,4 +1,5 @@
 #pragma once
+// The engine's own (not installed).
 // One unit's parameters as one flat, padded buffer (FSDP1's layout): with a
 // shard group of K ranks, rank r keeps elements [r*S, (r+1)*S) as its shard,
 // S = ceil(N / K). One all-gather and one reduce-scatter per unit move the
@@ -11,10 +12,6 @@
 
 #include <torch/torch.h>
 
-#include <c10/core/Event.h>
-#include <c10/core/Stream.h>
-
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,6 +21,9 @@
 #include "fsdp/options.h"
 
 namespace fsdp {
+namespace offload {
+class ShardOffload;  // offload/shard_offload.h
+}
 
 struct FlatParamEntry {
   std::string name;      // qualified parameter name
@@ -40,17 +40,12 @@ struct FlatParamConfig {
   bool persistent_params = false;   // stay unsharded between steps (no_shard, zero1)
   bool full_gradients = false;      // all-reduce full gradients, keep them (no_shard, zero1)
   MixedPrecision mixed_precision;
-  // The fp32 shard (what the optimizer steps) and its gradient live in host
-  // memory (pinned when the parameters are on a GPU); only the gathered
-  // parameters and the gradients being reduced are on the device. Sharded
-  // strategies only.
-  bool cpu_offload = false;
   c10::Device device = c10::Device(torch::kCPU);  // where the unit computes (parameters are moved there)
-  // CPU offload on a GPU: the stream the shards cross on (host to device
-  // before a gather, the reduced gradient back after its reduction), one
-  // per model so that the copies keep their order, apart from the compute
-  // stream so that they overlap it. Made by fully_shard; unset otherwise.
-  std::optional<c10::Stream> copy_stream;
+  // Where the shard lives between uses (the model's, shared by its units;
+  // not owned): it makes the shard, fetches it for the gather and takes the
+  // reduced gradient.
+  offload::ShardOffload* offload = nullptr;
+  size_t unit_index = 0;  // the unit's position in FsdpState::units()
 };
 
 class FlatParam {
@@ -71,19 +66,14 @@ class FlatParam {
   int shard_group_size() const { return config_.shard_group ? config_.shard_group->size() : 1; }
   int shard_rank() const { return config_.shard_group ? config_.shard_group->rank() : 0; }
   const FlatParamConfig& config() const { return config_; }
+  // The unit's position in FsdpState::units() (what its offload keys it by).
+  size_t unit_index() const { return config_.unit_index; }
   // Where the parameters compute (the shard is on the host with cpu_offload).
   c10::Device device() const { return unsharded_.device(); }
   // The local shard: an fp32 leaf that optimizers step. Padding stays zero.
   const torch::Tensor& shard() const { return shard_; }
   const std::vector<FlatParamEntry>& entries() const { return entries_; }
   bool is_unsharded() const { return is_unsharded_; }
-
-  // Disk offload: where the all-gather's input comes from when the fp32
-  // shard is not the place to cast it from (it is on disk, or the param-dtype
-  // copy is kept apart): returns the shard's current values in the param
-  // dtype, shard_numel() elements, alive until the gather ends.
-  using ComputeShardSource = std::function<torch::Tensor()>;
-  void set_compute_shard_source(ComputeShardSource source) { compute_shard_source_ = std::move(source); }
 
   // The whole unit of a tensor shaped like the shard (the fp32 master, an
   // optimizer moment), padded: collective over the shard group; `local`
@@ -119,25 +109,22 @@ class FlatParam {
   // param dtype, and no gradients left from micro-steps without sync.
   void prepare_gradient_buffer();
   void drop_gradient_buffer();
-  // With a copy stream (CPU offload on a GPU) it leaves the gradient's copy
-  // to the host in flight: finish_host_gradient() waits for it and
+  // The offload takes the reduced gradient: CPU offload on a GPU leaves its
+  // copy to the host in flight, and finish_host_gradient() waits for it and
   // accumulates it into shard().grad(). Otherwise the gradient is there on return.
   void finish_reduce_gradients();
-  bool host_gradient_pending() const { return pending_host_gradient_ != nullptr; }
+  bool host_gradient_pending() const;
   void finish_host_gradient();
   // A reduction or its copy to the host is in flight.
   bool reduce_pending() const { return pending_reduce_ != nullptr || host_gradient_pending(); }
   bool collective_reduce_pending() const { return pending_reduce_ != nullptr; }
 
+ // shard().grad() += gradient (or = it, the first time), in float32: where
+  // the offload puts the reduced gradient.
+  void accumulate_into_gradient(torch::Tensor gradient);
+
  private:
   bool shard_aliases_buffer() const;
-  // shard().grad() += gradient (or = it, the first time), in float32.
-  void accumulate_into_gradient(torch::Tensor gradient);
-  // The stream current for this unit's device (the compute stream).
-  c10::Stream current_stream() const;
-  // The copy stream waits (on the device) for the compute stream's work so
-  // far: blocks freed there may be reused, and what it produced is ready.
-  void copy_stream_waits_for_compute() const;
 
   FlatParamConfig config_;
   std::vector<FlatParamEntry> entries_;
@@ -156,20 +143,11 @@ class FlatParam {
   bool stale_ = true;
   torch::Tensor full_grad_;        // full_gradients strategies: the reduced gradient (fp32)
   torch::Tensor gradient_buffer_;  // see prepare_gradient_buffer()
-  ComputeShardSource compute_shard_source_;
   WorkHandle pending_unshard_;
   torch::Tensor pending_unshard_input_;    // the cast shard, alive until the gather ends
-  torch::Tensor pending_unshard_staging_;  // offload on a GPU: the float32 copy it was cast from, likewise
+  torch::Tensor pending_unshard_staging_;  // what the offload cast it from (CPU offload on a GPU), likewise
   WorkHandle pending_reduce_;
   torch::Tensor pending_result_;
-  // Offload on a GPU: the reduced gradient on its way to pinned host memory
-  // on the copy stream; the device copy stays alive until the event says
-  // the copy has read it.
-  struct PendingHostGradient {
-    torch::Tensor host, device;
-    c10::Event copied;
-  };
-  std::unique_ptr<PendingHostGradient> pending_host_gradient_;
 };
 
 }  // namespace fsdp

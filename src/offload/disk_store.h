@@ -1,4 +1,5 @@
 #pragma once
+// The engine's own (not installed); its options are public (fsdp/offload.h).
 // One rank's scratch file for offloaded state (ZeRO-Infinity's swap file):
 // a fixed set of slots, one per tensor, written and read back
 // asynchronously in blocks, every block checked against the checksum taken
@@ -22,7 +23,8 @@
 // process.
 
 #include <c10/util/Exception.h>
-#include <torch/arg.h>
+
+#include "fsdp/offload.h"
 
 #include <condition_variable>
 #include <cstdint>
@@ -39,27 +41,6 @@ class File;  // src/state_dict/file_io.h
 }
 
 namespace fsdp::offload {
-
-enum class IoEngine { kAuto, kLibaio, kThreads };
-const char* io_engine_name(IoEngine engine);
-// "auto", "libaio" or "threads"; throws naming what it got.
-IoEngine parse_io_engine(const std::string& name);
-
-struct DiskStoreOptions {
-  explicit DiskStoreOptions(std::string dir) : dir_(std::move(dir)) {}
-  // The folder the scratch file goes in (it must exist).
-  TORCH_ARG(std::string, dir);
-  // The file is DIR/fsdp-offload-<name>.bin: one per rank ("rank3").
-  TORCH_ARG(std::string, name) = "rank0";
-  TORCH_ARG(IoEngine, engine) = IoEngine::kAuto;
-  // The unit of I/O and of checksums: a multiple of 4096 (O_DIRECT's alignment).
-  TORCH_ARG(int64_t, block_bytes) = int64_t{1} << 20;
-  // Blocks in flight at once (libaio), and so the staging buffers: queue_depth x block_bytes of memory.
-  TORCH_ARG(int, queue_depth) = 8;
-  // Treat the folder as having at most this many bytes free (-1: what the
-  // file system says): for tests of a full disk, and to leave room for others.
-  TORCH_ARG(int64_t, free_bytes_limit) = -1;
-};
 
 class DiskStore {
  public:
@@ -139,6 +120,10 @@ class DiskStore {
   void write_blocks_threads(const Slot& slot, size_t index, const char* data, std::vector<uint64_t>& checksums);
   void read_blocks_threads(const Slot& slot, size_t index, char* data);
   void transfer_aio(const Slot& slot, size_t index, bool is_write, char* data, std::vector<uint64_t>& checksums);
+  // One block libaio completed with `res` (bytes, or -errno): "" or what went
+  // wrong; a read's block is checked and copied from `staging` into `data`.
+  std::string aio_block_done(const Slot& slot, size_t index, size_t block, bool is_write, const char* staging,
+                             char* data, long res) const;
   void check_block(const Slot& slot, size_t index, size_t block, const char* bytes, size_t n) const;
 };
 

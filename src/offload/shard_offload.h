@@ -1,0 +1,128 @@
+#pragma once
+// One seam for where a model's unit shards live between uses (FSDP2's
+// OffloadPolicy): in memory, in (pinned) host memory, or on disk. One
+// ShardOffload per model, made by fully_shard from its options and attached
+// to every unit's FlatParam (FlatParamConfig::offload). Through it a unit
+//   fetches its shard for the all-gather          fetch()
+//   hands over its reduced gradient               accept_gradient()
+//   is stepped by the optimizer                   step()
+//   is made resident for state dicts, checkpoints ResidentScope (make_resident / release)
+// The engine asks it and never what kind it is: the training step, the state
+// dicts and the checkpoints hold no offload-specific branch. Not installed.
+
+#include <torch/torch.h>
+
+#include <c10/core/StreamGuard.h>
+
+#include <memory>
+#include <optional>
+
+#include "fsdp/offload.h"
+#include "fsdp/options.h"
+
+namespace fsdp {
+class DeviceContext;
+class FlatParam;
+class FsdpState;
+class Unit;
+}  // namespace fsdp
+
+namespace fsdp::offload {
+
+// What fetch() hands the all-gather.
+struct GatherInput {
+  torch::Tensor values;   // the shard's current values in the param dtype, shard_numel() elements
+  torch::Tensor staging;  // kept alive until the gather ends (what `values` was cast from), or undefined
+  // The gather is issued with this stream current (the copy stream the shard
+  // crossed on, so that it waits for the copy and the compute stream does
+  // not), or null: the current stream.
+  std::unique_ptr<c10::StreamGuard> stream;
+};
+
+class ShardOffload {
+ public:
+  virtual ~ShardOffload() = default;
+
+  // Where the shards are between uses, in messages: "memory", "pinned host memory", "disk".
+  virtual const char* where() const = 0;
+  // Whether the shards (and the optimizer state) never leave memory: then
+  // a ResidentScope has nothing to do, and is no collective either.
+  virtual bool keeps_state_in_memory() const { return true; }
+  // Called once every unit is built (the shards have their sizes): disk
+  // offload makes its scratch file and moves the shards there.
+  virtual void attach(FsdpState& state) {}
+
+  // The fp32 shard of a unit being built, from `slice`, its part of the
+  // initial values (on the unit's device): a copy that does not alias it.
+  virtual torch::Tensor make_shard(const torch::Tensor& slice) const;
+  // The all-gather's input of `flat` (whose shard is not a slice of its
+  // gathered buffer). Made under the unsharded buffers' memory category.
+  virtual GatherInput fetch(const FlatParam& flat);
+  // A fetched input was copied into the buffer without a collective (a
+  // shard group of one): the compute stream may use the buffer after this.
+  virtual void finish_local_gather(GatherInput& input) const {}
+
+  // A unit's reduced (and, across replicas, averaged) gradient shard, on
+  // the unit's device in the reduce dtype: becomes (or adds to) the
+  // shard's .grad, possibly after a copy left in flight.
+  virtual void accept_gradient(FlatParam& flat, torch::Tensor reduced);
+  // A gradient accept_gradient left in flight, and its completion.
+  virtual bool gradient_pending(const FlatParam& flat) const { return false; }
+  virtual void finish_gradient(FlatParam& flat) {}
+  // The end of backward, before the optimizer touches the shards.
+  virtual void finish_backward() const {}
+
+  // Refuses, by name, an optimizer this placement cannot step with.
+  virtual void check_optimizer(const torch::optim::Optimizer& optimizer) const {}
+  // Refuses a backward outside fsdp::TrainStep where the optimizer step
+  // needs the placement's own pipeline (`in_train_step`: one is running).
+  virtual void before_backward(bool in_train_step) const {}
+  // The optimizer step over the model's shards, after the decoupled decay
+  // of their matrices by matrix_weight_decay (0: none; see
+  // decay_matrix_weights_) at their group's lr.
+  virtual void step(FsdpState& state, torch::optim::Optimizer& optimizer, double matrix_weight_decay);
+
+  // `flat`'s shard (and, with `optimizer`, its state) in memory, and back:
+  // what changed in between is kept. Blocking; ResidentScope calls them.
+  virtual void make_resident(const FlatParam& flat, torch::optim::Optimizer* optimizer) {}
+  virtual void release(const FlatParam& flat, torch::optim::Optimizer* optimizer) {}
+
+  // Disk traffic since the model was built (zeros without disk).
+  virtual OffloadStats stats() const { return OffloadStats(); }
+  // What the disk offload is, or nothing without one.
+  virtual std::optional<NvmeOffloadInfo> nvme_info() const { return std::nullopt; }
+};
+
+// Refuses, naming the setting, what cpu_offload and nvme_offload cannot do
+// with these options on `device` (before fully_shard touches a parameter).
+void check_offload_options(const FullyShardOptions& options, c10::Device device);
+// The placement fully_shard's options ask for (memory, cpu_offload or
+// nvme_offload), once they passed check_offload_options.
+std::unique_ptr<ShardOffload> make_shard_offload(const FullyShardOptions& options, const DeviceContext& context);
+
+}  // namespace fsdp::offload
+
+namespace fsdp {
+
+// A unit's shard, and with `optimizer` its optimizer state, in memory for the
+// scope's life (nothing to do where they never leave it): checkpoints and
+// state dicts read and write them inside one, a unit at a time. What the
+// scope changed is kept when it ends. With `agree` the entry is collective
+// over the model's group: a rank that cannot bring its state in makes every
+// rank throw (for callers that gather inside the scope).
+class ResidentScope {
+ public:
+  ResidentScope(const FsdpState& state, const Unit& unit, torch::optim::Optimizer* optimizer = nullptr,
+                bool agree = false);
+  ~ResidentScope() noexcept(false);
+  ResidentScope(const ResidentScope&) = delete;
+  ResidentScope& operator=(const ResidentScope&) = delete;
+
+ private:
+  offload::ShardOffload& offload_;
+  const FlatParam& flat_;
+  torch::optim::Optimizer* optimizer_;
+  int uncaught_ = 0;
+};
+
+}  // namespace fsdp

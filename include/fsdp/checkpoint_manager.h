@@ -53,7 +53,9 @@ class RecordedValue : public Stateful {
   // A string or a number, as JSON.
   static RecordedValue text(const std::string& value);
   static RecordedValue number(double value);
+  // The value.
   std::string state_json() const override { return json_; }
+  // Accepts any saved value: a record, not a requirement.
   void load_state_json(const std::optional<std::string>&, const std::string&) override {}
 
  private:
@@ -67,7 +69,9 @@ class LrScheduleState : public Stateful {
   // `remedy` ends the refusal's message (e.g. which options to pass).
   explicit LrScheduleState(const LrSchedule& schedule, std::string remedy = "")
       : schedule_(schedule), remedy_(std::move(remedy)) {}
+  // {"kind", "lr", "warmup_steps", "min_lr", "total_steps"}.
   std::string state_json() const override;
+  // Refuses a schedule that gives some step another learning rate (LrSchedule::same_as).
   void load_state_json(const std::optional<std::string>& saved, const std::string& checkpoint) override;
 
  private:
@@ -83,7 +87,9 @@ class DataOrderState : public Stateful {
   // `remedy` ends the refusal's message (e.g. which options to pass).
   explicit DataOrderState(const models::TokenDataOptions& options, std::string remedy = "")
       : options_(options), remedy_(std::move(remedy)) {}
+  // {"order", "seed", "val_fraction"}.
   std::string state_json() const override;
+  // Refuses any other order, seed or validation fraction.
   void load_state_json(const std::optional<std::string>& saved, const std::string& checkpoint) override;
 
  private:
@@ -96,7 +102,9 @@ class DataOrderState : public Stateful {
 class LossScaleState : public Stateful {
  public:
   explicit LossScaleState(GradScaler& scaler) : scaler_(scaler) {}
+  // The scale factor, a number.
   std::string state_json() const override;
+  // Sets the saved scale factor (refusing one that is not a positive number).
   void load_state_json(const std::optional<std::string>& saved, const std::string& checkpoint) override;
 
  private:
@@ -133,6 +141,8 @@ struct CheckpointResume {
 // collective over the model's ranks.
 class CheckpointManager {
  public:
+  // Over a sharded model's state and the optimizer of its shards (both must
+  // outlive the manager).
   CheckpointManager(FsdpState& state, torch::optim::Optimizer& optimizer, CheckpointManagerOptions options);
   // Adds an object whose state is saved under `key` of the metadata's
   // extra; it must outlive the manager. Keys are checked in the order added.
@@ -147,6 +157,7 @@ class CheckpointManager {
   // hands each object its saved state (each may refuse it); nullopt when the
   // folder holds none.
   std::optional<CheckpointResume> resume();
+  // Where and how often it saves.
   const CheckpointManagerOptions& options() const { return options_; }
 
  private:

@@ -30,11 +30,11 @@ std::string format_mib(int64_t bytes);
 // variants the preflight offers).
 struct HostMemoryRun {
   TransformerShape shape;  // its sublayer_units is taken from HostMemorySettings
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;  // the run's
   int world = 1;           // ranks in all
   int ranks_here = 1;      // ranks on this host (ranks_on_this_host)
   int ranks_per_node = 0;  // hybrid strategies' node size (0: this host's ranks, as fully_shard's split)
-  MixedPrecision mixed_precision;
+  MixedPrecision mixed_precision;  // the run's dtypes
   bool prefetch = true;      // forward or backward prefetch on
   int64_t micro_steps = 1;   // gradient accumulation
 };

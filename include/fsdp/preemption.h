@@ -12,6 +12,7 @@
 
 namespace fsdp {
 
+// The process's preemption handlers and the ranks' agreement to stop.
 class Preemption {
  public:
   // Installs the process's handlers of SIGTERM and SIGUSR1 (one object per

@@ -50,8 +50,9 @@ class RecordedValue : public Stateful {
  public:
   // The value as JSON text.
   explicit RecordedValue(std::string json_text) : json_(std::move(json_text)) {}
-  // A string or a number, as JSON.
+  // A string, recorded as a JSON string.
   static RecordedValue text(const std::string& value);
+  // A number, recorded as a JSON number.
   static RecordedValue number(double value);
   // The value.
   std::string state_json() const override { return json_; }
@@ -101,6 +102,7 @@ class DataOrderState : public Stateful {
 // checkpoint without one leaves the scaler's own).
 class LossScaleState : public Stateful {
  public:
+  // Over the step's scaler (it must outlive this object).
   explicit LossScaleState(GradScaler& scaler) : scaler_(scaler) {}
   // The scale factor, a number.
   std::string state_json() const override;
@@ -113,8 +115,9 @@ class LossScaleState : public Stateful {
 
 // Where and how often the manager saves.
 struct CheckpointManagerOptions {
-  // The folder of the step-N checkpoints.
+  // `dir`: the folder of the step-N checkpoints.
   explicit CheckpointManagerOptions(std::string dir) : dir_(std::move(dir)) {}
+  // The folder of the step-N checkpoints.
   TORCH_ARG(std::string, dir);
   // Save every K steps (0: only after the last step).
   TORCH_ARG(int64_t, every) = 0;
@@ -122,6 +125,10 @@ struct CheckpointManagerOptions {
   TORCH_ARG(int, keep) = 2;
   // The layout of the tensors.
   TORCH_ARG(CheckpointFormat, format) = CheckpointFormat::kSharded;
+  // The group whose barrier ends a save and a resume (null: the model's
+  // group). A GPU run sharded over NCCL passes its MPI world, so that the
+  // wait stays on the host instead of queueing a device collective.
+  TORCH_ARG(ProcessGroupPtr, barrier_group) = nullptr;
 };
 
 // One save: where it went, and what it cost.
@@ -161,6 +168,10 @@ class CheckpointManager {
   const CheckpointManagerOptions& options() const { return options_; }
 
  private:
+  const ProcessGroupPtr& barrier_group() const {
+    return options_.barrier_group() ? options_.barrier_group() : state_.group();
+  }
+
   FsdpState& state_;
   torch::optim::Optimizer& optimizer_;
   CheckpointManagerOptions options_;

@@ -61,7 +61,7 @@ int64_t host_memory_needed(const HostMemoryRun& run, const HostMemorySettings& s
 // A change of settings the preflight offers, named by fsdp-train's options.
 struct HostMemoryVariant {
   std::string flags;  // e.g. "--sharded-init --activation-checkpointing"
-  HostMemorySettings settings;
+  HostMemorySettings settings;  // the run's settings with that change applied
 };
 // The variants offered for `settings`, from the least change on (the disk
 // offload of parameters only where the strategy shards them, and for fp32

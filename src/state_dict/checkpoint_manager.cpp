@@ -107,7 +107,7 @@ CheckpointSave CheckpointManager::save(int64_t completed_steps) {
   result.peak_extra_bytes = memory::usage().peak_total - live_before;
   result.seconds = seconds_since(start);
   if (state_.group()->rank() == 0) prune_checkpoints(options_.dir(), options_.keep());
-  state_.group()->barrier()->wait();
+  barrier_group()->barrier()->wait();
   return result;
 }
 
@@ -117,7 +117,7 @@ std::optional<CheckpointResume> CheckpointManager::resume() {
   const auto start = Clock::now();
   CheckpointResume resumed;
   resumed.info = load_checkpoint(state_, optimizer_, latest);
-  state_.group()->barrier()->wait();
+  barrier_group()->barrier()->wait();
   resumed.seconds = seconds_since(start);
   for (const auto& [key, object] : objects_) {
     const auto saved = resumed.info.extra.find(key);

@@ -178,7 +178,8 @@ class Trainer {
                          fsdp::CheckpointManagerOptions(o_.ckpt_dir)
                              .every(o_.ckpt_every)
                              .keep(o_.ckpt_keep)
-                             .format(run_.ckpt_format));
+                             .format(run_.ckpt_format)
+                             .barrier_group(world_));  // the MPI world: a host-only barrier on GPUs too
     checkpointed_.add_to(*checkpoints_);
     try {
       fsdp::check_folder_shared(o_.ckpt_dir, world_);

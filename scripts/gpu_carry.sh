@@ -7,7 +7,10 @@
 # 64 MiB in all: this stays far under (the size is printed at the end).
 #
 #   bash scripts/gpu_carry.sh        then, with the device tool:
-#   run(command="bash scripts/gpu_check.sh", carry=[".gpu-carry"])
+#   run(command="bash scripts/gpu_check.sh", carry=[".gpu-carry"], timeout_s=560)
+# The GPU image keeps its own libraries: gpu_check.sh prunes a carried
+# dependency whose sonames the image has, and runs python (torch) with the
+# caller's LD_LIBRARY_PATH, never the prefix's.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 carry=.gpu-carry

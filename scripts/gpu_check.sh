@@ -3,22 +3,54 @@
 # ninja, nvcc, NCCL; no MPI, no network): builds fsdp-cpp and runs its GPU
 # checks in at most 8 minutes, one JSON line per check on stdout and in
 # $OUT/gpu_check.jsonl ($OUT unset: build-gpu/gpu_check.jsonl); each line is
-# {"check": NAME, "ok": true|false, figures...}. A failing check does not stop
-# the ones after it. Run from anywhere, as one command:
+# {"check": NAME, "ok": true|false, figures..., "elapsed_s": S}. A failing
+# check does not stop the ones after it (a broken MPI does: below). Run from
+# anywhere, as one command:
 #
 #   bash scripts/gpu_carry.sh                 # here, once: fills .gpu-carry/
 #   run(command="bash scripts/gpu_check.sh", carry=[".gpu-carry"], timeout_s=560)
-#   bash scripts/gpu_check.sh --dry-run       # no GPU: unpack, configure, stop
+#   bash scripts/gpu_check.sh --dry-run       # no GPU: env, prefix, configure, stop
 #
-# Checks, in this order (the figures first, so that a slow build costs the
-# least important ones): prefix (OpenMPI from .gpu-carry/ works), gpu
-# (nvidia-smi), configure, build (only what the checks run), bench (bf16,
-# fsdp-cpp full_shard against PyTorch FSDP2 fully_shard at W=1, on the large
-# preset and on GPT-2-124M: tokens/s, peak device memory, MFU), offload
-# (--offload cpu against none), parity (fp32 losses: W=1/2/4 ranks on the
-# one GPU, and GPU against CPU), tests (ctest -L gpu, but trainer_gpu, whose
-# runs parity and offload repeat), done. Logs and summaries go to
-# $OUT/gpu_logs.tar.gz, rewritten after every check.
+# Checks, in this order: correctness first, then one benchmark shape, then
+# the rest, so that a slow build or a slow run costs the least important ones.
+#   env          always the first line: the variables that change numerics
+#                or NCCL (TF32 overrides, NCCL_*, CUDA_VISIBLE_DEVICES,
+#                CUDA_LAUNCH_BLOCKING, CUBLAS_WORKSPACE_CONFIG, ...), the
+#                caller's LD_LIBRARY_PATH, the driver's libcuda, host, cores
+#   prefix       OpenMPI unpacked from .gpu-carry/ works: an MPI hello as
+#                mpirun -n 2 and as a singleton. mpirun broken, the singleton
+#                working: one-rank runs go on as singletons (fsdp-train
+#                started without fsdp-run), parity_w2_w4 and tests are
+#                skipped. The singleton broken too: the script stops here
+#                (fsdp-train calls MPI_Init, nothing could run)
+#   gpu          nvidia-smi, and python's torch sees the GPU
+#   nccl_torch   one all-reduce through PyTorch's NCCL at world size 1
+#                (a file:// store), before the build: does NCCL work here
+#   configure, build (only what the checks run)
+#   nccl         the library's own NCCL smoke (tests/test_devices
+#                --gtest_filter=NcclSmoke.*, an MPI singleton): passed,
+#                skipped, failed, crashed, timed_out or absent, with its log
+#   parity_w1    fp32 losses at one rank, GPU against CPU; one-rank GPU
+#                runs (--backend auto) do their collectives as device
+#                copies, without NCCL
+#   bench, bench_vs_fsdp2 on the first shape (bf16, fsdp-cpp full_shard
+#                against PyTorch FSDP2 fully_shard at W=1: tokens/s, peak
+#                device memory, MFU), then the other shapes
+#   offload_run x2, offload  (--offload cpu against none)
+#   parity_w2_w4 W = 2, 4 ranks on the one GPU against parity_w1's GPU run
+#   tests        ctest -L gpu, but trainer_gpu, whose runs parity and
+#                offload repeat
+#   done         the failed checks, and why the script stopped if it did
+# A check starts only before the budget and if what is left before the
+# deadline covers its least need; else its line says it was skipped and why.
+# Every command has a hard limit (timeout -k: the trainer ends at a step
+# boundary after SIGTERM), its cap or what is left before the deadline if
+# less. NCCL's own messages (NCCL_DEBUG=WARN) go to NCCL_DEBUG_FILE in the
+# logs; the logs and summaries go to $OUT/gpu_logs.tar.gz, rewritten (a
+# temporary file, renamed) after every check. Python (the torch probes,
+# bench/peer.py) runs with the caller's LD_LIBRARY_PATH (the GPU image finds
+# its driver through it), not the prefix's, whose libraries could shadow
+# torch's own.
 #
 # Settings (environment): FSDP_LIBTORCH (default: python3's torch folder),
 # FSDP_PYTHON (python3), FSDP_GPU_BUILD (build-gpu), FSDP_GPU_PREFIX
@@ -28,14 +60,20 @@
 # (more cmake arguments), FSDP_GPU_BENCH_STEPS (15), FSDP_GPU_BENCH_BATCH (16),
 # FSDP_GPU_CHECK_BUDGET (seconds after which no further check starts: 400),
 # FSDP_GPU_CHECK_DEADLINE (seconds by which every command has ended, its
-# time limit cut to what is left: 470, inside the 8 minutes),
+# time limit cut to what is left, less the 10 s the kill after SIGTERM may
+# take: 470, inside the 8 minutes),
 # FSDP_GPU_OFFLOAD_BATCH (the offload pair's sequences: 4; the bench's
 # batch is mostly activations, which offload does not move), FSDP_GPU_BENCH_SHAPES (large
-# gpt2_124m), FSDP_GPU_PARITY_PRESET (small), FSDP_GPU_PARITY_STEPS (20),
+# gpt2_124m; the first is benchmarked right after parity_w1), FSDP_GPU_PARITY_PRESET (small), FSDP_GPU_PARITY_STEPS (20),
 # FSDP_GPU_CHECK_LOGS ($FSDP_GPU_BUILD/gpu-logs), FSDP_GPU_CHECK_DEVICE
-# (cuda; cpu runs the checks' own logic without a GPU, with the tiny shape:
-# tests/trainer/gpu-check.sh does, sourcing this script).
+# (cuda; cpu runs the checks' own logic without a GPU, with the tiny shape,
+# NCCL's torch check on gloo: tests/trainer/gpu-check.sh does, sourcing this
+# script), NCCL_DEBUG (WARN for the two NCCL checks).
 set -uo pipefail
+# The caller's LD_LIBRARY_PATH, before prefix_env prepends the prefix's
+# libraries: python runs with it (with_caller_libs), and the env line shows it.
+caller_ld_library_path="${LD_LIBRARY_PATH-}"
+caller_ld_library_path_set=0; [ -z "${LD_LIBRARY_PATH+set}" ] || caller_ld_library_path_set=1
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 
 dry=0
@@ -53,6 +91,7 @@ python="${FSDP_PYTHON:-python3}"
 jobs="${FSDP_GPU_CHECK_JOBS:-$(nproc)}"
 budget="${FSDP_GPU_CHECK_BUDGET:-400}"
 deadline="${FSDP_GPU_CHECK_DEADLINE:-470}"
+kill_after=10  # timeout -k: SIGKILL this long after SIGTERM
 offload_batch="${FSDP_GPU_OFFLOAD_BATCH:-4}"
 # A stuck collective ends its run with the watchdog's message naming it,
 # well inside the run's own time limit (the default is 600 s).
@@ -63,7 +102,9 @@ bench_shapes="${FSDP_GPU_BENCH_SHAPES:-large gpt2_124m}"
 parity_preset="${FSDP_GPU_PARITY_PRESET:-small}"
 parity_steps="${FSDP_GPU_PARITY_STEPS:-20}"
 device="${FSDP_GPU_CHECK_DEVICE:-cuda}"
+nccl_debug="${NCCL_DEBUG:-WARN}"
 peak_flops=989e12  # H200 SXM dense bf16, the vendor's figure (KINDS.md measured ~790e12 on random data)
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc honours OMP_NUM_THREADS
 logs="${FSDP_GPU_CHECK_LOGS:-$build/gpu-logs}"
 mkdir -p "$logs"
 logs="$(cd "$logs" && pwd)"
@@ -72,9 +113,14 @@ jsonl="${jsonl:-$build/gpu_check.jsonl}"
 : > "$jsonl"
 start=$EPOCHREALTIME
 failed=()
+# How ranks start, set by check_prefix: mpirun (fsdp-run), singleton (mpirun
+# broken: one-rank runs only, fsdp-train started directly), or none.
+launch=mpirun
+stopped=""  # why the script stopped early, for the done line
 
 # elapsed: whole seconds since the script started.
 elapsed() { local now=$EPOCHREALTIME; echo $(( ${now%.*} - ${start%.*} )); }
+seconds_since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
 # emit CHECK OK [KEY JSON]...: one line {"check": CHECK, "ok": OK, KEY: JSON...}.
 # Before jq is unpacked (or if a figure is not valid JSON) a plain line says so.
 emit() {
@@ -92,13 +138,96 @@ emit() {
 str() { jq -cn --arg s "$1" '$s'; }                        # a shell string as JSON
 tail_of() { str "$(tail -n "${2:-15}" "$1" 2>/dev/null)"; } # a log's last lines as JSON
 over_budget() { [ "$(elapsed)" -ge "$budget" ]; }
+# left: seconds a command started now may run, so that even its kill after
+# SIGTERM (timeout -k) comes before the deadline.
+left() { echo $(( deadline - kill_after - $(elapsed) )); }
 # limit SECONDS: SECONDS, or less where the deadline is nearer (at least 1).
-limit() { local left=$(( deadline - $(elapsed) )); [ "$left" -ge 1 ] || left=1; echo $(( $1 < left ? $1 : left )); }
+limit() { local l; l=$(left); [ "$l" -ge 1 ] || l=1; echo $(( $1 < l ? $1 : l )); }
+# attempt CHECK NEED COMMAND...: runs the check's COMMAND, unless the budget
+# is spent or less than NEED seconds (the least it could do with) are left
+# before the deadline: then CHECK's line says why it did not start.
+attempt() {
+  local check="$1" need="$2"; shift 2
+  if over_budget; then skip "$check" "not started: over the time budget (${budget} s, $(elapsed) s elapsed)"; return 1; fi
+  if [ "$(left)" -lt "$need" ]; then
+    skip "$check" "not started: it needs at least $need s, $(left) s are left before the deadline (${deadline} s)"; return 1
+  fi
+  "$@"
+}
+# with_caller_libs COMMAND...: COMMAND with the caller's LD_LIBRARY_PATH (set
+# or not, as it was), not the prefix's: python's torch must find the
+# driver (the GPU image names /usr/local/nvidia there) and its own libraries,
+# not a carried one of the same name. A subshell, so a function may be named.
+with_caller_libs() {
+  (
+    if [ "$caller_ld_library_path_set" = 1 ]; then export LD_LIBRARY_PATH="$caller_ld_library_path"; else unset LD_LIBRARY_PATH; fi
+    "$@"
+  )
+}
 # The logs so far, in one file ($OUT brings back 8 files at most): after
-# every check, so that a run cut short still brings its logs back.
-save_logs() { [ -z "${OUT:-}" ] || tar -czf "$OUT/gpu_logs.tar.gz" -C "$logs" . 2>/dev/null || true; }
-# skip CHECK: the check is not run, and says why.
+# every check, so that a run cut short still brings its logs back. Written
+# to a temporary file and renamed, so that a kill mid-write leaves the last
+# whole archive, never a truncated one.
+save_logs() {
+  [ -n "${OUT:-}" ] || return 0
+  local tmp="$OUT/gpu_logs.partial.tar.gz"
+  if tar -czf "$tmp" -C "$logs" . 2>/dev/null; then mv -f "$tmp" "$OUT/gpu_logs.tar.gz"; else rm -f "$tmp"; fi
+  return 0
+}
+# skip CHECK WHY: the check is not run, and says why.
 skip() { emit "$1" false skipped "$(str "$2")"; }
+
+# ---- env: what was set when the checks ran (always the first line).
+# libcuda: "PATH FROM", the driver library the loader would take first: in
+# the caller's LD_LIBRARY_PATH (the GPU image's /usr/local/nvidia is named
+# there), ldconfig's cache, or the usual folders; "" where there is none.
+libcuda() {
+  local d f dirs=()
+  IFS=: read -r -a dirs <<<"$caller_ld_library_path"
+  for d in "${dirs[@]}"; do
+    for f in "$d/libcuda.so.1" "$d/libcuda.so"; do [ -n "$d" ] && [ -e "$f" ] && { echo "$f LD_LIBRARY_PATH"; return; }; done
+  done
+  f=$(ldconfig -p 2>/dev/null | awk '$1 == "libcuda.so.1" && /x86-64/ { print $NF; exit }')
+  [ -z "$f" ] || { echo "$f ldconfig"; return; }
+  for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/cuda/compat; do
+    for f in "$d/libcuda.so.1" "$d/libcuda.so"; do [ -e "$f" ] && { echo "$f searched"; return; }; done
+  done
+}
+# The line is made by python's json (jq comes with the prefix, unpacked
+# after it); the variables are read there from the environment.
+env_py='
+import json, os, socket, sys
+path, found, real, ld_set, ld, nproc, elapsed, device, dry, budget, deadline, shapes = sys.argv[1:13]
+def number(s):
+    try: return int(s)
+    except ValueError: return s
+fixed = {"NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING",
+         "CUBLAS_WORKSPACE_CONFIG", "CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING", "PYTORCH_CUDA_ALLOC_CONF",
+         "PYTORCH_ALLOC_CONF", "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
+def wanted(k):
+    return (k in fixed or k.startswith("NCCL_") or (k.startswith("TORCH_") and "TF32" in k)
+            or k.startswith("CUBLAS") or k.startswith("CUDNN") or k.startswith("FSDP_"))
+print(json.dumps({"check": "env", "ok": True,
+                  "variables": {k: v for k, v in sorted(os.environ.items()) if wanted(k)},
+                  "ld_library_path": ld if ld_set == "1" else None,
+                  "libcuda": path or None, "libcuda_found_in": found or None, "libcuda_real": real or None,
+                  "hostname": socket.gethostname(), "nproc": int(nproc),
+                  "settings": {"device": device, "dry_run": dry == "1", "budget_s": number(budget),
+                               "deadline_s": number(deadline), "bench_shapes": shapes.split()},
+                  "elapsed_s": int(elapsed)}, separators=(",", ":")))
+'
+check_env() {
+  local cuda="" from="" real="" line
+  read -r cuda from <<<"$(libcuda)"
+  [ -z "$cuda" ] || real=$(readlink -f "$cuda")
+  line=$(with_caller_libs timeout -k 5 20 "$python" -c "$env_py" "${cuda:-}" "${from:-}" "${real:-}" \
+           "$caller_ld_library_path_set" "$caller_ld_library_path" "$cores" "$(elapsed)" \
+           "$device" "$dry" "$budget" "$deadline" "$bench_shapes" 2>"$logs/env.log") ||
+    line="{\"check\":\"env\",\"ok\":false,\"error\":\"$python could not write the env line (its error is in env.log)\",\"elapsed_s\":$(elapsed)}"
+  echo "$line" | tee -a "$jsonl"
+  [[ "$line" == *'"ok":true'* ]] || failed+=(env)
+  save_logs
+}
 
 # deb_tar DEB ARGS...: tar ARGS on a .deb's data (dpkg-deb where the image
 # has it, else ar, which the CUDA toolchain's binutils brings).
@@ -168,6 +297,9 @@ prefix_env() {
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_osc=^ucx OMPI_MCA_rmaps_base_oversubscribe=1
 }
+# check_prefix: unpacks the prefix and starts an MPI program both ways
+# fsdp-cpp's start; sets launch (mpirun, singleton or none). Its status is
+# its own verdict: 0 only where both ways work.
 check_prefix() {
   local t0=$EPOCHREALTIME log="$logs/prefix.log" why
   pruned=()
@@ -176,8 +308,9 @@ check_prefix() {
   why=$(tail -5 "$logs/unpack.log")
   prefix_env
   if [ $rc -ne 0 ] || ! jq -n 1 >/dev/null 2>&1; then
-    echo "{\"check\":\"prefix\",\"ok\":false,\"error\":$(printf '%s' "${why:-jq not found in the prefix}" | python3 -c 'import json,sys;print(json.dumps(sys.stdin.read()))' 2>/dev/null || echo '"unpacking failed"')}" | tee -a "$jsonl"
-    failed+=(prefix); return 1
+    launch=none
+    echo "{\"check\":\"prefix\",\"ok\":false,\"launch\":\"none\",\"error\":$(printf '%s' "${why:-jq not found in the prefix}" | with_caller_libs python3 -c 'import json,sys;print(json.dumps(sys.stdin.read()))' 2>/dev/null || echo '"unpacking failed"')}" | tee -a "$jsonl"
+    failed+=(prefix); save_logs; return 1
   fi
   # An MPI program built with the prefix's mpicxx, started both ways
   # fsdp-cpp's are: as mpirun's ranks, and as a singleton (started without
@@ -186,45 +319,136 @@ check_prefix() {
     'int main(int c, char** v) { MPI_Init(&c, &v); int r, n, x, s = 0; MPI_Comm_rank(MPI_COMM_WORLD, &r);' \
     '  MPI_Comm_size(MPI_COMM_WORLD, &n); x = r + 1; MPI_Allreduce(&x, &s, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);' \
     '  std::printf("rank %d of %d: sum %d\n", r, n, s); MPI_Finalize(); return s != n * (n + 1) / 2; }' > "$logs/mpi_hello.cpp"
-  { mpicxx -o "$logs/mpi_hello" "$logs/mpi_hello.cpp" &&
-    timeout 60 mpirun --allow-run-as-root --oversubscribe -n 2 "$logs/mpi_hello"; } > "$log" 2>&1
-  local mpirun_rc=$?
-  timeout 60 "$logs/mpi_hello" >> "$log" 2>&1
-  local singleton_rc=$?
-  local version; version=$(ompi_info --version 2>/dev/null | head -1)
-  local ok=false; [ $mpirun_rc -eq 0 ] && [ $singleton_rc -eq 0 ] && ok=true
-  emit prefix "$ok" prefix "$(str "$prefix")" openmpi "$(str "$version")" packages "$(ls .gpu-carry/*.deb | wc -l)" \
+  rm -f "$logs/mpi_hello"
+  timeout -k 5 "$(limit 90)" mpicxx -o "$logs/mpi_hello" "$logs/mpi_hello.cpp" > "$log" 2>&1
+  local compile_rc=$? mpirun_rc=null singleton_rc=null
+  if [ $compile_rc -eq 0 ]; then
+    echo "-- mpirun -n 2:" >> "$log"
+    timeout -k 5 "$(limit 30)" mpirun --allow-run-as-root --oversubscribe -n 2 "$logs/mpi_hello" >> "$log" 2>&1
+    mpirun_rc=$?
+    echo "-- singleton:" >> "$log"
+    timeout -k 5 "$(limit 30)" "$logs/mpi_hello" >> "$log" 2>&1
+    singleton_rc=$?
+  fi
+  local version; version=$(timeout -k 5 20 ompi_info --version 2>/dev/null | head -1)
+  local ok=false verdict
+  if [ "$mpirun_rc" = 0 ] && [ "$singleton_rc" = 0 ]; then
+    ok=true launch=mpirun verdict="mpirun -n 2 and a singleton work"
+  elif [ "$singleton_rc" = 0 ]; then
+    launch=singleton
+    verdict="mpirun -n 2 failed (status $mpirun_rc), a singleton works: one-rank runs go on as singletons, runs of 2 and 4 ranks are skipped"
+  elif [ $compile_rc -ne 0 ]; then
+    launch=none verdict="mpicxx could not build an MPI hello (status $compile_rc): nothing MPI can run"
+  else
+    launch=none
+    verdict="a singleton failed (status $singleton_rc; mpirun -n 2: $mpirun_rc): fsdp-train calls MPI_Init, nothing can run"
+  fi
+  emit prefix "$ok" launch "$(str "$launch")" verdict "$(str "$verdict")" prefix "$(str "$prefix")" \
+    openmpi "$(str "$version")" packages "$(find .gpu-carry -maxdepth 1 -name '*.deb' 2>/dev/null | wc -l)" \
     pruned "$(printf '%s\n' "${pruned[@]}" | jq -Rsc 'split("\n") | map(select(length > 0))')" \
-    mpirun_rc "$mpirun_rc" singleton_rc "$singleton_rc" log "$(tail_of "$log" 6)" \
+    compile_rc "$compile_rc" mpirun_rc "$mpirun_rc" singleton_rc "$singleton_rc" log "$(tail_of "$log" 8)" \
     os "$(str "$(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-?}") / glibc $(ldd --version 2>/dev/null | head -1 | awk '{print $NF}')")" \
-    seconds "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')"
+    seconds "$(seconds_since "$t0")"
+  [ "$ok" = true ]
 }
 
 # ---- the GPU itself.
+torch_probe_py='
+import json, torch
+b = torch.backends
+print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+                  "devices": torch.cuda.device_count(),
+                  "name": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+                  "matmul_allow_tf32": b.cuda.matmul.allow_tf32, "cudnn_allow_tf32": b.cudnn.allow_tf32,
+                  "float32_matmul_precision": torch.get_float32_matmul_precision()}))
+'
 check_gpu() {
-  local q
-  if ! q=$(timeout 30 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap,compute_mode \
+  local q probe
+  probe=$(with_caller_libs timeout -k 5 "$(limit 90)" "$python" -c "$torch_probe_py" 2>"$logs/torch_probe.log" | tail -1)
+  jq -e . >/dev/null 2>&1 <<<"$probe" || probe=$(str "torch probe failed: $(tail -3 "$logs/torch_probe.log")")
+  if ! q=$(timeout -k 5 "$(limit 30)" nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap,compute_mode \
              --format=csv,noheader,nounits 2>&1); then
-    emit gpu false error "$(str "nvidia-smi failed or is missing: $q")"; return
+    emit gpu false error "$(str "nvidia-smi failed or is missing: $q")" torch "$probe"; return
   fi
   IFS=, read -r name mem driver cc mode <<<"$(head -1 <<<"$q")"
+  local ok=false; [ "$(jq -r '.cuda_available? // false' <<<"$probe")" = true ] && ok=true
   # Ranks sharing the GPU (parity's W = 2, 4) need the Default compute mode.
-  emit gpu true name "$(str "${name# }")" memory_mib "${mem// /}" driver "$(str "${driver// /}")" \
-    compute_capability "$(str "${cc// /}")" compute_mode "$(str "${mode// /}")" count "$(wc -l <<<"$q")" \
-    torch "$(str "$(env -u LD_LIBRARY_PATH "$python" -c 'import torch; print(torch.__version__, torch.cuda.is_available())' 2>&1 | tail -1)")"
+  emit gpu "$ok" name "$(str "${name# }")" memory_mib "$(str "${mem// /}")" driver "$(str "${driver// /}")" \
+    compute_capability "$(str "${cc// /}")" compute_mode "$(str "${mode// /}")" count "$(wc -l <<<"$q")" torch "$probe"
+}
+
+# ---- NCCL through PyTorch, one rank, before the build: whether NCCL works
+# on this machine at all (FSDP_GPU_CHECK_DEVICE=cpu: gloo, the same code).
+nccl_torch_py='
+import datetime, faulthandler, json, os, sys, time
+t0 = time.time()
+device, store, hard = sys.argv[1], sys.argv[2], int(sys.argv[3])
+faulthandler.dump_traceback_later(max(1, hard - 3), exit=True)  # a hang shows where it was
+out = {"stage": "import torch"}
+def done(ok, **kw):
+    out.update(kw); out["ok"] = ok; out["seconds"] = round(time.time() - t0, 1)
+    print("NCCL_TORCH_RESULT " + json.dumps(out), flush=True)
+try:
+    import torch, torch.distributed as dist
+    out["torch"] = torch.__version__
+    kw = dict(init_method="file://" + store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=10))
+    if device == "cuda":
+        out["backend"] = kw["backend"] = "nccl"
+        v = torch.cuda.nccl.version()
+        out["nccl_version"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        out["stage"] = "cuda init"
+        torch.cuda.set_device(0)
+        kw["device_id"] = torch.device("cuda", 0)  # the communicator is made in init_process_group
+    else:
+        out["backend"] = kw["backend"] = "gloo"
+    out["stage"] = "init_process_group"
+    dist.init_process_group(**kw)
+    out["stage"] = "all_reduce"
+    x = torch.full((1 << 20,), 3.0, device=device)
+    dist.all_reduce(x)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    got = x[0].item()
+    out["stage"] = "destroy_process_group"
+    dist.destroy_process_group()
+    out["stage"] = "done"
+    done(got == 3.0, sum=got)  # world size 1: the sum is the rank own value
+except BaseException as e:
+    done(False, error=(type(e).__name__ + ": " + str(e))[:2000])
+'
+check_nccl_torch() {
+  local log="$logs/nccl_torch.log" store="$logs/nccl_torch.store" lim res
+  rm -f "$store" "$logs"/nccl_torch.*.nccl.log
+  lim=$(limit 45)  # torch's import and CUDA's start; the all-reduce itself times out after 10 s
+  with_caller_libs timeout -k 5 "$lim" env NCCL_DEBUG="$nccl_debug" NCCL_DEBUG_FILE="$logs/nccl_torch.%h.%p.nccl.log" \
+    "$python" -c "$nccl_torch_py" "$device" "$store" "$lim" > "$log" 2>&1
+  local rc=$?
+  res=$(sed -n 's/^NCCL_TORCH_RESULT //p' "$log" | tail -1)
+  jq -e . >/dev/null 2>&1 <<<"$res" || res='{"ok": false, "error": "no result: the probe was killed or crashed (see log)"}'
+  local ok; ok=$(jq -r '.ok == true' <<<"$res"); [ $rc -eq 0 ] || ok=false
+  emit nccl_torch "$ok" world_size 1 rc "$rc" limit_s "$lim" result "$res" \
+    log "$( [ "$ok" = true ] && str "" || tail_of "$log" 12)" \
+    nccl_debug "$(str "$(cat "$logs"/nccl_torch.*.nccl.log 2>/dev/null | tail -n 12)")"
 }
 
 # ---- configure and build.
-libtorch="${FSDP_LIBTORCH:-$(env -u LD_LIBRARY_PATH "$python" -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null)}"
+# find_libtorch: FSDP_LIBTORCH, or the folder of python's torch (asked only
+# when configuring, with the caller's libraries, in a time limit).
+find_libtorch() {
+  [ -z "${FSDP_LIBTORCH:-}" ] || { echo "$FSDP_LIBTORCH"; return; }
+  with_caller_libs timeout -k 5 "$(limit 90)" "$python" -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null | tail -1
+}
 check_configure() {
-  local log="$logs/configure.log" t0=$EPOCHREALTIME
+  local log="$logs/configure.log" t0=$EPOCHREALTIME libtorch
+  libtorch=$(find_libtorch)
   if [ -z "$libtorch" ]; then
     emit configure false error "$(str "expected FSDP_LIBTORCH or a $python that imports torch; found neither")"; return 1
   fi
   # Only Hopper's code (sm_90) is compiled: the build is the slow part.
   export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+  local lim; lim=$(limit 180)
   # shellcheck disable=SC2086
-  cmake -G Ninja -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DFSDP_LIBTORCH="$libtorch" \
+  timeout -k 10 "$lim" cmake -G Ninja -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DFSDP_LIBTORCH="$libtorch" \
     -DFSDP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DMPI_HOME="$prefix/usr" -DMPI_CXX_COMPILER="$prefix/usr/bin/mpicxx" -DMPIEXEC_EXECUTABLE="$prefix/usr/bin/mpiexec" \
     ${FSDP_GPU_CMAKE_ARGS:-} > "$log" 2>&1
@@ -240,29 +464,67 @@ check_configure() {
   local ok=false; [ $rc -eq 0 ] && [[ "$mpi_lib" == "$prefix"/* ]] && [ "$outside" = "[]" ] && ok=true
   emit configure "$ok" libtorch "$(str "$(sed -n 's/^-- fsdp-cpp: LibTorch //p' "$log" | tail -1)")" \
     mpi_library "$(str "$mpi_lib")" outside_prefix "${outside:-null}" fsdp_cuda "$(str "${cuda:-unset}")" \
-    seconds "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')" \
+    rc "$rc" limit_s "$lim" seconds "$(seconds_since "$t0")" \
     log "$( [ "$ok" = true ] && str "" || tail_of "$log" 25)"
   [ "$ok" = true ]
 }
 # check_build TARGET...: the checks' targets (the trainer, the launcher's
 # probe and the GPU tests' binary), not the whole tree.
 check_build() {
-  local log="$logs/build.log" t0=$EPOCHREALTIME
+  local log="$logs/build.log" t0=$EPOCHREALTIME lim; lim=$(limit 360)
   # -k 0: one target that fails to compile does not keep the others (the
   # trainer, say) from being built and checked.
-  timeout "$(limit 360)" cmake --build "$build" -j "$jobs" --target "$@" -- -k 0 > "$log" 2>&1
+  timeout -k 10 "$lim" cmake --build "$build" -j "$jobs" --target "$@" -- -k 0 > "$log" 2>&1
   local rc=$? ok=false; [ $rc -eq 0 ] && ok=true
-  emit build "$ok" target "$(str "$*")" jobs "$jobs" rc "$rc" \
-    seconds "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')" \
+  emit build "$ok" target "$(str "$*")" jobs "$jobs" rc "$rc" limit_s "$lim" seconds "$(seconds_since "$t0")" \
     log "$( [ "$ok" = true ] && str "" || grep -E -m 12 -B2 -A4 'error|FAILED' "$log" | tail -40 | jq -Rs .)"
+}
+
+# ---- the library's NCCL smoke (tests/test_devices.cpp's NcclSmoke.*), run
+# as an MPI singleton: gtest's summary says passed, skipped (no GPU) or
+# failed. One-rank runs with --backend auto (parity_w1, bench, offload) do
+# their collectives as device copies and use no NCCL: they do not depend on
+# this check.
+test_devices() {  # its path: tests/CMakeLists.txt builds it in $build/tests
+  if [ -x "$build/tests/test_devices" ] || [ ! -x "$build/test_devices" ]; then echo "$build/tests/test_devices"; else echo "$build/test_devices"; fi
+}
+check_nccl() {
+  local log="$logs/nccl_smoke.log" lim; lim=$(limit 30)
+  rm -f "$logs"/nccl_smoke.*.nccl.log
+  timeout -k 5 "$lim" env NCCL_DEBUG="$nccl_debug" NCCL_DEBUG_FILE="$logs/nccl_smoke.%h.%p.nccl.log" \
+    "$(test_devices)" --gtest_filter='NcclSmoke.*' > "$log" 2>&1
+  local rc=$?
+  # gtest's summary: "[==========] N tests from M test suites ran.",
+  # "[  PASSED  ] N tests.", "[  SKIPPED ] N tests, listed below:", "[  FAILED  ] N tests, listed below:".
+  local ran passed skipped failed_n status
+  ran=$(sed -nE 's/^\[==========\] ([0-9]+) tests? from .* ran\..*/\1/p' "$log" | tail -1)
+  passed=$(sed -nE 's/^\[  PASSED  \] ([0-9]+) tests?\..*/\1/p' "$log" | tail -1)
+  skipped=$(sed -nE 's/^\[  SKIPPED \] ([0-9]+) tests?, listed below.*/\1/p' "$log" | tail -1)
+  failed_n=$(sed -nE 's/^\[  FAILED  \] ([0-9]+) tests?, listed below.*/\1/p' "$log" | tail -1)
+  ran=${ran:-0} passed=${passed:-0} skipped=${skipped:-0} failed_n=${failed_n:-0}
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then status=timed_out
+  elif [ "$failed_n" -gt 0 ]; then status=failed
+  elif [ $rc -ne 0 ]; then status=crashed
+  elif [ "$ran" -eq 0 ]; then status=absent  # the filter matched no test: an older test_devices
+  elif [ "$skipped" -gt 0 ]; then status=skipped
+  else status=passed
+  fi
+  local ok=false; [ $status = passed ] && ok=true
+  emit nccl "$ok" status "$(str "$status")" ran "$ran" passed "$passed" skipped "$skipped" failed "$failed_n" \
+    rc "$rc" limit_s "$lim" \
+    w1_runs_use_nccl false \
+    note '"one-rank runs (--backend auto: parity_w1, bench, offload) use a size-1 group of device copies, no NCCL; W = 2, 4 run over MPI"' \
+    log "$(tail_of "$log" 15)" nccl_debug "$(str "$(cat "$logs"/nccl_smoke.*.nccl.log 2>/dev/null | tail -n 12)")"
 }
 
 # ---- the GPU tests: ctest's label gpu (each exits 77, ctest's "skipped",
 # without a GPU: on this machine a skip is a failure), but trainer_gpu: its
 # runs are the parity and offload checks' again.
 check_tests() {
-  local log="$logs/ctest-gpu.log"
-  timeout "$(limit 260)" ctest --test-dir "$build" -L gpu -E '^trainer_gpu$' --output-on-failure > "$log" 2>&1
+  local log="$logs/ctest-gpu.log" lim; lim=$(limit 260)
+  # --timeout: each test's own limit where it sets none; the outer one ends
+  # ctest and what it started (timeout signals its whole process group).
+  timeout -k 10 "$lim" ctest --test-dir "$build" -L gpu -E '^trainer_gpu$' --timeout "$lim" --output-on-failure > "$log" 2>&1
   local rc=$?
   # ctest's lines: "1/3 Test #4: NAME ....   Passed  1.2 sec" (or ***Failed, ***Skipped, ***Not Run, ...).
   local results; results=$(sed -nE 's/.*Test +#[0-9]+: ([^ ]+) \.+ *(\*\*\*)?(Not Run|[A-Za-z]+).*/\1 \3/p' "$log")
@@ -270,17 +532,28 @@ check_tests() {
   total=$(grep -c . <<<"$results"); passed=$(grep -c ' Passed$' <<<"$results"); skipped=$(grep -c ' Skipped$' <<<"$results")
   [ -n "$results" ] || total=0
   local ok=false; [ $rc -eq 0 ] && [ "$total" -gt 0 ] && [ "$skipped" -eq 0 ] && ok=true
-  emit tests "$ok" label '"gpu"' total "$total" passed "$passed" skipped "$skipped" rc "$rc" \
+  emit tests "$ok" label '"gpu"' total "$total" passed "$passed" skipped "$skipped" rc "$rc" limit_s "$lim" \
     not_passed "$(grep -v ' Passed$' <<<"$results" | jq -Rsc 'split("\n") | map(select(length > 0))')" \
     log "$( [ "$ok" = true ] && str "" || tail_of "$log" 30)"
 }
 
 # train NAME RANKS ARGS...: fsdp-train through fsdp-run, its summary in
-# $logs/NAME.json and per-step log in $logs/NAME.jsonl; the status is fsdp-run's.
+# $logs/NAME.json and per-step log in $logs/NAME.jsonl; the status is
+# fsdp-run's. Where mpirun is broken (launch=singleton), a one-rank run is
+# fsdp-train started directly, an MPI singleton, with fsdp-run's thread
+# settings for one rank; a run of more ranks cannot start.
 train() {
   local name="$1" ranks="$2"; shift 2
   rm -f "$logs/$name.json" "$logs/$name.jsonl"
-  timeout -k 10 "$(limit 150)" "$build/fsdp-run" -n "$ranks" -- "$build/fsdp-train" "$@" \
+  local start_ranks=("$build/fsdp-run" -n "$ranks" --)
+  if [ "$launch" != mpirun ]; then
+    if [ "$ranks" != 1 ]; then
+      echo "gpu_check: expected mpirun to start $ranks ranks; the prefix check found it broken (launch: $launch)" > "$logs/$name.log"
+      return 1
+    fi
+    start_ranks=(env OMP_NUM_THREADS="$cores" OPENBLAS_NUM_THREADS="$cores" MKL_NUM_THREADS="$cores" FSDP_THREADS_PER_RANK="$cores")
+  fi
+  timeout -k "$kill_after" "$(limit 150)" "${start_ranks[@]}" "$build/fsdp-train" "$@" \
     --summary "$logs/$name.json" --log "$logs/$name.jsonl" > "$logs/$name.log" 2>&1
 }
 # figure FILE KEY: a summary's number (the largest, where it is per rank).
@@ -291,40 +564,60 @@ reldiff() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; if (d < 0) d = -d; m = b
 
 # ---- parity, fp32: the small preset, global batch 8 as W ranks x 8/W on the
 # one GPU (W = 2, 4 over MPI's host-staged collectives: NCCL refuses two ranks
-# on one device), and on the CPU.
-check_parity() {
-  local common=(--preset "$parity_preset" --steps "$parity_steps" --strategy full_shard --param-dtype fp32
-                --print-every "$parity_steps")
-  local runs=("cuda_w1 1 --device $device --batch 8" "cuda_w2 2 --device $device --backend mpi --batch 4"
-              "cuda_w4 4 --device $device --backend mpi --batch 2" "cpu_w1 1 --device cpu --batch 8")
-  local r name ranks args finals="{}" errors="{}"
-  for r in "${runs[@]}"; do
-    read -r name ranks args <<<"$r"
-    # shellcheck disable=SC2086
-    if train "parity_$name" "$ranks" "${common[@]}" $args; then
-      finals=$(jq -c --arg n "$name" --argjson v "$(figure "$logs/parity_$name.json" final_loss)" '. + {($n): $v}' <<<"$finals")
-    else
-      errors=$(jq -c --arg n "$name" --argjson v "$(tail_of "$logs/parity_$name.log" 8)" '. + {($n): $v}' <<<"$errors")
-    fi
-  done
-  # Relative differences of the final losses, and the largest over all 20
-  # steps (the logs' .loss), against cuda_w1.
-  local diffs="{}" ok=true ref; ref=$(jq -r '.cuda_w1 // empty' <<<"$finals")
-  for name in cuda_w2 cuda_w4 cpu_w1; do
-    local v tol=1e-5; [ "$name" = cpu_w1 ] && tol=1e-4
-    v=$(jq -r --arg n "$name" '.[$n] // empty' <<<"$finals")
-    if [ -z "$ref" ] || [ -z "$v" ] || [ "$v" = null ]; then ok=false; continue; fi
-    local final steps
-    final=$(reldiff "$v" "$ref")
-    steps=$(paste <(jq -r .loss "$logs/parity_$name.jsonl" 2>/dev/null) <(jq -r .loss "$logs/parity_cuda_w1.jsonl" 2>/dev/null) |
-            awk '{ d = $1 - $2; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2; r = m > 0 ? d / m : d; if (r > x) x = r; n++ }
-                 END { if (n) printf "%.3g", x; else print "null" }')
-    diffs=$(jq -c --arg n "$name" --argjson f "$final" --argjson s "$steps" --argjson t "$tol" \
-            '. + {($n): {final_rel: $f, max_step_rel: $s, tol: $t}}' <<<"$diffs")
-    awk -v d="$final" -v t="$tol" 'BEGIN { exit !(d <= t) }' || ok=false
-  done
-  emit parity "$ok" device "$(str "$device")" preset "$(str "$parity_preset")" steps "$parity_steps" \
-    final_loss "$finals" vs_cuda_w1 "$diffs" errors "$errors"
+# on one device), and on the CPU. parity_w1 (first: GPU against CPU at one
+# rank, --backend auto, no NCCL) and parity_w2_w4 (later, against parity_w1's
+# GPU run, which is not run again).
+parity_common=()
+parity_init() {
+  parity_common=(--preset "$parity_preset" --steps "$parity_steps" --strategy full_shard --param-dtype fp32
+                 --print-every "$parity_steps")
+  finals="{}" errors="{}" diffs="{}" parity_ok=true
+}
+# parity_run NAME RANKS ARGS...: one run, its final loss into finals (or its
+# log's tail into errors).
+parity_run() {
+  local name="$1" ranks="$2"; shift 2
+  if train "parity_$name" "$ranks" "${parity_common[@]}" "$@"; then
+    finals=$(jq -c --arg n "$name" --argjson v "$(figure "$logs/parity_$name.json" final_loss)" '. + {($n): $v}' <<<"$finals")
+  else
+    errors=$(jq -c --arg n "$name" --argjson v "$(tail_of "$logs/parity_$name.log" 8)" '. + {($n): $v}' <<<"$errors")
+    parity_ok=false
+  fi
+}
+# parity_diff NAME TOL: NAME's relative differences to cuda_w1 (its summary
+# and log in $logs), the final loss's and the largest over all steps (the
+# logs' .loss), into diffs; parity_ok false where the final one is past TOL.
+parity_diff() {
+  local name="$1" tol="$2" ref v final steps
+  ref=$(figure "$logs/parity_cuda_w1.json" final_loss)
+  v=$(jq -r --arg n "$name" '.[$n] // empty' <<<"$finals")
+  if [ "$ref" = null ] || [ -z "$v" ] || [ "$v" = null ]; then parity_ok=false; return; fi
+  final=$(reldiff "$v" "$ref")
+  steps=$(paste <(jq -r .loss "$logs/parity_$name.jsonl" 2>/dev/null) <(jq -r .loss "$logs/parity_cuda_w1.jsonl" 2>/dev/null) |
+          awk '{ d = $1 - $2; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2; r = m > 0 ? d / m : d; if (r > x) x = r; n++ }
+               END { if (n) printf "%.3g", x; else print "null" }')
+  diffs=$(jq -c --arg n "$name" --argjson f "$final" --argjson s "$steps" --argjson t "$tol" \
+          '. + {($n): {final_rel: $f, max_step_rel: $s, tol: $t}}' <<<"$diffs")
+  awk -v d="$final" -v t="$tol" 'BEGIN { exit !(d <= t) }' || parity_ok=false
+}
+check_parity_w1() {
+  parity_init
+  parity_run cuda_w1 1 --device "$device" --backend auto --batch 8
+  parity_run cpu_w1 1 --device cpu --batch 8
+  parity_diff cpu_w1 1e-4
+  emit parity_w1 "$parity_ok" device "$(str "$device")" preset "$(str "$parity_preset")" steps "$parity_steps" \
+    launch "$(str "$launch")" final_loss "$finals" vs_cuda_w1 "$diffs" errors "$errors"
+}
+check_parity_w2_w4() {
+  parity_init
+  local ref; ref=$(figure "$logs/parity_cuda_w1.json" final_loss)
+  [ "$ref" != null ] || { parity_ok=false; errors='{"cuda_w1": "no final loss of parity_w1'"'"'s cuda_w1 run to compare with"}'; }
+  parity_run cuda_w2 2 --device "$device" --backend mpi --batch 4
+  parity_run cuda_w4 4 --device "$device" --backend mpi --batch 2
+  parity_diff cuda_w2 1e-5
+  parity_diff cuda_w4 1e-5
+  emit parity_w2_w4 "$parity_ok" device "$(str "$device")" preset "$(str "$parity_preset")" steps "$parity_steps" \
+    reference "$(jq -cn --argjson v "$ref" '{cuda_w1: $v}')" final_loss "$finals" vs_cuda_w1 "$diffs" errors "$errors"
 }
 
 # ---- the benchmark, bf16 at W = 1: fsdp-cpp full_shard against PyTorch
@@ -370,40 +663,38 @@ bench_line() {
     final_loss "$(figure "$summary" final_loss)" \
     device_memory_by_category "$(jq -c '.device_memory_by_category // null' "$summary" 2>/dev/null || echo null)"
 }
-bench_ours() {  # NAME SHAPE [MORE ARGS]: fsdp-train bf16 full_shard at W=1
+bench_ours() {  # NAME SHAPE [MORE ARGS]: fsdp-train bf16 full_shard at W=1 (no NCCL: a size-1 group)
   local name="$1" shape="$2"; shift 2
   # shellcheck disable=SC2046
   train "$name" 1 $(shape_args "$shape") --batch "$bench_batch" --steps "$bench_steps" --print-every "$bench_steps" \
-    --device "$device" --param-dtype bf16 --reduce-dtype fp32 --strategy full_shard "$@"
+    --device "$device" --backend auto --param-dtype bf16 --reduce-dtype fp32 --strategy full_shard "$@"
 }
 bench_peer() {  # NAME SHAPE: PyTorch FSDP2 at W=1 (a 1-rank NCCL group, no torchrun)
   local name="$1" shape="$2"
   rm -f "$logs/$name.json"
   # shellcheck disable=SC2046
-  env -u LD_LIBRARY_PATH timeout -k 10 "$(limit 150)" "$python" bench/peer.py --engine fsdp2 --device "$device" --dtype bf16 \
+  with_caller_libs timeout -k "$kill_after" "$(limit 150)" "$python" bench/peer.py --engine fsdp2 --device "$device" --dtype bf16 \
     $(shape_args "$shape") --batch "$bench_batch" --steps "$bench_steps" --summary "$logs/$name.json" > "$logs/$name.log" 2>&1
 }
+# check_bench SHAPE: fsdp-cpp's run and FSDP2's, then the two compared.
 check_bench() {
-  local shape
-  for shape in $bench_shapes; do
-    if over_budget; then skip "bench_$shape" "over the time budget (${budget} s)"; continue; fi
-    bench_ours "bench_fsdp_cpp_$shape" "$shape"
-    bench_line bench fsdp_cpp "$shape" "$logs/bench_fsdp_cpp_$shape.json" "$logs/bench_fsdp_cpp_$shape.log"
-    bench_peer "bench_fsdp2_$shape" "$shape"
-    bench_line bench torch_fsdp2 "$shape" "$logs/bench_fsdp2_$shape.json" "$logs/bench_fsdp2_$shape.log"
-    # The goals: tokens/s at least FSDP2's, peak device memory at most FSDP2's.
-    local a="$logs/bench_fsdp_cpp_$shape.json" b="$logs/bench_fsdp2_$shape.json"
-    if [ -s "$a" ] && [ -s "$b" ]; then
-      local tr mr
-      tr=$(ratio "$(figure "$a" tokens_per_s)" "$(figure "$b" tokens_per_s)")
-      mr=$(ratio "$(figure "$a" peak_device_bytes)" "$(figure "$b" peak_device_bytes)")
-      local ok=false; awk -v t="$tr" -v m="$mr" 'BEGIN { exit !(t != "null" && m != "null" && t >= 1 && m <= 1) }' && ok=true
-      emit bench_vs_fsdp2 "$ok" shape "$(str "$shape")" tokens_per_s_ratio "$tr" peak_device_ratio "$mr" \
-        goal '"tokens_per_s_ratio >= 1 and peak_device_ratio <= 1"'
-    else
-      emit bench_vs_fsdp2 false shape "$(str "$shape")" error '"a run gave no summary"'
-    fi
-  done
+  local shape="$1"
+  bench_ours "bench_fsdp_cpp_$shape" "$shape"
+  bench_line bench fsdp_cpp "$shape" "$logs/bench_fsdp_cpp_$shape.json" "$logs/bench_fsdp_cpp_$shape.log"
+  bench_peer "bench_fsdp2_$shape" "$shape"
+  bench_line bench torch_fsdp2 "$shape" "$logs/bench_fsdp2_$shape.json" "$logs/bench_fsdp2_$shape.log"
+  # The goals: tokens/s at least FSDP2's, peak device memory at most FSDP2's.
+  local a="$logs/bench_fsdp_cpp_$shape.json" b="$logs/bench_fsdp2_$shape.json"
+  if [ -s "$a" ] && [ -s "$b" ]; then
+    local tr mr
+    tr=$(ratio "$(figure "$a" tokens_per_s)" "$(figure "$b" tokens_per_s)")
+    mr=$(ratio "$(figure "$a" peak_device_bytes)" "$(figure "$b" peak_device_bytes)")
+    local ok=false; awk -v t="$tr" -v m="$mr" 'BEGIN { exit !(t != "null" && m != "null" && t >= 1 && m <= 1) }' && ok=true
+    emit bench_vs_fsdp2 "$ok" shape "$(str "$shape")" tokens_per_s_ratio "$tr" peak_device_ratio "$mr" \
+      goal '"tokens_per_s_ratio >= 1 and peak_device_ratio <= 1"'
+  else
+    emit bench_vs_fsdp2 false shape "$(str "$shape")" error '"a run gave no summary"'
+  fi
 }
 
 # ---- offload: the first shape's (large's) bf16 run with --offload cpu
@@ -412,8 +703,8 @@ check_bench() {
 # outweigh the model state (fsdp-plan: 0.45 x at 16, 0.20 x at 4), and
 # offload moves only the model state.
 check_offload() {
-  local shape="${bench_shapes%% *}" b="$logs/bench_fsdp_cpp_${shape}_b$offload_batch.json"
-  local a="$logs/bench_fsdp_cpp_${shape}_b${offload_batch}_offload.json"
+  local shape="${bench_shapes%% *}"  # its own local: one local's later words would see the caller's shape
+  local b="$logs/bench_fsdp_cpp_${shape}_b$offload_batch.json" a="$logs/bench_fsdp_cpp_${shape}_b${offload_batch}_offload.json"
   bench_batch="$offload_batch" bench_ours "bench_fsdp_cpp_${shape}_b$offload_batch" "$shape"
   bench_batch="$offload_batch" bench_line offload_run fsdp_cpp "$shape" "$b" "${b%.json}.log"
   bench_batch="$offload_batch" bench_ours "bench_fsdp_cpp_${shape}_b${offload_batch}_offload" "$shape" --offload cpu
@@ -431,31 +722,60 @@ check_offload() {
   fi
 }
 
+# finish [WHY]: the done line (WHY: the script stopped early, and why), the
+# logs, and the exit status: 0 only where every check passed.
 finish() {
-  emit "done" "$( [ ${#failed[@]} -eq 0 ] && echo true || echo false)" dry_run "$( [ $dry = 1 ] && echo true || echo false)" \
-    failed "$(printf '%s\n' "${failed[@]}" | jq -Rsc 'split("\n") | map(select(length > 0))')" seconds "$(elapsed)"
+  [ -z "${1:-}" ] || stopped="$1"
+  emit "done" "$( [ ${#failed[@]} -eq 0 ] && [ -z "$stopped" ] && echo true || echo false)" \
+    dry_run "$( [ $dry = 1 ] && echo true || echo false)" launch "$(str "$launch")" \
+    stopped "$( [ -n "$stopped" ] && str "$stopped" || echo null)" \
+    failed "$(printf '%s\n' "${failed[@]}" | jq -Rsc 'split("\n") | map(select(length > 0))' 2>/dev/null || echo '[]')" \
+    seconds "$(elapsed)"
   save_logs
-  [ ${#failed[@]} -eq 0 ]
+  [ ${#failed[@]} -eq 0 ] && [ -z "$stopped" ]
   exit $?
 }
 
-# Sourced (bash -c '. scripts/gpu_check.sh'), it only defines the checks: a test can run one alone.
+# main: the checks in their order (the header's list). Each attempt names
+# the least time the check could do with; the rest is its commands' limits.
+main() {
+  check_env
+  check_prefix
+  [ "$launch" != none ] || finish "the prefix's MPI does not start (see the prefix line): nothing fsdp-cpp builds could run"
+  if [ $dry = 1 ]; then
+    check_configure || finish "configure failed"
+    [ -z "${FSDP_GPU_CHECK_TARGET:-}" ] || check_build "$FSDP_GPU_CHECK_TARGET"
+    finish
+  fi
+  if [ "$device" = cuda ]; then
+    attempt gpu 10 check_gpu
+  else
+    skip gpu "FSDP_GPU_CHECK_DEVICE=$device: no GPU is looked for"
+  fi
+  attempt nccl_torch 20 check_nccl_torch
+  attempt configure 30 check_configure || finish "configure did not succeed: nothing to build"
+  attempt build 60 check_build fsdp-train fsdp-cma-probe test_devices
+  if [ ! -x "$build/fsdp-train" ] || [ ! -x "$build/fsdp-run" ]; then
+    local c
+    for c in nccl parity_w1 bench offload parity_w2_w4 tests; do skip "$c" "no $build/fsdp-train or fsdp-run: the build failed"; done
+    finish
+  fi
+  if [ -x "$(test_devices)" ]; then attempt nccl 10 check_nccl; else skip nccl "no $(test_devices): the build failed"; fi
+  attempt parity_w1 30 check_parity_w1
+  local shape  # the first shape right after parity_w1, then the others
+  for shape in $bench_shapes; do attempt "bench_$shape" 60 check_bench "$shape"; done
+  attempt offload 60 check_offload
+  if [ "$launch" = mpirun ]; then
+    attempt parity_w2_w4 60 check_parity_w2_w4
+    attempt tests 30 check_tests
+  else
+    skip parity_w2_w4 "mpirun -n 2 failed in the prefix check: runs of 2 and 4 ranks cannot start"
+    skip tests "mpirun -n 2 failed in the prefix check: the gpu tests start through fsdp-run (mpirun)"
+  fi
+  finish
+}
+
+# Sourced (bash -c '. scripts/gpu_check.sh'), it only defines the checks: a
+# test can run one alone, or main in a subshell.
 [[ "${BASH_SOURCE[0]}" == "$0" ]] || return 0
-check_prefix || finish
-[ $dry = 1 ] || check_gpu
-if ! check_configure; then finish; fi
-targets=(fsdp-train fsdp-cma-probe test_devices)
-if [ $dry = 1 ]; then
-  [ -z "${FSDP_GPU_CHECK_TARGET:-}" ] || check_build "$FSDP_GPU_CHECK_TARGET"
-  finish
-fi
-check_build "${targets[@]}"
-if [ ! -x "$build/fsdp-train" ] || [ ! -x "$build/fsdp-run" ]; then
-  for c in bench offload parity tests; do skip "$c" "no $build/fsdp-train or fsdp-run: the build failed"; done
-  finish
-fi
-check_bench
-if over_budget; then skip offload "over the time budget (${budget} s)"; else check_offload; fi
-if over_budget; then skip parity "over the time budget (${budget} s)"; else check_parity; fi
-if over_budget; then skip tests "over the time budget (${budget} s)"; else check_tests; fi
-finish
+main

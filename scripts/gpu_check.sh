@@ -388,6 +388,7 @@ out = {"stage": "import torch"}
 def done(ok, **kw):
     out.update(kw); out["ok"] = ok; out["seconds"] = round(time.time() - t0, 1)
     print("NCCL_TORCH_RESULT " + json.dumps(out), flush=True)
+    sys.exit(0 if ok else 1)
 try:
     import torch, torch.distributed as dist
     out["torch"] = torch.__version__
@@ -413,7 +414,7 @@ try:
     dist.destroy_process_group()
     out["stage"] = "done"
     done(got == 3.0, sum=got)  # world size 1: the sum is the rank own value
-except BaseException as e:
+except Exception as e:
     done(False, error=(type(e).__name__ + ": " + str(e))[:2000])
 '
 check_nccl_torch() {

@@ -1,13 +1,17 @@
 // The MPI process group: whole outputs for padded buffers whose real size
 // does not divide by the ranks, every dtype path, asynchrony (a collective
 // stays in flight while a rank has not joined), sub-groups, byte counters,
-// and mismatched calls failing on every rank.
+// and mismatched calls failing on every rank. The group of one (what a
+// one-GPU run gets instead of NCCL) against a one-rank MPI group, and the
+// collective watchdog of device groups driven through injected failures.
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
+#include "comm/collective_watchdog.h"
 #include "fsdp/comm.h"
 #include "fsdp/error.h"
 #include "mpi_test_env.h"
@@ -189,4 +193,159 @@ TEST(Collectives, LocalMisuseIsRefusedBeforeAnyCommunication) {
   EXPECT_THROW(world_group->reduce_scatter(torch::empty({3}), torch::zeros({3 * W}, torch::kLong), ReduceOp::kAvg),
                c10::Error);
   EXPECT_THROW(world_group->broadcast(torch::zeros({2}), W), c10::Error);
+}
+
+// ---- the group of one ----
+
+// Every collective of a group of one is what a one-rank MPI group computes,
+// and counts the same bytes and calls.
+TEST(LocalGroup, CollectivesEqualAOneRankMpiGroupsAndCountTheSame) {
+  const int r = world_group->rank();
+  fsdp::ProcessGroupPtr mpi_one = world_group->split(r, 0), local = fsdp::make_local_process_group(torch::kCPU);
+  ASSERT_EQ(mpi_one->size(), 1);
+  EXPECT_EQ(local->size(), 1);
+  EXPECT_EQ(local->rank(), 0);
+  EXPECT_FALSE(local->gather_stream().has_value());
+  std::vector<torch::Tensor> results[2];
+  int i = 0;
+  for (const auto& group : {mpi_one, local}) {
+    torch::Tensor input = rank_values(r, 10), gathered = torch::full({10}, -1.0f), reduced = torch::full({10}, -1.0f);
+    group->all_gather(gathered, input)->wait();
+    group->reduce_scatter(reduced, rank_values(r, 10) * 3, ReduceOp::kAvg)->wait();
+    torch::Tensor summed = rank_values(r, 4, torch::kBFloat16);
+    group->all_reduce(summed, ReduceOp::kSum)->wait();
+    torch::Tensor broadcast = rank_values(r, 3, torch::kLong);
+    group->broadcast(broadcast, 0)->wait();
+    // A gather in place: the input is the output's only slice.
+    torch::Tensor in_place = rank_values(r, 6);
+    group->all_gather(in_place, in_place.narrow(0, 0, 6))->wait();
+    group->barrier()->wait();
+    results[i++] = {gathered, reduced, summed, broadcast, in_place};
+  }
+  for (size_t k = 0; k < results[0].size(); ++k) EXPECT_TRUE(torch::equal(results[0][k], results[1][k])) << k;
+  const fsdp::CommStats a = mpi_one->stats(), b = local->stats();
+  EXPECT_EQ(a.bytes, b.bytes);
+  EXPECT_EQ(a.calls, b.calls);
+  EXPECT_EQ(local->split(0, 0)->size(), 1);
+  EXPECT_EQ(local->split_shared_memory()->size(), 1);
+}
+
+TEST(LocalGroup, RefusesWhatNoGroupOfOneCanDo) {
+  auto local = fsdp::make_local_process_group(torch::kCPU);
+  auto refused = [&](auto call, const std::string& expected) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted; expected an error containing '" << expected << "'";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(fsdp::error_message(e).find(expected), std::string::npos) << fsdp::error_message(e);
+    }
+  };
+  refused([&] { local->all_gather(torch::empty({8}), torch::ones({4})); }, "as many output elements as input (4)");
+  refused([&] { local->broadcast(torch::ones({2}), 1); }, "root 1 is not a rank of a group of size 1");
+  refused([&] { local->all_reduce(torch::ones({2}, torch::kLong), ReduceOp::kAvg); }, "floating-point");
+  refused([&] { local->reduce_scatter(torch::empty({4}), torch::ones({4}, torch::kDouble), ReduceOp::kSum); },
+          "differs from input dtype");
+}
+
+// ---- the collective watchdog (NCCL's, without CUDA: failures injected) ----
+
+namespace {
+
+// What the watchdog saw fail, and when.
+struct Ended {
+  std::mutex mutex;
+  std::string message;
+  std::atomic<int> calls{0};
+  void operator()(const std::string& m) {
+    std::lock_guard<std::mutex> lock(mutex);
+    message = m;
+    ++calls;
+  }
+  std::string text() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return message;
+  }
+};
+
+// Waits up to `seconds` for `done`.
+template <class Done>
+bool within(double seconds, Done done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
+using Progress = fsdp::CollectiveProgress;
+
+}  // namespace
+
+// Healthy: collectives that finish leave the watchdog's queue in issue
+// order, and it ends nothing.
+TEST(CollectiveWatchdog, StaysQuietWhileCollectivesFinish) {
+  Ended ended;
+  std::atomic<bool> first_done{false}, second_done{false};
+  {
+    fsdp::CollectiveWatchdog watchdog([] { return std::string(); }, [&](const std::string& m) { ended(m); },
+                                      std::chrono::milliseconds(5));
+    watchdog.track("all_gather #0", [&] { return Progress{first_done ? Progress::State::kDone : Progress::State::kRunning, ""}; }, 60);
+    watchdog.track("reduce_scatter #1", [&] { return Progress{second_done ? Progress::State::kDone : Progress::State::kRunning, ""}; }, 60);
+    second_done = true;  // the later one alone finished: the earlier holds the queue
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(watchdog.in_flight(), 2u);
+    first_done = true;
+    EXPECT_TRUE(within(5, [&] { return watchdog.in_flight() == 0; }));
+  }
+  EXPECT_EQ(ended.calls, 0);
+}
+
+// NCCL reports a failed peer or link as the communicator's asynchronous
+// error, long before any timeout: the watchdog ends the job with its text
+// and the collective it interrupted, within a few polls.
+TEST(CollectiveWatchdog, EndsTheJobWithTheCommunicatorsAsyncError) {
+  Ended ended;
+  std::atomic<bool> inject{false};
+  fsdp::CollectiveWatchdog watchdog(
+      [&] { return inject ? std::string("remote process exited or there was a network error (injected)") : std::string(); },
+      [&](const std::string& m) { ended(m); }, std::chrono::milliseconds(5));
+  watchdog.track("all_gather (call #7 of an NCCL group of 2 ranks, this rank 0)",
+                 [] { return Progress{Progress::State::kRunning, ""}; }, 600);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(ended.calls, 0) << "ended a healthy job: " << ended.text();
+  const auto injected_at = std::chrono::steady_clock::now();
+  inject = true;
+  ASSERT_TRUE(within(5, [&] { return ended.calls > 0; })) << "the injected error did not end the job";
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - injected_at).count(), 1.0);
+  const std::string message = ended.text();
+  EXPECT_NE(message.find("the communicator failed: remote process exited or there was a network error (injected)"),
+            std::string::npos) << message;
+  EXPECT_NE(message.find("while all_gather (call #7"), std::string::npos) << message;
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_EQ(ended.calls, 1) << "the job is ended once";
+}
+
+// A collective whose device reports an error, and one past its timeout,
+// end the job naming it.
+TEST(CollectiveWatchdog, NamesAFailedCollectiveAndOnePastItsTimeout) {
+  {
+    Ended ended;
+    fsdp::CollectiveWatchdog watchdog([] { return std::string(); }, [&](const std::string& m) { ended(m); },
+                                      std::chrono::milliseconds(5));
+    watchdog.track("broadcast #3", [] { return Progress{Progress::State::kFailed, "an illegal memory access (injected)"}; }, 600);
+    ASSERT_TRUE(within(5, [&] { return ended.calls > 0; }));
+    EXPECT_NE(ended.text().find("broadcast #3 failed on the device: an illegal memory access (injected)"),
+              std::string::npos) << ended.text();
+  }
+  {
+    Ended ended;
+    fsdp::CollectiveWatchdog watchdog([] { return std::string(); }, [&](const std::string& m) { ended(m); },
+                                      std::chrono::milliseconds(5));
+    watchdog.track("all_reduce #9", [] { return Progress{Progress::State::kRunning, ""}; }, 0.2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_EQ(ended.calls, 0) << "ended before the timeout";
+    ASSERT_TRUE(within(5, [&] { return ended.calls > 0; }));
+    EXPECT_NE(ended.text().find("all_reduce #9 did not complete within 0.2 s"), std::string::npos) << ended.text();
+  }
 }

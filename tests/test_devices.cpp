@@ -9,7 +9,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <iostream>
 #include <filesystem>
 
 #include "fsdp/checkpoint.h"
@@ -122,6 +124,36 @@ TEST(Devices, NcclIsRefusedWithWhatToDoWhereItCannotRun) {
 }
 
 // ---- on a GPU ----
+
+// The first thing scripts/gpu_check.sh asks of NCCL, right after the build
+// (its "nccl" check): a communicator of this world made through the
+// library (even of one rank, which fsdp-train would give a local group),
+// one all-reduce and a barrier. Fails fast with NCCL's text where NCCL
+// cannot run; skips where there is no GPU per rank.
+TEST(NcclSmoke, OneAllReduceThroughTheLibrary) {
+  SKIP_WITHOUT_GPU();
+  if (world_group->size() > fsdp::cuda_device_count()) GTEST_SKIP() << "fewer GPUs than ranks: NCCL needs one each";
+  const int W = world_group->size(), r = world_group->rank();
+  const c10::Device device(torch::kCUDA, static_cast<c10::DeviceIndex>(r));
+  const auto started = std::chrono::steady_clock::now();
+  auto nccl = fsdp::make_nccl_process_group(world_group, device);
+  torch::Tensor t = torch::full({1024}, static_cast<float>(r + 1), torch::TensorOptions().device(device));
+  nccl->all_reduce(t, fsdp::ReduceOp::kSum)->wait();
+  nccl->barrier()->wait();
+  EXPECT_TRUE(torch::equal(t.cpu(), torch::full({1024}, static_cast<float>(W * (W + 1) / 2))));
+  std::cout << "NCCL: a communicator of " << W << " rank(s), one all-reduce and a barrier in "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << " s\n";
+}
+
+// A one-rank GPU run's group: collectives as device copies, no NCCL.
+TEST(Gpu, ALocalGroupOnTheGpuTrainsAsTheCpu) {
+  SKIP_WITHOUT_GPU();
+  if (world_group->size() != 1) GTEST_SKIP() << "a group of one is what a one-rank run gets";
+  const auto cpu = train_losses(block_units(), 4, torch::kCPU);
+  const auto on_gpu = train_losses(block_units().device(gpu()), 4, gpu(), fsdp::make_local_process_group(gpu()));
+  ASSERT_EQ(cpu.size(), on_gpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(on_gpu[i], cpu[i], 1e-4 * std::abs(cpu[i])) << "step " << i;
+}
 
 // Device tensors through the MPI group: staged through host memory, the
 // same results as host tensors (several ranks may share one GPU).

@@ -7,9 +7,16 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include "core/unit.h"
@@ -22,6 +29,7 @@
 #include "fsdp/state_dict.h"
 #include "fsdp/train_step.h"
 #include "fsdp/token_data.h"
+#include "fsdp/trace.h"
 #include "mpi_test_env.h"
 #include "test_helpers.h"
 
@@ -755,4 +763,121 @@ TEST(FullShard, DiskOffloadEqualsMemoryThroughEvaluationAndStateDictLoads) {
   }
   world_group->barrier()->wait();
   if (r == 0) std::filesystem::remove_all(dir);
+}
+
+// ---- the gathers' order on a device (src/core/gather_order.h) ----
+
+namespace {
+
+// The MPI world, naming a stream of its own for all-gathers as NCCL's group
+// does: on a CPU the order's decisions are made (and traced) though there
+// are no events to wait on.
+class GroupWithGatherStream final : public fsdp::ProcessGroup {
+ public:
+  explicit GroupWithGatherStream(fsdp::ProcessGroupPtr inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  fsdp::WorkHandle all_gather(torch::Tensor o, torch::Tensor i) override { return inner_->all_gather(o, i); }
+  fsdp::WorkHandle reduce_scatter(torch::Tensor o, torch::Tensor i, fsdp::ReduceOp op) override {
+    return inner_->reduce_scatter(o, i, op);
+  }
+  fsdp::WorkHandle all_reduce(torch::Tensor t, fsdp::ReduceOp op) override { return inner_->all_reduce(t, op); }
+  fsdp::WorkHandle broadcast(torch::Tensor t, int root) override { return inner_->broadcast(t, root); }
+  fsdp::WorkHandle barrier() override { return inner_->barrier(); }
+  std::shared_ptr<fsdp::ProcessGroup> split(int c, int k) override {
+    return std::make_shared<GroupWithGatherStream>(inner_->split(c, k));
+  }
+  std::shared_ptr<fsdp::ProcessGroup> split_shared_memory() override {
+    return std::make_shared<GroupWithGatherStream>(inner_->split_shared_memory());
+  }
+  std::optional<c10::Stream> gather_stream() const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(torch::kCPU));
+  }
+
+ private:
+  fsdp::ProcessGroupPtr inner_;
+};
+
+// The tiny GPT with 4 blocks, trained 2 steps over `group`: the losses.
+std::vector<float> losses_over(const fsdp::ProcessGroupPtr& group) {
+  const int W = world_group->size(), r = world_group->rank();
+  GPTConfig config = tiny();
+  config.layers = 4;
+  fsdp::models::TokenData data(fsdp::testing::make_token_file("gather-order", 20000, config.vocab), config.context,
+                               config.vocab);
+  auto model = fsdp::fully_shard(make_gpt(config), group, block_units());
+  fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());
+  std::vector<float> losses;
+  for (int64_t step = 0; step < 2; ++step) {
+    auto [x, y] = data.batch(step, 0, r, W, 1, 2);
+    torch::Tensor loss = model.forward(x, y);
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+    losses.push_back(loss.item<float>());
+  }
+  return losses;
+}
+
+}  // namespace
+
+// FSDP2's order, visible on a CPU through the trace: the gather stream
+// waits for the compute stream once per step (at the root's pre-forward,
+// the backward continuing the pass), and a unit's gather waits only for the
+// free of the unit two before it (so it overlaps the previous unit's
+// compute), never the newest one held. Losses do not change.
+TEST(GatherOrder, GathersWaitForTheComputeStreamOncePerPassAndOverlapThePreviousUnit) {
+  const std::string trace_file = "/tmp/fsdp_test_gather_order." + std::to_string(::getpid()) + ".json";
+  const std::vector<float> plain = losses_over(world_group);
+  fsdp::trace::enable();
+  fsdp::trace::complete("gather order test begins", "order-test", fsdp::trace::now_us());
+  const std::vector<float> ordered = losses_over(std::make_shared<GroupWithGatherStream>(world_group));
+  fsdp::trace::write(trace_file, world_group->rank());
+  fsdp::trace::enable(false);
+  std::ifstream trace_in(trace_file);
+  const nlohmann::json trace = nlohmann::json::parse(trace_in);
+  std::filesystem::remove(trace_file);
+  EXPECT_EQ(ordered, plain) << "the gathers' order changed the numbers";
+
+  std::vector<std::string> decisions;
+  bool begun = false;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("cat", "") == "order-test") begun = true;
+    if (begun && e.value("cat", "") == "order") decisions.push_back(e["name"]);
+  }
+  ASSERT_FALSE(decisions.empty()) << "no gather-order decision traced";
+  int compute_waits = 0, gathers = 0;
+  std::vector<size_t> held;  // units whose buffers are held, oldest first
+  std::vector<std::string> violations;
+  std::set<std::string> forward_waits;
+  int pass_gathers = 0;
+  for (const std::string& d : decisions) {
+    size_t a = 0, b = 0;
+    if (d == "gather stream waits for the compute stream") {
+      ++compute_waits;
+      held.clear();  // the previous pass released them
+      pass_gathers = 0;
+    } else if (std::sscanf(d.c_str(), "hold unit %zu's buffer", &a) == 1) {
+      held.push_back(a);
+    } else if (std::sscanf(d.c_str(), "gather stream waits for the free of unit %zu, before unit %zu's gather", &a,
+                           &b) == 2) {
+      if (held.empty() || held.front() != a) violations.push_back(d + ": not the oldest held");
+      if (held.size() < 2) violations.push_back(d + ": the newest held buffer was released");
+      if (!held.empty()) held.erase(held.begin());
+      if (pass_gathers < 5) forward_waits.insert(d);  // the forward's: root and 4 blocks first
+    } else if (std::sscanf(d.c_str(), "gather of unit %zu on the gather stream", &a) == 1) {
+      ++gathers;
+      ++pass_gathers;
+      if (held.size() > 1) violations.push_back(d + ": " + std::to_string(held.size()) + " buffers held");
+    } else {
+      violations.push_back("an unknown decision: " + d);
+    }
+  }
+  EXPECT_TRUE(violations.empty()) << violations.front();
+  EXPECT_EQ(compute_waits, 2) << "one wait for the compute stream per step (2 steps)";
+  EXPECT_GE(gathers, 2 * 9) << "each step gathers 5 units in forward and 4 in backward";
+  // Forward, units()[i + 1] = block i: block 2 waits for block 0's users,
+  // block 3 for block 1's; the root and blocks 0, 1 for nothing but the pass.
+  EXPECT_EQ(forward_waits, (std::set<std::string>{"gather stream waits for the free of unit 1, before unit 3's gather",
+                                                  "gather stream waits for the free of unit 2, before unit 4's gather"}));
 }

@@ -562,6 +562,24 @@ TEST(Memory, CountsLiveAndPeakBytesPerCategory) {
   EXPECT_EQ(fsdp::memory::usage().live(Category::kParameterShard), before.live(Category::kParameterShard));
 }
 
+// Pinned host memory (CPU offload on a GPU) comes from CUDA's host
+// allocator, which the counting allocator does not see: its owner counts it
+// in, into its category (live, peak, the total), and out.
+TEST(Memory, CountsHostBytesFromAnotherAllocatorIntoTheirCategory) {
+  using fsdp::memory::Category;
+  const auto before = fsdp::memory::usage();
+  fsdp::memory::reset_peaks();
+  fsdp::memory::count_host_bytes(Category::kGradientShard, 1 << 20);
+  const auto in = fsdp::memory::usage();
+  EXPECT_EQ(in.live(Category::kGradientShard) - before.live(Category::kGradientShard), 1 << 20);
+  EXPECT_EQ(in.live_total - before.live_total, 1 << 20);
+  EXPECT_GE(in.peak(Category::kGradientShard) - before.live(Category::kGradientShard), 1 << 20);
+  fsdp::memory::count_host_bytes(Category::kGradientShard, -(1 << 20));
+  const auto out = fsdp::memory::usage();
+  EXPECT_EQ(out.live(Category::kGradientShard), before.live(Category::kGradientShard));
+  EXPECT_EQ(out.live_total, before.live_total);
+}
+
 // The block cache: a freed block of 1 MiB or more comes back to the next
 // allocation of exactly its size (the same memory), counted as cached and not
 // live; other sizes, small blocks and a full cache go back to malloc; the
@@ -749,10 +767,11 @@ TEST(FusedAdamW, EqualsTorchAdamWWithinFloatRoundingOverTenSteps) {
 }
 
 // Clipping as queued on a GPU (no host wait: the norm stays a tensor), run
-// on the CPU: the norm of all gradients together (float norms squared and
+// on the CPU's kernels and with no process group (so no all-reduce of the
+// norm): what it proves of a GPU is the arithmetic, not the device. The norm of all gradients together (float norms squared and
 // summed in double), every gradient scaled by max / (norm + 1e-6) when that
 // is below 1, and left bit for bit when it is not.
-TEST(GradClipping, TheQueuedPathForGpusClipsByTheGlobalNorm) {
+TEST(GradClipping, TheGpusQueuedPathOnCpuKernelsWithoutAGroupClipsByTheGlobalNorm) {
   torch::manual_seed(3);
   std::vector<torch::Tensor> grads = {torch::randn({1000}), torch::randn({7}) * 3, torch::randn({70001}) * 0.1};
   double sum = 0;
@@ -775,8 +794,9 @@ TEST(GradClipping, TheQueuedPathForGpusClipsByTheGlobalNorm) {
 }
 
 // The path step() takes for parameters on a GPU (ATen's multi-tensor fused
-// kernel), run on the CPU, where that kernel exists too (LibTorch >= 2.4).
-TEST(FusedAdamW, TheMultiTensorPathForGpusEqualsTorchAdamW) {
+// kernel), run on the CPU, where that kernel exists too (LibTorch >= 2.4):
+// ATen's CPU kernel of the op, not its CUDA one, is what runs here.
+TEST(FusedAdamW, TheGpusMultiTensorPathOnTheCpuKernelEqualsTorchAdamW) {
   if (!fsdp::FusedAdamW::multi_tensor_available()) {
     GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " has no at::_fused_adamw_ (the GPU path falls back to AdamW's)";
   }

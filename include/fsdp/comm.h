@@ -2,6 +2,7 @@
 // Process groups: the collectives FSDP needs, asynchronous, behind one
 // interface. The MPI backend is in src/comm/mpi_process_group.cpp.
 
+#include <c10/core/Stream.h>
 #include <torch/types.h>
 
 #include <array>
@@ -11,6 +12,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace fsdp {
@@ -86,8 +88,17 @@ class ProcessGroup {
   // node), ordered by rank.
   virtual std::shared_ptr<ProcessGroup> split_shared_memory() = 0;
 
-  CommStats stats() const;
-  void reset_stats();
+  // The bytes and calls so far, and the time the callers' waits were
+  // exposed (a device group measures it on the device, with events).
+  virtual CommStats stats() const;
+  virtual void reset_stats();
+
+  // The stream this group's all-gathers run on, where it has one of its own
+  // (NCCL); std::nullopt for host groups and groups of one. A caller that
+  // makes it current before all_gather, and itself orders it after whatever
+  // the gather reads and overwrites, spares the gather its wait for all the
+  // compute queued so far (FSDP2's forward order: src/core/gather_order.h).
+  virtual std::optional<c10::Stream> gather_stream() const { return std::nullopt; }
 
   // How long wait() waits for a collective before it gives up (seconds).
   // Groups made by split() inherit it. Default: FSDP_COLLECTIVE_TIMEOUT from
@@ -99,7 +110,8 @@ class ProcessGroup {
   std::atomic<double> timeout_s_{default_timeout()};
   static double default_timeout();
   void count(CollectiveKind kind, int64_t bytes);
-  std::atomic<double> wait_seconds_{0.0};
+  // Mutable: a device group adds the waits its events measured when asked.
+  mutable std::atomic<double> wait_seconds_{0.0};
 
  private:
   std::array<std::atomic<int64_t>, static_cast<size_t>(CollectiveKind::kCount)> bytes_{};
@@ -116,16 +128,35 @@ void throw_if_any_rank_failed(const ProcessGroupPtr& group, const std::string& e
 // NCCL (the CUDA configuration): a group of the same ranks as `bootstrap`,
 // one GPU per rank (`device`, a CUDA device). The NCCL unique id travels
 // over `bootstrap` (an MPI group); split() splits `bootstrap` and makes a new
-// communicator. Every collective waits for the work the caller's current
-// stream has queued, runs on the group's own stream (all-gathers and
-// broadcasts on one, reductions on another), and holds its tensors until
-// wait(), which makes the caller's current stream wait for it: memory is
-// allocated and freed on the compute stream only, so no recordStream is
-// needed and reuse is deterministic. Throws in builds without CUDA, and when
-// two ranks name the same GPU (NCCL refuses that: use the MPI group, which
-// stages device tensors through host memory). CPU tensors go over
-// `bootstrap`, so code that exchanges small host tensors works unchanged.
+// communicator (a group of one for a split of one rank). Every collective
+// waits for the work the caller's current stream has queued (none when that
+// stream is the group's own: gather_stream()), runs on the group's own
+// stream (all-gathers and broadcasts on one, reductions on another), and
+// holds its tensors until wait(), which makes the caller's current stream
+// wait for it. Both streams share one communicator, which runs its
+// operations in the order they are issued (NVIDIA/nccl#574): FSDP issues a
+// unit's prefetched gather before the reduction after it, so that order is
+// the one wanted, and a second communicator would double NCCL's buffers for
+// no overlap the links could give (they carry both either way).
+//
+// The communicator is made non-blocking (ncclCommInitRankConfig, blocking =
+// 0): its set-up and every call wait at most the group's timeout, and a
+// failure is thrown with NCCL's text instead of hanging. A watchdog thread
+// polls the communicator's asynchronous error (ncclCommGetAsyncError) and
+// the collectives in flight; an error, or a collective past the timeout,
+// aborts the communicator (ncclCommAbort) and ends the job with the text.
+// Throws in builds without CUDA, and when two ranks name the same GPU (NCCL
+// refuses that: use the MPI group, which stages device tensors through host
+// memory). CPU tensors go over `bootstrap`, so code that exchanges small
+// host tensors works unchanged.
 ProcessGroupPtr make_nccl_process_group(const ProcessGroupPtr& bootstrap, c10::Device device);
+
+// A group of one rank, on `device` (any: the CPU, a GPU): every collective
+// is a copy (or nothing) on the caller's current stream, complete when it
+// returns; no transport is touched. What choose_device gives a one-rank
+// device run, so that a run of one GPU needs no NCCL. Bytes and calls are
+// counted as a one-rank MPI group counts them.
+ProcessGroupPtr make_local_process_group(c10::Device device);
 // Whether this build has the CUDA configuration, and how many GPUs this
 // process sees (0 without CUDA).
 bool cuda_build();

@@ -10,22 +10,23 @@ namespace fsdp {
 
 // The collective engine of a run.
 enum class CollectiveBackend {
-  kAuto,  // NCCL where every rank of a host has a GPU of its own, else MPI
+  kAuto,  // NCCL where every rank of a host has a GPU of its own, else MPI (one rank: local)
   kMpi,   // MPI (device tensors staged through host memory)
-  kNccl,  // NCCL: a GPU per rank
+  kNccl,  // NCCL: a GPU per rank (one rank: local, which needs no NCCL)
 };
 
 // What choose_device decided.
 struct DeviceChoice {
   c10::Device device = c10::Device(c10::kCPU);  // where this rank's units compute
-  std::string backend = "mpi";                  // "mpi" or "nccl", as resolved
+  std::string backend = "mpi";                  // "mpi", "nccl" or "local" (one GPU rank), as resolved
   ProcessGroupPtr group;                        // what to shard over: `world`, or NCCL over it
 };
 
 // Collective over `world` for CUDA. On the CPU: the CPU and `world` itself
 // (kNccl is refused). On CUDA: this rank's GPU is its rank among the ranks
 // of its host, modulo the GPUs it sees (several ranks share one where there
-// are fewer), made the current device; NCCL as `backend` says. Throws when
+// are fewer), made the current device; NCCL as `backend` says, except that
+// a world of one gets make_local_process_group (no NCCL). Throws when
 // no GPU is visible, or kNccl is asked for with fewer GPUs than ranks.
 DeviceChoice choose_device(c10::DeviceType device, CollectiveBackend backend, const ProcessGroupPtr& world);
 

@@ -33,6 +33,7 @@ namespace fsdp {
 class Unit;  // one unit's parameters and lifecycle: the engine's own (src/core/unit.h)
 struct FlatParamConfig;  // the engine's own (src/core/flat_param.h)
 class DeviceContext;     // the device and its streams: the engine's own (src/core/device_context.h)
+class GatherOrder;       // the gathers' order on a device: the engine's own (src/core/gather_order.h)
 class TrainStep;         // fsdp/train_step.h
 namespace offload {
 class ShardOffload;  // where the shards live between uses: the engine's own (src/offload/shard_offload.h)
@@ -117,6 +118,8 @@ class FsdpState {
   // Gathers issued ahead for units that did not run (a pass that took
   // another path, or a forward without backward): waited for and freed.
   void release_unused_prefetches();
+  // The root's forward ended without autograd (evaluation): the pass is over.
+  void finish_forward_without_backward();
   // A forward failed: rethrows the error, naming the units that were never
   // entered through unit_forward in it (their parameters were still
   // sharded, the usual cause of the shape errors a direct call produces).
@@ -147,6 +150,9 @@ class FsdpState {
   c10::Device device_ = c10::Device(torch::kCPU);
   // Before units_ and offload_: the offload's copies use its streams.
   std::unique_ptr<DeviceContext> device_context_;
+  // The gathers' order on a device (null on the CPU and with offload); before
+  // units_, whose configs point at it.
+  std::unique_ptr<GatherOrder> gather_order_;
   std::vector<std::unique_ptr<Unit>> units_;
   bool backward_callback_queued_ = false;
   bool requires_gradient_sync_ = true;

@@ -69,6 +69,12 @@ struct GatheredUsage {
   int64_t live = 0, peak = 0;
 };
 GatheredUsage gathered_usage();
+// Host memory from another allocator than the CPU's, which the counting
+// allocator cannot see (pinned blocks, from CUDA's host allocator, for CPU
+// offload on a GPU): its owner counts `delta` bytes into (+) or out of (-)
+// `category` as it allocates and frees them. Ignored without the counting
+// allocator.
+void count_host_bytes(Category category, int64_t delta);
 void count_gathered_bytes(int64_t delta);  // FlatParam's, as it fills (+) and frees (-) a buffer
 
 // A GPU's memory as the CUDA caching allocator sees it (every tensor on the

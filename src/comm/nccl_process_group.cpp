@@ -2,18 +2,23 @@
 // on the group's own streams; the host never waits for them except in
 // barrier(). Ordering is by CUDA events:
 //   issue:  the collective's stream waits for the caller's current (compute)
-//           stream, so the buffers' producers have run;
-//   wait(): the compute stream waits for the collective's end event.
+//           stream, so the buffers' producers have run; a caller whose
+//           current stream is the group's own (FSDP's ordered gathers,
+//           src/core/gather_order.h) has ordered it itself;
+//   wait(): the compute stream waits for the collective's end event, with a
+//           pair of timing events around that wait: the time the compute
+//           stream stood still is the exposed communication stats() gives.
 // Buffer lifetimes are explicit: a collective's Work holds its tensors until
-// wait() has ordered the compute stream after it. Every buffer is allocated
-// and freed on the compute stream, so the caching allocator can hand a freed
-// block only to work that is ordered after the collective: no recordStream,
-// and the same memory every step (FSDP2's rule, kept by construction).
+// wait() has ordered the compute stream after it, so no recordStream is
+// needed (FSDP2's rule, kept by construction).
 //
-// The watchdog is a thread that polls the end events of collectives in
-// flight; one that has not finished within the group's timeout aborts the
-// communicator and ends the job with a message naming the call (NCCL cannot
-// be cancelled otherwise, and a host that never waits would never notice).
+// Failures surface with NCCL's text, not as timeouts: the communicator is
+// non-blocking (its set-up and each call are polled against the group's
+// timeout), and the watchdog (comm/collective_watchdog.h) polls its
+// asynchronous error and the end events of the collectives in flight; an
+// error or a collective past the timeout aborts the communicator and ends
+// the job with a message naming the call (NCCL cannot be cancelled
+// otherwise, and a host that never waits would never notice).
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -23,22 +28,27 @@
 #include <nccl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
+#include <optional>
 #include <mutex>
 #include <thread>
 
+#include "comm/collective_watchdog.h"
 #include "fsdp/comm.h"
 
 namespace fsdp {
 namespace {
 
+// NCCL's text for a result, with its last error's detail where it has one.
+std::string nccl_text(ncclResult_t result, ncclComm_t comm) {
+  const char* detail = ncclGetLastError(comm);
+  return std::string(ncclGetErrorString(result)) + (detail && *detail ? std::string(" (") + detail + ")" : std::string());
+}
+
 void check_nccl(ncclResult_t result, const std::string& what) {
-  TORCH_CHECK(result == ncclSuccess, "NCCL error in ", what, ": ", ncclGetErrorString(result),
-              result == ncclSystemError || result == ncclRemoteError ? std::string(" (") + ncclGetLastError(nullptr) + ")"
-                                                                      : std::string());
+  TORCH_CHECK(result == ncclSuccess, "NCCL error in ", what, ": ", nccl_text(result, nullptr));
 }
 
 ncclDataType_t nccl_type(torch::ScalarType type) {
@@ -95,10 +105,61 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// The time compute streams stood still waiting for collectives: a pair of
+// timing events around each wait, read once the device has passed them.
+class ExposedWaits {
+ public:
+  ~ExposedWaits() { settle(); }
+  // Runs `wait` (which queues the stream's wait) between the two events.
+  template <class Wait>
+  void measure(cudaStream_t stream, Wait wait) {
+    cudaEvent_t before = nullptr, after = nullptr;
+    C10_CUDA_CHECK(cudaEventCreate(&before));
+    C10_CUDA_CHECK(cudaEventCreate(&after));
+    C10_CUDA_CHECK(cudaEventRecord(before, stream));
+    wait();
+    C10_CUDA_CHECK(cudaEventRecord(after, stream));
+    bool many = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pending_.emplace_back(before, after);
+      many = pending_.size() >= 4096;  // nobody asks: keep the event count bounded
+    }
+    if (many) settled_s_ += settle();
+  }
+  // The seconds of the waits measured since the last call (blocks until the
+  // device has passed them).
+  double settle() {
+    std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pending;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pending.swap(pending_);
+    }
+    double seconds = 0;
+    for (auto& [before, after] : pending) {
+      float ms = 0;
+      if (cudaEventSynchronize(after) == cudaSuccess && cudaEventElapsedTime(&ms, before, after) == cudaSuccess) {
+        seconds += ms / 1e3;
+      }
+      cudaEventDestroy(before);
+      cudaEventDestroy(after);
+    }
+    const double earlier = settled_s_;
+    settled_s_ = 0;
+    return seconds + earlier;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pending_;
+  double settled_s_ = 0;  // settled early (the bound), not yet reported
+};
+
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<Event> done, std::vector<torch::Tensor> buffers, c10::DeviceIndex device)
-      : done_(std::move(done)), buffers_(std::move(buffers)), device_(device) {}
+  NcclWork(std::shared_ptr<Event> done, std::vector<torch::Tensor> buffers, c10::DeviceIndex device,
+           std::shared_ptr<ExposedWaits> waits)
+      : done_(std::move(done)), buffers_(std::move(buffers)), device_(device), waits_(std::move(waits)) {}
   // Never leave the buffers to a caching allocator while the collective may
   // still use them: an unwaited Work orders the compute stream on destruction.
   ~NcclWork() override {
@@ -111,7 +172,8 @@ class NcclWork final : public Work {
   }
   void wait() override {
     if (waited_) return;
-    done_->block(c10::cuda::getCurrentCUDAStream(device_));
+    const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device_);
+    waits_->measure(stream.stream(), [&] { done_->block(stream); });
     buffers_.clear();  // their next users are ordered after the collective now
     waited_ = true;
     run_on_wait_action();
@@ -122,6 +184,7 @@ class NcclWork final : public Work {
   std::shared_ptr<Event> done_;
   std::vector<torch::Tensor> buffers_;
   c10::DeviceIndex device_;
+  std::shared_ptr<ExposedWaits> waits_;
   bool waited_ = false;
 };
 
@@ -144,20 +207,34 @@ class NcclProcessGroup final : public ProcessGroup {
     bootstrap_->broadcast(bytes, 0)->wait();
     std::memcpy(&id, bytes.data_ptr(), sizeof(id));
     c10::cuda::CUDAGuard guard(device_);
-    check_nccl(ncclCommInitRank(&comm_, bootstrap_->size(), id, bootstrap_->rank()), "ncclCommInitRank");
+    // Non-blocking: a peer that never joins, or a transport that cannot be
+    // set up, fails within the timeout with NCCL's text instead of hanging.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = nullptr;
+    const ncclResult_t started = ncclCommInitRankConfig(&comm, bootstrap_->size(), id, bootstrap_->rank(), &config);
+    comm_ = comm;
+    settle_call(started, "ncclCommInitRankConfig (setting up the communicator of " + std::to_string(size()) + " ranks)");
     gather_stream_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(true, device_.index()));
     reduce_stream_ = std::make_unique<c10::cuda::CUDAStream>(c10::cuda::getStreamFromPool(true, device_.index()));
-    watchdog_ = std::thread([this] { run_watchdog(); });
+    watchdog_ = std::make_unique<CollectiveWatchdog>([this] { return communicator_error(); },
+                                                     [this](const std::string& message) {
+                                                       if (ncclComm_t comm = comm_.exchange(nullptr)) ncclCommAbort(comm);
+                                                       MpiEnvironment::abort_with_message(message);
+                                                     });
   }
 
   ~NcclProcessGroup() override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping_ = true;
+    watchdog_.reset();
+    if (!comm_.load()) return;
+    // Finalize flushes what is in flight; a communicator that cannot is
+    // aborted rather than waited for past the timeout.
+    try {
+      settle_call(ncclCommFinalize(comm_), "ncclCommFinalize");
+    } catch (...) {
+      return;  // settle_call aborted it
     }
-    wake_.notify_all();
-    watchdog_.join();
-    ncclCommDestroy(comm_);
+    ncclCommDestroy(comm_.load());
   }
 
   int rank() const override { return bootstrap_->rank(); }
@@ -237,20 +314,75 @@ class NcclProcessGroup final : public ProcessGroup {
     return std::make_shared<Work>(ready.get_future().share(), &wait_seconds_, "barrier", timeout());
   }
 
-  std::shared_ptr<ProcessGroup> split(int color, int key) override {
-    return std::make_shared<NcclProcessGroup>(bootstrap_->split(color, key), device_);
-  }
+  std::shared_ptr<ProcessGroup> split(int color, int key) override { return on_device(bootstrap_->split(color, key)); }
 
   std::shared_ptr<ProcessGroup> split_shared_memory() override {
-    return std::make_shared<NcclProcessGroup>(bootstrap_->split_shared_memory(), device_);
+    return on_device(bootstrap_->split_shared_memory());
+  }
+
+  std::optional<c10::Stream> gather_stream() const override { return c10::Stream(*gather_stream_); }
+
+  CommStats stats() const override {
+    add_wait_seconds(exposed_waits_->settle());
+    return ProcessGroup::stats();
+  }
+
+  void reset_stats() override {
+    exposed_waits_->settle();
+    ProcessGroup::reset_stats();
   }
 
  private:
-  struct InFlight {
-    std::shared_ptr<Event> done;
-    std::string description;
-    std::chrono::steady_clock::time_point deadline;
-  };
+  // A group of the same device over `bootstrap`: a group of one needs no
+  // communicator (hybrid's replicate group with one node, say).
+  ProcessGroupPtr on_device(const ProcessGroupPtr& bootstrap) const {
+    ProcessGroupPtr group = bootstrap->size() == 1 ? make_local_process_group(device_)
+                                                   : std::make_shared<NcclProcessGroup>(bootstrap, device_);
+    group->set_timeout(timeout());
+    return group;
+  }
+
+  void add_wait_seconds(double seconds) const {
+    double seen = wait_seconds_.load();
+    while (!wait_seconds_.compare_exchange_weak(seen, seen + seconds)) {
+    }
+  }
+
+  // A call on the non-blocking communicator: an error is thrown with NCCL's
+  // text; ncclInProgress is polled until done, at most the group's timeout,
+  // past which the communicator is aborted.
+  void settle_call(ncclResult_t result, const std::string& what) {
+    if (result != ncclSuccess && result != ncclInProgress) fail(what, nccl_text(result, comm_));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout());
+    while (result == ncclInProgress) {
+      ncclResult_t state = ncclInProgress;
+      const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
+      if (asked != ncclSuccess) state = asked;
+      if (state != ncclSuccess && state != ncclInProgress) fail(what, nccl_text(state, comm_));
+      if (state == ncclSuccess) return;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        fail(what, "did not finish within " + c10::str(timeout()) +
+                       " s (FSDP_COLLECTIVE_TIMEOUT); a rank has died, hangs, or cannot reach the others");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& what, const std::string& why) {
+    if (ncclComm_t comm = comm_.exchange(nullptr)) ncclCommAbort(comm);
+    TORCH_CHECK(false, "NCCL error in ", what, ": ", why, ". The communicator is aborted.");
+  }
+
+  // For the watchdog: "" while the communicator is healthy.
+  std::string communicator_error() const {
+    const ncclComm_t comm = comm_;
+    if (!comm) return "";  // aborted by a call that threw its own error
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t asked = ncclCommGetAsyncError(comm, &state);
+    if (asked != ncclSuccess) return "ncclCommGetAsyncError: " + nccl_text(asked, comm);
+    if (state == ncclSuccess || state == ncclInProgress) return "";
+    return nccl_text(state, comm);
+  }
 
   static bool on_host(const torch::Tensor& a, const torch::Tensor& b) {
     return a.defined() && b.defined() && a.device().is_cpu() && b.device().is_cpu();
@@ -281,75 +413,47 @@ class NcclProcessGroup final : public ProcessGroup {
 
   template <class Call>
   WorkHandle issue(const c10::cuda::CUDAStream& stream, std::vector<torch::Tensor> buffers, const char* what, Call call) {
+    TORCH_CHECK(comm_, "the NCCL process group: its communicator was aborted after an earlier error; ", what,
+                " cannot run");
     c10::cuda::CUDAGuard guard(device_);
-    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_.index());
-    Event ready(device_.index());
-    ready.record(compute);
-    ready.block(stream);
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
+    if (current != stream) {
+      Event ready(device_.index());
+      ready.record(current);
+      ready.block(stream);
+    }
     int64_t sequence = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       sequence = next_sequence_++;
     }
-    const std::string description = std::string(what) + " (call #" + std::to_string(sequence) + " of an NCCL group of " +
-                                    std::to_string(size()) + " ranks, this rank " + std::to_string(rank()) + ")";
-    check_nccl(call(stream.stream()), description);
+    std::string description = std::string(what) + " (call #" + std::to_string(sequence) + " of an NCCL group of " +
+                              std::to_string(size()) + " ranks, this rank " + std::to_string(rank()) + ")";
+    settle_call(call(stream.stream()), description);
     auto done = std::make_shared<Event>(device_.index());
     done->record(stream);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      in_flight_.push_back({done, description,
-                            std::chrono::steady_clock::now() +
-                                std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                    std::chrono::duration<double>(timeout()))});
-    }
-    wake_.notify_one();
-    return std::make_shared<NcclWork>(std::move(done), std::move(buffers), device_.index());
-  }
-
-  // Wakes every 100 ms (or to stop), and looks at the oldest collective in
-  // flight without holding the lock while it asks CUDA. Never throws: a
-  // CUDA error seen here (a kernel's, sticky) ends the job with its text.
-  void run_watchdog() {
-    c10::cuda::CUDAGuard guard(device_);
-    for (;;) {
-      InFlight oldest;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stopping_; });
-        if (stopping_) return;
-        if (in_flight_.empty()) continue;
-        oldest = in_flight_.front();
-      }
-      const cudaError_t status = oldest.done->status();
-      if (status == cudaSuccess) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        // In issue order, so everything before a finished one has finished.
-        while (!in_flight_.empty() && in_flight_.front().done->status() == cudaSuccess) in_flight_.pop_front();
-        continue;
-      }
-      if (status != cudaErrorNotReady) {
-        MpiEnvironment::abort_with_message("NCCL process group: CUDA error while " + oldest.description +
-                                           " was in flight: " + cudaGetErrorString(status) + ". Ending the job.");
-      }
-      if (std::chrono::steady_clock::now() < oldest.deadline) continue;
-      ncclCommAbort(comm_);
-      MpiEnvironment::abort_with_message("collective watchdog: " + oldest.description + " did not complete within " +
-                                         c10::str(timeout()) +
-                                         " s; a rank has died, hangs, or did not make this call. Ending the job.");
-    }
+    const c10::DeviceIndex device = device_.index();
+    watchdog_->track(
+        std::move(description),
+        [done, device] {
+          c10::cuda::CUDAGuard on_device(device);
+          const cudaError_t status = done->status();
+          if (status == cudaSuccess) return CollectiveProgress{CollectiveProgress::State::kDone, ""};
+          if (status == cudaErrorNotReady) return CollectiveProgress{CollectiveProgress::State::kRunning, ""};
+          return CollectiveProgress{CollectiveProgress::State::kFailed, cudaGetErrorString(status)};
+        },
+        timeout());
+    return std::make_shared<NcclWork>(std::move(done), std::move(buffers), device_.index(), exposed_waits_);
   }
 
   ProcessGroupPtr bootstrap_;
   c10::Device device_;
-  ncclComm_t comm_ = nullptr;
+  std::atomic<ncclComm_t> comm_{nullptr};  // null once aborted
   std::unique_ptr<c10::cuda::CUDAStream> gather_stream_, reduce_stream_;
+  std::shared_ptr<ExposedWaits> exposed_waits_ = std::make_shared<ExposedWaits>();
   int64_t next_sequence_ = 0;
   std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<InFlight> in_flight_;
-  bool stopping_ = false;
-  std::thread watchdog_;
+  std::unique_ptr<CollectiveWatchdog> watchdog_;  // last: stopped first
 };
 
 }  // namespace

@@ -40,6 +40,10 @@ using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<co
 // memory again once allocate_storage refills it. This is how unsharded
 // buffers are freed without breaking saved tensors.
 void free_storage(const torch::Tensor& tensor);
+// free_storage's, handing the block to the caller (the gather order holds
+// it until its users have run); the bytes stay in gathered_usage() until
+// the caller counts them out.
+c10::DataPtr take_storage(const torch::Tensor& tensor);
 void allocate_storage(const torch::Tensor& tensor, size_t nbytes);
 
 // The key of a parameter in an optimizer's state map: a string of the

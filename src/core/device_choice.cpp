@@ -28,7 +28,13 @@ DeviceChoice choose_device(c10::DeviceType device, CollectiveBackend backend, co
   const bool own_gpu = host->size() <= gpus;
   TORCH_CHECK(backend != CollectiveBackend::kNccl || own_gpu, "the NCCL backend needs a GPU per rank: ", host->size(),
               " ranks on this host share ", gpus, " GPU(s); use the MPI backend (or auto)");
-  if (backend == CollectiveBackend::kNccl || (backend == CollectiveBackend::kAuto && own_gpu)) {
+  if (backend == CollectiveBackend::kMpi) return choice;
+  if (world->size() == 1) {
+    // One rank: its collectives are copies on its own GPU; NCCL, which may
+    // not work where a first GPU run is tried, is never touched.
+    choice.group = make_local_process_group(choice.device);
+    choice.backend = "local";
+  } else if (backend == CollectiveBackend::kNccl || own_gpu) {
     choice.group = make_nccl_process_group(world, choice.device);
     choice.backend = "nccl";
   }

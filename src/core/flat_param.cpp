@@ -3,10 +3,12 @@
 #include "core/flat_param.h"
 
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
 
 #include <optional>
 
 #include "core/compat.h"
+#include "core/gather_order.h"
 #include "fsdp/memory.h"
 #include "offload/shard_offload.h"
 
@@ -34,6 +36,15 @@ void free_storage(const torch::Tensor& tensor) {
   memory::count_gathered_bytes(-static_cast<int64_t>(storage->nbytes()));
   storage->set_data_ptr_noswap(c10::DataPtr(nullptr, storage->device()));
   storage->set_nbytes(0);
+}
+
+// As free_storage, but the block is handed to the caller, still counted as
+// gathered until the caller lets it go.
+c10::DataPtr take_storage(const torch::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  c10::DataPtr block = storage->set_data_ptr(c10::DataPtr(nullptr, storage->device()));
+  storage->set_nbytes(0);
+  return block;
 }
 
 }  // namespace compat
@@ -125,6 +136,13 @@ void FlatParam::start_unshard() {
   if (pending_unshard_) return;
   const int64_t version = shard_._version();
   if (is_unsharded_ && !stale_ && gathered_version_ == version) return;
+  // In a device pass the buffer is made, the shard cast and the gather
+  // issued on the gather stream, which then need not wait for the compute
+  // queued since the pass began (gather_order.h says why that is safe).
+  std::optional<c10::StreamGuard> on_gather_stream;
+  if (config_.gather_order && config_.gather_order->in_pass()) {
+    on_gather_stream.emplace(config_.gather_order->enter(unit_index()));
+  }
   if (unsharded_.storage().nbytes() == 0) {
     MemoryCategoryScope scope(buffer_category(config_));
     compat::allocate_storage(unsharded_, padded_numel() * unsharded_.element_size());
@@ -180,7 +198,14 @@ void FlatParam::reshard() {
   TORCH_CHECK(!pending_unshard_, "FlatParam: resharding while a prefetched all-gather is in flight");
   torch::Tensor empty = torch::empty({0}, unsharded_.options());
   for (auto& e : entries_) e.param.set_data(empty);
-  compat::free_storage(unsharded_);
+  if (config_.gather_order && config_.gather_order->in_pass()) {
+    // Its users are queued on the compute stream: held until a later
+    // gather's stream has waited for them.
+    const int64_t nbytes = static_cast<int64_t>(unsharded_.storage().nbytes());
+    if (nbytes > 0) config_.gather_order->hold(compat::take_storage(unsharded_), nbytes, unit_index());
+  } else {
+    compat::free_storage(unsharded_);
+  }
   is_unsharded_ = false;
 }
 

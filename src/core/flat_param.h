@@ -24,6 +24,7 @@ namespace fsdp {
 namespace offload {
 class ShardOffload;  // offload/shard_offload.h
 }
+class GatherOrder;  // core/gather_order.h
 
 struct FlatParamEntry {
   std::string name;      // qualified parameter name
@@ -45,6 +46,10 @@ struct FlatParamConfig {
   // not owned): it makes the shard, fetches it for the gather and takes the
   // reduced gradient.
   offload::ShardOffload* offload = nullptr;
+  // The model's gather order on a device (not owned; null where gathers
+  // wait for the compute stream: the CPU, offload, groups without a gather
+  // stream): src/core/gather_order.h.
+  GatherOrder* gather_order = nullptr;
   size_t unit_index = 0;  // the unit's position in FsdpState::units()
 };
 

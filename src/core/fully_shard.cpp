@@ -7,6 +7,7 @@
 #include "fsdp/memory_plan.h"
 #include "fsdp/trace.h"
 #include "core/device_context.h"
+#include "core/gather_order.h"
 #include "core/unit.h"
 #include "offload/shard_offload.h"
 
@@ -112,7 +113,7 @@ void Unit::post_forward() {
   transition({UnitState::kForward}, reshard ? UnitState::kSharded : UnitState::kUnsharded);
   if (reshard) flat_.reshard();
   trace::complete("forward " + display_name(), "forward", span_begin_us_);
-  if (this == &owner_->root_unit() && !torch::GradMode::is_enabled()) owner_->release_unused_prefetches();
+  if (this == &owner_->root_unit() && !torch::GradMode::is_enabled()) owner_->finish_forward_without_backward();
 }
 
 void Unit::pre_backward() {
@@ -195,9 +196,16 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
   make_groups();
   device_context_ = std::make_unique<DeviceContext>(device_, /*copy_stream=*/options_.cpu_offload());
   offload_ = offload::make_shard_offload(options_, *device_context_);
+  // Offloaded shards cross on the copy stream, which waits for the compute
+  // stream: their gathers keep that order.
+  const std::optional<c10::Stream> gather_stream = shard_group_ ? shard_group_->gather_stream() : std::nullopt;
+  if (gather_stream && !options_.cpu_offload() && !options_.nvme_offload()) {
+    gather_order_ = std::make_unique<GatherOrder>(*gather_stream, device_);
+  }
   const ShardingStrategy strategy = options_.strategy();
-  FlatParamConfig config{shard_group_, replicate_group_, keeps_params_unsharded(strategy),
-                         keeps_full_gradients(strategy), options_.mixed_precision(), device_, offload_.get()};
+  FlatParamConfig config{shard_group_,      replicate_group_, keeps_params_unsharded(strategy),
+                         keeps_full_gradients(strategy), options_.mixed_precision(), device_,
+                         offload_.get(),    gather_order_.get()};
   build_units(std::move(plans), config);
   offload_->attach(*this);
   if (options_.cache_host_blocks() && device_context_->on_host() && memory::counting_allocator_installed()) {
@@ -419,6 +427,10 @@ void FsdpState::on_forward_entered(Unit& unit) {
   if (&unit == units_.front().get()) {
     if (backward_callback_queued_) recover_from_failed_backward();
     release_unused_prefetches();
+    if (gather_order_) {  // a forward whose backward never came ends here
+      gather_order_->end_pass();
+      gather_order_->begin_pass();
+    }
     for (auto& u : units_) u->entered_in_this_forward_ = false;
     if (!forward_order_this_pass_.empty()) forward_order_ = std::move(forward_order_this_pass_);
     forward_order_this_pass_.clear();
@@ -478,6 +490,11 @@ void FsdpState::issue_deferred_prefetches() {
   for (const auto& [unit, backward] : pending) issue_prefetch(unit, backward);
 }
 
+void FsdpState::finish_forward_without_backward() {
+  release_unused_prefetches();
+  if (gather_order_) gather_order_->end_pass();
+}
+
 void FsdpState::release_unused_prefetches() {
   deferred_prefetches_.clear();
   for (auto& unit : units_) {
@@ -503,6 +520,7 @@ void FsdpState::recover_from_failed_backward() {
     unit->flat_param().reshard();
     unit->state_ = unit->flat_param().config().persistent_params ? UnitState::kUnsharded : UnitState::kSharded;
   }
+  if (gather_order_) gather_order_->end_pass();
 }
 
 void FsdpState::rethrow_forward_error(const c10::Error& error) const {
@@ -519,18 +537,16 @@ void FsdpState::rethrow_forward_error(const c10::Error& error) const {
 void FsdpState::on_backward_event() {
   if (backward_callback_queued_) return;
   offload_->before_backward(in_train_step_);  // before anything of this backward changes
+  if (gather_order_ && !gather_order_->in_pass()) gather_order_->begin_pass();
   backward_callback_queued_ = true;  // the first event of a new backward pass
   for (auto& unit : units_) unit->backward_done_in_this_pass_ = false;
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
 }
 
 void FsdpState::finish_reductions_in_flight(bool wait_for_host_copies) {
-  // Copies to the host (offload on a GPU) issued by an earlier call are
-  // finished first: they have had a unit's backward to run in. The ones
-  // issued now are left in flight unless asked for.
-  for (auto& unit : units_) {
-    if (unit->flat_param().host_gradient_pending()) unit->flat_param().finish_host_gradient();
-  }
+  // Copies to the host (offload on a GPU) are left in flight until the end
+  // of backward, where the host waits for them once (the offload returns
+  // their device blocks without a host wait before that).
   for (auto& unit : units_) {
     if (unit->flat_param().collective_reduce_pending()) unit->flat_param().finish_reduce_gradients();
   }
@@ -549,6 +565,7 @@ void FsdpState::finish_backward() {
   }
   finish_reductions_in_flight();
   release_unused_prefetches();
+  if (gather_order_) gather_order_->end_pass();
   offload_->finish_backward();
 }
 

@@ -232,6 +232,13 @@ GatheredUsage gathered_usage() {
   return gathered;
 }
 
+void count_host_bytes(Category category, int64_t delta) {
+  if (!installed) return;
+  auto& c = counters();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  add(c, category, delta);
+}
+
 void count_gathered_bytes(int64_t delta) {
   std::lock_guard<std::mutex> lock(gathered_mutex);
   gathered.live += delta;

@@ -178,6 +178,7 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   // Zeroed, not freed, alike on every LibTorch: the gradient shards are
   // model state (what the planner counts and the memory figures measure).
   compat::zero_grad_keeping_memory(optimizer_);
+  offload.gradients_zeroed();
   state_.check_idle();
   result.comm = state_.comm_stats();
   // The loss of the step is the global-batch mean: the mean of the ranks' means.

@@ -5,7 +5,9 @@
 
 #include "offload/shard_offload.h"
 
+#include <array>
 #include <exception>
+#include <optional>
 #include <iostream>
 #include <vector>
 
@@ -50,16 +52,28 @@ class InMemory final : public ShardOffload {
 // CPU offload (FullyShardOptions::cpu_offload): the fp32 shards, their
 // gradients and so the optimizer state in host memory, pinned when the units
 // are on a GPU. There the shard crosses to the device on the copy stream
-// before its gather, and the reduced gradient back after its reduction.
+// before its gather, and the reduced gradient back after its reduction,
+// into a pinned buffer of the unit's that is the shard's .grad (a gradient
+// holding an earlier micro-step's sum gets the new one added instead). The
+// host waits for those copies once, at the end of backward (before, it
+// waited at every unit's reduction, and added each shard there): during it
+// a device gradient goes back to the pool once the compute stream has
+// waited (on the device) for the copy that read it, at the next unit's.
+// Pinned blocks come from CUDA's host allocator, which the counting
+// allocator does not see: they are counted here (memory::count_host_bytes).
 class CpuOffload final : public ShardOffload {
  public:
   explicit CpuOffload(const DeviceContext& context) : context_(context) {}
+  ~CpuOffload() override {
+    for (size_t c = 0; c < memory::kNumCategories; ++c) {
+      if (pinned_bytes_[c] != 0) memory::count_host_bytes(static_cast<memory::Category>(c), -pinned_bytes_[c]);
+    }
+  }
   const char* where() const override { return "pinned host memory"; }
 
   torch::Tensor make_shard(const torch::Tensor& slice) const override {
     // Pinned, so that the copies to and from the GPU are asynchronous.
-    torch::Tensor shard = torch::empty(
-        {slice.numel()}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(context_.device().is_cuda()));
+    torch::Tensor shard = pinned_if_device(slice.numel(), memory::Category::kParameterShard);
     shard.copy_(slice);
     return shard;
   }
@@ -98,16 +112,19 @@ class CpuOffload final : public ShardOffload {
     TORCH_CHECK(context_.has_copy_stream(), "FlatParam: an offloaded shard on ", flat.shard().device(),
                 " with its gradient on ", reduced.device(), " needs the copy stream fully_shard makes for cpu_offload");
     if (gradient_pending(flat)) finish_gradient(flat);  // an earlier micro-step's
-    torch::Tensor source = reduced.scalar_type() == torch::kFloat ? reduced : reduced.to(torch::kFloat);
-    torch::Tensor host =
-        torch::empty({flat.shard_numel()}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(true));
+    release_copied_sources();
+    auto pending = std::make_unique<PendingHostGradient>();
+    pending->landing = landing_of(flat);
+    pending->host = pending->landing == Landing::kAdd ? pinned_if_device(flat.shard_numel(), memory::Category::kGradientShard)
+                                                      : gradient_buffer_of(flat);
+    pending->device = reduced.scalar_type() == torch::kFloat ? reduced : reduced.to(torch::kFloat);
     context_.copy_stream_waits_for_compute();
     {
       c10::StreamGuard on_copy_stream(context_.copy_stream());
-      host.copy_(source, /*non_blocking=*/true);
+      pending->host.copy_(pending->device, /*non_blocking=*/true);
     }
-    pending_of(flat) = std::make_unique<PendingHostGradient>(
-        PendingHostGradient{std::move(host), std::move(source), context_.record_on_copy_stream()});
+    pending->copied = context_.record_on_copy_stream();
+    pending_of(flat) = std::move(pending);
   }
 
   bool gradient_pending(const FlatParam& flat) const override {
@@ -117,31 +134,100 @@ class CpuOffload final : public ShardOffload {
   void finish_gradient(FlatParam& flat) override {
     TORCH_CHECK(gradient_pending(flat), "FlatParam: no gradient copy to the host in flight");
     std::unique_ptr<PendingHostGradient> pending = std::move(pending_of(flat));
-    compat::synchronize_event(pending->copied);
-    // The copy has read it: its block may go back to the compute stream's pool.
-    pending->device.reset();
+    compat::synchronize_event(*pending->copied);
+    pending->device.reset();  // the copy has read it
     torch::NoGradGuard no_grad;
-    flat.accumulate_into_gradient(std::move(pending->host));
+    switch (pending->landing) {
+      case Landing::kBecomesGradient: flat.shard().mutable_grad() = pending->host; break;
+      case Landing::kInGradient: break;
+      case Landing::kAdd:
+        flat.shard().mutable_grad().add_(pending->host);
+        uncount(memory::Category::kGradientShard, static_cast<int64_t>(pending->host.nbytes()));
+        break;
+    }
   }
+
+  // TrainStep zeroed the gradients in place: each unit's next one may land
+  // in its gradient instead of being added to it.
+  void gradients_zeroed() override { zeroed_.assign(zeroed_.size(), true); }
 
   // The host steps the shards next, so no copy of them may still be
   // reading (an unused prefetch's) when it writes.
   void finish_backward() const override { context_.synchronize_copy_stream(); }
 
  private:
+  // Where a reduced gradient lands on the host: in the unit's own pinned
+  // buffer, which becomes the shard's gradient (it had none) or already is
+  // it and holds zeros (gradients_zeroed()); or, where the gradient holds
+  // an earlier micro-step's sum, in a buffer of its own, added at the end.
+  enum class Landing { kBecomesGradient, kInGradient, kAdd };
   // The reduced gradient on its way to pinned host memory on the copy
-  // stream; the device copy stays alive until the event says the copy has read it.
+  // stream; the device copy stays alive until its copy has read it.
   struct PendingHostGradient {
+    Landing landing = Landing::kAdd;
     torch::Tensor host, device;
-    c10::Event copied;
+    std::optional<c10::Event> copied;
   };
   std::unique_ptr<PendingHostGradient>& pending_of(const FlatParam& flat) {
     if (pending_.size() <= flat.unit_index()) pending_.resize(flat.unit_index() + 1);
     return pending_[flat.unit_index()];
   }
 
+  Landing landing_of(const FlatParam& flat) {
+    const size_t u = flat.unit_index();
+    if (zeroed_.size() <= u) zeroed_.resize(u + 1, false);
+    const bool zeroed = zeroed_[u];
+    zeroed_[u] = false;
+    const torch::Tensor& grad = flat.shard().grad();
+    if (!grad.defined()) return Landing::kBecomesGradient;
+    if (zeroed && u < gradient_buffers_.size() && grad.is_same(gradient_buffers_[u])) return Landing::kInGradient;
+    return Landing::kAdd;
+  }
+
+  // The device gradients of the copies issued earlier go back to the
+  // compute stream's pool without the host waiting: the compute stream
+  // waits (on the device) for their copies first, which have had a unit's
+  // backward to run in.
+  void release_copied_sources() {
+    for (auto& pending : pending_) {
+      if (!pending || !pending->device.defined()) continue;
+      pending->copied->block(context_.compute_stream());
+      pending->device = torch::Tensor();
+    }
+  }
+
+  // The unit's pinned gradient buffer: made once and kept (so the pinned
+  // memory is the same every step and counted exactly), reused when a
+  // gradient was dropped (zero_grad with set_to_none).
+  const torch::Tensor& gradient_buffer_of(const FlatParam& flat) {
+    if (gradient_buffers_.size() <= flat.unit_index()) gradient_buffers_.resize(flat.unit_index() + 1);
+    torch::Tensor& buffer = gradient_buffers_[flat.unit_index()];
+    if (!buffer.defined()) buffer = pinned_if_device(flat.shard_numel(), memory::Category::kGradientShard);
+    return buffer;
+  }
+
+  // fp32 host memory: pinned (and counted here) for a model on a device.
+  torch::Tensor pinned_if_device(int64_t numel, memory::Category category) const {
+    const bool pinned = context_.device().is_cuda();
+    torch::Tensor t = torch::empty({numel}, torch::TensorOptions().dtype(torch::kFloat).pinned_memory(pinned));
+    if (pinned) {
+      const int64_t bytes = static_cast<int64_t>(t.nbytes());
+      memory::count_host_bytes(category, bytes);
+      pinned_bytes_[static_cast<size_t>(category)] += bytes;
+    }
+    return t;
+  }
+  void uncount(memory::Category category, int64_t bytes) const {
+    if (!context_.device().is_cuda()) return;
+    memory::count_host_bytes(category, -bytes);
+    pinned_bytes_[static_cast<size_t>(category)] -= bytes;
+  }
+
   const DeviceContext& context_;
   std::vector<std::unique_ptr<PendingHostGradient>> pending_;  // by unit index
+  std::vector<torch::Tensor> gradient_buffers_;                // by unit index
+  std::vector<bool> zeroed_;                                   // by unit index: gradients_zeroed() since its last one
+  mutable std::array<int64_t, memory::kNumCategories> pinned_bytes_{};  // counted by count_host_bytes
 };
 
 }  // namespace

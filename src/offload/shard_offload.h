@@ -71,6 +71,10 @@ class ShardOffload {
   virtual void finish_gradient(FlatParam& flat) {}
   // The end of backward, before the optimizer touches the shards.
   virtual void finish_backward() const {}
+  // The shards' gradients were just zeroed in place (TrainStep, after its
+  // step): the next reduced gradient of each unit may replace its gradient
+  // instead of being added to it.
+  virtual void gradients_zeroed() {}
 
   // Refuses, by name, an optimizer this placement cannot step with.
   virtual void check_optimizer(const torch::optim::Optimizer& optimizer) const {}

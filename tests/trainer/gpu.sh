@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a GPU (skipped, exit 77, elsewhere): fsdp-train --device cuda at W = 1
-# (NCCL, the GPU its own) and W = 2 and 4 ranks sharing the one GPU (the MPI
+# (a group of one: device copies, no NCCL) and W = 2 and 4 ranks sharing the one GPU (the MPI
 # group, staging device tensors through host memory) train what W = 1 does
 # (fp32, 1e-5 relative on every loss), and what the CPU trains (1e-4: other
 # kernels, the same math); --offload cpu on the GPU trains what the GPU run
@@ -12,7 +12,7 @@ if ! nvidia-smi -L > /dev/null 2>&1; then echo "skipped: no GPU (nvidia-smi list
 common=(--preset small --steps 20)
 train_run cpu 1 "${common[@]}" --batch 4 --device cpu
 train_run gpu-w1 1 "${common[@]}" --batch 4 --device cuda
-json_is "$work/gpu-w1.json" .backend nccl
+json_is "$work/gpu-w1.json" .backend local
 for ranks in 2 4; do
   train_run "gpu-w$ranks" "$ranks" "${common[@]}" --device cuda --batch $(( 4 / ranks ))
   json_is "$work/gpu-w$ranks.json" .backend mpi

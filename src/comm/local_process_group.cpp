@@ -1,0 +1,100 @@
+// A group of one rank: collectives as copies on the caller's current stream.
+// A run on one GPU then needs no NCCL at all (the transport most likely to
+// fail on a new machine), and its numbers are a one-rank MPI group's: a
+// gather of one shard is the shard, a sum or average of one is the value.
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/torch.h>
+
+#include <future>
+
+#include "fsdp/comm.h"
+
+namespace fsdp {
+namespace {
+
+class LocalProcessGroup final : public ProcessGroup {
+ public:
+  explicit LocalProcessGroup(c10::Device device) : device_(device) {}
+
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+
+  WorkHandle all_gather(torch::Tensor output, torch::Tensor input) override {
+    check_pair(output, input, "all_gather");
+    count(CollectiveKind::kAllGather, output.nbytes());
+    copy(output, input);
+    return done("all_gather");
+  }
+
+  WorkHandle reduce_scatter(torch::Tensor output, torch::Tensor input, ReduceOp op) override {
+    check_pair(output, input, "reduce_scatter");
+    TORCH_CHECK(op != ReduceOp::kAvg || input.is_floating_point(), "an average needs a floating-point tensor, got ",
+                input.scalar_type());
+    count(CollectiveKind::kReduceScatter, input.nbytes());
+    copy(output, input);
+    return done("reduce_scatter");
+  }
+
+  WorkHandle all_reduce(torch::Tensor tensor, ReduceOp op) override {
+    TORCH_CHECK(tensor.defined(), "all_reduce: the tensor is undefined");
+    TORCH_CHECK(op != ReduceOp::kAvg || tensor.is_floating_point(), "an average needs a floating-point tensor, got ",
+                tensor.scalar_type());
+    count(CollectiveKind::kAllReduce, tensor.nbytes());
+    return done("all_reduce");
+  }
+
+  WorkHandle broadcast(torch::Tensor tensor, int root) override {
+    TORCH_CHECK(tensor.defined(), "broadcast: the tensor is undefined");
+    TORCH_CHECK(root == 0, "broadcast: root ", root, " is not a rank of a group of size 1");
+    count(CollectiveKind::kBroadcast, tensor.nbytes());
+    return done("broadcast");
+  }
+
+  // Nothing to meet but this rank's own device work: done when it returns,
+  // as an NCCL group's barrier is.
+  WorkHandle barrier() override {
+    if (!device_.is_cpu()) c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_).synchronize();
+    return done("barrier");
+  }
+
+  std::shared_ptr<ProcessGroup> split(int, int) override { return child(); }
+  std::shared_ptr<ProcessGroup> split_shared_memory() override { return child(); }
+
+ private:
+  static void check_pair(const torch::Tensor& output, const torch::Tensor& input, const char* what) {
+    TORCH_CHECK(output.defined() && input.defined(), what, ": an undefined tensor");
+    TORCH_CHECK(output.scalar_type() == input.scalar_type(), what, ": output dtype ", output.scalar_type(),
+                " differs from input dtype ", input.scalar_type());
+    TORCH_CHECK(output.numel() == input.numel(), what, ": a group of one needs as many output elements as input (",
+                input.numel(), "), found ", output.numel());
+  }
+
+  // A gather in place (the input a view of the whole output) copies nothing.
+  static void copy(torch::Tensor& output, const torch::Tensor& input) {
+    if (output.data_ptr() == input.data_ptr()) return;
+    torch::NoGradGuard no_grad;
+    output.view(-1).copy_(input.reshape(-1));
+  }
+
+  WorkHandle done(const char* what) {
+    std::promise<void> finished;
+    finished.set_value();
+    return std::make_shared<Work>(finished.get_future().share(), &wait_seconds_,
+                                  std::string(what) + " (a group of one rank)", timeout());
+  }
+
+  std::shared_ptr<ProcessGroup> child() const {
+    auto group = std::make_shared<LocalProcessGroup>(device_);
+    group->set_timeout(timeout());
+    return group;
+  }
+
+  c10::Device device_;
+};
+
+}  // namespace
+
+ProcessGroupPtr make_local_process_group(c10::Device device) { return std::make_shared<LocalProcessGroup>(device); }
+
+}  // namespace fsdp

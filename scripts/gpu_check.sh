@@ -53,7 +53,7 @@
 # torch's own.
 #
 # Settings (environment): FSDP_LIBTORCH (default: python3's torch folder),
-# FSDP_PYTHON (python3), FSDP_GPU_BUILD (build-gpu), FSDP_GPU_PREFIX
+# FSDP_PYTHON (python3, or .venv/bin/python where python3 has no torch), FSDP_GPU_BUILD (build-gpu), FSDP_GPU_PREFIX
 # (/tmp/gpu-prefix), FSDP_GPU_CHECK_NO_GPU=1 (as --dry-run),
 # FSDP_GPU_CHECK_TARGET (--dry-run: also build this one target),
 # FSDP_GPU_CHECK_JOBS (build jobs, default all cores), FSDP_GPU_CMAKE_ARGS
@@ -88,6 +88,11 @@ fi
 build="${FSDP_GPU_BUILD:-build-gpu}"
 prefix="${FSDP_GPU_PREFIX:-/tmp/gpu-prefix}"
 python="${FSDP_PYTHON:-python3}"
+# Here (no GPU), python3 has no torch: scripts/setup.sh wheel's .venv does.
+# (The GPU machine has no .venv: the probe costs it nothing.)
+if [ -z "${FSDP_PYTHON:-}" ] && [ -x .venv/bin/python ] && ! timeout -k 5 60 python3 -c 'import torch' 2>/dev/null; then
+  python=.venv/bin/python
+fi
 jobs="${FSDP_GPU_CHECK_JOBS:-$(nproc)}"
 budget="${FSDP_GPU_CHECK_BUDGET:-400}"
 deadline="${FSDP_GPU_CHECK_DEADLINE:-470}"

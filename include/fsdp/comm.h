@@ -94,7 +94,7 @@ class ProcessGroup {
   virtual void reset_stats();
 
   // The stream this group's all-gathers run on, where it has one of its own
-  // (NCCL); std::nullopt for host groups and groups of one. A caller that
+  // (NCCL, a group of one on a device); std::nullopt for host groups. A caller that
   // makes it current before all_gather, and itself orders it after whatever
   // the gather reads and overwrites, spares the gather its wait for all the
   // compute queued so far (FSDP2's forward order: src/core/gather_order.h).
@@ -152,10 +152,13 @@ void throw_if_any_rank_failed(const ProcessGroupPtr& group, const std::string& e
 ProcessGroupPtr make_nccl_process_group(const ProcessGroupPtr& bootstrap, c10::Device device);
 
 // A group of one rank, on `device` (any: the CPU, a GPU): every collective
-// is a copy (or nothing) on the caller's current stream, complete when it
-// returns; no transport is touched. What choose_device gives a one-rank
-// device run, so that a run of one GPU needs no NCCL. Bytes and calls are
-// counted as a one-rank MPI group counts them.
+// is a copy (or nothing) on the caller's current stream; no transport is
+// touched. What choose_device gives a one-rank device run, so that a run of
+// one GPU needs no NCCL. On a device it has a gather stream as NCCL's group
+// has, and an all-gather's wait() orders the waiter's stream after the copy
+// (so the engine's gather order runs on one GPU too); elsewhere a
+// collective is complete when it returns. Bytes and calls are counted as a
+// one-rank MPI group counts them.
 ProcessGroupPtr make_local_process_group(c10::Device device);
 // Whether this build has the CUDA configuration, and how many GPUs this
 // process sees (0 without CUDA).

@@ -63,6 +63,11 @@ class FsdpState {
   // the streams they cross on (opaque outside the library).
   offload::ShardOffload& offload() const { return *offload_; }
   const DeviceContext& device_context() const { return *device_context_; }
+  // Whether the units' gathers run ahead of the compute on the shard group's
+  // gather stream (a device, no offload: src/core/gather_order.h). Such a
+  // run holds one resharded unit's buffer more than the prefetch limit says
+  // (as FSDP2 holds the previous all-gather's output).
+  bool gathers_run_ahead() const { return gather_order_ != nullptr; }
   // The group fully_shard() was given (every rank of the model).
   const ProcessGroupPtr& group() const { return group_; }
   const FullyShardOptions& options() const { return options_; }

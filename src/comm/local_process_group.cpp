@@ -2,20 +2,60 @@
 // A run on one GPU then needs no NCCL at all (the transport most likely to
 // fail on a new machine), and its numbers are a one-rank MPI group's: a
 // gather of one shard is the shard, a sum or average of one is the value.
+// On a device it names a gather stream of its own, as NCCL's group does, so
+// that the engine's gather order (src/core/gather_order.h) runs on a one-GPU
+// machine too: a gather's copy issued there is waited for as an NCCL
+// gather is, by the waiter's stream on an event.
 
+#include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/torch.h>
 
 #include <future>
+#include <optional>
 
 #include "fsdp/comm.h"
 
 namespace fsdp {
 namespace {
 
+c10::Stream current_stream(c10::Device device) {
+  return c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+}
+
+// A device copy issued on some stream: wait() makes the waiter's current
+// stream wait for it, and the tensors live until then (NcclWork's rule).
+class DeviceCopyWork final : public Work {
+ public:
+  DeviceCopyWork(c10::Device device, std::vector<torch::Tensor> buffers)
+      : device_(device), done_(device.type()), buffers_(std::move(buffers)) {
+    done_.record(current_stream(device_));
+  }
+  void wait() override {
+    if (waited_) return;
+    done_.block(current_stream(device_));
+    buffers_.clear();
+    waited_ = true;
+    run_on_wait_action();
+  }
+  bool is_completed() const override { return done_.query(); }
+
+ private:
+  c10::Device device_;
+  c10::Event done_;
+  std::vector<torch::Tensor> buffers_;
+  bool waited_ = false;
+};
+
 class LocalProcessGroup final : public ProcessGroup {
  public:
-  explicit LocalProcessGroup(c10::Device device) : device_(device) {}
+  explicit LocalProcessGroup(c10::Device device) : device_(device) {
+    if (!device_.is_cpu()) {
+      gather_stream_ = c10::impl::getDeviceGuardImpl(device_.type())->getStreamFromGlobalPool(device_);
+    }
+  }
+
+  std::optional<c10::Stream> gather_stream() const override { return gather_stream_; }
 
   int rank() const override { return 0; }
   int size() const override { return 1; }
@@ -24,6 +64,9 @@ class LocalProcessGroup final : public ProcessGroup {
     check_pair(output, input, "all_gather");
     count(CollectiveKind::kAllGather, output.nbytes());
     copy(output, input);
+    if (!device_.is_cpu() && !output.device().is_cpu()) {
+      return std::make_shared<DeviceCopyWork>(device_, std::vector<torch::Tensor>{output, input});
+    }
     return done("all_gather");
   }
 
@@ -91,6 +134,7 @@ class LocalProcessGroup final : public ProcessGroup {
   }
 
   c10::Device device_;
+  std::optional<c10::Stream> gather_stream_;  // a device's: where ordered gathers copy
 };
 
 }  // namespace

@@ -46,6 +46,14 @@ Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState
       fsdp::TransformerShape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch, o.wrap == "sublayer"}, strategy,
       world, p.shard_group_size, mp, o.forward_prefetch || o.backward_prefetch != "none", o.activation_checkpointing,
       p.unit_numels);
+  if (state.gathers_run_ahead() && !fsdp::keeps_params_unsharded(strategy)) {
+    // The gathers' order on a device holds the previous resharded unit's
+    // buffer while the next gather runs: one more unit, the largest but the root's.
+    int64_t largest = 0;
+    const int64_t K = p.shard_group_size;
+    for (size_t u = 1; u < p.unit_numels.size(); ++u) largest = std::max(largest, (p.unit_numels[u] + K - 1) / K * K);
+    p.peak.gathered += largest * static_cast<int64_t>(c10::elementSize(mp.param_dtype()));
+  }
   if (nvme.on) {
     p.nvme = fsdp::estimate_nvme_offload(p.unit_numels, strategy, world, p.shard_group_size, mp, nvme.optimizer_state,
                                          nvme.params, o.grad_accum);

@@ -317,7 +317,8 @@ TEST(CollectiveWatchdog, EndsTheJobWithTheCommunicatorsAsyncError) {
   const auto injected_at = std::chrono::steady_clock::now();
   inject = true;
   ASSERT_TRUE(within(5, [&] { return ended.calls > 0; })) << "the injected error did not end the job";
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - injected_at).count(), 1.0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - injected_at).count(), 3.0)
+      << "a 5 ms poll took seconds to see the error";
   const std::string message = ended.text();
   EXPECT_NE(message.find("the communicator failed: remote process exited or there was a network error (injected)"),
             std::string::npos) << message;
@@ -342,10 +343,11 @@ TEST(CollectiveWatchdog, NamesAFailedCollectiveAndOnePastItsTimeout) {
     Ended ended;
     fsdp::CollectiveWatchdog watchdog([] { return std::string(); }, [&](const std::string& m) { ended(m); },
                                       std::chrono::milliseconds(5));
-    watchdog.track("all_reduce #9", [] { return Progress{Progress::State::kRunning, ""}; }, 0.2);
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    EXPECT_EQ(ended.calls, 0) << "ended before the timeout";
-    ASSERT_TRUE(within(5, [&] { return ended.calls > 0; }));
-    EXPECT_NE(ended.text().find("all_reduce #9 did not complete within 0.2 s"), std::string::npos) << ended.text();
+    const auto tracked_at = std::chrono::steady_clock::now();
+    watchdog.track("all_reduce #9", [] { return Progress{Progress::State::kRunning, ""}; }, 1.5);
+    ASSERT_TRUE(within(10, [&] { return ended.calls > 0; }));
+    EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - tracked_at).count(), 1.5)
+        << "ended before the timeout";
+    EXPECT_NE(ended.text().find("all_reduce #9 did not complete within 1.5 s"), std::string::npos) << ended.text();
   }
 }

@@ -369,6 +369,9 @@ class NcclProcessGroup final : public ProcessGroup {
   }
 
   [[noreturn]] void fail(const std::string& what, const std::string& why) {
+    // The watchdog may be reading the communicator: stopped first, so that
+    // the abort never frees it under the watchdog's hands.
+    watchdog_.reset();
     if (ncclComm_t comm = comm_.exchange(nullptr)) ncclCommAbort(comm);
     TORCH_CHECK(false, "NCCL error in ", what, ": ", why, ". The communicator is aborted.");
   }

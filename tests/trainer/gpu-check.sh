@@ -35,6 +35,9 @@
 #     CPU has no device peak: those ratios are null here).
 source "$(dirname "$0")/lib.sh" "$@"
 real_python="${FSDP_PYTHON:-$here/../../.venv/bin/python}"
+# The first LibTorch's run of scripts/test.sh comes before the wheel's .venv
+# exists: the env line needs only Python's json, which python3 has.
+[ -x "$real_python" ] || real_python=python3
 has_torch=0
 "$real_python" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' 2>/dev/null && has_torch=1
 [ $has_torch = 1 ] || echo "note: no PyTorch at $real_python (scripts/setup.sh wheel makes it): the FSDP2 side and the torch NCCL check (gloo here) cannot pass"

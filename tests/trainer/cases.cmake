@@ -1,13 +1,23 @@
-# The tools end to end, as a user runs them: one script per case in
-# trainer/ (trainer/lib.sh holds what they share), each run as trainer_<case>.
-file(GLOB trainer_cases CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/trainer/*.sh)
-list(FILTER trainer_cases EXCLUDE REGEX "/lib\\.sh$")
-foreach(script ${trainer_cases})
-  get_filename_component(case ${script} NAME_WE)
-  add_test(NAME trainer_${case} COMMAND bash ${script} ${CMAKE_BINARY_DIR})
-  set_tests_properties(trainer_${case} PROPERTIES TIMEOUT 600 PROCESSORS 2 LABELS mpi)
+# The trainer cases: the tools end to end, as a user runs them. One table
+# (trainer/cases.sh), one runner (trainer/run.sh); each row is registered
+# here as trainer_<case>, read from `run.sh --list`. A case that cannot run
+# here exits 77, which ctest reports as skipped, not passed.
+set(trainer_runner ${CMAKE_CURRENT_SOURCE_DIR}/trainer/run.sh)
+file(GLOB trainer_case_files CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/trainer/cases/*.sh)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+             ${trainer_runner} ${CMAKE_CURRENT_SOURCE_DIR}/trainer/cases.sh ${CMAKE_CURRENT_SOURCE_DIR}/trainer/lib.sh)
+execute_process(COMMAND bash ${trainer_runner} --list
+                OUTPUT_VARIABLE trainer_table RESULT_VARIABLE trainer_list_status)
+if(NOT trainer_list_status EQUAL 0)
+  message(FATAL_ERROR "bash ${trainer_runner} --list failed (${trainer_list_status}): the trainer cases' table does not read")
+endif()
+string(REPLACE ";" "," trainer_table "${trainer_table}")  # a claim's ";" would split the list
+string(REGEX MATCHALL "[^\n]+" trainer_rows "${trainer_table}")
+foreach(trainer_row ${trainer_rows})
+  string(REGEX REPLACE "\t.*" "" case "${trainer_row}")
+  add_test(NAME trainer_${case} COMMAND bash ${trainer_runner} ${CMAKE_BINARY_DIR} ${case})
+  set_tests_properties(trainer_${case} PROPERTIES TIMEOUT 600 PROCESSORS 2 LABELS mpi SKIP_RETURN_CODE 77)
 endforeach()
-# The GPU case skips (77) where there is no GPU.
-set_tests_properties(trainer_gpu PROPERTIES LABELS "mpi;gpu" SKIP_RETURN_CODE 77)
-# The multi-host case makes network namespaces: root only, skipped (77) otherwise.
-set_tests_properties(trainer_multi-host PROPERTIES LABELS "mpi;hosts" SKIP_RETURN_CODE 77)
+# Labels for the cases that need more than a CPU: a GPU; root (network namespaces).
+set_tests_properties(trainer_gpu PROPERTIES LABELS "mpi;gpu")
+set_tests_properties(trainer_multi-host PROPERTIES LABELS "mpi;hosts")

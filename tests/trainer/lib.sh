@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# Shared by the end-to-end cases in this folder: each case is one file,
-#   tests/trainer/CASE.sh BUILD_DIR
-# sourcing this library. Assert on figures (the trainer's --summary JSON and
-# --log JSON lines, fsdp-plan --json) with jq, not on printed wording.
+# What the trainer cases share (run.sh sources it, then the table,
+# cases.sh). Assert on figures (the trainer's --summary JSON and --log JSON
+# lines, fsdp-plan --json) with jq, not on printed wording.
 set -uo pipefail
-build="$(cd "$1" && pwd)"
-case_name="$(basename "$0" .sh)"
+
+# start_case BUILD_DIR CASE: the globals every case uses: $build, $case_name,
+# $work (a fresh folder, removed on exit), $run (fsdp-run), $train
+# (fsdp-train); $here is this folder.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-work=$(mktemp -d "/tmp/fsdp_${case_name}.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-run="$build/fsdp-run"
-train="$build/fsdp-train"
+start_case() {
+  build="$(cd "$1" && pwd)" || { echo "FAIL: $2: no build folder '$1'" >&2; exit 1; }
+  case_name="$2"
+  work=$(mktemp -d "/tmp/fsdp_${case_name}.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+  run="$build/fsdp-run"
+  train="$build/fsdp-train"
+}
 
 fail() { echo "FAIL: $case_name: $*" >&2; exit 1; }
 pass() { echo "PASS: $case_name"; exit 0; }
+# skip "reason": the case cannot run here. Exit 77, which every case is
+# registered to report as skipped (SKIP_RETURN_CODE), never as passed.
+skip() { echo "SKIPPED: $case_name: $*"; exit 77; }
 
 # expect_error "text the message must contain" COMMAND...: the command must
 # exit non-zero and print the text.
@@ -41,6 +49,8 @@ train_run() {
       break
     fi
   done
+  # FSDP_TRAINER_RUN_COUNT=FILE: one line per training run, for counting them.
+  [ -z "${FSDP_TRAINER_RUN_COUNT:-}" ] || echo "$case_name $name" >> "$FSDP_TRAINER_RUN_COUNT"
   "$run" -n "$ranks" "${launcher[@]}" -- "$train" --log "$work/$name.jsonl" --summary "$work/$name.json" "$@" \
     > "$work/$name.out" 2>&1 || { cat "$work/$name.out" >&2; fail "run '$name' ($ranks ranks: $*) failed"; }
 }

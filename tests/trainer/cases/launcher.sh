@@ -1,8 +1,6 @@
-#!/usr/bin/env bash
 # fsdp-run: the exit status passes through, and threads per rank = cores /
 # ranks; MPI yields the core while it waits; large messages use Cross Memory
 # Attach exactly when fsdp-cma-probe says the machine allows it.
-source "$(dirname "$0")/lib.sh" "$@"
 
 "$run" -n 2 -- true || fail "fsdp-run of true failed"
 ! "$run" -n 2 -- false || fail "fsdp-run of false succeeded"
@@ -54,4 +52,3 @@ expect_error "give --hostfile or --host, not both" "$run" --hostfile "$work/host
 expect_error "--host wants host[:slots]" "$run" --host "a:x" -- true
 expect_error "with hosts, nodes are the hosts" "$run" --host localhost:2 --ranks-per-node 1 -- true
 expect_error "cannot read the hostfile" "$run" --hostfile "$work/none" -- true
-pass

@@ -1,4 +1,3 @@
-#!/usr/bin/env bash
 # Preemption and the cluster checks. A SIGTERM to fsdp-run (Slurm's, or
 # Kubernetes') or a SIGUSR1 to one rank: every rank stops at the next step
 # boundary, a checkpoint of that step is saved, and the job exits 75; the
@@ -7,7 +6,6 @@
 # --ckpt-dir: exit 76. A second signal ends the job at once. A scheduler's
 # many tasks that MPI sees as worlds of one are refused; so is a checkpoint
 # folder that a rank cannot see.
-source "$(dirname "$0")/lib.sh" "$@"
 
 common=(--preset tiny --steps 300)
 train_run straight 2 "${common[@]}"
@@ -107,4 +105,3 @@ EOF
 else
   echo "note: unshare -m is not allowed here; the unshared-folder refusal is not exercised"
 fi
-pass

@@ -1,4 +1,3 @@
-#!/usr/bin/env bash
 # Beyond one host, on hosts made here (scripts/netns-hosts.sh: network
 # namespaces on a bridge, TCP only between them, OpenMPI's daemons started
 # through scripts/netns-agent): full_shard and hybrid_shard across 2 hosts x
@@ -6,13 +5,14 @@
 # inside a host and sends only the shard's all-reduce across; a checkpoint
 # written by both hosts resumes on 1 host and on 4; all ranks of one host
 # killed mid-step, and one host's link taken down mid-step, end every other
-# rank non-zero within the collective timeout. Needs root (exit 77 skips).
+# rank non-zero within the collective timeout. Needs root (skipped
+# otherwise). The runner starts this case again inside the hosts.
 if [ -z "${FSDP_NETNS_HOSTS:-}" ]; then
-  [ "$(id -u)" -eq 0 ] && command -v ip > /dev/null && command -v tc > /dev/null || {
-    echo "SKIP: multi-host needs root, ip and tc (iproute2)"; exit 77; }
-  exec "$(dirname "$0")/../../scripts/netns-hosts.sh" run 4 -- bash "$0" "$@"
+  [ "$(id -u)" -eq 0 ] && command -v ip > /dev/null && command -v tc > /dev/null ||
+    skip "needs root, ip and tc (iproute2) to make the hosts"
+  rm -rf "$work"
+  exec "$here/../../scripts/netns-hosts.sh" run 4 -- bash "$here/run.sh" "$build" multi-host
 fi
-source "$(dirname "$0")/lib.sh" "$@"
 netns="$here/../../scripts/netns-hosts.sh"
 
 read -ra netns_args <<< "$FSDP_NETNS_MPI_ARGS"
@@ -91,4 +91,3 @@ lose_host killed kill
 lose_host unplugged link
 grep -q "collective watchdog: .* did not complete within 10 s" "$work/unplugged.out" ||
   { cat "$work/unplugged.out"; fail "the watchdog did not name the collective when the link went down"; }
-pass

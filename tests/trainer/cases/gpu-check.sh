@@ -1,4 +1,3 @@
-#!/usr/bin/env bash
 # scripts/gpu_check.sh's own logic, without a GPU: sourced, its checks run
 # with FSDP_GPU_CHECK_DEVICE=cpu on the tiny shape and write the JSON lines
 # a GPU machine's run is read by. The GPU machine is lent rarely and briefly,
@@ -33,7 +32,6 @@
 #   - every benchmark and offload line carries its figures as numbers, and
 #     the ratios to FSDP2 and to no offload where both sides have them (a
 #     CPU has no device peak: those ratios are null here).
-source "$(dirname "$0")/lib.sh" "$@"
 real_python="${FSDP_PYTHON:-$here/../../.venv/bin/python}"
 # The first LibTorch's run of scripts/test.sh comes before the wheel's .venv
 # exists: the env line needs only Python's json, which python3 has.
@@ -303,4 +301,3 @@ save_logs
 tar -tzf "$work/gpu_logs.tar.gz" | grep -qx './more.log' || fail "a whole write did not replace gpu_logs.tar.gz"
 [ ! -e "$work/gpu_logs.partial.tar.gz" ] || fail "the temporary file was left after a whole write"
 echo "ok: the archive is written to a temporary file and renamed; a failed or killed write leaves the last one"
-pass

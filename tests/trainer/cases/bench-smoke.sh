@@ -1,11 +1,9 @@
-#!/usr/bin/env bash
 # The benchmark suite end to end on tiny: every variant runs once, and for
 # each the planner's model state equals the measured (results.jsonl, the
 # trainer's summaries); the table has a row for each. With PyTorch at hand
 # (the wheel's .venv, or FSDP_PYTHON), its peers run too: the same model,
 # data and initialization give the same losses as fsdp-train at the same W,
 # and every fsdp-cpp row gets its ratios to PyTorch DDP and FSDP2.
-source "$(dirname "$0")/lib.sh" "$@"
 
 ours="local no_shard no_shard_ac no_shard_bf16 zero1 shard_grad_op full_shard full_shard_noprefetch full_shard_ac
       full_shard_bf16 full_shard_lowmem no_shard_w4 full_shard_w4"
@@ -57,4 +55,3 @@ for v in $ours; do
     "$v: measured model state $(jq -sc "map(select(.variant == \"$v\"))[0].model_state_bytes" "$results"), planner $(jq -s "map(select(.variant == \"$v\"))[0].model_state_bytes_predicted" "$results")"
   grep -q "^$v " "$work/suite/table.txt" || fail "no row for $v in the table"
 done
-pass

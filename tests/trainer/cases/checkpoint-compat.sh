@@ -1,11 +1,9 @@
-#!/usr/bin/env bash
 # Checkpoints written by an earlier fsdp-cpp resume bit-exactly: the fixtures
 # in tests/fixtures/checkpoint-04d839d/ were saved at step 3 of 6 by commit
 # 04d839d (the trainer before it became a program over the library's
 # checkpoint manager); resuming them must give, to the last bit, the losses
 # of steps 4-6 that 04d839d itself gave resuming them with this LibTorch
 # (losses-libtorch-<version>.jsonl beside each fixture).
-source "$(dirname "$0")/lib.sh"
 fixtures="$here/../fixtures/checkpoint-04d839d"
 # The flags each fixture was trained with (its README says so too).
 declare -A flags=(
@@ -36,4 +34,3 @@ for fixture in sharded full; do
   diff "$expected" "$work/$fixture.losses" || fail "$fixture: the resumed losses differ from 04d839d's"
   echo "ok: $fixture checkpoint of 04d839d resumed; steps 4-6 equal its run's bit for bit (LibTorch $version, $(basename "$expected"))"
 done
-pass

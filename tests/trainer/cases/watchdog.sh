@@ -1,11 +1,9 @@
-#!/usr/bin/env bash
 # A rank that never makes a collective: the others' watchdog ends the job
 # within the timeout, naming the call (a probe program, the same program
 # letting the error unwind through the stuck group, then fsdp-train's
 # own --collective-timeout with a rank stopped by SIGSTOP mid-training). A
 # rank killed (kill -9) in the middle of training: the job ends non-zero,
 # soon. No rank process outlives its job.
-source "$(dirname "$0")/lib.sh" "$@"
 
 start=$(date +%s%N)
 expect_error "collective watchdog: all_reduce(Float, 4 elements per rank, sum) (call #0 of a group of 2 ranks" \
@@ -107,4 +105,3 @@ wait_job 30000
 echo "job ended with status $status ${elapsed_ms} ms after a rank was killed"
 [ "$status" -ne 0 ] || fail "the job exited 0 after a rank was killed"
 no_rank_left kill
-pass

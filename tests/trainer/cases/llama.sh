@@ -1,10 +1,8 @@
-#!/usr/bin/env bash
 # examples/llama.cpp, the user-written Llama trained through fsdp::TrainStep:
 # W ranks with batch B train the same model as 1 rank with batch W*B (also
 # with gradient accumulation), its parameters really are sharded, and the
 # loss goes down (the program itself exits non-zero unless its last loss is
 # below its first, so every run below checks that too).
-source "$(dirname "$0")/lib.sh" "$@"
 llama="$build/example-llama"
 steps=10
 
@@ -47,4 +45,3 @@ awk -v t="$total" -v h="$held" 'BEGIN { exit !(h >= t / 4 && h < t / 4 + 64) }' 
 echo "rank 0 of 4 holds $held of $total parameters; losses $first -> $last"
 
 expect_error "unknown option --bogus" "$run" -n 2 -- "$llama" --bogus 1
-pass

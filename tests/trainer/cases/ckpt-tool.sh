@@ -1,8 +1,6 @@
-#!/usr/bin/env bash
 # fsdp-ckpt inspects, verifies and converts without starting any rank; on a
 # checkpoint folder (--ckpt-dir) it lists the checkpoints, newest first,
 # complete or unfinished.
-source "$(dirname "$0")/lib.sh" "$@"
 ckpt="$build/fsdp-ckpt"
 
 # bytes_of OUTPUT TENSOR: the byte count inspect prints for a tensor.
@@ -91,4 +89,3 @@ out=$("$ckpt" inspect "$old") || fail "inspect of a checkpoint from before XXH3 
   { echo "$out"; fail "inspect does not show fnv1a64 for the 3 old shards and their metadata"; }
 "$ckpt" convert "$old" "$work/old.safetensors" >/dev/null && "$ckpt" verify "$work/old.safetensors" >/dev/null ||
   fail "a checkpoint from before XXH3 does not convert to a file that verifies"
-pass

@@ -1,7 +1,5 @@
-#!/usr/bin/env bash
 # What a user hit: a resume with nothing left to train, a checkpoint folder
 # without --ckpt-every, an error seen by every rank, and --sample.
-source "$(dirname "$0")/lib.sh" "$@"
 
 # --ckpt-dir alone saves after the last step.
 train_run first 2 --preset tiny --steps 4 --ckpt-dir "$work/ck"
@@ -45,4 +43,3 @@ cmp -s <(sed -n '/^== sample/,/^== summary/p' "$work/sample1.out") <(sed -n '/^=
 "$run" -n 2 -- "$train" --preset tiny --steps 2 --sample 30 --temperature 1.0 > "$work/sampled.out" 2>&1 || fail "sampling at temperature 1 failed"
 grep -qF "== sample (30 tokens, temperature 1, prompt included) ==" "$work/sampled.out" || { cat "$work/sampled.out"; fail "no sampled text"; }
 expect_error "--sample and --temperature must be >= 0" "$run" -n 2 -- "$train" --preset tiny --temperature -1
-pass

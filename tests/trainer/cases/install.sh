@@ -1,11 +1,9 @@
-#!/usr/bin/env bash
 # fsdp-cpp as an installed C++ library: `cmake --install` into a fresh
 # prefix gives the public headers (and no private ones), libfsdp, the tools
 # and the CMake package; a project outside the tree (examples/consumer) finds
 # it with find_package(fsdp_cpp), builds the Llama example against
 # fsdp::fsdp (one translation unit), and the result trains at W=2 exactly as
 # the in-tree build does.
-source "$(dirname "$0")/lib.sh" "$@"
 src="$(cd "$here/../.." && pwd)"
 prefix="$work/prefix"
 cache() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
@@ -71,4 +69,3 @@ echo "consumer llama at W=2: loss $first -> $last"
 "$prefix/bin/fsdp-run" -n 2 -- "$prefix/bin/fsdp-train" --preset tiny --steps 2 --log "$work/train.jsonl" > "$work/train.out" 2>&1 ||
   { cat "$work/train.out" >&2; fail "the installed fsdp-train failed"; }
 require_steps "$work/train.jsonl" 2
-pass

@@ -1,4 +1,3 @@
-#!/usr/bin/env bash
 # fsdp-plan --json against real runs: the model state to the byte, split
 # into parameters, gradients and optimizer state as the allocator counts
 # them; the peak within 8%, the README's figure (measured: within 5.6%, the
@@ -7,7 +6,6 @@
 # calibrated step-time estimate. Medium runs at batch 1 (two steps, the
 # second with the optimizer state and prefetch in place, in ~10 s); large is
 # not run.
-source "$(dirname "$0")/lib.sh" "$@"
 plan="$build/fsdp-plan"
 
 for cfg in "tiny 2 full_shard" "tiny 4 zero1" "small 2 no_shard" "small 2 full_shard --activation-checkpointing" \
@@ -115,4 +113,3 @@ expect_error "cannot use the folder '$work/nowhere'" "$run" -n 2 -- "$plan" cali
 expect_error "give --preset or --params" "$plan" --world 2
 expect_error "--offload must be none, cpu, nvme or nvme-optimizer" "$plan" --preset tiny --offload disk
 expect_error "cannot be combined with --offload cpu" "$plan" --preset tiny --offload cpu --budget 1e9
-pass

@@ -1,21 +1,24 @@
 #pragma once
-// Training checkpoints: the model's fp32 masters and the optimizer's state
-// (Adam, AdamW or SGD: see optimizer_state.h; the step count included), in
-// one of two formats, plus metadata.json (layout, the optimizer's type and
-// state names, every file's checksum, training position, its own checksum
-// and the checksum's algorithm: see checksum.h; checkpoints from before
-// XXH3 name none and stay loadable).
-//  - sharded: every shard in its own safetensors file, written by its rank
-//    at once; the fast path for large models.
-//  - full: the full state dict, gathered unit by unit and written by rank 0:
-//    model.safetensors (standard names, loadable by any safetensors reader)
-//    and optimizer.safetensors (optimizer_tensor_name()).
-// Either reloads on another world size and strategy: each rank reads only
-// the flat ranges its new shards cover.
-//
-// A checkpoint appears only complete: it is written into DIR/step-N.tmp,
-// every file flushed, and renamed to DIR/step-N by rank 0 once all are
-// whole. A crash mid-save leaves the previous checkpoint untouched.
+/// \file
+/// Training checkpoints: save, load, list, prune, convert.
+///
+/// Training checkpoints: the model's fp32 masters and the optimizer's state
+/// (Adam, AdamW or SGD: see optimizer_state.h; the step count included), in
+/// one of two formats, plus metadata.json (layout, the optimizer's type and
+/// state names, every file's checksum, training position, its own checksum
+/// and the checksum's algorithm: see checksum.h; checkpoints from before
+/// XXH3 name none and stay loadable).
+///  - sharded: every shard in its own safetensors file, written by its rank
+///    at once; the fast path for large models.
+///  - full: the full state dict, gathered unit by unit and written by rank 0:
+///    model.safetensors (standard names, loadable by any safetensors reader)
+///    and optimizer.safetensors (optimizer_tensor_name()).
+/// Either reloads on another world size and strategy: each rank reads only
+/// the flat ranges its new shards cover.
+///
+/// A checkpoint appears only complete: it is written into DIR/step-N.tmp,
+/// every file flushed, and renamed to DIR/step-N by rank 0 once all are
+/// whole. A crash mid-save leaves the previous checkpoint untouched.
 
 #include <torch/torch.h>
 
@@ -29,74 +32,77 @@
 
 namespace fsdp {
 
-// The two layouts of a checkpoint's tensors (see above).
+/// The two layouts of a checkpoint's tensors (see fsdp/checkpoint.h).
 enum class CheckpointFormat {
-  kSharded,  // every shard in its own file, written by its rank
-  kFull,     // model.safetensors and optimizer.safetensors, written by rank 0
+  kSharded,  ///< every shard in its own file, written by its rank
+  kFull,     ///< model.safetensors and optimizer.safetensors, written by rank 0
 };
-std::string checkpoint_format_name(CheckpointFormat format);      // "sharded", "full"
-CheckpointFormat parse_checkpoint_format(const std::string& name);  // throws listing the choices
+std::string checkpoint_format_name(CheckpointFormat format);      ///< "sharded", "full"
+CheckpointFormat parse_checkpoint_format(const std::string& name);  ///< throws listing the choices
 
-// What metadata.json's "extra" holds beside the tensors: by key, each value
-// as JSON text (e.g. {"loss_scale": "65536.0", "data": "{\"seed\":0}"}).
-// The checkpoint manager (checkpoint_manager.h) fills it from objects that
-// save their own state.
+/// What metadata.json's "extra" holds beside the tensors: by key, each value
+/// as JSON text (for example `{"loss_scale": "65536.0", "data": "{\"seed\":0}"}`).
+/// The checkpoint manager (checkpoint_manager.h) fills it from objects that
+/// save their own state.
 using CheckpointExtra = std::map<std::string, std::string>;
 
-// What a checkpoint records besides its tensors.
+/// What a checkpoint records besides its tensors.
 struct CheckpointInfo {
-  std::string path;                                     // the checkpoint's directory
-  CheckpointFormat format = CheckpointFormat::kSharded;  // its layout
-  int64_t step = 0;                                     // the training step it was saved after
-  int64_t world_size = 0;                               // the ranks that saved it
-  std::string strategy;                                 // their sharding strategy's name
-  std::string optimizer_type;                           // OptimizerState::type() of the saved optimizer
-  CheckpointExtra extra;                                // metadata.json's "extra", key by key
+  std::string path;                                     ///< the checkpoint's directory
+  CheckpointFormat format = CheckpointFormat::kSharded;  ///< its layout
+  int64_t step = 0;                                     ///< the training step it was saved after
+  int64_t world_size = 0;                               ///< the ranks that saved it
+  std::string strategy;                                 ///< their sharding strategy's name
+  std::string optimizer_type;                           ///< OptimizerState::type() of the saved optimizer
+  CheckpointExtra extra;                                ///< metadata.json's "extra", key by key
 };
 
-// Collective. Writes DIR/step-<step> and returns its path. `extra` is kept
-// in the metadata (each value must be valid JSON text; e.g. the trainer's
-// configuration and loss scale). The optimizer must be one OptimizerState
-// accepts, over state.parameters().
+/// Collective. Writes `DIR/step-<step>` and returns its path. `extra` is kept
+/// in the metadata (each value must be valid JSON text; e.g. the trainer's
+/// configuration and loss scale). The optimizer must be one OptimizerState
+/// accepts, over state.parameters().
 std::string save_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& dir, int64_t step,
                             const CheckpointExtra& extra = {}, CheckpointFormat format = CheckpointFormat::kSharded);
 
-// Collective. Loads a checkpoint of either format, on any world size and
-// strategy, after verifying every file's checksum and contents, that the
-// model's units and parameters match, and that the optimizer keeps the state
-// that was saved. Returns its metadata. Each data file's bytes are verified
-// by one rank (the ranks in parallel); a corrupt file stops every rank with
-// the same message, before any state is changed.
+/// Collective. Loads a checkpoint of either format, on any world size and
+/// strategy, after verifying every file's checksum and contents, that the
+/// model's units and parameters match, and that the optimizer keeps the state
+/// that was saved. Returns its metadata. Each data file's bytes are verified
+/// by one rank (the ranks in parallel); a corrupt file stops every rank with
+/// the same message, before any state is changed.
 CheckpointInfo load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& path);
 
-// A saved checkpoint, opened without any process group: its metadata, every
-// file checked on opening (present, listed with its checksum, exactly the
-// tensors the layout describes, and its bytes matching its checksum), and
-// any range of a unit's saved flat state ("param", or one of the optimizer's
-// state tensors, e.g. "exp_avg").
 struct CheckpointMetadata;  // metadata.json parsed: the library's own (src/state_dict/checkpoint_json.h)
+/// A saved checkpoint, opened without any process group: its metadata, every
+/// file checked on opening (present, listed with its checksum, exactly the
+/// tensors the layout describes, and its bytes matching its checksum), and
+/// any range of a unit's saved flat state ("param", or one of the optimizer's
+/// state tensors, such as "exp_avg").
 class SavedCheckpoint {
  public:
-  // kEveryFile reads every data file in full to verify its checksum (the
-  // files in parallel, one thread each, up to the machine's cores);
-  // kHeadersOnly leaves that to verify_file(), for callers that share the
-  // reading out (load_checkpoint: one rank per file).
-  enum class Verify { kEveryFile, kHeadersOnly };
-  // Throws naming the problem file and tensor.
+  /// How much opening a checkpoint reads.
+  enum class Verify {
+    kEveryFile,   ///< reads every data file in full to verify its checksum (the
+                  ///< files in parallel, one thread each, up to the machine's cores)
+    kHeadersOnly  ///< leaves that to verify_file(), for callers that share the
+                  ///< reading out (load_checkpoint: one rank per file)
+  };
+  /// Opens the checkpoint in `path`, verifying as `verify` says. Throws naming
+  /// the problem file and tensor.
   explicit SavedCheckpoint(const std::string& path, Verify verify = Verify::kEveryFile);
   ~SavedCheckpoint();
-  // The step, world size, strategy, optimizer and extra it records.
+  /// The step, world size, strategy, optimizer and extra it records.
   const CheckpointInfo& info() const { return info_; }
-  // metadata.json in full, parsed (its fields: src/state_dict/checkpoint_json.h).
+  /// metadata.json in full, parsed (its fields: src/state_dict/checkpoint_json.h).
   const CheckpointMetadata& metadata() const { return *metadata_; }
-  // The checkpoint's layout.
+  /// The checkpoint's layout.
   CheckpointFormat format() const { return format_; }
-  // The data files, in the layout's order (shard-0, shard-1, ...; or model, optimizer).
+  /// The data files, in the layout's order (shard-0, shard-1, ...; or model, optimizer).
   const std::vector<std::string>& file_names() const { return file_names_; }
-  // Reads a data file in full; throws "'file' is corrupt: ..." unless its
-  // bytes match its checksum.
+  /// Reads a data file in full; throws "'file' is corrupt: ..." unless its
+  /// bytes match its checksum.
   void verify_file(const std::string& name) const;
-  // Copies elements [from, to) of unit `unit`'s flat `what` into `out`.
+  /// Copies elements [from, to) of unit `unit`'s flat `what` into `out`.
   void read_range(size_t unit, const std::string& what, int64_t from, int64_t to, const torch::Tensor& out) const;
 
  private:
@@ -109,33 +115,33 @@ class SavedCheckpoint {
   void verify_files_in_parallel() const;
 };
 
-// Offline: the fp32 weights of a checkpoint (either format) as one
-// safetensors file under the model's parameter names, one unit in memory at a time.
+/// Offline: the fp32 weights of a checkpoint (either format) as one
+/// safetensors file under the model's parameter names, one unit in memory at a time.
 void convert_to_full(const std::string& checkpoint, const std::string& output);
 
-// The newest complete checkpoint under dir ("" if there is none).
+/// The newest complete checkpoint under dir ("" if there is none).
 std::string latest_checkpoint(const std::string& dir);
 
-// One DIR/step-N (or DIR/step-N.tmp) of a checkpoint folder.
+/// One DIR/step-N (or DIR/step-N.tmp) of a checkpoint folder.
 struct CheckpointEntry {
-  std::string path;
-  int64_t step = -1;
-  // step-N with a metadata.json that parses, names a known format and
-  // matches its own checksum (the data files are not read: SavedCheckpoint
-  // verifies those).
+  std::string path;  ///< the directory
+  int64_t step = -1;  ///< N, from the directory's name
+  /// step-N with a metadata.json that parses, names a known format and
+  /// matches its own checksum (the data files are not read: SavedCheckpoint
+  /// verifies those).
   bool complete = false;
-  CheckpointFormat format = CheckpointFormat::kSharded;  // when complete
-  CheckpointInfo info;                                   // when complete
-  std::shared_ptr<const CheckpointMetadata> metadata;    // when complete: metadata.json parsed
-  std::string problem;                                   // why not complete
+  CheckpointFormat format = CheckpointFormat::kSharded;  ///< when complete
+  CheckpointInfo info;                                   ///< when complete
+  std::shared_ptr<const CheckpointMetadata> metadata;    ///< when complete: metadata.json parsed
+  std::string problem;                                   ///< why not complete
 };
 
-// Every step-N and step-N.tmp directory under dir, newest step first (at
-// equal steps the complete one first); empty if dir holds none.
+/// Every step-N and step-N.tmp directory under dir, newest step first (at
+/// equal steps the complete one first); empty if dir holds none.
 std::vector<CheckpointEntry> list_checkpoints(const std::string& dir);
 
-// Removes all but the newest `keep` complete checkpoints and any unfinished
-// ones older than the newest complete (call on one rank).
+/// Removes all but the newest `keep` complete checkpoints and any unfinished
+/// ones older than the newest complete (call on one rank).
 void prune_checkpoints(const std::string& dir, int keep);
 
 }  // namespace fsdp

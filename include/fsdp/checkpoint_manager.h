@@ -1,19 +1,24 @@
 #pragma once
-// The checkpoint manager: when to save (every K steps and after the last),
-// how many to keep (the newest N complete ones), and resuming from the
-// newest complete one, over a model, its optimizer and a set of objects
-// that save and load their own state (torchtitan's checkpointer). The
-// objects' states go into metadata.json's "extra", each under its key; on
-// resume each object checks what was saved against itself and refuses a
-// mismatch, naming both.
-//
-//   fsdp::CheckpointManager checkpoints(model.state(), optimizer,
-//                                       fsdp::CheckpointManagerOptions("ckpt").every(100));
-//   fsdp::LrScheduleState schedule_state(schedule);
-//   checkpoints.add("lr_schedule", schedule_state);
-//   fsdp::check_folder_shared("ckpt", world);
-//   if (auto resumed = checkpoints.resume()) first_step = resumed->info.step;
-//   ... after each step: if (checkpoints.due(step + 1, steps)) checkpoints.save(step + 1);
+/// \file
+/// CheckpointManager: interval, keep-N, resume over stateful objects.
+///
+/// The checkpoint manager: when to save (every K steps and after the last),
+/// how many to keep (the newest N complete ones), and resuming from the
+/// newest complete one, over a model, its optimizer and a set of objects
+/// that save and load their own state (torchtitan's checkpointer). The
+/// objects' states go into metadata.json's "extra", each under its key; on
+/// resume each object checks what was saved against itself and refuses a
+/// mismatch, naming both.
+///
+/// \code{.cpp}
+/// fsdp::CheckpointManager checkpoints(model.state(), optimizer,
+///                                     fsdp::CheckpointManagerOptions("ckpt").every(100));
+/// fsdp::LrScheduleState schedule_state(schedule);
+/// checkpoints.add("lr_schedule", schedule_state);
+/// fsdp::check_folder_shared("ckpt", world);
+/// if (auto resumed = checkpoints.resume()) first_step = resumed->info.step;
+/// ... after each step: if (checkpoints.due(step + 1, steps)) checkpoints.save(step + 1);
+/// \endcode
 
 #include <torch/torch.h>
 
@@ -31,48 +36,48 @@
 
 namespace fsdp {
 
-// An object that saves and loads its own part of a checkpoint, as JSON text.
+/// An object that saves and loads its own part of a checkpoint, as JSON text.
 class Stateful {
  public:
   virtual ~Stateful() = default;
-  // The state to save, as JSON text.
+  /// The state to save, as JSON text.
   virtual std::string state_json() const = 0;
-  // Takes the saved state (nullopt: the checkpoint holds none under this
-  // object's key, e.g. one written before it was recorded). Throws, naming
-  // the saved and the current value, when the saved state cannot continue
-  // this run; `checkpoint` is the checkpoint's path, for the message.
+  /// Takes the saved state (nullopt: the checkpoint holds none under this
+  /// object's key, as one written before it was recorded). Throws, naming
+  /// the saved and the current value, when the saved state cannot continue
+  /// this run; `checkpoint` is the checkpoint's path, for the message.
   virtual void load_state_json(const std::optional<std::string>& saved, const std::string& checkpoint) = 0;
 };
 
-// A value kept for the record (a configuration's description, a setting):
-// saved, and not checked on resume.
+/// A value kept for the record (a configuration's description, a setting):
+/// saved, and not checked on resume.
 class RecordedValue : public Stateful {
  public:
-  // The value as JSON text.
+  /// The value as JSON text.
   explicit RecordedValue(std::string json_text) : json_(std::move(json_text)) {}
-  // A string, recorded as a JSON string.
+  /// A string, recorded as a JSON string.
   static RecordedValue text(const std::string& value);
-  // A number, recorded as a JSON number.
+  /// A number, recorded as a JSON number.
   static RecordedValue number(double value);
-  // The value.
+  /// The value.
   std::string state_json() const override { return json_; }
-  // Accepts any saved value: a record, not a requirement.
+  /// Accepts any saved value: a record, not a requirement.
   void load_state_json(const std::optional<std::string>&, const std::string&) override {}
 
  private:
   std::string json_;
 };
 
-// The learning-rate schedule: a resume must continue the same one (a
-// cosine's length is part of it). A checkpoint without one is taken as it is.
+/// The learning-rate schedule: a resume must continue the same one (a
+/// cosine's length is part of it). A checkpoint without one is taken as it is.
 class LrScheduleState : public Stateful {
  public:
-  // `remedy` ends the refusal's message (e.g. which options to pass).
+  /// `remedy` ends the refusal's message (e.g. which options to pass).
   explicit LrScheduleState(const LrSchedule& schedule, std::string remedy = "")
       : schedule_(schedule), remedy_(std::move(remedy)) {}
-  // {"kind", "lr", "warmup_steps", "min_lr", "total_steps"}.
+  /// {"kind", "lr", "warmup_steps", "min_lr", "total_steps"}.
   std::string state_json() const override;
-  // Refuses a schedule that gives some step another learning rate (LrSchedule::same_as).
+  /// Refuses a schedule that gives some step another learning rate (LrSchedule::same_as).
   void load_state_json(const std::optional<std::string>& saved, const std::string& checkpoint) override;
 
  private:
@@ -80,17 +85,17 @@ class LrScheduleState : public Stateful {
   std::string remedy_;
 };
 
-// The data order (order, seed, validation fraction): a resume in another
-// would silently continue with other batches. A checkpoint without one is
-// taken as it is.
+/// The data order (order, seed, validation fraction): a resume in another
+/// would silently continue with other batches. A checkpoint without one is
+/// taken as it is.
 class DataOrderState : public Stateful {
  public:
-  // `remedy` ends the refusal's message (e.g. which options to pass).
+  /// `remedy` ends the refusal's message (e.g. which options to pass).
   explicit DataOrderState(const models::TokenDataOptions& options, std::string remedy = "")
       : options_(options), remedy_(std::move(remedy)) {}
-  // {"order", "seed", "val_fraction"}.
+  /// {"order", "seed", "val_fraction"}.
   std::string state_json() const override;
-  // Refuses any other order, seed or validation fraction.
+  /// Refuses any other order, seed or validation fraction.
   void load_state_json(const std::optional<std::string>& saved, const std::string& checkpoint) override;
 
  private:
@@ -98,73 +103,73 @@ class DataOrderState : public Stateful {
   std::string remedy_;
 };
 
-// The loss scaler's scale factor: saved, and restored on resume (a
-// checkpoint without one leaves the scaler's own).
+/// The loss scaler's scale factor: saved, and restored on resume (a
+/// checkpoint without one leaves the scaler's own).
 class LossScaleState : public Stateful {
  public:
-  // Over the step's scaler (it must outlive this object).
+  /// Over the step's scaler (it must outlive this object).
   explicit LossScaleState(GradScaler& scaler) : scaler_(scaler) {}
-  // The scale factor, a number.
+  /// The scale factor, a number.
   std::string state_json() const override;
-  // Sets the saved scale factor (refusing one that is not a positive number).
+  /// Sets the saved scale factor (refusing one that is not a positive number).
   void load_state_json(const std::optional<std::string>& saved, const std::string& checkpoint) override;
 
  private:
   GradScaler& scaler_;
 };
 
-// Where and how often the manager saves.
+/// Where and how often the manager saves.
 struct CheckpointManagerOptions {
-  // `dir`: the folder of the step-N checkpoints.
+  /// `dir`: the folder of the step-N checkpoints.
   explicit CheckpointManagerOptions(std::string dir) : dir_(std::move(dir)) {}
-  // The folder of the step-N checkpoints.
+  /// The folder of the step-N checkpoints.
   TORCH_ARG(std::string, dir);
-  // Save every K steps (0: only after the last step).
+  /// Save every K steps (0: only after the last step).
   TORCH_ARG(int64_t, every) = 0;
-  // Keep the newest N complete checkpoints (at least 1).
+  /// Keep the newest N complete checkpoints (at least 1).
   TORCH_ARG(int, keep) = 2;
-  // The layout of the tensors.
+  /// The layout of the tensors.
   TORCH_ARG(CheckpointFormat, format) = CheckpointFormat::kSharded;
-  // The group whose barrier ends a save and a resume (null: the model's
-  // group). A GPU run sharded over NCCL passes its MPI world, so that the
-  // wait stays on the host instead of queueing a device collective.
+  /// The group whose barrier ends a save and a resume (null: the model's
+  /// group). A GPU run sharded over NCCL passes its MPI world, so that the
+  /// wait stays on the host instead of queueing a device collective.
   TORCH_ARG(ProcessGroupPtr, barrier_group) = nullptr;
 };
 
-// One save: where it went, and what it cost.
+/// One save: where it went, and what it cost.
 struct CheckpointSave {
-  std::string path;            // DIR/step-N
-  double seconds = 0.0;        // writing and publishing
-  int64_t peak_extra_bytes = 0;  // this rank's tensor memory peak above its live bytes while saving
+  std::string path;            ///< DIR/step-N
+  double seconds = 0.0;        ///< writing and publishing
+  int64_t peak_extra_bytes = 0;  ///< this rank's tensor memory peak above its live bytes while saving
 };
 
-// One resume: what was loaded, and how long it took.
+/// One resume: what was loaded, and how long it took.
 struct CheckpointResume {
-  CheckpointInfo info;   // the checkpoint's step, world size, strategy, extra
-  double seconds = 0.0;  // loading (every rank done)
+  CheckpointInfo info;   ///< the checkpoint's step, world size, strategy, extra
+  double seconds = 0.0;  ///< loading (every rank done)
 };
 
-// Saves, prunes and resumes the checkpoints of one run. Every method is
-// collective over the model's ranks.
+/// Saves, prunes and resumes the checkpoints of one run. Every method is
+/// collective over the model's ranks.
 class CheckpointManager {
  public:
-  // Over a sharded model's state and the optimizer of its shards (both must
-  // outlive the manager).
+  /// Over a sharded model's state and the optimizer of its shards (both must
+  /// outlive the manager).
   CheckpointManager(FsdpState& state, torch::optim::Optimizer& optimizer, CheckpointManagerOptions options);
-  // Adds an object whose state is saved under `key` of the metadata's
-  // extra; it must outlive the manager. Keys are checked in the order added.
+  /// Adds an object whose state is saved under `key` of the metadata's
+  /// extra; it must outlive the manager. Keys are checked in the order added.
   void add(const std::string& key, Stateful& object);
-  // Whether a checkpoint is due after `completed_steps` of `total_steps`:
-  // every `every` steps, and after the last.
+  /// Whether a checkpoint is due after `completed_steps` of `total_steps`:
+  /// every `every` steps, and after the last.
   bool due(int64_t completed_steps, int64_t total_steps) const;
-  // Saves DIR/step-<completed_steps> with every object's state, then keeps
-  // the newest `keep` complete checkpoints.
+  /// Saves `DIR/step-<completed_steps>` with every object's state, then keeps
+  /// the newest `keep` complete checkpoints.
   CheckpointSave save(int64_t completed_steps);
-  // Loads the newest complete checkpoint into the model and optimizer, then
-  // hands each object its saved state (each may refuse it); nullopt when the
-  // folder holds none.
+  /// Loads the newest complete checkpoint into the model and optimizer, then
+  /// hands each object its saved state (each may refuse it); nullopt when the
+  /// folder holds none.
   std::optional<CheckpointResume> resume();
-  // Where and how often it saves.
+  /// Where and how often it saves.
   const CheckpointManagerOptions& options() const { return options_; }
 
  private:
@@ -178,9 +183,9 @@ class CheckpointManager {
   std::vector<std::pair<std::string, Stateful*>> objects_;
 };
 
-// Collective over `world`: every rank must see the files the others write in
-// `dir`, or a checkpoint would be split across machines: rank 0 writes a
-// probe there, every rank reads it back. Throws naming the ranks that cannot.
+/// Collective over `world`: every rank must see the files the others write in
+/// `dir`, or a checkpoint would be split across machines: rank 0 writes a
+/// probe there, every rank reads it back. Throws naming the ranks that cannot.
 void check_folder_shared(const std::string& dir, const ProcessGroupPtr& world);
 
 }  // namespace fsdp

@@ -1,8 +1,11 @@
 #pragma once
-// Sharded evaluation: the mean loss over E held-out sequences, split over
-// the W ranks (rank r takes sequences r * E/W ... (r + 1) * E/W - 1, in
-// forwards of at most a batch), so that every rank runs the same number of
-// forwards (the units' all-gathers) and the result is the mean over all E.
+/// \file
+/// Sharded evaluation: the mean loss over held-out sequences.
+///
+/// Sharded evaluation: the mean loss over E held-out sequences, split over
+/// the W ranks (rank r takes sequences r * E/W ... (r + 1) * E/W - 1, in
+/// forwards of at most a batch), so that every rank runs the same number of
+/// forwards (the units' all-gathers) and the result is the mean over all E.
 
 #include <torch/torch.h>
 
@@ -14,26 +17,26 @@
 
 namespace fsdp {
 
-// The model's mean loss over the rows of `inputs`, predicting `targets`
-// (for fsdp::models::GPT: model.forward(inputs, targets)).
+/// The model's mean loss over the rows of `inputs`, predicting `targets`
+/// (for fsdp::models::GPT: model.forward(inputs, targets)).
 using SequenceLoss = std::function<torch::Tensor(const torch::Tensor& inputs, const torch::Tensor& targets)>;
 
-// How many held-out sequences, in forwards of how many, on which device.
+/// How many held-out sequences, in forwards of how many, on which device.
 struct EvaluationOptions {
-  // E: a positive multiple of the world size.
+  /// E: a positive multiple of the world size.
   TORCH_ARG(int64_t, sequences) = 64;
-  // The most sequences a rank puts through one forward.
+  /// The most sequences a rank puts through one forward.
   TORCH_ARG(int64_t, batch) = 1;
-  // Where the model computes (the sequences are moved there).
+  /// Where the model computes (the sequences are moved there).
   TORCH_ARG(c10::Device, device) = c10::Device(c10::kCPU);
 };
 
-// The default E: 64 rounded up to a multiple of the world size.
+/// The default E: 64 rounded up to a multiple of the world size.
 int64_t default_evaluation_sequences(int world_size);
 
-// Collective over `world` (and the model's units): the mean of `loss` over
-// the first E validation sequences of `data`, without gradients. `state` is
-// the sharded model's (checked idle afterwards: every unit resharded).
+/// Collective over `world` (and the model's units): the mean of `loss` over
+/// the first E validation sequences of `data`, without gradients. `state` is
+/// the sharded model's (checked idle afterwards: every unit resharded).
 double evaluate_loss(FsdpState& state, const SequenceLoss& loss, const models::TokenData& data,
                      const ProcessGroupPtr& world, const EvaluationOptions& options);
 

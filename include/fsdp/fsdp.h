@@ -1,19 +1,62 @@
 #pragma once
-// fsdp-cpp: fully sharded data parallel training for the LibTorch C++
-// frontend. The one header a user includes:
-//
-//   #include <fsdp/fsdp.h>
-//
-//   fsdp::MpiEnvironment mpi(&argc, &argv);
-//   auto model = fsdp::fully_shard(MyModel(...), mpi.world(),
-//       fsdp::FullyShardOptions().wrap_policy(fsdp::module_type_policy<BlockImpl>()));
-//   fsdp::FusedAdamW optimizer(model.parameters(), torch::optim::AdamWOptions(3e-4));
-//   fsdp::TrainStep step(model, optimizer, fsdp::TrainStepOptions().clip_grad_norm(1.0));
-//   for (...) step([&](int64_t micro) { return model.forward(x, y); });
-//
-// Every header below is installed and is the library's public API; the
-// engine's own (flat parameters, the offload stores, kernels, LibTorch
-// version shims) live in src/ and are not installed.
+/// \file
+/// The umbrella header: the one header a user includes (every fsdp-cpp header below).
+///
+/// Every header it includes is installed and is the library's public API; the
+/// engine's own (flat parameters, the offload stores, kernels, LibTorch
+/// version shims) live in src/ and are not installed.
+
+/// \mainpage fsdp-cpp: fully sharded data parallel training for LibTorch's C++ frontend
+///
+/// fsdp-cpp trains a `torch::nn::Module` written in C++ whose parameters,
+/// gradients and optimizer state do not fit on one device, as PyTorch's FSDP
+/// and DeepSpeed's ZeRO do in Python: each rank keeps a shard of every unit
+/// and gathers a unit's parameters only while it computes. MPI carries the
+/// collectives on CPUs and across hosts, NCCL on NVIDIA GPUs.
+///
+/// \code{.cpp}
+/// #include <fsdp/fsdp.h>
+///
+/// fsdp::MpiEnvironment mpi(&argc, &argv);
+/// auto model = fsdp::fully_shard(MyModel(...), mpi.world(),
+///     fsdp::FullyShardOptions().wrap_policy(fsdp::module_type_policy<BlockImpl>()));
+/// fsdp::FusedAdamW optimizer(model.parameters(), torch::optim::AdamWOptions(3e-4));
+/// fsdp::TrainStep step(model, optimizer, fsdp::TrainStepOptions().clip_grad_norm(1.0));
+/// for (...) step([&](int64_t micro) { return model.forward(x, y); });
+/// \endcode
+///
+/// Where to start:
+/// - \ref fsdp::fully_shard "fully_shard()" shards a model over a process group
+///   (\ref fsdp::MpiEnvironment, \ref fsdp::make_nccl_process_group); \ref fsdp::FullyShardOptions
+///   chooses the strategy (\ref fsdp::ShardingStrategy), mixed precision, prefetch and offload,
+///   and \ref fsdp::unit_forward marks the unit boundaries in the model.
+/// - \ref fsdp::TrainStep runs one optimizer step: gradient accumulation, loss scaling,
+///   clipping (\ref fsdp::TrainStepOptions).
+/// - State dicts under the model's own names: \ref fsdp::full_state_dict,
+///   \ref fsdp::sharded_state_dict and their loaders (fsdp/state_dict.h).
+/// - Checkpoints: \ref fsdp::save_checkpoint and \ref fsdp::load_checkpoint (any world size and
+///   strategy), \ref fsdp::CheckpointManager (interval, keep-N, resume with stateful objects).
+/// - Memory: \ref fsdp::choose_strategy and \ref fsdp::estimate_step_peak plan it,
+///   fsdp/memory.h counts it.
+///
+/// The Files page lists each header with what it is for.
+
+/// \namespace fsdp
+/// The library's public API: sharding, the training step, state dicts,
+/// checkpoints, process groups and the planner.
+/// \namespace fsdp::models
+/// The reference GPT of shared/spec/gpt.md and its token data.
+/// \namespace fsdp::memory
+/// Exact tensor-memory accounting by category, the host block cache, and
+/// deferred initialization.
+/// \namespace fsdp::checksum
+/// The checksums our files carry (XXH3-64; FNV-1a 64 for reading old files).
+/// \namespace fsdp::safetensors
+/// safetensors files, read with every offset checked and written as streams.
+/// \namespace fsdp::offload
+/// Disk offload's options and its read-only view (the machinery is in src/offload).
+/// \namespace fsdp::trace
+/// Chrome/Perfetto traces of units, collectives and the caller's own spans.
 
 #include "fsdp/checkpoint.h"     // training checkpoints: save, load, list, prune, convert
 #include "fsdp/checkpoint_manager.h"  // CheckpointManager: interval, keep-N, resume over stateful objects

@@ -1,16 +1,21 @@
 #pragma once
-// fully_shard(): sharded data parallelism (ZeRO-1/2/3, DDP, hybrid) for a
-// torch::nn::Module; FULL_SHARD (ZeRO-3) by default.
-//
-//   auto model = fsdp::fully_shard(MyModel(...), group,
-//       fsdp::FullyShardOptions().wrap_policy(fsdp::module_type_policy<BlockImpl>()));
-//   torch::optim::AdamW optimizer(model.parameters(), ...);   // the local shards
-//   auto loss = model.forward(x, y);  loss.backward();  optimizer.step();
-//
-// Unit boundaries are marked in the model by calling a submodule through
-// fsdp::unit_forward(block, args...) instead of block->forward(args...): one
-// line per boundary. The wrap policy decides which boundaries become units;
-// for the others unit_forward is a plain call.
+/// \file
+/// Sharding a model: fully_shard(), unit_forward() and UnshardScope.
+///
+/// fully_shard(): sharded data parallelism (ZeRO-1/2/3, DDP, hybrid) for a
+/// torch::nn::Module; FULL_SHARD (ZeRO-3) by default.
+///
+/// \code{.cpp}
+/// auto model = fsdp::fully_shard(MyModel(...), group,
+///     fsdp::FullyShardOptions().wrap_policy(fsdp::module_type_policy<BlockImpl>()));
+/// torch::optim::AdamW optimizer(model.parameters(), ...);   // the local shards
+/// auto loss = model.forward(x, y);  loss.backward();  optimizer.step();
+/// \endcode
+///
+/// Unit boundaries are marked in the model by calling a submodule through
+/// fsdp::unit_forward(block, args...) instead of block->forward(args...): one
+/// line per boundary. The wrap policy decides which boundaries become units;
+/// for the others unit_forward is a plain call.
 
 #include <torch/arg.h>
 #include <torch/torch.h>
@@ -42,58 +47,68 @@ namespace detail {
 class UnitForwardScope;
 }
 
-// Everything fully_shard() attaches to a model: its units and their hooks.
-// What a user calls is public; the engine's autograd-driven hooks are not.
+/// Everything fully_shard() attaches to a model: its units and their hooks.
+/// What a user calls is public; the engine's autograd-driven hooks are not.
 class FsdpState {
  public:
+  /// What fully_shard() makes (call that instead): plans the units of
+  /// `module` by options.wrap_policy(), shards each over `group` (collective).
   FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr group, FullyShardOptions options);
   ~FsdpState();
   FsdpState(const FsdpState&) = delete;
   FsdpState& operator=(const FsdpState&) = delete;
 
-  // The local shards, one leaf per unit: hand these to the optimizer.
+  /// The local shards, one leaf per unit: hand these to the optimizer.
   std::vector<torch::Tensor> parameters() const;
-  // The units, root first (opaque outside the library).
+  /// The units, root first (opaque outside the library).
   const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
+  /// How many units fully_shard() made (the root included).
   size_t num_units() const { return units_.size(); }
-  // What the disk offload (FullyShardOptions::nvme_offload) is and has
-  // moved so far, or nothing without one.
+  /// What the disk offload (FullyShardOptions::nvme_offload) is and has
+  /// moved so far, or nothing without one.
   std::optional<offload::NvmeOffloadInfo> nvme_offload() const;
-  // Where the units' shards live between uses, and the device context with
-  // the streams they cross on (opaque outside the library).
+  /// Where the units' shards live between uses, and the device context with
+  /// the streams they cross on (opaque outside the library).
   offload::ShardOffload& offload() const { return *offload_; }
+  /// \copydoc offload()
   const DeviceContext& device_context() const { return *device_context_; }
-  // Whether the units' gathers run ahead of the compute on the shard group's
-  // gather stream (a device, no offload: src/core/gather_order.h). Such a
-  // run holds one resharded unit's buffer more than the prefetch limit says
-  // (as FSDP2 holds the previous all-gather's output).
+  /// Whether the units' gathers run ahead of the compute on the shard group's
+  /// gather stream (a device, no offload: src/core/gather_order.h). Such a
+  /// run holds one resharded unit's buffer more than the prefetch limit says
+  /// (as FSDP2 holds the previous all-gather's output).
   bool gathers_run_ahead() const { return gather_order_ != nullptr; }
-  // The group fully_shard() was given (every rank of the model).
+  /// The group fully_shard() was given (every rank of the model).
   const ProcessGroupPtr& group() const { return group_; }
+  /// The options fully_shard() was given.
   const FullyShardOptions& options() const { return options_; }
-  // Where the units compute (FullyShardOptions::device, else the parameters').
+  /// Where the units compute (FullyShardOptions::device, else the parameters').
   c10::Device device() const { return device_; }
+  /// The sharded model (its parameters are views into the gathered buffers).
   torch::nn::Module& module() const { return *module_; }
-  // The groups the units communicate over (not the caller's group, so that
-  // their traffic is counted apart): null where the strategy has none.
+  /// The groups the units communicate over (not the caller's group, so that
+  /// their traffic is counted apart): null where the strategy has none.
   const ProcessGroupPtr& shard_group() const { return shard_group_; }
+  /// \copydoc shard_group()
   const ProcessGroupPtr& replicate_group() const { return replicate_group_; }
-  // Bytes moved by the units' collectives, per kind, over both groups.
+  /// Bytes moved by the units' collectives, per kind, over both groups.
   CommStats comm_stats() const;
+  /// Zeroes comm_stats() (both groups' counters).
   void reset_comm_stats();
 
-  // With sync off, backward leaves each parameter's gradient unreduced in
-  // its .grad, accumulating over micro-steps (PyTorch's no_sync); the next
-  // backward with sync on reduces the sum.
+  /// With sync off, backward leaves each parameter's gradient unreduced in
+  /// its .grad, accumulating over micro-steps (PyTorch's no_sync); the next
+  /// backward with sync on reduces the sum.
   void set_requires_gradient_sync(bool sync) { requires_gradient_sync_ = sync; }
+  /// Whether backward reduces the gradients (set_requires_gradient_sync()).
   bool requires_gradient_sync() const { return requires_gradient_sync_; }
-  // Throws unless every unit is at rest and no reduction is in flight (the
-  // state between steps).
+  /// Throws unless every unit is at rest and no reduction is in flight (the
+  /// state between steps).
   void check_idle() const;
 
-  // Diagnostics of the all-gather limiter: the most prefetched units that
-  // were waiting unused at once, since the last reset.
+  /// Diagnostics of the all-gather limiter: the most prefetched units that
+  /// were waiting unused at once, since the last reset.
   int max_prefetched_unused() const { return max_prefetched_unused_; }
+  /// Starts a new window for max_prefetched_unused().
   void reset_prefetch_stats() { max_prefetched_unused_ = 0; }
 
  private:
@@ -172,16 +187,19 @@ class FsdpState {
   std::unique_ptr<offload::ShardOffload> offload_;
 };
 
-// Gathers every unit's whole parameters for the scope's life (PyTorch's
-// summon_full_params, FSDP2's unshard()): to evaluate or generate with them,
-// read them, or call the model's modules directly. Collective on entry and
-// on exit; the model must be between steps. The parameters are in the param
-// dtype. A forward inside the scope keeps them; a backward is refused. With
-// writeback (fp32 params only), changes made to the parameters in the scope
-// are copied into the shards on exit; without, they are discarded.
-//   { fsdp::UnshardScope whole(model.state());  auto logits = model->logits(idx); }
+/// Gathers every unit's whole parameters for the scope's life (PyTorch's
+/// summon_full_params, FSDP2's unshard()): to evaluate or generate with them,
+/// read them, or call the model's modules directly. Collective on entry and
+/// on exit; the model must be between steps. The parameters are in the param
+/// dtype. A forward inside the scope keeps them; a backward is refused. With
+/// writeback (fp32 params only), changes made to the parameters in the scope
+/// are copied into the shards on exit; without, they are discarded.
+/// \code{.cpp}
+/// { fsdp::UnshardScope whole(model.state());  auto logits = model->logits(idx); }
+/// \endcode
 class UnshardScope {
  public:
+  /// Gathers every unit of `state` (collective); `writeback`: see the class.
   explicit UnshardScope(FsdpState& state, bool writeback = false);
   ~UnshardScope();
   UnshardScope(const UnshardScope&) = delete;
@@ -245,9 +263,9 @@ auto& module_ref(M& module) {
 
 }  // namespace detail
 
-// Calls module.forward(args...) as a unit boundary: if the module is a unit,
-// its parameters are gathered for the call and freed after it, and its
-// backward gathers them again and reduce-scatters their gradients.
+/// Calls module.forward(args...) as a unit boundary: if the module is a unit,
+/// its parameters are gathered for the call and freed after it, and its
+/// backward gathers them again and reduce-scatters their gradients.
 template <class M, class... Args>
 auto unit_forward(M&& module, Args&&... args) {
   auto& m = detail::module_ref(module);
@@ -268,13 +286,17 @@ auto unit_forward(M&& module, Args&&... args) {
   return output;
 }
 
-// The handle fully_shard() returns: forward goes through the root unit.
+/// The handle fully_shard() returns: forward goes through the root unit.
 template <class M>
 class FullyShardedModule {
  public:
+  /// What fully_shard() returns: `module` and the state that shards it.
   FullyShardedModule(std::shared_ptr<M> module, std::shared_ptr<FsdpState> state)
       : module_(std::move(module)), state_(std::move(state)) {}
 
+  /// The model's forward through the root unit (see unit_forward). A shape
+  /// error is rethrown naming the units the forward called directly instead
+  /// of through unit_forward (their parameters were still sharded).
   template <class... Args>
   auto forward(Args&&... args) {
     try {
@@ -283,14 +305,21 @@ class FullyShardedModule {
       state_->rethrow_forward_error(error);
     }
   }
+  /// forward(), as LibTorch's modules are called.
   template <class... Args>
   auto operator()(Args&&... args) {
     return forward(std::forward<Args>(args)...);
   }
+  /// The model's own members. A direct call of its modules' forward skips the unit
+  /// boundaries: make it inside an UnshardScope.
   M* operator->() const { return module_.get(); }
+  /// The model itself.
   M& module() const { return *module_; }
+  /// The model's shared pointer.
   const std::shared_ptr<M>& ptr() const { return module_; }
+  /// The local shards, one leaf per unit: hand these to the optimizer (FsdpState::parameters).
   std::vector<torch::Tensor> parameters() const { return state_->parameters(); }
+  /// The sharding state: what TrainStep, checkpoints and state dicts take.
   FsdpState& state() const { return *state_; }
 
  private:
@@ -298,14 +327,16 @@ class FullyShardedModule {
   std::shared_ptr<FsdpState> state_;
 };
 
-// Shards `module` over `group`. Every rank must pass a model with the same
-// structure and the same initial values (e.g. built from the same seed).
+/// Shards `module` over `group`. Every rank must pass a model with the same
+/// structure and the same initial values (e.g. built from the same seed).
 template <class M>
 FullyShardedModule<M> fully_shard(std::shared_ptr<M> module, ProcessGroupPtr group,
                                   FullyShardOptions options = FullyShardOptions()) {
   auto state = std::make_shared<FsdpState>(module, std::move(group), std::move(options));
   return FullyShardedModule<M>(std::move(module), std::move(state));
 }
+/// \copydoc fully_shard(std::shared_ptr<M>, ProcessGroupPtr, FullyShardOptions)
+/// A module holder (a class TORCH_MODULE declares) shards the module it holds.
 template <class Impl>
 FullyShardedModule<Impl> fully_shard(torch::nn::ModuleHolder<Impl> holder, ProcessGroupPtr group,
                                      FullyShardOptions options = FullyShardOptions()) {

@@ -1,6 +1,7 @@
 #pragma once
-// The reference GPT of shared/spec/gpt.md: a GPT-2-style pre-LayerNorm
-// decoder with learned positions and an lm head tied to the token embedding.
+/// \file
+/// The reference GPT of shared/spec/gpt.md: a GPT-2-style pre-LayerNorm
+/// decoder with learned positions and an lm head tied to the token embedding.
 
 #include <torch/torch.h>
 
@@ -8,92 +9,130 @@
 
 namespace fsdp::models {
 
+/// The model's dimensions and the per-rank batch (the presets: shared/spec/gpt.md).
 struct GPTConfig {
-  int64_t vocab = 256;
-  int64_t context = 32;
-  int64_t layers = 2;
-  int64_t heads = 4;
-  int64_t width = 64;
-  int64_t batch = 4;  // per rank
+  int64_t vocab = 256;  ///< token ids 0 ... vocab - 1
+  int64_t context = 32;  ///< T: tokens per sequence (learned positions)
+  int64_t layers = 2;  ///< transformer blocks
+  int64_t heads = 4;  ///< attention heads (width must be a multiple)
+  int64_t width = 64;  ///< the embedding width C
+  int64_t batch = 4;  ///< per rank
 
-  // "tiny", "small", "medium", "large" (shared/spec/gpt.md's table) or "xl"
-  // (1.48 B parameters: vocab 256, context 1024, 48 layers, 25 heads, width
-  // 1600, batch 1); throws for anything else.
+  /// "tiny", "small", "medium", "large" (shared/spec/gpt.md's table) or "xl"
+  /// (1.48 B parameters: vocab 256, context 1024, 48 layers, 25 heads, width
+  /// 1600, batch 1); throws for anything else.
   static GPTConfig preset(const std::string& name);
+  /// Throws, naming the dimensions, unless all are positive and width is a multiple of heads.
   void validate() const;
+  /// "vocab 256, context 32, layers 2, heads 4, width 64, batch 4".
   std::string describe() const;
 };
 
+/// Causal multi-head self-attention (GPT-2's names: c_attn, c_proj).
 class AttentionImpl : public torch::nn::Module {
  public:
+  /// Registers the projections for `config`'s width.
   explicit AttentionImpl(const GPTConfig& config);
+  /// [B, T, C] -> [B, T, C], each position attending to itself and the ones before.
   torch::Tensor forward(const torch::Tensor& x);
+  /// The query, key and value projection (C -> 3C) and the output projection (C -> C).
+  ///@{
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  ///@}
 
  private:
   int64_t heads_;
 };
+/// The module holder of AttentionImpl.
 TORCH_MODULE(Attention);
 
+/// The block's 4x MLP with GELU (GPT-2's names: c_fc, c_proj).
 class MLPImpl : public torch::nn::Module {
  public:
+  /// Registers the layers for `config`'s width.
   explicit MLPImpl(const GPTConfig& config);
+  /// [B, T, C] -> [B, T, C].
   torch::Tensor forward(const torch::Tensor& x);
+  /// C -> 4C and 4C -> C.
+  ///@{
   torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  ///@}
 };
+/// The module holder of MLPImpl.
 TORCH_MODULE(MLP);
 
-// One transformer block: the natural FSDP unit.
+/// One transformer block: the natural FSDP unit.
 class BlockImpl : public torch::nn::Module {
  public:
+  /// Registers the norms, the attention and the MLP for `config`.
   explicit BlockImpl(const GPTConfig& config);
+  /// Pre-norm residual: x + attn(ln_1(x)), then + mlp(ln_2(.)).
   torch::Tensor forward(const torch::Tensor& x);
+  /// The norms before the attention and before the MLP.
+  ///@{
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
-  Attention attn{nullptr};
-  MLP mlp{nullptr};
+  ///@}
+  Attention attn{nullptr};  ///< the self-attention
+  MLP mlp{nullptr};  ///< the MLP
 };
+/// The module holder of BlockImpl.
 TORCH_MODULE(Block);
 
+/// The model's body under GPT-2's names: embeddings, blocks, final norm
+/// (GPTImpl runs it; it has no forward of its own).
 class TransformerImpl : public torch::nn::Module {
  public:
+  /// Registers the embeddings, `config.layers` blocks and the final norm.
   explicit TransformerImpl(const GPTConfig& config);
+  /// The token embedding (vocab x C; the lm head's weight too) and the position embedding (context x C).
+  ///@{
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
-  torch::nn::ModuleList h{nullptr};
-  torch::nn::LayerNorm ln_f{nullptr};
+  ///@}
+  torch::nn::ModuleList h{nullptr};  ///< the blocks (Block), in order
+  torch::nn::LayerNorm ln_f{nullptr};  ///< the final norm
 };
+/// The module holder of TransformerImpl.
 TORCH_MODULE(Transformer);
 
-// logits = x @ weight^T, with `weight` registered as the very tensor it is
-// tied to (the token embedding), so that both names are one parameter.
+/// logits = x @ weight^T, with `weight` registered as the very tensor it is
+/// tied to (the token embedding), so that both names are one parameter.
 class TiedLMHeadImpl : public torch::nn::Module {
  public:
+  /// Registers `tied_weight` itself (not a copy) as "weight".
   explicit TiedLMHeadImpl(const torch::Tensor& tied_weight);
+  /// x @ weight^T: [B, T, C] -> [B, T, vocab].
   torch::Tensor forward(const torch::Tensor& x);
-  torch::Tensor weight;
+  torch::Tensor weight;  ///< the token embedding's weight
 };
+/// The module holder of TiedLMHeadImpl.
 TORCH_MODULE(TiedLMHead);
 
+/// The whole model: transformer and the tied lm head.
 class GPTImpl : public torch::nn::Module {
  public:
+  /// Validates `config` and registers the modules (initialize with init_weights()).
   explicit GPTImpl(const GPTConfig& config);
-  // Mean cross-entropy of next-token prediction; idx and targets are [B, T] int64.
+  /// Mean cross-entropy of next-token prediction; idx and targets are [B, T] int64.
   torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets);
+  /// The next-token logits of [B, T] int64 idx: [B, T, vocab].
   torch::Tensor logits(const torch::Tensor& idx);
-  // The spec's seeded initialization; the same for every world size.
+  /// The spec's seeded initialization; the same for every world size.
   void init_weights(uint64_t seed);
-  // One parameter's initial values, drawn from the global RNG: init_weights
-  // seeds it and calls this for every parameter in named order; sharded
-  // initialization (FullyShardOptions::param_init_fn) calls it the same way.
+  /// One parameter's initial values, drawn from the global RNG: init_weights
+  /// seeds it and calls this for every parameter in named order; sharded
+  /// initialization (FullyShardOptions::param_init_fn) calls it the same way.
   void init_parameter(const std::string& name, torch::Tensor& param) const;
+  /// The dimensions it was built with.
   const GPTConfig& config() const { return config_; }
-  int64_t num_parameters() const;  // tied weights counted once
+  int64_t num_parameters() const;  ///< tied weights counted once
 
-  Transformer transformer{nullptr};
-  TiedLMHead lm_head{nullptr};  // its weight IS transformer.wte.weight
+  Transformer transformer{nullptr};  ///< embeddings, blocks and the final norm
+  TiedLMHead lm_head{nullptr};  ///< its weight IS transformer.wte.weight
 
  private:
   GPTConfig config_;
 };
+/// The module holder of GPTImpl: what fully_shard() takes.
 TORCH_MODULE(GPT);
 
 }  // namespace fsdp::models

@@ -1,9 +1,12 @@
 #pragma once
-// Host-memory planning and the preflight: what a run needs per rank in host
-// memory by the planner (memory_plan.h), against what the host can still
-// give, so that a run that cannot fit is refused before anything is
-// allocated, with the planner's figures and the settings that would fit,
-// instead of an out-of-memory kill minutes later.
+/// \file
+/// Host-memory planning and the preflight.
+///
+/// Host-memory planning and the preflight: what a run needs per rank in host
+/// memory by the planner (memory_plan.h), against what the host can still
+/// give, so that a run that cannot fit is refused before anything is
+/// allocated, with the planner's figures and the settings that would fit,
+/// instead of an out-of-memory kill minutes later.
 
 #include <cstdint>
 #include <string>
@@ -13,64 +16,64 @@
 
 namespace fsdp {
 
-// The memory this host can still give (bytes): /proc/meminfo's MemAvailable,
-// or less under a cgroup v2 limit (memory.max - memory.current). The
-// environment variable FSDP_PREFLIGHT_AVAILABLE_BYTES overrides (to check
-// the preflight itself).
+/// The memory this host can still give (bytes): /proc/meminfo's MemAvailable,
+/// or less under a cgroup v2 limit (memory.max - memory.current). The
+/// environment variable FSDP_PREFLIGHT_AVAILABLE_BYTES overrides (to check
+/// the preflight itself).
 int64_t host_memory_available();
 
-// The ranks of this host: mpirun's OMPI_COMM_WORLD_LOCAL_SIZE, else all of
-// `world_size`.
+/// The ranks of this host: mpirun's OMPI_COMM_WORLD_LOCAL_SIZE, else all of
+/// `world_size`.
 int ranks_on_this_host(int world_size);
 
-// Bytes as MiB with two decimals ("642.60 MiB"), as the tools print memory.
+/// Bytes as MiB with two decimals ("642.60 MiB"), as the tools print memory.
 std::string format_mib(int64_t bytes);
 
-// The run the host memory is planned for (what does not change between the
-// variants the preflight offers).
+/// The run the host memory is planned for (what does not change between the
+/// variants the preflight offers).
 struct HostMemoryRun {
-  TransformerShape shape;  // its sublayer_units is taken from HostMemorySettings
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;  // the run's
-  int world = 1;           // ranks in all
-  int ranks_here = 1;      // ranks on this host (ranks_on_this_host)
-  int ranks_per_node = 0;  // hybrid strategies' node size (0: this host's ranks, as fully_shard's split)
-  MixedPrecision mixed_precision;  // the run's dtypes
-  bool prefetch = true;      // forward or backward prefetch on
-  int64_t micro_steps = 1;   // gradient accumulation
+  TransformerShape shape;  ///< its sublayer_units is taken from HostMemorySettings
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;  ///< the run's
+  int world = 1;           ///< ranks in all
+  int ranks_here = 1;      ///< ranks on this host (ranks_on_this_host)
+  int ranks_per_node = 0;  ///< hybrid strategies' node size (0: this host's ranks, as fully_shard's split)
+  MixedPrecision mixed_precision;  ///< the run's dtypes
+  bool prefetch = true;      ///< forward or backward prefetch on
+  int64_t micro_steps = 1;   ///< gradient accumulation
 };
 
-// The settings that change a rank's host memory.
+/// The settings that change a rank's host memory.
 struct HostMemorySettings {
-  bool activation_checkpointing = false;  // recompute blocks in backward
-  bool sublayer_units = false;            // a unit per attention and per MLP
-  bool sharded_init = false;              // no whole model built on every rank first
-  bool nvme_optimizer = false;            // optimizer state offloaded to disk
-  bool nvme_params = false;               // parameter shards offloaded to disk
+  bool activation_checkpointing = false;  ///< recompute blocks in backward
+  bool sublayer_units = false;            ///< a unit per attention and per MLP
+  bool sharded_init = false;              ///< no whole model built on every rank first
+  bool nvme_optimizer = false;            ///< optimizer state offloaded to disk
+  bool nvme_params = false;               ///< parameter shards offloaded to disk
 };
 
-// LibTorch's, MPI's and the data's own memory per rank, beside the tensors
-// (measured 180-250 MiB).
+/// LibTorch's, MPI's and the data's own memory per rank, beside the tensors
+/// (measured 180-250 MiB).
 constexpr int64_t kHostRuntimeBytes = int64_t{256} << 20;
 
-// Per rank: the planner's step peak (with disk offload also the host block
-// cache's limit, reserved bytes that RSS shows), or, without sharded
-// initialization, the whole model each rank builds first and flattens,
-// whichever is larger; plus kHostRuntimeBytes.
+/// Per rank: the planner's step peak (with disk offload also the host block
+/// cache's limit, reserved bytes that RSS shows), or, without sharded
+/// initialization, the whole model each rank builds first and flattens,
+/// whichever is larger; plus kHostRuntimeBytes.
 int64_t host_memory_needed(const HostMemoryRun& run, const HostMemorySettings& settings);
 
-// A change of settings the preflight offers, named by fsdp-train's options.
+/// A change of settings the preflight offers, named by fsdp-train's options.
 struct HostMemoryVariant {
-  std::string flags;  // e.g. "--sharded-init --activation-checkpointing"
-  HostMemorySettings settings;  // the run's settings with that change applied
+  std::string flags;  ///< e.g. `--sharded-init --activation-checkpointing`
+  HostMemorySettings settings;  ///< the run's settings with that change applied
 };
-// The variants offered for `settings`, from the least change on (the disk
-// offload of parameters only where the strategy shards them, and for fp32
-// parameters unless the optimizer state goes to disk too).
+/// The variants offered for `settings`, from the least change on (the disk
+/// offload of parameters only where the strategy shards them, and for fp32
+/// parameters unless the optimizer state goes to disk too).
 std::vector<HostMemoryVariant> host_memory_variants(const HostMemoryRun& run, const HostMemorySettings& settings);
 
-// The preflight: returns host_memory_needed per rank when it fits `available`
-// bytes for the ranks of this host, else throws saying what the run needs,
-// what the host has and what each variant would need.
+/// The preflight: returns host_memory_needed per rank when it fits `available`
+/// bytes for the ranks of this host, else throws saying what the run needs,
+/// what the host has and what each variant would need.
 int64_t preflight_host_memory(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t available);
 
 }  // namespace fsdp

@@ -1,6 +1,7 @@
 #pragma once
-// What each strategy keeps per rank, computed from the units' sizes alone:
-// the figures a run measures with the counting allocator, to the byte.
+/// \file
+/// What each strategy keeps per rank, computed from the units' sizes alone:
+/// the figures a run measures with the counting allocator, to the byte.
 
 #include <cstdint>
 #include <string>
@@ -10,165 +11,185 @@
 
 namespace fsdp {
 
+/// The model state a strategy keeps per rank, in bytes (estimate_model_state).
 struct ModelStateBytes {
-  int64_t params = 0;     // parameter shards (replicated strategies: the full copies)
-  int64_t grads = 0;      // gradient shards (no_shard, zero1: the full reduced gradient)
-  int64_t optimizer = 0;  // optimizer state
-  // The most gathered (unsharded) parameters held at once during a step, on
-  // top of the above: every unit for shard_grad_op (kept from forward to
-  // backward), the root and one other unit for full_shard (no prefetch),
-  // nothing for no_shard and zero1 (already counted in params).
+  int64_t params = 0;     ///< parameter shards (replicated strategies: the full copies)
+  int64_t grads = 0;      ///< gradient shards (no_shard, zero1: the full reduced gradient)
+  int64_t optimizer = 0;  ///< optimizer state
+  /// The most gathered (unsharded) parameters held at once during a step, on
+  /// top of the above: every unit for shard_grad_op (kept from forward to
+  /// backward), the root and one other unit for full_shard (no prefetch),
+  /// nothing for no_shard and zero1 (already counted in params).
   int64_t gathered_peak = 0;
+  /// params + grads + optimizer: the state at rest.
   int64_t total() const { return params + grads + optimizer; }
+  /// total() + gathered_peak: what a memory budget is compared with.
   int64_t total_with_gathered() const { return total() + gathered_peak; }
 };
 
-// The shard group size of a strategy: 1 (no_shard), the world (zero1,
-// shard_grad_op, full_shard) or the ranks per node (hybrid).
+/// The shard group size of a strategy: 1 (no_shard), the world (zero1,
+/// shard_grad_op, full_shard) or the ranks per node (hybrid).
 int shard_group_size(ShardingStrategy strategy, int world, int ranks_per_node);
 
-// Per rank, at rest between steps, for units of the given element counts
-// (the root unit first, as plan_units lists them); optimizer_bytes_per_element
-// is 8 for Adam (two fp32 moments).
-//   every unit of N elements is padded to Np = ceil(N / K) * K, S = Np / K;
-//   no_shard:  params 4N (+ p N low-precision copy), grads 4N, optimizer 8N
-//   zero1:     params 4Np (fp32) or p Np + 4S, grads 4Np, optimizer 8S
-//   others:    params 4S, grads 4S, optimizer 8S
-// (p = bytes of the param dtype; the fp32 master shard is always kept).
+/// Per rank, at rest between steps, for units of the given element counts
+/// (the root unit first, as plan_units lists them); optimizer_bytes_per_element
+/// is 8 for Adam (two fp32 moments).
+/// \code{.unparsed}
+///   every unit of N elements is padded to Np = ceil(N / K) * K, S = Np / K;
+///   no_shard:  params 4N (+ p N low-precision copy), grads 4N, optimizer 8N
+///   zero1:     params 4Np (fp32) or p Np + 4S, grads 4Np, optimizer 8S
+///   others:    params 4S, grads 4S, optimizer 8S
+/// \endcode
+/// (p = bytes of the param dtype; the fp32 master shard is always kept).
 ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                      int ranks_per_node, const MixedPrecision& mixed_precision,
                                      int64_t optimizer_bytes_per_element = 8);
 
-// Bytes each collective kind moves per rank in one step (as the
-// communicator counts them: a gather's full output, a reduction's full
-// input), for units of the given element counts.
+/// Bytes each collective kind moves per rank in one step (as the
+/// communicator counts them: a gather's full output, a reduction's full
+/// input), for units of the given element counts.
 struct CommBytes {
-  int64_t all_gather = 0;
-  int64_t reduce_scatter = 0;
-  int64_t all_reduce = 0;
+  int64_t all_gather = 0;      ///< parameters gathered (twice a step where resharded after forward)
+  int64_t reduce_scatter = 0;  ///< gradients reduced into shards
+  int64_t all_reduce = 0;      ///< gradients reduced whole (no_shard, zero1), or across nodes (hybrid)
+  /// Bytes over every kind.
   int64_t total() const { return all_gather + reduce_scatter + all_reduce; }
 };
+/// The bytes one step moves per rank, by collective kind (see CommBytes);
+/// the arguments as estimate_model_state's.
 CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                  int ranks_per_node, const MixedPrecision& mixed_precision);
 
-// Choosing a strategy for a per-rank memory budget: the one rule that
-// fsdp-train --strategy auto --memory-budget and fsdp-plan --budget share.
-//
-// The budget covers the per-rank model state (parameters, gradients and
-// AdamW state, as estimate_model_state counts them) plus the parameters the
-// strategy holds gathered at its peak (gathered_peak: every unit for
-// shard_grad_op, the root and the largest other unit for full_shard). These
-// are exact for any model from its units' sizes alone; activations and
-// backward's transient buffers depend on the batch and come on top (see
-// estimate_step_peak).
-//
-// Candidates are tried from least to most communication, and the first that
-// fits is chosen: no_shard (one all-reduce of the gradients), zero1 (the
-// all-reduce and an all-gather of the updated parameters), shard_grad_op
-// (an all-gather and a reduce-scatter per unit), full_shard (a second
-// all-gather in backward). Over several nodes (0 < ranks_per_node < world)
-// each hybrid variant comes before its world-sharded counterpart, since its
-// gathers and reductions stay inside a node and only the shard crosses
-// nodes: no_shard, zero1, hybrid_shard_zero2, shard_grad_op, hybrid_shard,
-// full_shard.
+/// Choosing a strategy for a per-rank memory budget: the one rule that
+/// `fsdp-train --strategy auto --memory-budget` and `fsdp-plan --budget` share.
+///
+/// The budget covers the per-rank model state (parameters, gradients and
+/// AdamW state, as estimate_model_state counts them) plus the parameters the
+/// strategy holds gathered at its peak (gathered_peak: every unit for
+/// shard_grad_op, the root and the largest other unit for full_shard). These
+/// are exact for any model from its units' sizes alone; activations and
+/// backward's transient buffers depend on the batch and come on top (see
+/// estimate_step_peak).
+///
+/// Candidates are tried from least to most communication, and the first that
+/// fits is chosen: no_shard (one all-reduce of the gradients), zero1 (the
+/// all-reduce and an all-gather of the updated parameters), shard_grad_op
+/// (an all-gather and a reduce-scatter per unit), full_shard (a second
+/// all-gather in backward). Over several nodes (0 < ranks_per_node < world)
+/// each hybrid variant comes before its world-sharded counterpart, since its
+/// gathers and reductions stay inside a node and only the shard crosses
+/// nodes: no_shard, zero1, hybrid_shard_zero2, shard_grad_op, hybrid_shard,
+/// full_shard.
 struct StrategyCandidate {
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;
-  ModelStateBytes state;
-  CommBytes comm;
-  int64_t needed() const { return state.total_with_gathered(); }  // what the budget is compared with
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;  ///< the strategy tried
+  ModelStateBytes state;  ///< its model state and gathered peak per rank
+  CommBytes comm;         ///< its bytes per step per rank
+  /// What the budget is compared with: state.total_with_gathered().
+  int64_t needed() const { return state.total_with_gathered(); }
 };
 
-// Every candidate for the world and nodes, in the order tried, with its figures.
+/// Every candidate for the world and nodes, in the order tried, with its figures.
 std::vector<StrategyCandidate> strategy_candidates(const std::vector<int64_t>& unit_numels, int world,
                                                    int ranks_per_node, const MixedPrecision& mixed_precision);
 
+/// What choose_strategy() chose, and why.
 struct StrategyChoice {
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;
-  int64_t budget = 0;
-  std::vector<StrategyCandidate> candidates;  // all of them, in the order tried
-  // One line for people, the same wherever it is printed: the choice, the
-  // rule, and every candidate's need.
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;  ///< the first candidate that fits
+  int64_t budget = 0;  ///< the budget it was chosen for (bytes per rank)
+  std::vector<StrategyCandidate> candidates;  ///< all of them, in the order tried
+  /// One line for people, the same wherever it is printed: the choice, the
+  /// rule, and every candidate's need.
   std::string reason;
 };
 
-// The first candidate whose needed() is at most `budget` bytes; throws
-// naming the budget and every candidate's need when none fits.
+/// The first candidate whose needed() is at most `budget` bytes; throws
+/// naming the budget and every candidate's need when none fits.
 StrategyChoice choose_strategy(const std::vector<int64_t>& unit_numels, int world, int ranks_per_node,
                                const MixedPrecision& mixed_precision, int64_t budget);
 
-// The host block cache's limit that fully_shard sets (FullyShardOptions::
-// cache_host_blocks): six of the largest unit's fp32 buffers, three with disk
-// offload (a run sized against memory, where the cache's reserved bytes are
-// counted: the trainer's preflight adds them). Without the cache, glibc keeps
-// freed shard-sized buffers in its heap and RSS grows far past the live bytes
-// (xl at W = 4 with offload: 5.9 GB a rank against 2.7 GB with it).
+/// The host block cache's limit that fully_shard sets (FullyShardOptions::
+/// cache_host_blocks): six of the largest unit's fp32 buffers, three with disk
+/// offload (a run sized against memory, where the cache's reserved bytes are
+/// counted: the trainer's preflight adds them). Without the cache, glibc keeps
+/// freed shard-sized buffers in its heap and RSS grows far past the live bytes
+/// (xl at W = 4 with offload: 5.9 GB a rank against 2.7 GB with it).
 int64_t host_block_cache_limit(int64_t largest_padded_unit_numel, bool nvme_offload);
 
-// A decoder-only transformer as shared/spec/gpt.md builds it (pre-norm
-// blocks, a 4x MLP, materialized attention scores, a tied head), and the
-// per-rank batch.
+/// A decoder-only transformer as shared/spec/gpt.md builds it (pre-norm
+/// blocks, a 4x MLP, materialized attention scores, a tied head), and the
+/// per-rank batch.
 struct TransformerShape {
+  /// The model's dimensions (as GPTConfig's) and the per-rank batch.
+  ///@{
   int64_t vocab = 0, context = 0, layers = 0, heads = 0, width = 0, batch = 0;
-  // One unit per attention and one per MLP instead of one per block (the
-  // trainer's --wrap sublayer); the norms then belong to the root.
+  ///@}
+  /// One unit per attention and one per MLP instead of one per block (the
+  /// trainer's `--wrap sublayer`); the norms then belong to the root.
   bool sublayer_units = false;
-  // The units fully_shard makes: the root (the embeddings and the final
-  // norm) first, then each block's (or attention's and MLP's).
+  /// The units fully_shard makes: the root (the embeddings and the final
+  /// norm) first, then each block's (or attention's and MLP's).
   std::vector<int64_t> unit_numels() const;
 };
 
-// The peak tensor bytes of one training step, per rank, by category: the
-// model state at rest, the gathered parameters, the activations autograd
-// keeps (all of them at the start of backward), and what backward adds on
-// top at its peak: the loss's gradients (2 M V fp32) at its start, or a
-// unit's gradient buffers once its own activations are freed. Within a few percent of what the counting
-// allocator measures for the presets (tests/trainer/planner.sh).
+/// The peak tensor bytes of one training step, per rank, by category: the
+/// model state at rest, the gathered parameters, the activations autograd
+/// keeps (all of them at the start of backward), and what backward adds on
+/// top at its peak: the loss's gradients (2 M V fp32) at its start, or a
+/// unit's gradient buffers once its own activations are freed. Within a few
+/// percent of what the counting allocator measures for the presets (tests/trainer/planner.sh).
 struct StepPeak {
-  ModelStateBytes state;
-  int64_t gathered = 0;
-  int64_t activations = 0;
-  int64_t backward_transient = 0;
+  ModelStateBytes state;           ///< the model state at rest
+  int64_t gathered = 0;            ///< the gathered parameters held at the peak
+  int64_t activations = 0;         ///< what autograd keeps, all of it at the start of backward
+  int64_t backward_transient = 0;  ///< what backward adds at its peak
+  /// The step's peak: the sum of the above.
   int64_t total() const { return state.total() + gathered + activations + backward_transient; }
 };
-// `unit_numels` overrides shape.unit_numels() (a model of another
-// parameter count with the same block structure; the blocks equal).
+/// `unit_numels` overrides shape.unit_numels() (a model of another
+/// parameter count with the same block structure; the blocks equal).
 StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy strategy, int world, int ranks_per_node,
                             const MixedPrecision& mixed_precision, bool prefetch, bool activation_checkpointing,
                             const std::vector<int64_t>& unit_numels = {});
 
-// Disk offload (FullyShardOptions::nvme_offload), per rank: what leaves
-// memory, what the scratch file holds, and one step's disk traffic, from the
-// units' sizes alone (S = a unit's shard, p = the param dtype's bytes):
-//   optimizer_state  moments 8S on disk; with p < 4 also the master 4S, a pS
-//                    copy staying for the gathers
-//   params           fp32: the master 4S on disk; otherwise the pS copy
-//   per step         optimizer state: read and written once (the step);
-//                    parameters: read at every gather (two a micro-step for
-//                    full_shard and hybrid_shard, one for the zero2 kinds),
-//                    written once (after the step)
-// The step then holds up to three units' offloaded state (read, step, write)
-// and a gather up to two units' parameters (the one gathered, the next read
-// ahead): transient bytes on top of what stays.
+/// Disk offload (FullyShardOptions::nvme_offload), per rank: what leaves
+/// memory, what the scratch file holds, and one step's disk traffic, from the
+/// units' sizes alone (S = a unit's shard, p = the param dtype's bytes):
+/// \code{.unparsed}
+///   optimizer_state  moments 8S on disk; with p < 4 also the master 4S, a pS
+///                    copy staying for the gathers
+///   params           fp32: the master 4S on disk; otherwise the pS copy
+///   per step         optimizer state: read and written once (the step);
+///                    parameters: read at every gather (two a micro-step for
+///                    full_shard and hybrid_shard, one for the zero2 kinds),
+///                    written once (after the step)
+/// \endcode
+/// The step then holds up to three units' offloaded state (read, step, write)
+/// and a gather up to two units' parameters (the one gathered, the next read
+/// ahead): transient bytes on top of what stays.
 struct NvmeOffloadPlan {
-  ModelStateBytes resident;        // the model state that stays in memory between steps
-  int64_t offloaded = 0;           // the model state on disk (the slots' bytes)
-  int64_t file_bytes = 0;          // the scratch file: each slot rounded up to whole blocks
-  int64_t step_buffers = 0;        // in memory at the optimizer step's peak, on top of `resident`
-  int64_t gather_buffers = 0;      // in memory at a gather's peak (offloaded parameters), on top
+  ModelStateBytes resident;        ///< the model state that stays in memory between steps
+  int64_t offloaded = 0;           ///< the model state on disk (the slots' bytes)
+  int64_t file_bytes = 0;          ///< the scratch file: each slot rounded up to whole blocks
+  int64_t step_buffers = 0;        ///< in memory at the optimizer step's peak, on top of `resident`
+  int64_t gather_buffers = 0;      ///< in memory at a gather's peak (offloaded parameters), on top
+  /// Bytes one step reads from and writes to the scratch file.
+  ///@{
   int64_t read_per_step = 0, written_per_step = 0;
+  ///@}
+  /// Bytes read and written in one step.
   int64_t io_per_step() const { return read_per_step + written_per_step; }
-  // Seconds of disk I/O a step needs at these bandwidths (bytes/s), not
-  // counting what overlaps compute.
+  /// Seconds of disk I/O a step needs at these bandwidths (bytes/s), not
+  /// counting what overlaps compute.
   double io_seconds(double read_bandwidth, double write_bandwidth) const;
 };
-// `micro_steps`: gradient accumulation gathers (and so reads) the parameters
-// in every micro-step.
+/// `micro_steps`: gradient accumulation gathers (and so reads) the parameters
+/// in every micro-step.
 NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                       int ranks_per_node, const MixedPrecision& mixed_precision, bool optimizer_state,
                                       bool params, int64_t micro_steps = 1, int64_t block_bytes = int64_t{1} << 20);
-// The step's peak of host memory with disk offload: the in-memory peak less
-// what is offloaded, plus the larger of the gather's and the step's buffers
-// (the step runs after backward has freed the activations).
+/// The step's peak of host memory with disk offload: the in-memory peak less
+/// what is offloaded, plus the larger of the gather's and the step's buffers
+/// (the step runs after backward has freed the activations).
 int64_t peak_with_nvme_offload(const StepPeak& peak, const NvmeOffloadPlan& plan);
 
 }  // namespace fsdp

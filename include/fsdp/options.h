@@ -1,6 +1,7 @@
 #pragma once
-// What fully_shard() can be asked for: the sharding strategy, mixed
-// precision, and the wrap policy.
+/// \file
+/// What fully_shard() can be asked for: the sharding strategy, mixed
+/// precision, and the wrap policy.
 
 #include <torch/arg.h>
 #include <torch/types.h>
@@ -14,144 +15,162 @@
 
 namespace fsdp {
 
-// Who keeps what (per rank; W ranks, K ranks per node):
-//   kNoShard         params, grads, optimizer state replicated; one all-reduce of the gradients (DDP)
-//   kZero1           params and grads replicated (grads all-reduced), optimizer state sharded;
-//                    each rank steps its slice and the slices are all-gathered after the step
-//   kShardGradOp     ZeRO-2: params sharded at rest, unsharded from forward until after backward;
-//                    grads and optimizer state sharded
-//   kFullShard       ZeRO-3: params gathered on demand, before forward and again before backward
-//   kHybridShard     kFullShard inside a node (K ranks), replicated across nodes
-//   kHybridShardZero2  kShardGradOp inside a node, replicated across nodes
-enum class ShardingStrategy { kNoShard, kZero1, kShardGradOp, kFullShard, kHybridShard, kHybridShardZero2 };
+/// Who keeps what (per rank; W ranks, K ranks per node).
+enum class ShardingStrategy {
+  kNoShard,      ///< params, grads, optimizer state replicated; one all-reduce of the gradients (DDP)
+  kZero1,        ///< params and grads replicated (grads all-reduced), optimizer state sharded;
+                 ///< each rank steps its slice and the slices are all-gathered after the step
+  kShardGradOp,  ///< ZeRO-2: params sharded at rest, unsharded from forward until after backward;
+                 ///< grads and optimizer state sharded
+  kFullShard,    ///< ZeRO-3: params gathered on demand, before forward and again before backward
+  kHybridShard,  ///< kFullShard inside a node (K ranks), replicated across nodes
+  kHybridShardZero2  ///< kShardGradOp inside a node, replicated across nodes
+};
 
-// "no_shard", "zero1", "shard_grad_op", "full_shard", "hybrid_shard", "hybrid_shard_zero2".
+/// "no_shard", "zero1", "shard_grad_op", "full_shard", "hybrid_shard", "hybrid_shard_zero2".
 const char* strategy_name(ShardingStrategy strategy);
-ShardingStrategy parse_strategy(const std::string& name);  // throws, listing the names
+ShardingStrategy parse_strategy(const std::string& name);  ///< throws, listing the names
+/// Shards inside a node and replicates across nodes (hybrid_shard, hybrid_shard_zero2).
 bool is_hybrid(ShardingStrategy strategy);
-// Parameters stay unsharded between steps (no_shard, zero1).
+/// Parameters stay unsharded between steps (no_shard, zero1).
 bool keeps_params_unsharded(ShardingStrategy strategy);
-// Gradients are reduced into a full-size, replicated buffer (no_shard, zero1).
+/// Gradients are reduced into a full-size, replicated buffer (no_shard, zero1).
 bool keeps_full_gradients(ShardingStrategy strategy);
-// Parameters are freed after forward and gathered again for backward.
+/// Parameters are freed after forward and gathered again for backward.
 bool reshards_after_forward(ShardingStrategy strategy);
 
-// As PyTorch's MixedPrecision: the optimizer always steps fp32 master
-// shards; param_dtype is what is gathered and computed with (the shard is
-// cast before the all-gather, so bf16 halves the traffic); reduce_dtype is
-// what gradients are reduced in (default: param_dtype); buffer_dtype is what
-// module buffers are cast to (default: param_dtype).
+/// As PyTorch's MixedPrecision: the optimizer always steps fp32 master
+/// shards; param_dtype is what is gathered and computed with (the shard is
+/// cast before the all-gather, so bf16 halves the traffic); reduce_dtype is
+/// what gradients are reduced in (default: param_dtype); buffer_dtype is what
+/// module buffers are cast to (default: param_dtype).
 struct MixedPrecision {
   MixedPrecision() = default;
+  /// What gradients are reduced in: reduce_dtype, else param_dtype.
   torch::ScalarType effective_reduce_dtype() const { return reduce_dtype_.value_or(param_dtype_); }
+  /// What module buffers are cast to: buffer_dtype, else param_dtype.
   torch::ScalarType effective_buffer_dtype() const { return buffer_dtype_.value_or(param_dtype_); }
 
+  /// What parameters are gathered and computed in (fp32 by default).
   TORCH_ARG(torch::ScalarType, param_dtype) = torch::kFloat;
+  /// What gradients are reduced in (unset: param_dtype).
   TORCH_ARG(std::optional<torch::ScalarType>, reduce_dtype) = std::nullopt;
+  /// What module buffers are cast to (unset: param_dtype).
   TORCH_ARG(std::optional<torch::ScalarType>, buffer_dtype) = std::nullopt;
 };
 
-// "fp32", "bf16" or "fp16" (also "float32", "bfloat16", "float16").
+/// "fp32", "bf16" or "fp16" (also "float32", "bfloat16", "float16").
 torch::ScalarType parse_dtype(const std::string& name);
+/// "fp32", "bf16" or "fp16" (parse_dtype's short names).
 const char* dtype_name(torch::ScalarType type);
 
-// When backward issues the next unit's all-gather (PyTorch's BackwardPrefetch):
-//   kPre   at this unit's pre-backward, before its gradients are computed
-//          (most overlap; one more unit's parameters held meanwhile)
-//   kPost  at this unit's post-backward, after its gradients are computed
-//          and before their reduce-scatter
-//   kNone  when the unit's own backward starts
-enum class BackwardPrefetch { kNone, kPre, kPost };
-const char* backward_prefetch_name(BackwardPrefetch prefetch);   // "none", "pre", "post"
-BackwardPrefetch parse_backward_prefetch(const std::string& name);  // throws, listing the names
+/// When backward issues the next unit's all-gather (PyTorch's BackwardPrefetch).
+enum class BackwardPrefetch {
+  kNone,  ///< when the unit's own backward starts
+  kPre,   ///< at this unit's pre-backward, before its gradients are computed
+          ///< (most overlap; one more unit's parameters held meanwhile)
+  kPost   ///< at this unit's post-backward, after its gradients are computed
+          ///< and before their reduce-scatter
+};
+const char* backward_prefetch_name(BackwardPrefetch prefetch);   ///< "none", "pre", "post"
+BackwardPrefetch parse_backward_prefetch(const std::string& name);  ///< throws, listing the names
 
-// Offload to disk (DeepSpeed's ZeRO-Infinity), for model state larger than
-// memory: each rank's offloaded state lives in one scratch file in
-// store().dir() between uses, read back asynchronously when it is needed.
-//   optimizer_state  the AdamW moments, and the fp32 master shards when the
-//                    parameters compute in another dtype (a copy in the param
-//                    dtype stays in memory for the all-gathers); read, stepped
-//                    and written back unit by unit in the optimizer step
-//                    (fsdp::TrainStep), the next unit's read and the last one's
-//                    write overlapping this one's step
-//   params           the parameter shards (in the param dtype), read before
-//                    their unit's all-gather; sharded strategies only
-// Gradient shards stay in memory. The optimizer must be an fsdp::FusedAdamW,
-// and the model trains through fsdp::TrainStep, whose step brings each
-// unit's state in around its update: a plain loss.backward() is refused.
-// Results are bitwise those of the same run in memory, and checkpoints hold
-// the offloaded state as if it had never left (scratch files are never
-// checkpoints: they are removed when the model is destroyed).
+/// Offload to disk (DeepSpeed's ZeRO-Infinity), for model state larger than
+/// memory: each rank's offloaded state lives in one scratch file in
+/// store().dir() between uses, read back asynchronously when it is needed
+/// (what is offloaded: optimizer_state() and params()).
+/// Gradient shards stay in memory. The optimizer must be an fsdp::FusedAdamW,
+/// and the model trains through fsdp::TrainStep, whose step brings each
+/// unit's state in around its update: a plain loss.backward() is refused.
+/// Results are bitwise those of the same run in memory, and checkpoints hold
+/// the offloaded state as if it had never left (scratch files are never
+/// checkpoints: they are removed when the model is destroyed).
 struct NvmeOffloadOptions {
+  /// Offload into a scratch file in `dir` (it must exist).
   explicit NvmeOffloadOptions(std::string dir) : store_(std::move(dir)) {}
+  /// The AdamW moments, and the fp32 master shards when the parameters
+  /// compute in another dtype (a copy in the param dtype stays in memory for
+  /// the all-gathers); read, stepped and written back unit by unit in the
+  /// optimizer step (fsdp::TrainStep), the next unit's read and the last
+  /// one's write overlapping this one's step. On by default.
   TORCH_ARG(bool, optimizer_state) = true;
+  /// The parameter shards (in the param dtype), read before their unit's
+  /// all-gather; sharded strategies only. Off by default.
   TORCH_ARG(bool, params) = false;
-  // Where and how (the scratch file's name is set per rank).
+  /// Where and how (the scratch file's name is set per rank).
   TORCH_ARG(offload::DiskStoreOptions, store);
 };
 
+/// Gives parameter `name` its initial values, in place
+/// (FullyShardOptions::param_init_fn).
 using ParamInitFn = std::function<void(const std::string& name, torch::Tensor& param)>;
 
+/// What fully_shard() is asked for; every setter returns the options, to chain:
+/// `FullyShardOptions().strategy(ShardingStrategy::kShardGradOp).forward_prefetch(true)`.
 struct FullyShardOptions {
   FullyShardOptions() = default;
-  // Which submodules become units; without one, the whole model is one unit.
+  /// Which submodules become units; without one, the whole model is one unit.
   TORCH_ARG(WrapPolicy, wrap_policy) = nullptr;
+  /// Who keeps what (kFullShard, ZeRO-3, by default).
   TORCH_ARG(ShardingStrategy, strategy) = ShardingStrategy::kFullShard;
+  /// The dtypes gathered, computed and reduced in (fp32 throughout by default).
   TORCH_ARG(MixedPrecision, mixed_precision) = MixedPrecision();
-  // Hybrid strategies: ranks per node (the shard group). 0 = the ranks that
-  // share memory with this one, as MPI reports them.
+  /// Hybrid strategies: ranks per node (the shard group). 0 = the ranks that
+  /// share memory with this one, as MPI reports them.
   TORCH_ARG(int, ranks_per_node) = 0;
-  // Prefetch: issue the all-gather of the unit that runs next (in the order
-  // the units ran in the previous pass) before waiting on this one's, so
-  // the transfer overlaps compute. Forward: off by default (as PyTorch).
+  /// Prefetch: issue the all-gather of the unit that runs next (in the order
+  /// the units ran in the previous pass) before waiting on this one's, so
+  /// the transfer overlaps compute. Forward: off by default (as PyTorch).
   TORCH_ARG(bool, forward_prefetch) = false;
+  /// Backward's prefetch: when it issues the next unit's all-gather
+  /// (BackwardPrefetch; kPre by default, as PyTorch).
   TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::kPre;
-  // How many units ahead prefetch gathers.
+  /// How many units ahead prefetch gathers.
   TORCH_ARG(int, prefetch_depth) = 1;
-  // The all-gather limiter: at most one prefetched unit waits unused at a
-  // time (two units unsharded by the pipeline: the computing one and the
-  // next), whatever prefetch_depth says, so prefetch never raises the peak
-  // by more than one unit. A prefetch over the limit is issued when a unit
-  // frees its parameters.
+  /// The all-gather limiter: at most one prefetched unit waits unused at a
+  /// time (two units unsharded by the pipeline: the computing one and the
+  /// next), whatever prefetch_depth says, so prefetch never raises the peak
+  /// by more than one unit. A prefetch over the limit is issued when a unit
+  /// frees its parameters.
   TORCH_ARG(bool, limit_all_gathers) = true;
-  // Activation checkpointing of every unit but the root: its forward keeps
-  // no activations (only its input), and backward recomputes it with the
-  // parameters it has just gathered (no second gather), the CPU RNG state
-  // restored. The unit's forward must take one tensor and return one, and
-  // the unit must contain no other unit.
+  /// Activation checkpointing of every unit but the root: its forward keeps
+  /// no activations (only its input), and backward recomputes it with the
+  /// parameters it has just gathered (no second gather), the CPU RNG state
+  /// restored. The unit's forward must take one tensor and return one, and
+  /// the unit must contain no other unit.
   TORCH_ARG(bool, activation_checkpointing) = false;
-  // Sharded initialization: called for every parameter, in
-  // named_parameters() order (tied ones once), to give it its initial
-  // values; parameters created under memory::DeferredInit get real memory
-  // first. Each unit is sharded as soon as its last parameter is
-  // initialized, so the full model never exists on any rank. Every rank
-  // must produce the same values (seed the RNG alike before fully_shard).
+  /// Sharded initialization: called for every parameter, in
+  /// named_parameters() order (tied ones once), to give it its initial
+  /// values; parameters created under memory::DeferredInit get real memory
+  /// first. Each unit is sharded as soon as its last parameter is
+  /// initialized, so the full model never exists on any rank. Every rank
+  /// must produce the same values (seed the RNG alike before fully_shard).
   TORCH_ARG(ParamInitFn, param_init_fn) = nullptr;
-  // CPU offload (PyTorch's CPUOffload(offload_params=True), FSDP2's
-  // CPUOffloadPolicy): the fp32 shards, their gradients and so the optimizer
-  // state live in host memory (pinned for a GPU model), and the optimizer
-  // steps there (fsdp::FusedAdamW is the fast one); the device holds only
-  // the parameters being gathered and the gradients being reduced. Sharded
-  // strategies only.
+  /// CPU offload (PyTorch's CPUOffload(offload_params=True), FSDP2's
+  /// CPUOffloadPolicy): the fp32 shards, their gradients and so the optimizer
+  /// state live in host memory (pinned for a GPU model), and the optimizer
+  /// steps there (fsdp::FusedAdamW is the fast one); the device holds only
+  /// the parameters being gathered and the gradients being reduced. Sharded
+  /// strategies only.
   TORCH_ARG(bool, cpu_offload) = false;
-  // Offload to disk (see NvmeOffloadOptions); CPU units only.
+  /// Offload to disk (see NvmeOffloadOptions); CPU units only.
   TORCH_ARG(std::optional<NvmeOffloadOptions>, nvme_offload) = std::nullopt;
-  // The device the units compute on (FSDP1's device_id): parameters and
-  // buffers are moved there as their unit is sharded, and parameters under
-  // memory::DeferredInit are materialized there, so a model built on the CPU
-  // never exists whole on the GPU. Unset: where the parameters are (all on
-  // one device).
+  /// The device the units compute on (FSDP1's device_id): parameters and
+  /// buffers are moved there as their unit is sharded, and parameters under
+  /// memory::DeferredInit are materialized there, so a model built on the CPU
+  /// never exists whole on the GPU. Unset: where the parameters are (all on
+  /// one device).
   TORCH_ARG(std::optional<c10::Device>, device) = std::nullopt;
-  // Keep freed host buffers for reuse (memory::set_block_cache_limit): with
-  // the counting allocator installed and the units on the CPU, fully_shard
-  // raises the cache's limit to six of the largest unit's fp32 buffers (the
-  // gathered parameters, gradient buffers and reduction outputs of the units
-  // in flight; on `large` six measured 6 % faster than three, twelve no
-  // faster), so each re-gather reuses a buffer instead of faulting in fresh
-  // pages. The cached bytes are reserved, not live: peak RSS did not grow.
-  // Three buffers with nvme_offload (fsdp::host_block_cache_limit). The
-  // limit is the process's: fully_shard only ever raises it, and
-  // memory::set_block_cache_limit / empty_block_cache lower or empty it.
+  /// Keep freed host buffers for reuse (memory::set_block_cache_limit): with
+  /// the counting allocator installed and the units on the CPU, fully_shard
+  /// raises the cache's limit to six of the largest unit's fp32 buffers (the
+  /// gathered parameters, gradient buffers and reduction outputs of the units
+  /// in flight; on `large` six measured 6 % faster than three, twelve no
+  /// faster), so each re-gather reuses a buffer instead of faulting in fresh
+  /// pages. The cached bytes are reserved, not live: peak RSS did not grow.
+  /// Three buffers with nvme_offload (fsdp::host_block_cache_limit). The
+  /// limit is the process's: fully_shard only ever raises it, and
+  /// memory::set_block_cache_limit / empty_block_cache lower or empty it.
   TORCH_ARG(bool, cache_host_blocks) = true;
 };
 

@@ -1,15 +1,18 @@
 #pragma once
-// The safetensors format (an 8-byte little-endian header length, a JSON
-// header of {name: {dtype, shape, data_offsets}}, then the raw data), read
-// with every offset and size checked, and written as a stream: the header
-// first, then one tensor at a time, so a writer never holds the whole model.
-//
-// Every file we write carries its checksum in the header's metadata
-// (kChecksumKey: the hash of the whole file as written, with those 16 hex
-// digits read as zeros; kChecksumAlgorithmKey: the algorithm, see
-// checksum.h), so it stays a standard safetensors file that any reader
-// loads, and we can verify it without a side file. Files that name no
-// algorithm were written before XXH3 with FNV-1a, and verify as such.
+/// \file
+/// The safetensors format: files read and written as streams.
+///
+/// The safetensors format (an 8-byte little-endian header length, a JSON
+/// header of {name: {dtype, shape, data_offsets}}, then the raw data), read
+/// with every offset and size checked, and written as a stream: the header
+/// first, then one tensor at a time, so a writer never holds the whole model.
+///
+/// Every file we write carries its checksum in the header's metadata
+/// (kChecksumKey: the hash of the whole file as written, with those 16 hex
+/// digits read as zeros; kChecksumAlgorithmKey: the algorithm, see
+/// checksum.h), so it stays a standard safetensors file that any reader
+/// loads, and we can verify it without a side file. Files that name no
+/// algorithm were written before XXH3 with FNV-1a, and verify as such.
 
 #include <torch/torch.h>
 
@@ -26,38 +29,49 @@ class StreamWriter;
 
 namespace fsdp::safetensors {
 
+/// A tensor as a file's header describes it.
 struct TensorSpec {
-  std::string name;
-  torch::ScalarType dtype = torch::kFloat;
-  std::vector<int64_t> shape;
+  std::string name;                        ///< its key in the header
+  torch::ScalarType dtype = torch::kFloat;  ///< its element type in the file
+  std::vector<int64_t> shape;              ///< its shape
 };
 
+/// A tensor of a file and where its bytes are.
 struct TensorEntry {
-  TensorSpec spec;
-  uint64_t begin = 0;  // byte offsets within the data section
-  uint64_t end = 0;
+  TensorSpec spec;     ///< name, dtype, shape
+  uint64_t begin = 0;  ///< byte offsets within the data section
+  uint64_t end = 0;    ///< one past its last byte, within the data section
 };
 
+/// A safetensors file opened for reading: the header parsed and checked, the
+/// tensors read one at a time or by element range.
 class Reader {
  public:
-  // Opens and validates the header; throws naming the file and the problem.
+  /// Opens and validates the header; throws naming the file and the problem.
   explicit Reader(const std::string& path);
+  /// Every tensor of the file, in the order of their data.
   const std::vector<TensorEntry>& tensors() const { return tensors_; }
+  /// The header's "__metadata__" (string to string; our checksum is in it).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  /// The tensor named `name`, or null.
   const TensorEntry* find(const std::string& name) const;
-  // Reads one tensor (its file dtype) into a new CPU tensor.
+  /// Reads one tensor (its file dtype) into a new CPU tensor.
   torch::Tensor read(const std::string& name) const;
-  // Reads elements [offset, offset + out.numel()) of a tensor into `out`
-  // (contiguous, of the tensor's dtype), straight into its memory.
+  /// Reads elements [offset, offset + out.numel()) of a tensor into `out`
+  /// (contiguous, of the tensor's dtype), straight into its memory.
   void read_into(const std::string& name, int64_t offset, const torch::Tensor& out) const;
+  /// The file it reads.
   const std::string& path() const { return path_; }
 
-  // Whether the header carries our checksum, its value and algorithm (an
-  // algorithm this version does not know is refused on opening), and a full
-  // read of the file that throws "'path' is corrupt" unless the bytes match it.
+  /// Whether the header carries our checksum.
   bool has_checksum() const { return checksum_offset_ != 0; }
+  /// The checksum the header carries.
   uint64_t stored_checksum() const;
+  /// The checksum's algorithm (an algorithm this version does not know is
+  /// refused on opening).
   checksum::Algorithm checksum_algorithm() const { return checksum_algorithm_; }
+  /// A full read of the file that throws "'path' is corrupt" unless the bytes
+  /// match the checksum.
   void verify_checksum() const;
 
  private:
@@ -69,22 +83,25 @@ class Reader {
   std::map<std::string, std::string> metadata_;
 };
 
+/// A safetensors file written as a stream: the header first, then each
+/// tensor in turn, so the writer never holds them all.
 class Writer {
  public:
-  // Writes the header for these tensors, in this order, to a temporary file
-  // next to `path`. commit() renames it into place once every tensor has been
-  // written and flushed; a writer destroyed before that removes it. The
-  // bytes stream to the disk in large blocks, hashed (checksum::kWritten)
-  // while the block before is written (file_io.h).
+  /// Writes the header for these tensors, in this order, to a temporary file
+  /// next to `path`. commit() renames it into place once every tensor has been
+  /// written and flushed; a writer destroyed before that removes it. The
+  /// bytes stream to the disk in large blocks, hashed (checksum::kWritten)
+  /// while the block before is written (file_io.h).
   Writer(std::string path, std::vector<TensorSpec> specs, std::map<std::string, std::string> metadata = {});
   ~Writer();
   Writer(const Writer&) = delete;
   Writer& operator=(const Writer&) = delete;
 
-  // The next tensor in the order given; its dtype and shape must match.
+  /// The next tensor in the order given; its dtype and shape must match.
   void write(const torch::Tensor& tensor);
+  /// After the last tensor: flushes the file, stores its checksum and renames it to the path.
   void commit();
-  // The checksum stored in the file (valid once committed).
+  /// The checksum stored in the file (valid once committed).
   uint64_t checksum() const { return checksum_; }
 
  private:
@@ -97,14 +114,20 @@ class Writer {
   uint64_t checksum_offset_ = 0;
 };
 
+/// The header metadata's key of our checksum (16 hex digits).
 constexpr const char* kChecksumKey = "fsdp_checksum";
+/// The header metadata's key of the checksum's algorithm (checksum::algorithm_name).
 constexpr const char* kChecksumAlgorithmKey = "fsdp_checksum_algorithm";
-// 16 lower-case hex digits, and back (throws on anything else).
+/// 16 lower-case hex digits, and back (throws on anything else).
+///@{
 std::string hex64(uint64_t value);
 uint64_t parse_hex64(const std::string& text);
+///@}
 
-// The safetensors dtype code ("F32", "BF16", ...) of a scalar type, and back.
+/// The safetensors dtype code ("F32", "BF16", ...) of a scalar type, and back.
+///@{
 std::string dtype_code(torch::ScalarType type);
 torch::ScalarType scalar_type(const std::string& code);
+///@}
 
 }  // namespace fsdp::safetensors

@@ -1,12 +1,15 @@
 #pragma once
-// State dicts under the model's own parameter names (tied parameters once,
-// under their first name): in memory, full or sharded, and as safetensors
-// files.
-//
-//   auto full = fsdp::full_state_dict(model.state());          // every rank: name -> fp32 tensor
-//   fsdp::load_full_state_dict(model.state(), full);            // into the sharded model
-//   auto mine = fsdp::sharded_state_dict(model.state());       // this rank's pieces only
-//   fsdp::load_sharded_state_dict(model.state(), mine);
+/// \file
+/// State dicts under the model's own parameter names (tied parameters once,
+/// under their first name): in memory, full or sharded, and as safetensors
+/// files.
+///
+/// \code{.cpp}
+/// auto full = fsdp::full_state_dict(model.state());          // every rank: name -> fp32 tensor
+/// fsdp::load_full_state_dict(model.state(), full);            // into the sharded model
+/// auto mine = fsdp::sharded_state_dict(model.state());       // this rank's pieces only
+/// fsdp::load_sharded_state_dict(model.state(), mine);
+/// \endcode
 
 #include <torch/torch.h>
 
@@ -18,65 +21,67 @@
 
 namespace fsdp {
 
-// name -> tensor, in the model's named_parameters() order (LibTorch's own
-// type for named parameters).
+/// name -> tensor, in the model's named_parameters() order (LibTorch's own
+/// type for named parameters).
 using StateDict = torch::OrderedDict<std::string, torch::Tensor>;
 
+/// How full_state_dict() delivers the tensors.
 struct FullStateDictOptions {
   FullStateDictOptions() = default;
-  // Only rank 0 receives the tensors; the others get an empty dict (and
-  // hold at most one unit gathered while it is made). PyTorch's
-  // FullStateDictConfig(rank0_only=True).
+  /// Only rank 0 receives the tensors; the others get an empty dict (and
+  /// hold at most one unit gathered while it is made). PyTorch's
+  /// FullStateDictConfig(rank0_only=True).
   TORCH_ARG(bool, rank0_only) = false;
 };
 
-// Collective over the model's group: every parameter's fp32 master, whole,
-// on the CPU, gathered one unit at a time.
+/// Collective over the model's group: every parameter's fp32 master, whole,
+/// on the CPU, gathered one unit at a time.
 StateDict full_state_dict(FsdpState& state, FullStateDictOptions options = FullStateDictOptions());
 
-// Collective. Every rank passes the same full state dict (every parameter
-// under its name, exact shape, float; nothing else) and keeps its own shard
-// of it. Checked on every rank before anything is changed.
+/// Collective. Every rank passes the same full state dict (every parameter
+/// under its name, exact shape, float; nothing else) and keeps its own shard
+/// of it. Checked on every rank before anything is changed.
 void load_full_state_dict(FsdpState& state, const StateDict& dict);
 
-// One parameter's piece on this rank: elements [offset, offset + local.numel())
-// of the parameter flattened (row-major), which has shape `shape`. A rank
-// may hold no piece of a parameter (local is then empty).
+/// One parameter's piece on this rank: elements [offset, offset + local.numel())
+/// of the parameter flattened (row-major), which has shape `shape`. A rank
+/// may hold no piece of a parameter (local is then empty).
 struct ShardedTensor {
-  std::vector<int64_t> shape;
-  int64_t offset = 0;
-  torch::Tensor local;  // 1-D, fp32, a copy
+  std::vector<int64_t> shape;  ///< the whole parameter's shape
+  int64_t offset = 0;          ///< where the piece starts in the flattened parameter
+  torch::Tensor local;  ///< 1-D, fp32, a copy
 };
+/// name -> this rank's piece, in the model's named_parameters() order.
 using ShardedStateDict = torch::OrderedDict<std::string, ShardedTensor>;
 
-// This rank's pieces of every parameter (no communication).
+/// This rank's pieces of every parameter (no communication).
 ShardedStateDict sharded_state_dict(const FsdpState& state);
-// Loads pieces taken from a model sharded the same way (same units, world
-// size and strategy); throws, naming the parameter, if a piece does not
-// match what this rank holds. No communication.
+/// Loads pieces taken from a model sharded the same way (same units, world
+/// size and strategy); throws, naming the parameter, if a piece does not
+/// match what this rank holds. No communication.
 void load_sharded_state_dict(FsdpState& state, const ShardedStateDict& dict);
 
-// Loads a file into an unsharded module (call before fully_shard). Every
-// parameter must be in the file with its exact shape, and the file may hold
-// nothing else; float files of another precision are converted. Throws
-// naming the file and the tensor; the module is changed only if all is well.
+/// Loads a file into an unsharded module (call before fully_shard). Every
+/// parameter must be in the file with its exact shape, and the file may hold
+/// nothing else; float files of another precision are converted. Throws
+/// naming the file and the tensor; the module is changed only if all is well.
 void load_full_weights(torch::nn::Module& module, const std::string& path);
 
-// Collective over the model's group: the full state dict, gathered one unit
-// (and one kind of state) at a time and streamed by rank 0, so no rank ever
-// holds more than one unit unsharded.
-//  - `model_path`: every parameter's fp32 master under the model's names;
-//  - `optimizer_path`, when `optimizer` is given: its state tensors under
-//    optimizer_tensor_name(), its type and step count in the metadata
-//    ("optimizer", "optimizer_step").
-// Each file is written under a temporary name, flushed and renamed when
-// complete, and carries its checksum; on any failure nothing is left.
+/// Collective over the model's group: the full state dict, gathered one unit
+/// (and one kind of state) at a time and streamed by rank 0, so no rank ever
+/// holds more than one unit unsharded.
+///  - `model_path`: every parameter's fp32 master under the model's names;
+///  - `optimizer_path`, when `optimizer` is given: its state tensors under
+///    optimizer_tensor_name(), its type and step count in the metadata
+///    ("optimizer", "optimizer_step").
+/// Each file is written under a temporary name, flushed and renamed when
+/// complete, and carries its checksum; on any failure nothing is left.
 void save_full_state_dict(FsdpState& state, const std::string& model_path,
                           const std::map<std::string, std::string>& metadata = {},
                           torch::optim::Optimizer* optimizer = nullptr, const std::string& optimizer_path = "");
 
-// The name of a parameter's optimizer state tensor (e.g. "exp_avg") in a full
-// optimizer file: "<param>.<state>".
+/// The name of a parameter's optimizer state tensor (such as "exp_avg") in a full
+/// optimizer file: "<param>.<state>".
 std::string optimizer_tensor_name(const std::string& param, const std::string& state_name);
 
 }  // namespace fsdp

@@ -1,6 +1,7 @@
 #pragma once
-// Token streams and the data orders of shared/spec/gpt.md, identical for
-// every world size.
+/// \file
+/// Token streams and the data orders of shared/spec/gpt.md, identical for
+/// every world size.
 
 #include <torch/torch.h>
 
@@ -11,27 +12,35 @@
 
 namespace fsdp::models {
 
-// sequential: a global batch is G consecutive sequences (the spec's base
-// order). shuffled: each sequence's start is splitmix64 of its global index.
-enum class DataOrder { kSequential, kShuffled };
+/// The order sequences are read in (shared/spec/gpt.md).
+enum class DataOrder {
+  kSequential,  ///< a global batch is G consecutive sequences (the spec's base order)
+  kShuffled     ///< each sequence's start is splitmix64 of its global index
+};
 
-DataOrder parse_data_order(const std::string& name);  // "sequential" or "shuffled"
+DataOrder parse_data_order(const std::string& name);  ///< "sequential" or "shuffled"
+/// "sequential" or "shuffled".
 const char* data_order_name(DataOrder order);
 
-// The spec's splitmix64 (all arithmetic mod 2^64).
+/// The spec's splitmix64 (all arithmetic mod 2^64).
 uint64_t splitmix64(uint64_t z);
 
-// The library's defaults are the spec's base order over the whole file, so
-// that a plain TokenData(path, T, V) reads what it always read; fsdp-train
-// defaults to shuffled with a 10% validation tail, as the spec does for training.
+/// The library's defaults are the spec's base order over the whole file, so
+/// that a plain TokenData(path, T, V) reads what it always read; fsdp-train
+/// defaults to shuffled with a 10% validation tail, as the spec does for training.
 struct TokenDataOptions {
+  /// The data order (sequential by default).
   TokenDataOptions& order(DataOrder v) { order_ = v; return *this; }
+  /// The shuffled order's seed (0 by default).
   TokenDataOptions& seed(uint64_t v) { seed_ = v; return *this; }
-  // The last ceil(f * n) tokens are held out for validation; 0: none.
+  /// The last ceil(f * n) tokens are held out for validation; 0: none.
   TokenDataOptions& val_fraction(double v) { val_fraction_ = v; return *this; }
+  /// The settings above, read back.
+  ///@{
   DataOrder order() const { return order_; }
   uint64_t seed() const { return seed_; }
   double val_fraction() const { return val_fraction_; }
+  ///@}
 
  private:
   DataOrder order_ = DataOrder::kSequential;
@@ -39,33 +48,40 @@ struct TokenDataOptions {
   double val_fraction_ = 0.0;
 };
 
+/// A token file, memory-mapped, with the spec's training batches and a
+/// held-out validation tail.
 class TokenData {
  public:
-  // Raw bytes (one token per byte), or a .bin file of little-endian uint16
-  // token ids. Throws, naming the file, if its training part cannot hold one
-  // sequence of `context` tokens, its validation part (if any) cannot either,
-  // or it holds a token id >= vocab. The file is memory-mapped, not read:
-  // a rank's memory does not grow with its size (the token range is checked
-  // in one streaming pass that gives each chunk's pages back as it goes), and
-  // ranks of a host share the page cache's one copy.
+  /// Raw bytes (one token per byte), or a .bin file of little-endian uint16
+  /// token ids. Throws, naming the file, if its training part cannot hold one
+  /// sequence of `context` tokens, its validation part (if any) cannot either,
+  /// or it holds a token id >= vocab. The file is memory-mapped, not read:
+  /// a rank's memory does not grow with its size (the token range is checked
+  /// in one streaming pass that gives each chunk's pages back as it goes), and
+  /// ranks of a host share the page cache's one copy.
   TokenData(const std::string& path, int64_t context, int64_t vocab, TokenDataOptions options = {});
 
+  /// The file's tokens, n.
   int64_t size() const { return size_; }
-  int64_t train_size() const { return size() - val_size_; }  // n_train
-  int64_t val_size() const { return val_size_; }               // n_val, 0 without a split
+  /// n_train: the tokens before the validation tail.
+  int64_t train_size() const { return size() - val_size_; }
+  /// n_val: the validation tail's tokens (0 without a split).
+  int64_t val_size() const { return val_size_; }
+  /// The file.
   const std::string& path() const { return path_; }
+  /// The order, seed and validation fraction it was opened with.
   const TokenDataOptions& options() const { return options_; }
 
-  // Where sequence j of global step s starts (global batch of `global` sequences).
+  /// Where sequence j of global step s starts (global batch of `global` sequences).
   int64_t train_start(int64_t step, int64_t j, int64_t global) const;
 
-  // The [batch, context] inputs and targets of micro-step `micro` of `rank`
-  // in global step `step` (world ranks, accum micro-steps per step).
+  /// The [batch, context] inputs and targets of micro-step `micro` of `rank`
+  /// in global step `step` (world ranks, accum micro-steps per step).
   std::pair<torch::Tensor, torch::Tensor> batch(int64_t step, int64_t micro, int64_t rank, int64_t world,
                                                 int64_t accum, int64_t batch) const;
 
-  // Validation sequences first .. first + count - 1, as [count, context]
-  // inputs and targets. Throws without a validation split.
+  /// Validation sequences first .. first + count - 1, as [count, context]
+  /// inputs and targets. Throws without a validation split.
   std::pair<torch::Tensor, torch::Tensor> val_batch(int64_t first, int64_t count) const;
 
  private:

@@ -1,31 +1,39 @@
 #pragma once
-// A Chrome-trace / Perfetto timeline of one process: every unit's forward
-// and backward, every collective (on its group's communication thread), the
-// compute thread's waits on them, and whatever the caller marks (the
-// optimizer step). Off by default; recording costs a clock read and a
-// locked push per event while on.
-//
-//   fsdp::trace::enable();
-//   { fsdp::trace::Span span("optimizer.step", "optimizer"); optimizer.step(); }
-//   fsdp::trace::write("run.rank0.json", rank);
+/// \file
+/// Chrome/Perfetto traces of units and collectives.
+///
+/// A Chrome-trace / Perfetto timeline of one process: every unit's forward
+/// and backward, every collective (on its group's communication thread), the
+/// compute thread's waits on them, and whatever the caller marks (the
+/// optimizer step). Off by default; recording costs a clock read and a
+/// locked push per event while on.
+///
+/// \code{.cpp}
+/// fsdp::trace::enable();
+/// { fsdp::trace::Span span("optimizer.step", "optimizer"); optimizer.step(); }
+/// fsdp::trace::write("run.rank0.json", rank);
+/// \endcode
 
 #include <chrono>
 #include <string>
 
 namespace fsdp::trace {
 
+/// Starts (or, with false, stops) recording; the calling thread is named "compute".
 void enable(bool on = true);
+/// Whether events are being recorded.
 bool enabled();
 
-// Microseconds since the process's first use of the tracer.
+/// Microseconds since the process's first use of the tracer.
 double now_us();
 
-// Records a complete event [begin_us, now) on the calling thread.
+/// Records a complete event [begin_us, now) on the calling thread.
 void complete(std::string name, const char* category, double begin_us, std::string detail = "");
 
-// Records [construction, destruction) on the calling thread.
+/// Records [construction, destruction) on the calling thread.
 class Span {
  public:
+  /// Begins the event (nothing while tracing is off); `detail` goes into its arguments.
   Span(std::string name, const char* category, std::string detail = "");
   ~Span();
   Span(const Span&) = delete;
@@ -38,9 +46,9 @@ class Span {
   double begin_us_ = -1.0;  // -1: tracing was off
 };
 
-// Writes the events so far as a Chrome trace (JSON object format); the
-// process id is the rank, the threads are named "compute" (the one that
-// called enable()) and "comm <n>". Throws naming the file on failure.
+/// Writes the events so far as a Chrome trace (JSON object format); the
+/// process id is the rank, the threads are named "compute" (the one that
+/// called enable()) and "comm <n>". Throws naming the file on failure.
 void write(const std::string& path, int rank);
 
 }  // namespace fsdp::trace

@@ -1,8 +1,9 @@
 #pragma once
-// Wrap policies: which modules of a model become FSDP units. Each unit owns
-// the parameters registered under it that no inner unit owns; the rest belong
-// to the root unit. A parameter registered in two places (tied weights) must
-// land in one unit, or sharding is refused.
+/// \file
+/// Wrap policies: which modules of a model become FSDP units. Each unit owns
+/// the parameters registered under it that no inner unit owns; the rest belong
+/// to the root unit. A parameter registered in two places (tied weights) must
+/// land in one unit, or sharding is refused.
 
 #include <torch/torch.h>
 
@@ -13,13 +14,13 @@
 
 namespace fsdp {
 
-// Called bottom-up for every module below the root: its qualified name, the
-// module, and how many parameter elements of its subtree no inner unit took.
+/// Called bottom-up for every module below the root: its qualified name, the
+/// module, and how many parameter elements of its subtree no inner unit took.
 using WrapPolicy =
     std::function<bool(const std::string& qualified_name, const torch::nn::Module& module, int64_t unwrapped_numel)>;
 
-// The transformer-block policy: every module of one of the given Impl types
-// becomes a unit (e.g. module_type_policy<GPTBlockImpl>()).
+/// The transformer-block policy: every module of one of the given Impl types
+/// becomes a unit (for example `module_type_policy<models::BlockImpl>()`).
 template <class... ModuleTypes>
 WrapPolicy module_type_policy() {
   return [](const std::string&, const torch::nn::Module& module, int64_t) {
@@ -27,25 +28,27 @@ WrapPolicy module_type_policy() {
   };
 }
 
-// A module becomes a unit once the parameters not yet in a unit below it
-// reach min_numel elements (PyTorch's size_based_auto_wrap_policy).
+/// A module becomes a unit once the parameters not yet in a unit below it
+/// reach min_numel elements (PyTorch's size_based_auto_wrap_policy).
 WrapPolicy min_params_policy(int64_t min_numel);
 
-// A module becomes a unit if any of the policies says so.
+/// A module becomes a unit if any of the policies says so.
 WrapPolicy any_policy(std::vector<WrapPolicy> policies);
 
-// A module's parameters with tied registrations collapsed to the first name
-// (in named_parameters order): the names state dicts and files use.
+/// A module's parameters with tied registrations collapsed to the first name
+/// (in named_parameters order): the names state dicts and files use.
 std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(const torch::nn::Module& module);
 
-// The outcome of applying a policy: units in the module tree's pre-order, the
-// root unit first. Parameters are listed once each (tied registrations
-// collapse to the first name in named_parameters order).
+/// The outcome of applying a policy: units in the module tree's pre-order, the
+/// root unit first. Parameters are listed once each (tied registrations
+/// collapse to the first name in named_parameters order).
 struct UnitPlan {
-  std::string name;  // qualified module name, "" for the root
-  torch::nn::Module* module = nullptr;
-  std::vector<std::pair<std::string, torch::Tensor>> params;
+  std::string name;  ///< qualified module name, "" for the root
+  torch::nn::Module* module = nullptr;  ///< the unit's module (the root's for the root unit)
+  std::vector<std::pair<std::string, torch::Tensor>> params;  ///< (qualified name, parameter) it owns
 };
+/// Applies `policy` to the module tree of `root`: one UnitPlan per unit, the
+/// root unit first; throws if a tied parameter would land in two units.
 std::vector<UnitPlan> plan_units(torch::nn::Module& root, const WrapPolicy& policy);
 
 }  // namespace fsdp

@@ -29,7 +29,7 @@
 # The fuzz entries (fuzz_*) need clang (scripts/setup.sh installs it).
 set -uo pipefail
 
-# NAME | ctest regex (the entries that should catch it) | build targets.
+# NAME | ctest regex (the entries that should catch it; it may hold "|") | build targets.
 # The targets: the tests' executables, and for the trainer cases the programs
 # they run (fsdp-run comes with configuring; it runs fsdp-cma-probe).
 trainer="fsdp-train fsdp-ckpt fsdp-plan fsdp-cma-probe"
@@ -140,8 +140,19 @@ all_targets=""
 bad=0
 results=()
 report() { results+=("$1"); echo "$1"; }
+# What failed, from a test log: the gtest cases, the trainer cases' FAIL
+# lines, a sanitizer's or the fuzz script's summary (three at most).
+why() {
+  local lines
+  lines="$(sed 's/\x1b\[[0-9;]*m//g' "$1" |
+           grep -E '^\[  FAILED  \] [A-Za-z0-9_/]+\.[A-Za-z0-9_/]+ \(|^FAIL: |^SUMMARY: |^==[0-9]+==ERROR: |^fuzz: .* failed' |
+           sed 's/^\[  FAILED  \] \([^ ]*\) (.*/\1/; s/^==[0-9]*==//' | awk '!seen[$0]++' | head -3 | paste -sd'|' | sed 's/|/; /g')"
+  [ -z "$lines" ] || echo ": $lines"
+}
 for row in "${selected[@]}"; do
-  IFS='|' read -r name regex targets <<<"$row"
+  # The regex may hold "|": the name is the first field, the targets the last.
+  name="${row%%|*}" rest="${row#*|}"
+  regex="${rest%|*}" targets="${rest##*|}"
   start=$SECONDS
   entries=$(cd "$build" && ctest -N -R "$regex" | grep -c '^ *Test *#')
   if [ "$entries" -eq 0 ]; then
@@ -169,7 +180,7 @@ for row in "${selected[@]}"; do
   failed="$(sed -n '/The following tests FAILED:/,$s/^[[:space:]]*[0-9]* - \([^ ]*\) (\(.*\))$/\1 (\2)/p' \
             "$logs/$name.test.log" | paste -sd',' | sed 's/,/, /g')"
   if [ -n "$failed" ]; then
-    report "$name: killed by $failed (${seconds} s)"
+    report "$name: killed by $failed (${seconds} s)$(why "$logs/$name.test.log")"
   elif [ "$status" -eq 124 ]; then
     report "$name: killed by timeout (ctest ran past $((timeout * (entries + 1))) s; ${seconds} s)"
   elif [ "$status" -ne 0 ]; then

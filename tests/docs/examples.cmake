@@ -11,7 +11,8 @@ target_precompile_headers(example-train-step REUSE_FROM fsdp)
 set_target_properties(example-train-step PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
 
 # docs_cpp_examples: every ```cpp and ```cmake block of README.md and docs/*.md
-# is a file under examples/ (or a range of its lines), included verbatim.
+# is a file under examples/ (or a range of its lines), included verbatim; and
+# every link between the pages leads to a page and a heading that exist.
 add_test(NAME docs_cpp_examples
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/docs/run_examples.sh --includes-only ${CMAKE_BINARY_DIR})
 set_tests_properties(docs_cpp_examples PROPERTIES TIMEOUT 60 LABELS docs)

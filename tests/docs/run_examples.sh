@@ -17,7 +17,9 @@
 #   and listed with its page, line and reason;
 # - ```text, ```json and the other kinds are not run; ```bash, ```shell and
 #   ```console are refused (write ```sh, so that every command is run or marked).
-# With --includes-only only the includes are checked (docs_cpp_examples).
+# - every relative link leads to a file, and its #anchor to a heading there.
+# With --includes-only only the includes and the links are checked
+# (docs_cpp_examples).
 set -uo pipefail
 
 includes_only=0
@@ -58,6 +60,38 @@ done
 
 failures=()
 not_run=()
+
+# Links between the pages: every relative link's file exists, and its
+# #anchor is a heading of that page (GitHub's ids: lower case, punctuation
+# dropped, spaces as hyphens).
+anchors_of() {
+  awk '/^```/ { fenced = !fenced; next }
+       !fenced && /^#+ / { sub(/^#+ /, ""); s = tolower($0); gsub(/[^a-z0-9 _-]/, "", s); gsub(/ /, "-", s); print s }' "$1"
+}
+for page in "${pages[@]}"; do
+  while IFS=: read -r line target; do
+    case "$target" in http://*|https://*|mailto:*) continue ;; esac
+    file=${target%%#*} anchor=""
+    [[ "$target" == *"#"* ]] && anchor=${target#*#}
+    if [ -z "$file" ]; then path=$page; else path=$(dirname "$page")/$file; fi
+    if [ ! -e "$path" ]; then
+      failures+=("$page:$line: a link to $target, and there is no $path"); continue
+    fi
+    if [ -n "$anchor" ] && ! anchors_of "$path" | grep -qxF -- "$anchor"; then
+      failures+=("$page:$line: a link to $target, and $path has no heading with that id")
+    fi
+  done < <(awk '/^```/ { fenced = !fenced; next }
+                !fenced {
+                  # Drop inline code, which may run on from the line before.
+                  s = ""; rest = $0
+                  while ((i = index(rest, "`")) > 0) {
+                    if (!in_code) s = s substr(rest, 1, i - 1)
+                    in_code = !in_code; rest = substr(rest, i + 1)
+                  }
+                  if (!in_code) s = s rest
+                  while (match(s, /\]\([^)]+\)/)) { print NR ":" substr(s, RSTART + 2, RLENGTH - 3); s = substr(s, RSTART + RLENGTH) } }
+                /^[ \t]*$/ { in_code = 0 }' "$page")
+done
 ran=0
 checked=0
 start_all=$SECONDS

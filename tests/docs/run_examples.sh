@@ -9,7 +9,7 @@
 #     <!-- include: examples/FILE lines A-B -->   (lines A to B of it)
 #   and be exactly that text; a block that differs fails, with the diff;
 # - every ```sh block runs, in order, with `bash -e -o pipefail`, in a scratch
-#   folder (one per page) where build/ is BUILD_DIR and data/, scripts/,
+#   folder (one per page; two pages at a time) where build/ is BUILD_DIR and data/, scripts/,
 #   tools/, bench/ and examples/ are the checkout's. A block that exits
 #   non-zero fails the run, named by page and line. A block that cannot run
 #   here is marked right before it with
@@ -107,6 +107,7 @@ scratch_for() {
   echo "$dir"
 }
 
+mkdir -p "$work/queue" "$work/report"
 for meta in "$work"/blocks/*.meta; do
   [ -e "$meta" ] || continue
   IFS=$'\t' read -r page line kind marker < "$meta"
@@ -139,22 +140,50 @@ for meta in "$work"/blocks/*.meta; do
         not_run+=("$where: ${BASH_REMATCH[1]}")
         continue
       fi
-      dir=$(scratch_for "$page")
-      started=$SECONDS
-      (cd "$dir" && timeout -k 5 180 bash -e -o pipefail "$body") > "$body.out" 2>&1
-      status=$?
-      ran=$((ran + 1))
-      if [ $status -ne 0 ]; then
-        echo "--- $where: exited with status $status; the block:"
-        sed 's/^/    /' "$body"
-        echo "--- its output (the last 40 lines):"
-        tail -40 "$body.out"
-        failures+=("$where: exited with status $status")
-      else
-        echo "ran $where ($((SECONDS - started)) s)"
-      fi
+      printf '%s\t%s\n' "$body" "$where" >> "$work/queue/$(echo "$page" | tr / _)"
       ;;
   esac
+done
+
+# Run one page's blocks in order, in its scratch folder (a block may use what
+# the one before it wrote); the report and the failures go to files.
+run_page() {
+  local queue=$1 name dir body where started status
+  name=$(basename "$queue")
+  dir=$(scratch_for "$name")
+  while IFS=$'\t' read -r body where; do
+    started=$SECONDS
+    # stdin from /dev/null: mpirun forwards its stdin to rank 0, which would eat the queue.
+    (cd "$dir" && timeout -k 5 180 bash -e -o pipefail "$body") < /dev/null > "$body.out" 2>&1
+    status=$?
+    if [ $status -ne 0 ]; then
+      { echo "--- $where: exited with status $status; the block:"
+        sed 's/^/    /' "$body"
+        echo "--- its output (the last 40 lines):"
+        tail -40 "$body.out"; } >> "$work/report/$name"
+      echo "$where: exited with status $status" >> "$work/report/$name.failed"
+    else
+      echo "ran $where ($((SECONDS - started)) s)" >> "$work/report/$name"
+    fi
+  done < "$queue"
+}
+
+# The pages two at a time (FSDP_DOCS_JOBS), as ctest gives this test 2 processors.
+jobs=${FSDP_DOCS_JOBS:-2}
+for queue in "$work"/queue/*; do
+  [ -e "$queue" ] || continue
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+  run_page "$queue" &
+done
+wait
+for queue in "$work"/queue/*; do
+  [ -e "$queue" ] || continue
+  name=$(basename "$queue")
+  cat "$work/report/$name"
+  ran=$((ran + $(grep -c '^ran ' "$work/report/$name") + $(cat "$work/report/$name.failed" 2>/dev/null | wc -l)))
+  if [ -f "$work/report/$name.failed" ]; then
+    while read -r entry; do failures+=("$entry"); done < "$work/report/$name.failed"
+  fi
 done
 
 for entry in "${not_run[@]+"${not_run[@]}"}"; do echo "not run: $entry"; done

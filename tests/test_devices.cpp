@@ -1,8 +1,6 @@
-// Devices and offload, on 1, 2 and 4 ranks. On any machine: CPU offload
-// trains exactly as without it and keeps the shards, their gradients and the
-// optimizer state on the host; refusals (offload without sharding, NCCL
-// without CUDA or a GPU). On a machine with
-// a GPU (label gpu; skipped with the reason elsewhere): device tensors
+// Devices, on 1, 2 and 4 ranks. On any machine: the device context on the
+// host, an explicit device, NCCL refused without CUDA or a GPU. On a machine
+// with a GPU (label gpu; skipped with the reason elsewhere): device tensors
 // through the host-staged MPI collectives and through NCCL, FULL_SHARD on the
 // GPU against the same training on the CPU, CPU offload on the GPU (and its
 // device memory), and sharded checkpoints moving between GPU and CPU.
@@ -14,6 +12,7 @@
 #include <iostream>
 #include <filesystem>
 
+#include "core/device_context.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"
@@ -22,6 +21,7 @@
 #include "fsdp/memory.h"
 #include "fsdp/token_data.h"
 #include "mpi_test_env.h"
+#include "sharded_test_helpers.h"
 #include "test_helpers.h"
 
 using fsdp::models::GPT;
@@ -30,32 +30,10 @@ using fsdp::testing::block_units;
 using fsdp::testing::make_gpt;
 using fsdp::testing::spec_adamw;
 using fsdp::testing::tiny;
+using fsdp::testing::train_losses;
 using fsdp::testing::world_group;
 
 namespace {
-
-// Trains `steps` steps of the tiny GPT and returns the global losses.
-std::vector<double> train_losses(fsdp::FullyShardOptions options, int64_t steps, c10::Device data_device,
-                                 const fsdp::ProcessGroupPtr& group = world_group) {
-  const int W = world_group->size(), r = world_group->rank();
-  const GPTConfig config = tiny();
-  fsdp::models::TokenData data(fsdp::testing::make_token_file("devices", 20000, config.vocab), config.context,
-                               config.vocab);
-  auto model = fsdp::fully_shard(make_gpt(config), group, std::move(options));
-  fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());
-  std::vector<double> losses;
-  for (int64_t step = 0; step < steps; ++step) {
-    auto [x, y] = data.batch(step, 0, r, W, 1, 2);
-    torch::Tensor loss = model.forward(x.to(data_device), y.to(data_device));
-    optimizer.zero_grad();
-    loss.backward();
-    optimizer.step();
-    torch::Tensor global = loss.detach().to(torch::kCPU, torch::kDouble).reshape({1});
-    world_group->all_reduce(global, fsdp::ReduceOp::kAvg)->wait();
-    losses.push_back(global.item<double>());
-  }
-  return losses;
-}
 
 bool has_gpu() { return fsdp::cuda_device_count() > 0; }
 
@@ -68,41 +46,17 @@ c10::Device gpu() { return c10::Device(torch::kCUDA, 0); }
 
 }  // namespace
 
-// Offload moves where the shard lives, not what is computed: the same
-// float operations in the same order, so the losses are bit-identical.
-TEST(CpuOffload, TrainsExactlyAsWithoutOffload) {
-  for (auto strategy : {fsdp::ShardingStrategy::kFullShard, fsdp::ShardingStrategy::kShardGradOp}) {
-    const auto plain = train_losses(block_units(strategy), 4, torch::kCPU);
-    const auto offloaded = train_losses(block_units(strategy).cpu_offload(true), 4, torch::kCPU);
-    EXPECT_EQ(plain, offloaded) << fsdp::strategy_name(strategy);
-  }
-}
-
-TEST(CpuOffload, ShardsGradientsAndOptimizerStateStayOnTheHost) {
-  auto model = fsdp::fully_shard(make_gpt(tiny()), world_group, block_units().cpu_offload(true));
-  fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());
-  const GPTConfig config = tiny();
-  torch::Tensor x = torch::randint(config.vocab, {2, config.context}, torch::kLong);
-  model.forward(x, x).backward();
-  optimizer.step();
-  for (const auto& shard : model.parameters()) {
-    EXPECT_TRUE(shard.device().is_cpu());
-    ASSERT_TRUE(shard.grad().defined());
-    EXPECT_TRUE(shard.grad().device().is_cpu());
-  }
-}
-
-TEST(CpuOffload, IsRefusedForStrategiesThatKeepWholeParameters) {
-  for (auto strategy : {fsdp::ShardingStrategy::kNoShard, fsdp::ShardingStrategy::kZero1}) {
-    GPT gpt = make_gpt(tiny());
-    try {
-      fsdp::fully_shard(gpt, world_group, block_units(strategy).cpu_offload(true));
-      ADD_FAILURE() << "cpu_offload with " << fsdp::strategy_name(strategy) << " was accepted";
-    } catch (const c10::Error& e) {
-      EXPECT_NE(fsdp::error_message(e).find("cpu_offload needs a sharded strategy"), std::string::npos)
-          << fsdp::error_message(e);
-    }
-  }
+// The model's device context on the host: CPU offload there copies nothing,
+// so no copy stream is made even when asked for, and asking for it is
+// refused by name; waiting for its copies waits for nothing.
+TEST(DeviceContext, OnTheHostThereIsNoCopyStream) {
+  const fsdp::DeviceContext context(c10::Device(torch::kCPU), /*copy_stream=*/true);
+  EXPECT_TRUE(context.on_host());
+  EXPECT_FALSE(context.has_copy_stream());
+  EXPECT_THROW(context.copy_stream(), c10::Error);
+  context.synchronize_copy_stream();
+  EXPECT_TRUE(fsdp::in_host_memory(torch::zeros({2})));
+  EXPECT_TRUE(fsdp::is_host_device(c10::Device(torch::kCPU)));
 }
 
 // FullyShardOptions::device names where the units compute; naming the

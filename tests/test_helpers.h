@@ -1,7 +1,9 @@
 #pragma once
 // Shared by the tests: a deterministic token file, GPT configurations, a
-// float comparison that says where two tensors differ, and a sharded
-// model's gradients gathered and compared with a single process's.
+// float comparison that says where two tensors differ, a sharded
+// model's gradients gathered and compared with a single process's, an
+// error's text, and whole files as bytes. The multi-rank helpers are in
+// sharded_test_helpers.h.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -10,16 +12,45 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "core/unit.h"
+#include "fsdp/error.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/gpt.h"
 #include "fsdp/options.h"
 #include "fsdp/wrap_policy.h"
 
 namespace fsdp::testing {
+
+// The text of the error `f` throws ("<no error>" if it throws none).
+inline std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return fsdp::error_message(e);
+  }
+  return "<no error>";
+}
+
+inline void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// `v` as 8 little-endian bytes (a safetensors header's length).
+inline std::string le64(uint64_t v) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
 
 inline models::GPT make_gpt(const models::GPTConfig& config, uint64_t seed = 1) {
   models::GPT model(config);

@@ -1,0 +1,214 @@
+// Sharded checkpoints at W = 2, 3 and 4: every shardable optimizer resumes
+// bit for bit; another optimizer's state, and files with wrong tensors
+// (missing, extra, of another shape or dtype, a padded end that is not
+// zero), are refused naming the file and the tensor. The files themselves
+// (safetensors, checksums) are tested in test_checkpoint_files.cpp.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "fsdp/checkpoint.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/gpt.h"
+#include "fsdp/optimizer_state.h"
+#include "fsdp/safetensors.h"
+#include "fsdp/token_data.h"
+#include "fsdp/train_step.h"
+#include "state_dict/checkpoint_json.h"
+#include "mpi_test_env.h"
+#include "sharded_test_helpers.h"
+#include "test_helpers.h"
+
+using fsdp::ShardingStrategy;
+using fsdp::testing::world_group;
+using fsdp::testing::batch;
+using fsdp::testing::block_units;
+using fsdp::testing::data_for;
+using fsdp::testing::expect_same_params;
+using fsdp::testing::make_gpt;
+using fsdp::testing::options_for;
+using fsdp::testing::spec_adamw;
+using fsdp::testing::tiny;
+using fsdp::testing::token_data;
+
+namespace {
+
+// Checkpoints keep every shardable optimizer's state: stopped after 2 steps,
+// saved, reloaded into a fresh model and optimizer, and continued, the
+// model equals one trained straight through, bit for bit.
+template <class Optimizer, class Options>
+void expect_exact_resume(const Options& options, const std::string& name, fsdp::CheckpointFormat format) {
+  const std::string dir = "/tmp/fsdp_api_ckpt_" + name + "_" + std::to_string(world_group->size());
+  if (world_group->rank() == 0) std::filesystem::remove_all(dir);
+  world_group->barrier()->wait();
+  auto train = [&](auto& model, auto& train_step, int64_t from, int64_t to) {
+    for (int64_t step = from; step < to; ++step) {
+      train_step([&](int64_t micro) {
+        auto [x, y] = batch(token_data(), step, micro, 1, 2);
+        return model(x, y);
+      });
+    }
+  };
+  auto straight = fsdp::fully_shard(make_gpt(tiny()), world_group, block_units());
+  Optimizer opt_straight(straight.parameters(), options);
+  fsdp::TrainStep step_straight(straight, opt_straight);
+  train(straight, step_straight, 0, 4);
+
+  std::string path;
+  {
+    auto first = fsdp::fully_shard(make_gpt(tiny()), world_group, block_units());
+    Optimizer opt_first(first.parameters(), options);
+    fsdp::TrainStep step_first(first, opt_first);
+    train(first, step_first, 0, 2);
+    path = fsdp::save_checkpoint(first.state(), opt_first, dir, 2, {}, format);
+  }
+  auto resumed = fsdp::fully_shard(make_gpt(tiny(), 99), world_group, block_units());
+  Optimizer opt_resumed(resumed.parameters(), options);
+  const fsdp::CheckpointInfo info = fsdp::load_checkpoint(resumed.state(), opt_resumed, path);
+  EXPECT_EQ(info.optimizer_type, fsdp::OptimizerState(opt_resumed).type());
+  EXPECT_EQ(info.step, 2);
+  fsdp::TrainStep step_resumed(resumed, opt_resumed);
+  train(resumed, step_resumed, 2, 4);
+  expect_same_params(resumed.state(), straight.state(), name + " " + fsdp::checkpoint_format_name(format));
+  world_group->barrier()->wait();
+  if (world_group->rank() == 0) std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+TEST(Checkpoint, EveryShardableOptimizerResumesExactly) {
+  for (auto format : {fsdp::CheckpointFormat::kSharded, fsdp::CheckpointFormat::kFull}) {
+    expect_exact_resume<torch::optim::AdamW>(spec_adamw(), "adamw", format);
+    expect_exact_resume<torch::optim::Adam>(torch::optim::AdamOptions(1e-3).amsgrad(true), "adam_amsgrad", format);
+    expect_exact_resume<torch::optim::SGD>(torch::optim::SGDOptions(0.05).momentum(0.9).dampening(0.1), "sgd_momentum",
+                                           format);
+    expect_exact_resume<torch::optim::SGD>(torch::optim::SGDOptions(0.05), "sgd", format);
+  }
+}
+
+TEST(Checkpoint, RefusesAnotherOptimizersState) {
+  const std::string dir = "/tmp/fsdp_api_ckpt_mismatch_" + std::to_string(world_group->size());
+  if (world_group->rank() == 0) std::filesystem::remove_all(dir);
+  world_group->barrier()->wait();
+  auto model = fsdp::fully_shard(make_gpt(tiny()), world_group, block_units());
+  torch::optim::AdamW adamw(model.parameters(), spec_adamw());
+  const std::string path = fsdp::save_checkpoint(model.state(), adamw, dir, 1);
+  torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  try {
+    fsdp::load_checkpoint(model.state(), sgd, path);
+    ADD_FAILURE() << "an AdamW checkpoint loaded into SGD";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds the state of optimizer 'adamw'"), std::string::npos) << e.what();
+  }
+  torch::optim::LBFGS lbfgs(model.parameters(), torch::optim::LBFGSOptions(1.0));
+  EXPECT_THROW(fsdp::save_checkpoint(model.state(), lbfgs, dir, 2), c10::Error);
+  world_group->barrier()->wait();
+  if (world_group->rank() == 0) std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// Rewrites a checkpoint's file through `edit` (which may change, add or drop
+// tensors), and lists the new file's checksum in a re-checksummed metadata,
+// so that only the contents are wrong.
+void tamper(const std::string& checkpoint, const std::string& file,
+            const std::function<void(std::vector<fsdp::safetensors::TensorSpec>&, std::vector<torch::Tensor>&)>& edit) {
+  const std::string path = checkpoint + "/" + file;
+  std::vector<fsdp::safetensors::TensorSpec> specs;
+  std::vector<torch::Tensor> values;
+  {
+    fsdp::safetensors::Reader reader(path);
+    for (const auto& t : reader.tensors()) {
+      specs.push_back(t.spec);
+      values.push_back(reader.read(t.spec.name));
+    }
+  }
+  edit(specs, values);
+  fsdp::safetensors::Writer writer(path, specs);
+  for (const auto& v : values) writer.write(v);
+  writer.commit();
+  nlohmann::json meta;
+  std::ifstream(checkpoint + "/metadata.json") >> meta;
+  meta["files"][file] = fsdp::safetensors::hex64(writer.checksum());
+  fsdp::write_checkpoint_metadata(checkpoint, meta);
+}
+
+size_t index_of(const std::vector<fsdp::safetensors::TensorSpec>& specs, const std::string& name) {
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (specs[i].name == name) return i;
+  throw std::runtime_error("no tensor " + name);
+}
+
+void expect_refused(const std::string& checkpoint, const std::string& what) {
+  try {
+    fsdp::SavedCheckpoint saved(checkpoint);
+    ADD_FAILURE() << "a tampered checkpoint was accepted; expected: " << what;
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find(what), std::string::npos) << e.what_without_backtrace();
+  }
+}
+
+}  // namespace
+
+// Files that are intact as files (their checksums match) but hold the wrong
+// tensors are refused by name, in both formats; the untouched checkpoint loads.
+TEST(Checkpoint, WrongTensorsAreRefusedNamingFileAndTensor) {
+  namespace fs = std::filesystem;
+  const std::string dir = "/tmp/fsdp_test_tamper_w" + std::to_string(world_group->size());
+  auto model = fsdp::fully_shard(fsdp::testing::make_gpt(tiny()), world_group, options_for(ShardingStrategy::kFullShard));
+  torch::optim::AdamW optimizer(model.parameters(), fsdp::testing::spec_adamw());
+  auto data = data_for(tiny());
+  auto [x, y] = data.batch(0, 0, world_group->rank(), world_group->size(), 1, 2);
+  model.forward(x, y).backward();
+  optimizer.step();
+  if (world_group->rank() == 0) fs::remove_all(dir);
+  world_group->barrier()->wait();
+  const std::string sharded = fsdp::save_checkpoint(model.state(), optimizer, dir + "/sharded", 1);
+  const std::string full =
+      fsdp::save_checkpoint(model.state(), optimizer, dir + "/full", 1, {}, fsdp::CheckpointFormat::kFull);
+  fsdp::load_checkpoint(model.state(), optimizer, sharded);
+  fsdp::load_checkpoint(model.state(), optimizer, full);
+  world_group->barrier()->wait();
+  if (world_group->rank() == 0) {
+    auto copy = [&](const std::string& from, const std::string& name) {
+      fs::copy(from, dir + "/" + name, fs::copy_options::recursive);
+      return dir + "/" + name;
+    };
+    std::string c = copy(sharded, "dtype");
+    tamper(c, "shard-0.safetensors", [](auto& specs, auto& values) {
+      const size_t i = index_of(specs, "u0.exp_avg");
+      specs[i].dtype = torch::kBFloat16;
+      values[i] = values[i].to(torch::kBFloat16);
+    });
+    expect_refused(c, "shard-0.safetensors': tensor 'u0.exp_avg' is BFloat16 of shape");
+    c = copy(sharded, "extra");
+    tamper(c, "shard-0.safetensors", [](auto& specs, auto& values) {
+      specs.push_back({"u9.param", torch::kFloat, {3}});
+      values.push_back(torch::zeros({3}));
+    });
+    expect_refused(c, "shard-0.safetensors' has a tensor 'u9.param' that the checkpoint's layout does not have");
+    c = copy(full, "missing");
+    tamper(c, "model.safetensors", [](auto& specs, auto& values) {
+      const size_t i = index_of(specs, "transformer.wte.weight");
+      specs.erase(specs.begin() + i);
+      values.erase(values.begin() + i);
+    });
+    expect_refused(c, "model.safetensors' has no tensor 'transformer.wte.weight'");
+    c = copy(full, "shape");
+    tamper(c, "optimizer.safetensors", [](auto& specs, auto& values) {
+      const size_t i = index_of(specs, "transformer.wte.weight.exp_avg");
+      specs[i].shape = {values[i].numel()};
+      values[i] = values[i].flatten();
+    });
+    expect_refused(c, "optimizer.safetensors': tensor 'transformer.wte.weight.exp_avg' is Float of shape [16384]");
+    // A file of another checkpoint, intact in itself, is refused too.
+    c = copy(full, "swapped");
+    fs::copy(full + "/model.safetensors", c + "/optimizer.safetensors", fs::copy_options::overwrite_existing);
+    expect_refused(c, "optimizer.safetensors' has checksum");
+    fs::remove_all(dir);
+  }
+  world_group->barrier()->wait();
+}

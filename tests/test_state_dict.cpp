@@ -1,0 +1,180 @@
+// State dicts at W = 2, 3 and 4: the full state dict is the model, loads
+// into a sharded model, sharded round trips, sharded initialization giving
+// the shards of the whole model, and UnshardScope (whole parameters for
+// evaluation, written back).
+
+#include <gtest/gtest.h>
+
+#include "fsdp/fully_shard.h"
+#include "fsdp/gpt.h"
+#include "fsdp/state_dict.h"
+#include "fsdp/token_data.h"
+#include "fsdp/train_step.h"
+#include "mpi_test_env.h"
+#include "sharded_test_helpers.h"
+#include "test_helpers.h"
+
+using fsdp::models::GPTConfig;
+using fsdp::models::GPT;
+using fsdp::testing::world_group;
+using fsdp::testing::batch;
+using fsdp::testing::block_units;
+using fsdp::testing::expect_same_params;
+using fsdp::testing::full_params;
+using fsdp::testing::make_gpt;
+using fsdp::testing::spec_adamw;
+using fsdp::testing::tiny;
+using fsdp::testing::token_data;
+
+TEST(StateDict, FullStateDictIsTheModel) {
+  GPT reference = make_gpt(tiny(), 3);
+  auto model = fsdp::fully_shard(make_gpt(tiny(), 3), world_group, block_units());
+  const fsdp::StateDict full = fsdp::full_state_dict(model.state());
+  const auto expected = fsdp::unique_named_parameters(*reference);
+  ASSERT_EQ(full.size(), expected.size());
+  size_t i = 0;
+  for (const auto& item : full) {
+    EXPECT_EQ(item.key(), expected[i].first) << "the model's own order and names";
+    EXPECT_TRUE(torch::equal(item.value(), expected[i].second)) << item.key();
+    ++i;
+  }
+  const fsdp::StateDict rank0 = fsdp::full_state_dict(model.state(), fsdp::FullStateDictOptions().rank0_only(true));
+  EXPECT_EQ(rank0.size(), world_group->rank() == 0 ? expected.size() : 0u);
+}
+
+TEST(StateDict, LoadFullIntoAShardedModel) {
+  for (auto strategy : {fsdp::ShardingStrategy::kFullShard, fsdp::ShardingStrategy::kNoShard,
+                        fsdp::ShardingStrategy::kZero1}) {
+    auto source = fsdp::fully_shard(make_gpt(tiny(), 5), world_group, block_units());
+    auto target = fsdp::fully_shard(make_gpt(tiny(), 6), world_group, block_units(strategy));
+    fsdp::load_full_state_dict(target.state(), fsdp::full_state_dict(source.state()));
+    expect_same_params(target.state(), source.state(), fsdp::strategy_name(strategy));
+    // And the loaded model computes with the loaded values (the gathered
+    // copies were refreshed).
+    auto [x, y] = batch(token_data(), 0, 0, 1, 2);
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(torch::equal(target(x, y), source(x, y))) << fsdp::strategy_name(strategy);
+  }
+  auto model = fsdp::fully_shard(make_gpt(tiny()), world_group, block_units());
+  fsdp::StateDict dict = fsdp::full_state_dict(model.state());
+  fsdp::StateDict missing;
+  for (const auto& item : dict)
+    if (item.key() != "transformer.ln_f.bias") missing.insert(item.key(), item.value());
+  EXPECT_THROW(fsdp::load_full_state_dict(model.state(), missing), c10::Error);
+  dict.insert("extra.weight", torch::zeros({2}));
+  EXPECT_THROW(fsdp::load_full_state_dict(model.state(), dict), c10::Error);
+}
+
+TEST(StateDict, ShardedRoundTrip) {
+  auto model = fsdp::fully_shard(make_gpt(tiny()), world_group, block_units());
+  torch::optim::AdamW optimizer(model.parameters(), spec_adamw());
+  const auto before = full_params(model.state());
+  const fsdp::ShardedStateDict mine = fsdp::sharded_state_dict(model.state());
+  int64_t held = 0;
+  for (const auto& item : mine) held += item.value().local.numel();
+  torch::Tensor total = torch::tensor({held}, torch::kLong);
+  world_group->all_reduce(total, fsdp::ReduceOp::kSum)->wait();
+  int64_t numel = 0;
+  for (const auto& [name, value] : before) numel += value.numel();
+  EXPECT_EQ(total.item<int64_t>(), numel) << "the pieces partition the model";
+  fsdp::TrainStep step(model, optimizer);
+  step([&](int64_t micro) {
+    auto [x, y] = batch(token_data(), 0, micro, 1, 2);
+    return model(x, y);
+  });
+  fsdp::load_sharded_state_dict(model.state(), mine);
+  const auto after = full_params(model.state());
+  for (const auto& [name, value] : before) EXPECT_TRUE(torch::equal(after.at(name), value)) << name;
+  // Pieces of another layout are refused.
+  auto other = fsdp::fully_shard(make_gpt(tiny()), world_group, block_units(fsdp::ShardingStrategy::kNoShard));
+  EXPECT_THROW(fsdp::load_sharded_state_dict(other.state(), mine), c10::Error);
+}
+
+// A model built under DeferredInit has shapes but no memory of its own;
+// fully_shard refuses it without an init function, and with one gives
+// exactly the shards of a model initialized whole.
+TEST(StateDict, ShardedInitializationGivesTheShardsOfTheWholeModel) {
+  GPTConfig config = tiny();
+  auto whole = fsdp::fully_shard(fsdp::testing::make_gpt(config, 5), world_group, block_units());
+  fsdp::models::GPT deferred(nullptr);
+  {
+    fsdp::memory::DeferredInit scope;
+    deferred = fsdp::models::GPT(config);
+  }
+  EXPECT_TRUE(fsdp::memory::is_deferred(deferred->transformer->wte->weight.data_ptr()));
+  try {
+    fsdp::fully_shard(deferred, world_group, block_units());
+    ADD_FAILURE() << "a deferred model was sharded without an init function";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was created under memory::DeferredInit and has no values"), std::string::npos)
+        << e.what();
+  }
+  torch::manual_seed(5);
+  auto sharded = fsdp::fully_shard(
+      deferred, world_group,
+      block_units().param_init_fn([deferred](const std::string& name, torch::Tensor& p) { deferred->init_parameter(name, p); }));
+  ASSERT_EQ(sharded.parameters().size(), whole.parameters().size());
+  for (size_t u = 0; u < whole.parameters().size(); ++u) {
+    EXPECT_TRUE(torch::equal(sharded.parameters()[u], whole.parameters()[u])) << "unit " << u;
+  }
+}
+
+TEST(UnshardScope, WholeParametersForEvaluation) {
+  for (auto strategy : {fsdp::ShardingStrategy::kFullShard, fsdp::ShardingStrategy::kShardGradOp,
+                        fsdp::ShardingStrategy::kNoShard}) {
+    auto model = fsdp::fully_shard(make_gpt(tiny(), 9), world_group, block_units(strategy));
+    const auto expected = full_params(model.state());
+    auto [x, y] = batch(token_data(), 0, 0, 1, 2);
+    torch::Tensor through_units;
+    {
+      torch::NoGradGuard no_grad;
+      through_units = model(x, y);
+    }
+    {
+      fsdp::UnshardScope whole(model.state());
+      for (const auto& [name, param] : fsdp::unique_named_parameters(model.module())) {
+        EXPECT_TRUE(torch::equal(param, expected.at(name))) << name << " inside the scope";
+      }
+      torch::NoGradGuard no_grad;
+      // The model's modules called directly, not through the root unit.
+      torch::Tensor logits = model->logits(x);
+      EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{2, tiny().context, tiny().vocab}));
+      EXPECT_TRUE(torch::equal(model(x, y), through_units)) << "a forward inside the scope";
+      for (const auto& [name, param] : fsdp::unique_named_parameters(model.module())) {
+        EXPECT_EQ(param.sizes(), expected.at(name).sizes()) << name << " after a forward inside the scope";
+      }
+      // A backward inside the scope is refused.
+      torch::AutoGradMode grad(true);
+      EXPECT_THROW(model(x, y).backward(), c10::Error);
+    }
+    model.state().check_idle();
+    if (!fsdp::keeps_params_unsharded(strategy)) {
+      EXPECT_EQ(model->transformer->wte->weight.numel(), 0) << "resharded after the scope";
+    }
+    torch::optim::AdamW optimizer(model.parameters(), spec_adamw());
+    fsdp::TrainStep step(model, optimizer);
+    EXPECT_NO_THROW(step([&](int64_t) { return model(x, y); })) << "training after the scope";
+  }
+}
+
+TEST(UnshardScope, Writeback) {
+  auto model = fsdp::fully_shard(make_gpt(tiny()), world_group, block_units());
+  {
+    fsdp::UnshardScope whole(model.state(), /*writeback=*/true);
+    torch::NoGradGuard no_grad;
+    model->transformer->ln_f->weight.fill_(2.5);
+    model->transformer->h[1]->as<fsdp::models::BlockImpl>()->mlp->c_fc->bias.fill_(-1.0);
+  }
+  const auto after = full_params(model.state());
+  EXPECT_TRUE(torch::equal(after.at("transformer.ln_f.weight"), torch::full({tiny().width}, 2.5)));
+  EXPECT_TRUE(torch::equal(after.at("transformer.h.1.mlp.c_fc.bias"), torch::full({4 * tiny().width}, -1.0)));
+  {
+    fsdp::UnshardScope whole(model.state());  // without writeback: discarded
+    torch::NoGradGuard no_grad;
+    model->transformer->ln_f->weight.fill_(7.0);
+  }
+  EXPECT_TRUE(torch::equal(full_params(model.state()).at("transformer.ln_f.weight"), torch::full({tiny().width}, 2.5)));
+  auto bf16 = fsdp::fully_shard(make_gpt(tiny()), world_group,
+                                block_units().mixed_precision(fsdp::MixedPrecision().param_dtype(torch::kBFloat16)));
+  EXPECT_THROW({ fsdp::UnshardScope refused(bf16.state(), true); }, c10::Error);
+}

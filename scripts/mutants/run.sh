@@ -34,12 +34,12 @@ set -uo pipefail
 # they run (fsdp-run comes with configuring; it runs fsdp-cma-probe).
 trainer="fsdp-train fsdp-ckpt fsdp-plan fsdp-cma-probe"
 mutations=(
-  "01-reduce-scatter-sum|^test_strategies_w3$|test_strategies"
-  "02-full-gradients-all-reduce-sum|^test_strategies_w3$|test_strategies"
-  "03-hybrid-replica-all-reduce-sum|^test_strategies_w3$|test_strategies"
-  "04-gradient-padding-not-zeroed-copying-path|^test_strategies_w3$|test_strategies"
-  "05-gradient-padding-not-zeroed-sharded-path|^test_strategies_w3$|test_strategies"
-  "06-parameter-padding-not-zeroed|^test_strategies_w3$|test_strategies"
+  "01-reduce-scatter-sum|^sharding_and_memory_w3$|mpi_tests"
+  "02-full-gradients-all-reduce-sum|^sharding_and_memory_w3$|mpi_tests"
+  "03-hybrid-replica-all-reduce-sum|^sharding_and_memory_w3$|mpi_tests"
+  "04-gradient-padding-not-zeroed-copying-path|^sharding_and_memory_w3$|mpi_tests"
+  "05-gradient-padding-not-zeroed-sharded-path|^sharding_and_memory_w3$|mpi_tests"
+  "06-parameter-padding-not-zeroed|^sharding_and_memory_w3$|mpi_tests"
   "07-shard-offset-without-padding|^trainer_equivalence$|$trainer"
   "08-checkpoint-load-without-min|^trainer_checkpoint$|$trainer"
   "09-ckpt-keep-one-more|^trainer_ckpt-keep$|$trainer"
@@ -48,12 +48,12 @@ mutations=(
   "12-fp16-gradients-not-unscaled|^trainer_reduce-dtype$|$trainer"
   "13-stuck-group-destructor-joins|^trainer_watchdog$|$trainer watchdog_probe"
   "14-reduced-gradients-negated|^trainer_example$|example-mlp fsdp-cma-probe"
-  "15-limiter-allows-two-in-backward|^test_fully_shard_w2$|test_fully_shard"
-  "16-limiter-off-by-one|^test_fully_shard_w2$|test_fully_shard"
-  "17-no-finish-reductions-before-recompute|^(test_fully_shard_w2|trainer_activation-checkpointing)$|test_fully_shard $trainer"
+  "15-limiter-allows-two-in-backward|^state_machine_prefetch_ac_w2$|mpi_tests"
+  "16-limiter-off-by-one|^state_machine_prefetch_ac_w2$|mpi_tests"
+  "17-no-finish-reductions-before-recompute|^(state_machine_prefetch_ac_w2|trainer_activation-checkpointing)$|mpi_tests $trainer"
   "18-sharded-init-materializes-whole-model|^trainer_sharded-init$|$trainer"
-  "19-async-collective-made-synchronous|^test_collectives_w2$|test_collectives"
-  "20-half-sum-skips-last-element|^test_collectives_w2$|test_collectives"
+  "19-async-collective-made-synchronous|^collectives_w2$|mpi_tests"
+  "20-half-sum-skips-last-element|^collectives_w2$|mpi_tests"
   "21-planner-forgets-prefetched-unit|^trainer_planner$|$trainer"
   "22-reader-range-check-removed|^fuzz_safetensors_reader$|fsdp fsdp-ckpt"
   "23-metadata-numel-check-removed|^fuzz_checkpoint_metadata$|fsdp fsdp-ckpt"
@@ -136,16 +136,19 @@ bounded() {  # LIMIT LOG COMMAND...: the command's status; 124 when it ran out o
 trap 'stop_running; revert' EXIT
 trap 'stop_running; revert; echo "mutants: interrupted" >&2; exit 130' INT TERM
 
+# The build's targets (a row may name targets of older or newer trees: only
+# those this tree has are built; all where the generator cannot list them).
+known_targets=" $(cmake --build "$build" --target help 2>/dev/null | sed -n 's/^\.\.\. \([^ ]*\).*/\1/p' | paste -sd' ') "
 all_targets=""
 bad=0
 results=()
 report() { results+=("$1"); echo "$1"; }
 # What failed, from a test log: the gtest cases, the trainer cases' FAIL
-# lines, a sanitizer's or the fuzz script's summary (three at most).
+# lines, a fuzz target's own complaint or a sanitizer's error (three at most).
 why() {
   local lines
   lines="$(sed 's/\x1b\[[0-9;]*m//g' "$1" |
-           grep -E '^\[  FAILED  \] [A-Za-z0-9_/]+\.[A-Za-z0-9_/]+ \(|^FAIL: |^SUMMARY: |^==[0-9]+==ERROR: |^fuzz: .* failed' |
+           grep -E '^\[  FAILED  \] [A-Za-z0-9_/]+\.[A-Za-z0-9_/]+ \(|^FAIL: |^[a-z]+_fuzz: |^==[0-9]+==ERROR: ' |
            sed 's/^\[  FAILED  \] \([^ ]*\) (.*/\1/; s/^==[0-9]*==//' | awk '!seen[$0]++' | head -3 | paste -sd'|' | sed 's/|/; /g')"
   [ -z "$lines" ] || echo ": $lines"
 }
@@ -160,6 +163,14 @@ for row in "${selected[@]}"; do
     bad=1
     continue
   fi
+  present=""
+  for t in $targets; do [[ -z "${known_targets// }" || "$known_targets" == *" $t "* ]] && present+=" $t"; done
+  if [ -z "$present" ]; then
+    report "$name: none of the targets '$targets' is in $build (renamed? update the table in $0)"
+    bad=1
+    continue
+  fi
+  targets="$present"
   all_targets+=" $targets"
   git -C "$src" apply "$here/$name.patch" || { report "$name: the patch failed to apply"; bad=1; continue; }
   applied="$here/$name.patch"

@@ -1,4 +1,4 @@
-// Offload of a sharded model: to the CPU at W = 1, 2 and 4 (the same
+// Offload of a sharded model: to the CPU at W = 1 to 4 (the same
 // losses bit for bit, shards, gradients and optimizer state on the host,
 // refused for strategies that keep whole parameters), and to disk at
 // W = 2, 3 and 4 (a plain backward refused, and the same as memory through

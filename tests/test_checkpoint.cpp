@@ -1,7 +1,7 @@
 // Sharded checkpoints at W = 2, 3 and 4: every shardable optimizer resumes
 // bit for bit; another optimizer's state, and files with wrong tensors
-// (missing, extra, of another shape or dtype, a padded end that is not
-// zero), are refused naming the file and the tensor. The files themselves
+// (of another dtype or shape, extra, missing), are refused naming the file
+// and the tensor. The files themselves
 // (safetensors, checksums) are tested in test_checkpoint_files.cpp.
 
 #include <gtest/gtest.h>

@@ -67,7 +67,7 @@
 # gpt2_124m; the first is benchmarked right after parity_w1), FSDP_GPU_PARITY_PRESET (small), FSDP_GPU_PARITY_STEPS (20),
 # FSDP_GPU_CHECK_LOGS ($FSDP_GPU_BUILD/gpu-logs), FSDP_GPU_CHECK_DEVICE
 # (cuda; cpu runs the checks' own logic without a GPU, with the tiny shape,
-# NCCL's torch check on gloo: tests/trainer/gpu-check.sh does, sourcing this
+# NCCL's torch check on gloo: tests/trainer/cases/gpu-check.sh does, sourcing this
 # script), NCCL_DEBUG (WARN for the two NCCL checks).
 set -uo pipefail
 # The caller's LD_LIBRARY_PATH, before prefix_env prepends the prefix's

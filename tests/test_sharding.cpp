@@ -143,7 +143,7 @@ TEST(Sharding, FirstStepGradientsEqualOneProcessWithTheGlobalBatch) {
   }
 }
 
-// Tolerances as in FullShard.TrainsTheSameModelAsOneProcessWithTheGlobalBatch:
+// Tolerances as in Sharding.FullShardTrainsTheSameModelAsOneProcessWithTheGlobalBatch:
 // relative 1e-5 per loss, absolute 1e-4 on the final weights. On the model
 // whose units pad at every W: the optimizer steps padded shards, whose
 // padding must stay zero.

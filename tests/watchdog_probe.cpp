@@ -1,6 +1,6 @@
 // A job in which the last rank never makes a collective the others make:
 // the others' watchdog must end the job, naming the call, within the
-// timeout. Used by tests/trainer/watchdog.sh.
+// timeout. Used by tests/trainer/cases/watchdog.sh.
 //   watchdog_probe TIMEOUT_SECONDS [unwind]
 // With "unwind", the waiting ranks do not end the job themselves: main
 // returns, and destroying the process group (whose collective is stuck

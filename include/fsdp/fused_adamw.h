@@ -17,7 +17,7 @@
 /// It IS a torch::optim::AdamW (same options, same per-parameter state:
 /// step, exp_avg, exp_avg_sq), so checkpoints, optimizer-state sharding and
 /// resharding treat it as one, and a run may resume with either. Results equal
-/// AdamW's to float rounding (tests/test_units.cpp checks 1e-6 relative over 10
+/// AdamW's to float rounding (tests/test_optimizer_kernels.cpp checks 1e-6 relative over 10
 /// steps), not bit for bit: the fused expression rounds in another order.
 /// Parameters on a GPU (all on one, float32, contiguous) are stepped by
 /// ATen's multi-tensor fused AdamW kernel, one launch per group (PyTorch's

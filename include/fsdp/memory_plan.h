@@ -136,7 +136,7 @@ struct TransformerShape {
 /// keeps (all of them at the start of backward), and what backward adds on
 /// top at its peak: the loss's gradients (2 M V fp32) at its start, or a
 /// unit's gradient buffers once its own activations are freed. Within a few
-/// percent of what the counting allocator measures for the presets (tests/trainer/planner.sh).
+/// percent of what the counting allocator measures for the presets (tests/trainer/cases/planner.sh).
 struct StepPeak {
   ModelStateBytes state;           ///< the model state at rest
   int64_t gathered = 0;            ///< the gathered parameters held at the peak

@@ -23,7 +23,7 @@
 // gather stream of their own (ProcessGroup::gather_stream(): NCCL). Every
 // decision is traced (category "order"), so the order is visible on a CPU
 // too, where there are no events and the holds only delay frees
-// (tests/test_fully_shard.cpp drives it through a group that names a
+// (tests/test_prefetch.cpp drives it through a group that names a
 // stream). Not installed.
 
 #include <c10/core/Device.h>

@@ -39,7 +39,7 @@ case_bad_input() {
 row strategies "--strategy and --ranks-per-node reach the library: summary and log name the strategy and its groups; an unknown one is refused"
 case_strategies() {
   # That every strategy trains what one process does (with accumulation and
-  # clipping) is Strategies.EveryStrategyTrainsTheSameModelAsOneProcess's,
+  # clipping) is Sharding.EveryStrategyTrainsTheSameModelAsOneProcess's,
   # GradientAccumulationEqualsTheLargerBatch's and
   # ClippingUsesTheGlobalNormAndEqualsASingleProcessClip's. Here: the
   # trainer's flags reach them. hybrid_shard on 2 simulated nodes of 2
@@ -60,7 +60,7 @@ case_equivalence() {
   # W ranks x batch B == 1 rank x batch W*B, through the trainer's own data
   # order, at W = 1, 2, 3 and 4 (global batch 12); prefetch changes when
   # parameters are gathered, never the result. (Every strategy on such a
-  # model: Strategies.EveryStrategyTrainsTheSameModelAsOneProcess; this is
+  # model: Sharding.EveryStrategyTrainsTheSameModelAsOneProcess; this is
   # the trainer's data order and the shard offsets of padded units at every
   # W, which a relative 1e-5 over 12 steps catches.)
   #
@@ -240,7 +240,7 @@ case_activation_checkpointing() {
   # gradient alive at a time besides the root's. Units per attention and per
   # MLP (--wrap sublayer): twice the block units (tiny with 4 blocks; the
   # root is a unit too); that they train the same model is
-  # FullShard.SublayerUnitsGiveTheGradientsOfOneProcess's.
+  # Sharding.SublayerUnitsGiveTheGradientsOfOneProcess's.
 
   make_text_data
   common=(--preset tiny --layers 4 --steps 4 --batch 8 --data "$work/data.txt")
@@ -281,7 +281,7 @@ case_activation_checkpointing() {
 row sharded-init "--sharded-init's construction peak is the shards plus two units and the root; refused with --init-from"
 case_sharded_init() {
   # That --sharded-init gives the shards of the model initialized whole is
-  # FullShard.ShardedInitializationGivesTheShardsOfTheWholeModel's. Here:
+  # StateDict.ShardedInitializationGivesTheShardsOfTheWholeModel's. Here:
   # the construction peak the trainer reports is the shards plus two units
   # plus the root's parameters, which building the model whole exceeds.
   #

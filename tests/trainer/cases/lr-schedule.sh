@@ -58,7 +58,7 @@ log_ok "$work/constant.jsonl" 'all(has("grad_norm") | not)' "--clip-grad-norm 0 
 # --weight-decay reaches the optimizer: the same run with decay 1.0 ends
 # elsewhere (by a little over 6 steps at lr 1e-3); its first loss is that of
 # the initial weights, before any decay. (The decay's math:
-# Strategies.WeightDecayOfMatricesOnlyEqualsAdamWWithTwoParameterGroups.)
+# WeightDecay.OfMatricesOnlyEqualsAdamWWithTwoParameterGroups.)
 train_run decay 1 "${common[@]}" --steps 6 --lr 1e-3 --warmup-steps 4 --clip-grad-norm 0 --weight-decay 1.0
 [ "$(losses "$work/constant.jsonl" | tail -1)" != "$(losses "$work/decay.jsonl" | tail -1)" ] ||
   fail "--weight-decay 1.0 trained the same model as none"

@@ -23,7 +23,7 @@ same_checkpoint() {  # DIR_A DIR_B: the same tensor files, bit for bit
 # In memory and offloaded, one run per path the trainer takes: the optimizer
 # state alone (zero1), with the parameters (full_shard; bf16 with a full
 # checkpoint), on a hybrid group. (full_shard offloaded equals memory in
-# fp32 and bf16: FullShard.DiskOffloadEqualsMemoryThroughEvaluationAndStateDictLoads.)
+# fp32 and bf16: DiskOffload.EqualsMemoryThroughEvaluationAndStateDictLoads.)
 for cfg in "zero1 bf16 sharded" "full_shard fp32 sharded" "full_shard bf16 full" "hybrid_shard_zero2 bf16 sharded"; do
   read -r strategy dtype format <<<"$cfg"
   launcher=(); case "$strategy" in hybrid*) launcher=(--ranks-per-node 1 --) ;; esac

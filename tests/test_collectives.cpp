@@ -1,5 +1,6 @@
 // The MPI process group: whole outputs for padded buffers whose real size
-// does not divide by the ranks, every dtype path, asynchrony (a collective
+// does not divide by the ranks, every dtype path, all-to-all's blocks,
+// asynchrony (a collective
 // stays in flight while a rank has not joined), sub-groups, byte counters,
 // and mismatched calls failing on every rank. The group of one (what a
 // one-GPU run gets instead of NCCL) against a one-rank MPI group, and the
@@ -131,6 +132,28 @@ TEST(Collectives, ACollectiveIsInFlightUntilTheLastRankJoins) {
   EXPECT_TRUE(torch::equal(output, torch::cat(expected)));
 }
 
+// Rank r's input is W blocks; block j goes to rank j, and output block i is
+// what rank i sent to r. Values name the sender, the receiver and the
+// element, small enough to be exact in int8.
+TEST(Collectives, AllToAllSendsBlockJToRankJ) {
+  const int W = world_group->size(), r = world_group->rank();
+  auto value = [](int from, int to, int64_t k) { return static_cast<double>(from * 24 + to * 5 + k % 5); };
+  for (auto type : {torch::kFloat, torch::kChar, torch::kDouble, torch::kBFloat16}) {
+    for (int64_t block : {1, 7, 1000}) {
+      torch::Tensor input = torch::empty({W * block}, torch::kDouble), expected = torch::empty({W * block}, torch::kDouble);
+      for (int j = 0; j < W; ++j) {
+        for (int64_t k = 0; k < block; ++k) {
+          input[j * block + k] = value(r, j, k);
+          expected[j * block + k] = value(j, r, k);
+        }
+      }
+      torch::Tensor output = torch::full({W * block}, -1, type);
+      world_group->all_to_all(output, input.to(type))->wait();
+      EXPECT_TRUE(torch::equal(output, expected.to(type))) << type << ", " << block << " per block: " << output;
+    }
+  }
+}
+
 TEST(Collectives, SubGroups) {
   const int W = world_group->size(), r = world_group->rank();
   if (W < 2) GTEST_SKIP() << "needs 2 ranks";
@@ -151,11 +174,14 @@ TEST(Collectives, CountsBytesPerKind) {
   group->all_gather(torch::empty({3 * W}), torch::zeros({3}))->wait();
   group->reduce_scatter(torch::empty({5}), torch::zeros({5 * W}), ReduceOp::kAvg)->wait();
   group->all_reduce(torch::zeros({7}, torch::kDouble), ReduceOp::kSum)->wait();
+  group->all_to_all(torch::empty({2 * W}, torch::kChar), torch::zeros({2 * W}, torch::kChar))->wait();
   auto stats = group->stats();
   EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kAllGather)], 3 * W * 4);
   EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kReduceScatter)], 5 * W * 4);
   EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kAllReduce)], 7 * 8);
+  EXPECT_EQ(stats.bytes[static_cast<int>(fsdp::CollectiveKind::kAllToAll)], 2 * W);  // the input, int8
   EXPECT_EQ(stats.calls[static_cast<int>(fsdp::CollectiveKind::kAllGather)], 1);
+  EXPECT_EQ(stats.calls[static_cast<int>(fsdp::CollectiveKind::kAllToAll)], 1);
 }
 
 TEST(Collectives, MismatchedSizesFailOnEveryRank) {
@@ -193,6 +219,27 @@ TEST(Collectives, LocalMisuseIsRefusedBeforeAnyCommunication) {
   EXPECT_THROW(world_group->reduce_scatter(torch::empty({3}), torch::zeros({3 * W}, torch::kLong), ReduceOp::kAvg),
                c10::Error);
   EXPECT_THROW(world_group->broadcast(torch::zeros({2}), W), c10::Error);
+  auto refused = [](auto call, const std::string& expected) {
+    try {
+      call();
+      ADD_FAILURE() << "accepted; expected an error containing '" << expected << "'";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(fsdp::error_message(e).find(expected), std::string::npos) << fsdp::error_message(e);
+    }
+  };
+  refused([&] { world_group->all_to_all(torch::empty({3 * W + 1}), torch::zeros({3 * W + 1})); },
+          "a multiple of " + std::to_string(W) + "; found " + std::to_string(3 * W + 1));
+  refused([&] { world_group->all_to_all(torch::empty({2 * W}), torch::zeros({3 * W})); },
+          "as many elements as input (" + std::to_string(3 * W) + "), found " + std::to_string(2 * W));
+  refused([&] { world_group->all_to_all(torch::empty({W}, torch::kChar), torch::zeros({W})); },
+          "output dtype Char differs from input dtype Float");
+  torch::Tensor both = torch::zeros({2 * W});
+  refused([&] { world_group->all_to_all(both, both); }, "must not overlap");
+  refused([&] { world_group->all_to_all(torch::empty({2 * W}), torch::zeros({2, W}).t()); }, "must be contiguous");
+  // Still in step: nothing refused reached the other ranks.
+  torch::Tensor ok = torch::ones({2});
+  world_group->all_reduce(ok, ReduceOp::kSum)->wait();
+  EXPECT_TRUE(torch::equal(ok, torch::full({2}, static_cast<float>(W)))) << ok;
 }
 
 // ---- the group of one ----
@@ -219,8 +266,10 @@ TEST(LocalGroup, CollectivesEqualAOneRankMpiGroupsAndCountTheSame) {
     // A gather in place: the input is the output's only slice.
     torch::Tensor in_place = rank_values(r, 6);
     group->all_gather(in_place, in_place.narrow(0, 0, 6))->wait();
+    torch::Tensor exchanged = torch::full({5}, -1, torch::kChar);
+    group->all_to_all(exchanged, (torch::arange(5) + r).to(torch::kChar))->wait();
     group->barrier()->wait();
-    results[i++] = {gathered, reduced, summed, broadcast, in_place};
+    results[i++] = {gathered, reduced, summed, broadcast, in_place, exchanged};
   }
   for (size_t k = 0; k < results[0].size(); ++k) EXPECT_TRUE(torch::equal(results[0][k], results[1][k])) << k;
   const fsdp::CommStats a = mpi_one->stats(), b = local->stats();
@@ -245,6 +294,9 @@ TEST(LocalGroup, RefusesWhatNoGroupOfOneCanDo) {
   refused([&] { local->all_reduce(torch::ones({2}, torch::kLong), ReduceOp::kAvg); }, "floating-point");
   refused([&] { local->reduce_scatter(torch::empty({4}), torch::ones({4}, torch::kDouble), ReduceOp::kSum); },
           "differs from input dtype");
+  refused([&] { local->all_to_all(torch::empty({3}), torch::ones({4})); }, "as many elements as input (4), found 3");
+  torch::Tensor both = torch::ones({4});
+  refused([&] { local->all_to_all(both, both); }, "must not overlap");
 }
 
 // ---- the collective watchdog (NCCL's, without CUDA: failures injected) ----

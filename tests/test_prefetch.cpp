@@ -132,6 +132,7 @@ class GroupWithGatherStream final : public fsdp::ProcessGroup {
     return inner_->reduce_scatter(o, i, op);
   }
   fsdp::WorkHandle all_reduce(torch::Tensor t, fsdp::ReduceOp op) override { return inner_->all_reduce(t, op); }
+  fsdp::WorkHandle all_to_all(torch::Tensor o, torch::Tensor i) override { return inner_->all_to_all(o, i); }
   fsdp::WorkHandle broadcast(torch::Tensor t, int root) override { return inner_->broadcast(t, root); }
   fsdp::WorkHandle barrier() override { return inner_->barrier(); }
   std::shared_ptr<fsdp::ProcessGroup> split(int c, int k) override {

@@ -30,9 +30,10 @@ enum class CollectiveKind {
   kReduceScatter,  ///< ProcessGroup::reduce_scatter
   kAllReduce,      ///< ProcessGroup::all_reduce
   kBroadcast,      ///< ProcessGroup::broadcast
+  kAllToAll,       ///< ProcessGroup::all_to_all
   kCount           ///< the number of kinds (the size of CommStats' arrays), not a kind
 };
-/// The kind's name for reports: "all_gather", "reduce_scatter", "all_reduce", "broadcast".
+/// The kind's name for reports: "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all".
 const char* collective_name(CollectiveKind kind);
 
 /// An asynchronous collective. wait() blocks until it is done and rethrows the
@@ -77,7 +78,7 @@ using WorkHandle = std::shared_ptr<Work>;
 
 /// What a group has moved, in bytes, per collective kind: the full
 /// (unsharded) buffer for all-gather and reduce-scatter, the tensor for
-/// all-reduce and broadcast. Padding is included. Also the time callers
+/// all-reduce and broadcast, the input for all-to-all. Padding is included. Also the time callers
 /// spent blocked in Work::wait (communication the compute did not hide).
 struct CommStats {
   std::array<int64_t, static_cast<size_t>(CollectiveKind::kCount)> bytes{};  ///< by CollectiveKind
@@ -107,6 +108,11 @@ class ProcessGroup {
   virtual WorkHandle reduce_scatter(torch::Tensor output, torch::Tensor input, ReduceOp op) = 0;
   /// tensor = the element-wise reduction of every rank's tensor, in place.
   virtual WorkHandle all_reduce(torch::Tensor tensor, ReduceOp op) = 0;
+  /// output (n elements) = every rank's block `rank()` of its input, in rank
+  /// order: the input is size() blocks of n / size() elements, block j goes
+  /// to rank j (MPI_Alltoall, torch's all_to_all_single with equal splits).
+  /// Both contiguous, same dtype and size, a multiple of size().
+  virtual WorkHandle all_to_all(torch::Tensor output, torch::Tensor input) = 0;
   /// tensor = rank `root`'s tensor, in place on every rank.
   virtual WorkHandle broadcast(torch::Tensor tensor, int root) = 0;
   /// Done once every rank has called it.

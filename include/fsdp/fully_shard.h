@@ -90,9 +90,21 @@ class FsdpState {
   const ProcessGroupPtr& shard_group() const { return shard_group_; }
   /// \copydoc shard_group()
   const ProcessGroupPtr& replicate_group() const { return replicate_group_; }
-  /// Bytes moved by the units' collectives, per kind, over both groups.
+  /// ZeroPlusPlus's groups: the ranks of this rank's host (secondary
+  /// partition's gathers, the first step of a quantized reduction), and one
+  /// rank of every host, those with this rank's place in its host (the
+  /// quantized reduction's all-to-all); null where no option needs them.
+  const ProcessGroupPtr& host_group() const { return host_group_; }
+  /// \copydoc host_group()
+  const ProcessGroupPtr& cross_host_group() const { return cross_host_group_; }
+  /// Bytes moved by the units' collectives, per kind, over all their groups.
   CommStats comm_stats() const;
-  /// Zeroes comm_stats() (both groups' counters).
+  /// The part of comm_stats() moved by groups that span hosts (the shard
+  /// group of a world-sharded strategy over several hosts, the replicate
+  /// group of a hybrid one, cross_host_group()), as the planner's
+  /// CommBytes::cross_host counts it; comm_stats() less this stays inside a host.
+  CommStats cross_host_comm_stats() const;
+  /// Zeroes comm_stats() (every group's counters).
   void reset_comm_stats();
 
   /// With sync off, backward leaves each parameter's gradient unreduced in
@@ -167,6 +179,9 @@ class FsdpState {
   ProcessGroupPtr group_;
   FullyShardOptions options_;
   ProcessGroupPtr shard_group_, replicate_group_;
+  ProcessGroupPtr host_group_, cross_host_group_;  // ZeroPlusPlus (make_groups)
+  torch::Tensor host_major_ranks_;                 // ZeroPlusPlus: see FlatParamConfig::host_major_ranks
+  int hosts_ = 1;  // how many hosts the ranks are on (make_groups)
   c10::Device device_ = c10::Device(torch::kCPU);
   // Before units_ and offload_: the offload's copies use its streams.
   std::unique_ptr<DeviceContext> device_context_;

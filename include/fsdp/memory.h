@@ -19,6 +19,7 @@ enum class Category {
   kGradientShard,    ///< the gradients of those shards
   kOptimizerState,   ///< what the optimizer allocates while stepping (Adam moments)
   kUnshardedBuffer,  ///< all-gathered parameters and unsharded gradients, transient
+  kSecondaryPartition,  ///< ZeroPlusPlus::secondary_partition: the host's slices kept from forward to backward
   kOther,            ///< activations, temporaries, everything else
   kCount             ///< the number of categories, not a category
 };

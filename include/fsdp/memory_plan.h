@@ -47,18 +47,53 @@ ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, Sh
 
 /// Bytes each collective kind moves per rank in one step (as the
 /// communicator counts them: a gather's full output, a reduction's full
-/// input), for units of the given element counts.
+/// input, an all-to-all's input), for units of the given element counts.
 struct CommBytes {
   int64_t all_gather = 0;      ///< parameters gathered (twice a step where resharded after forward)
   int64_t reduce_scatter = 0;  ///< gradients reduced into shards
   int64_t all_reduce = 0;      ///< gradients reduced whole (no_shard, zero1), or across nodes (hybrid)
+  int64_t all_to_all = 0;      ///< quantized gradients exchanged across hosts (ZeroPlusPlus::gradient_quantization)
+  /// Of the above, the bytes of collectives over groups that span hosts (as
+  /// FsdpState::cross_host_comm_stats() counts them); 0 on one host.
+  int64_t cross_host = 0;
   /// Bytes over every kind.
-  int64_t total() const { return all_gather + reduce_scatter + all_reduce; }
+  int64_t total() const { return all_gather + reduce_scatter + all_reduce + all_to_all; }
+  /// The bytes that stay inside a host: total() - cross_host.
+  int64_t inside_host() const { return total() - cross_host; }
 };
 /// The bytes one step moves per rank, by collective kind (see CommBytes);
-/// the arguments as estimate_model_state's.
+/// the arguments as estimate_model_state's, and the ZeRO++ options the units
+/// were sharded with. Hosts: H = world / ranks_per_node (one host for 0), of
+/// K ranks each. Per unit of N elements, with the shard S = ceil(N / G) over
+/// the shard group G (the world, or K for the hybrids), Np = S G, p and r
+/// the bytes of the param and reduce dtypes, B = quantization_block and
+/// PB(S) = ceil(S / B) (B + 4) (the int8 blocks, one fp32 scale each):
+/// \code{.unparsed}
+///   a gather           G Np p, or G PB(S) bytes with gather_quantization
+///   full_shard         two gathers; with secondary_partition backward's is
+///                      Np p over the host (never quantized)
+///   shard_grad_op      one gather
+///   reduction          reduce_scatter Np r; with gradient_quantization a
+///                      reduce_scatter of Np r over the host and an
+///                      all_to_all of H PB(S) over one rank per host
+///   hybrids            + all_reduce S r across hosts (H > 1)
+///   cross_host         (H > 1) the world group's collectives, the hybrids'
+///                      all_reduce and the all_to_all; the host group's
+///                      (hpZ's gathers, qgZ's first step, the hybrids'
+///                      gathers and reduce-scatters) stay inside
+/// \endcode
+/// Throws, with fully_shard's reasons, for the combinations it refuses
+/// (check_zero_plus_plus_plan).
 CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
-                                 int ranks_per_node, const MixedPrecision& mixed_precision);
+                                 int ranks_per_node, const MixedPrecision& mixed_precision,
+                                 const ZeroPlusPlus& zero_plus_plus = ZeroPlusPlus());
+/// Throws, with the reason fully_shard gives, where ZeRO++'s options cannot
+/// be used with `strategy` (no_shard and zero1; secondary_partition except
+/// with full_shard; gradient_quantization with the hybrids; a block that is
+/// not a positive multiple of 4), or where ranks_per_node does not divide
+/// the world.
+void check_zero_plus_plus_plan(ShardingStrategy strategy, int world, int ranks_per_node,
+                               const ZeroPlusPlus& zero_plus_plus);
 
 /// Choosing a strategy for a per-rank memory budget: the one rule that
 /// `fsdp-train --strategy auto --memory-budget` and `fsdp-plan --budget` share.
@@ -142,14 +177,22 @@ struct StepPeak {
   int64_t gathered = 0;            ///< the gathered parameters held at the peak
   int64_t activations = 0;         ///< what autograd keeps, all of it at the start of backward
   int64_t backward_transient = 0;  ///< what backward adds at its peak
+  /// ZeroPlusPlus::secondary_partition (memory::Category::kSecondaryPartition):
+  /// every unit's host slice, Np / K elements in the param dtype (K ranks a
+  /// host), all held at once from the end of forward into backward.
+  int64_t secondary_partition = 0;
   /// The step's peak: the sum of the above.
-  int64_t total() const { return state.total() + gathered + activations + backward_transient; }
+  int64_t total() const { return state.total() + gathered + activations + backward_transient + secondary_partition; }
 };
 /// `unit_numels` overrides shape.unit_numels() (a model of another
 /// parameter count with the same block structure; the blocks equal).
+/// `zero_plus_plus`: hpZ's slices (secondary_partition), and with
+/// gather_quantization a quantized gather's packed buffers in `gathered`
+/// (the packed shard and the K packed rows of the largest unit).
 StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy strategy, int world, int ranks_per_node,
                             const MixedPrecision& mixed_precision, bool prefetch, bool activation_checkpointing,
-                            const std::vector<int64_t>& unit_numels = {});
+                            const std::vector<int64_t>& unit_numels = {},
+                            const ZeroPlusPlus& zero_plus_plus = ZeroPlusPlus());
 
 /// Disk offload (FullyShardOptions::nvme_offload), per rank: what leaves
 /// memory, what the scratch file holds, and one step's disk traffic, from the

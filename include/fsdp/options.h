@@ -101,6 +101,55 @@ struct NvmeOffloadOptions {
   TORCH_ARG(offload::DiskStoreOptions, store);
 };
 
+/// How a collective's payload is quantized (ZeRO++'s qwZ and qgZ).
+enum class Quantization {
+  kNone,  ///< not quantized: the payload travels in its own dtype
+  kInt8   ///< int8 in blocks of ZeroPlusPlus::quantization_block elements, one fp32 scale per block
+};
+/// "none", "int8".
+const char* quantization_name(Quantization quantization);
+Quantization parse_quantization(const std::string& name);  ///< throws, listing the names
+
+/// ZeRO++'s three ways to cut the traffic between hosts (DeepSpeed's
+/// zero_quantized_weights, zero_hpz_partition_size and
+/// zero_quantized_gradients), for the world-sharded strategies. A host is
+/// FullyShardOptions::ranks_per_node ranks (0: the ranks that share memory,
+/// as MPI reports them); every host must have as many. Each option is
+/// refused, with the reason, where it cannot help: see the setters.
+struct ZeroPlusPlus {
+  ZeroPlusPlus() = default;
+  /// Whether any of the three is on.
+  bool any() const {
+    return gather_quantization_ != Quantization::kNone || secondary_partition_ ||
+           gradient_quantization_ != Quantization::kNone;
+  }
+  /// qwZ: each rank quantizes its parameter shard (in the param dtype) to
+  /// int8 in blocks before the all-gather, and the gathered blocks are
+  /// dequantized into the param dtype: a quarter of fp32's bytes. The fp32
+  /// masters and the optimizer are untouched; the same shard always
+  /// quantizes to the same bytes. Sharded strategies; gathers for state
+  /// dicts and inside an fsdp::UnshardScope stay exact.
+  TORCH_ARG(Quantization, gather_quantization) = Quantization::kNone;
+  /// hpZ (FSDP2's reshard_after_forward=<ranks per node>): after a unit's
+  /// forward, each rank keeps its host's slice of the gathered parameters
+  /// (1/ranks_per_node of the unit, in the param dtype), so that backward's
+  /// all-gather stays inside the host. Costs that slice of every unit from
+  /// forward to backward (memory::Category::kSecondaryPartition).
+  /// full_shard only: shard_grad_op and the hybrids gather nothing across
+  /// hosts in backward.
+  TORCH_ARG(bool, secondary_partition) = false;
+  /// qgZ: gradients are reduced in two steps, first reduce-scattered inside
+  /// the host (in the reduce dtype), then each rank's part is quantized and
+  /// exchanged with one rank per other host (an all-to-all), where it is
+  /// dequantized and summed in fp32. full_shard and shard_grad_op (the
+  /// hybrids already reduce inside the host).
+  TORCH_ARG(Quantization, gradient_quantization) = Quantization::kNone;
+  /// Elements per quantization block (each has its own fp32 scale): the
+  /// error of an element is at most its block's largest magnitude / 254.
+  /// 256 by default: 1.6 % of scale bytes over the int8 payload.
+  TORCH_ARG(int64_t, quantization_block) = 256;
+};
+
 /// Gives parameter `name` its initial values, in place
 /// (FullyShardOptions::param_init_fn).
 using ParamInitFn = std::function<void(const std::string& name, torch::Tensor& param)>;
@@ -172,6 +221,8 @@ struct FullyShardOptions {
   /// limit is the process's: fully_shard only ever raises it, and
   /// memory::set_block_cache_limit / empty_block_cache lower or empty it.
   TORCH_ARG(bool, cache_host_blocks) = true;
+  /// ZeRO++'s quantized and hierarchical collectives (all off by default).
+  TORCH_ARG(ZeroPlusPlus, zero_plus_plus) = ZeroPlusPlus();
 };
 
 }  // namespace fsdp

@@ -14,6 +14,7 @@
 #include <future>
 #include <optional>
 
+#include "comm/all_to_all_check.h"
 #include "fsdp/comm.h"
 
 namespace fsdp {
@@ -85,6 +86,17 @@ class LocalProcessGroup final : public ProcessGroup {
                 tensor.scalar_type());
     count(CollectiveKind::kAllReduce, tensor.nbytes());
     return done("all_reduce");
+  }
+
+  // One rank's one block goes to itself.
+  WorkHandle all_to_all(torch::Tensor output, torch::Tensor input) override {
+    check_all_to_all(output, input, 1);
+    count(CollectiveKind::kAllToAll, input.nbytes());
+    copy(output, input);
+    if (!device_.is_cpu() && !output.device().is_cpu()) {
+      return std::make_shared<DeviceCopyWork>(device_, std::vector<torch::Tensor>{output, input});
+    }
+    return done("all_to_all");
   }
 
   WorkHandle broadcast(torch::Tensor tensor, int root) override {

@@ -28,6 +28,7 @@
 #include <sstream>
 #include <thread>
 
+#include "comm/all_to_all_check.h"
 #include "fsdp/comm.h"
 #include "fsdp/trace.h"
 
@@ -219,6 +220,23 @@ class MpiProcessGroup final : public ProcessGroup {
       check_mpi(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), tensor.numel(), mpi_type(type), mpi_sum(type), comm_),
                 "MPI_Allreduce");
       if (op == ReduceOp::kAvg) tensor.div_(size_);
+    });
+  }
+
+  WorkHandle all_to_all(torch::Tensor output, torch::Tensor input) override {
+    if (on_device(output, input, "all_to_all")) {
+      torch::Tensor host_output = torch::empty(output.sizes(), output.options().device(torch::kCPU));
+      return copy_back_on_wait(all_to_all(host_output, input.to(torch::kCPU)), output, host_output);
+    }
+    check_buffer(output, "all_to_all output");
+    check_buffer(input, "all_to_all input");
+    check_all_to_all(output, input, size_);
+    count(CollectiveKind::kAllToAll, input.nbytes());
+    const int64_t block = input.numel() / size_;
+    Signature sig = signature(static_cast<int>(CollectiveKind::kAllToAll), input, block);
+    return enqueue(sig, [this, output, input, block] {
+      MPI_Datatype type = mpi_type(input.scalar_type());
+      check_mpi(MPI_Alltoall(input.data_ptr(), block, type, output.data_ptr(), block, type, comm_), "MPI_Alltoall");
     });
   }
 

@@ -35,6 +35,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/all_to_all_check.h"
 #include "comm/collective_watchdog.h"
 #include "fsdp/comm.h"
 
@@ -281,6 +282,34 @@ class NcclProcessGroup final : public ProcessGroup {
     return issue(*reduce_stream_, {tensor}, "all_reduce", [&](cudaStream_t stream) {
       return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), nccl_type(tensor.scalar_type()),
                            reduction, comm_, stream);
+    });
+  }
+
+  // NCCL has no all-to-all: one send and one receive per peer, grouped so
+  // that NCCL schedules them together (no pairwise ordering to deadlock on).
+  // On the reduction stream: its users (ZeRO++'s gradient exchange) follow
+  // a reduce-scatter there.
+  WorkHandle all_to_all(torch::Tensor output, torch::Tensor input) override {
+    if (on_host(output, input)) return bootstrap_->all_to_all(output, input);
+    check_buffer(output, "all_to_all output");
+    check_buffer(input, "all_to_all input");
+    check_all_to_all(output, input, size());
+    count(CollectiveKind::kAllToAll, input.nbytes());
+    const int64_t block = input.numel() / size();
+    const ncclDataType_t type = nccl_type(input.scalar_type());
+    return issue(*reduce_stream_, {output, input}, "all_to_all", [&](cudaStream_t stream) {
+      const auto* send = static_cast<const char*>(input.data_ptr());
+      auto* receive = static_cast<char*>(output.data_ptr());
+      const int64_t block_bytes = block * input.element_size();
+      ncclResult_t result = ncclGroupStart();
+      for (int peer = 0; peer < size() && (result == ncclSuccess || result == ncclInProgress); ++peer) {
+        result = ncclSend(send + peer * block_bytes, block, type, peer, comm_, stream);
+        if (result == ncclSuccess || result == ncclInProgress) {
+          result = ncclRecv(receive + peer * block_bytes, block, type, peer, comm_, stream);
+        }
+      }
+      const ncclResult_t ended = ncclGroupEnd();  // always closed, even after a failed call
+      return result == ncclSuccess || result == ncclInProgress ? ended : result;
     });
   }
 

@@ -16,6 +16,7 @@ const char* collective_name(CollectiveKind kind) {
     case CollectiveKind::kReduceScatter: return "reduce_scatter";
     case CollectiveKind::kAllReduce: return "all_reduce";
     case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kAllToAll: return "all_to_all";
     case CollectiveKind::kCount: break;
   }
   return "unknown";

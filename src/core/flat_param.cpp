@@ -7,6 +7,7 @@
 
 #include <optional>
 
+#include "comm/quantize.h"
 #include "core/compat.h"
 #include "core/gather_order.h"
 #include "fsdp/memory.h"
@@ -132,7 +133,11 @@ bool FlatParam::shard_aliases_buffer() const {
   return shard_.storage().unsafeGetStorageImpl() == unsharded_.storage().unsafeGetStorageImpl();
 }
 
-void FlatParam::start_unshard() {
+bool FlatParam::quantizes_gathers() const {
+  return config_.zero_plus_plus.gather_quantization() != Quantization::kNone;
+}
+
+void FlatParam::start_unshard(bool exact) {
   if (pending_unshard_) return;
   const int64_t version = shard_._version();
   if (is_unsharded_ && !stale_ && gathered_version_ == version) return;
@@ -147,6 +152,19 @@ void FlatParam::start_unshard() {
     MemoryCategoryScope scope(buffer_category(config_));
     compat::allocate_storage(unsharded_, padded_numel() * unsharded_.element_size());
   }
+  if (secondary_.defined()) {
+    // The host's slices of what forward gathered make the whole buffer
+    // without crossing hosts, while the shard is what it was then.
+    if (secondary_version_ == version && !exact) {
+      pending_unshard_ = config_.host_group->all_gather(unsharded_, secondary_);
+      pending_unshard_input_ = std::move(secondary_);
+      secondary_ = torch::Tensor();
+      gathered_version_ = version;
+      stale_ = false;
+      return;
+    }
+    drop_secondary();
+  }
   // The offload fetches the shard; CPU offload on a GPU hands it over on
   // the copy stream, current until the gather is issued (the gather waits
   // for the copy, the compute stream does not: it waits in unshard()).
@@ -158,8 +176,12 @@ void FlatParam::start_unshard() {
     input = config_.offload->fetch(*this);
   }
   if (config_.shard_group) {
-    pending_unshard_ = config_.shard_group->all_gather(unsharded_, input.values);
-    pending_unshard_input_ = input.values;
+    if (quantizes_gathers() && !exact) {
+      start_quantized_gather(input.values);
+    } else {
+      pending_unshard_ = config_.shard_group->all_gather(unsharded_, input.values);
+      pending_unshard_input_ = input.values;
+    }
     pending_unshard_staging_ = input.staging;
   } else if (!shard_aliases_buffer()) {
     unsharded_.copy_(input.values);
@@ -169,14 +191,33 @@ void FlatParam::start_unshard() {
   stale_ = false;
 }
 
-void FlatParam::unshard() {
-  start_unshard();
+void FlatParam::start_quantized_gather(const torch::Tensor& input) {
+  const int64_t block = config_.zero_plus_plus.quantization_block();
+  const int64_t row = quantize::packed_bytes(shard_numel_, block);
+  torch::Tensor packed;
+  {
+    MemoryCategoryScope scope(Category::kUnshardedBuffer);
+    packed = torch::empty({row}, unsharded_.options().dtype(torch::kByte));
+    pending_packed_gather_ = torch::empty({row * shard_group_size()}, packed.options());
+  }
+  quantize::pack(input, block, packed);
+  pending_unshard_ = config_.shard_group->all_gather(pending_packed_gather_, packed);
+  pending_unshard_input_ = packed;
+}
+
+void FlatParam::unshard(bool exact) {
+  start_unshard(exact);
   if (pending_unshard_) {
     WorkHandle work = std::move(pending_unshard_);
     pending_unshard_ = nullptr;
     work->wait();
     pending_unshard_input_.reset();
     pending_unshard_staging_.reset();
+    if (pending_packed_gather_.defined()) {
+      quantize::unpack_into(pending_packed_gather_, shard_group_size(), shard_numel_,
+                            config_.zero_plus_plus.quantization_block(), unsharded_);
+      pending_packed_gather_.reset();
+    }
   }
   for (auto& e : entries_) e.param.set_data(unsharded_.narrow(0, e.offset, e.numel).view(e.shape));
   is_unsharded_ = true;
@@ -207,6 +248,20 @@ void FlatParam::reshard() {
     compat::free_storage(unsharded_);
   }
   is_unsharded_ = false;
+}
+
+void FlatParam::keep_secondary() {
+  // The host's K ranks keep 1/K of the buffer each, so that their gather
+  // rebuilds it: padded_numel() = shard * world, and K divides the world.
+  const int64_t chunk = padded_numel() / config_.host_group->size();
+  MemoryCategoryScope scope(Category::kSecondaryPartition);
+  secondary_ = unsharded_.narrow(0, config_.host_group->rank() * chunk, chunk).clone();
+  secondary_version_ = shard_._version();
+}
+
+void FlatParam::drop_secondary() {
+  secondary_ = torch::Tensor();
+  secondary_version_ = -1;
 }
 
 void FlatParam::write_back_shard() {
@@ -244,6 +299,10 @@ void FlatParam::start_reduce_gradients() {
     pending_result_ = flat_grad;
     return;
   }
+  if (config_.zero_plus_plus.gradient_quantization() != Quantization::kNone) {
+    start_quantized_reduce(flat_grad);
+    return;
+  }
   // The first reduction of a run becomes the shard's gradient; later ones are
   // temporaries added into it.
   const bool becomes_grad = !shard_.grad().defined() && reduce_dtype == torch::kFloat;
@@ -252,6 +311,64 @@ void FlatParam::start_reduce_gradients() {
     pending_result_ = torch::empty({shard_numel_}, unsharded_.options().dtype(reduce_dtype));
   }
   pending_reduce_ = config_.shard_group->reduce_scatter(pending_result_, flat_grad, ReduceOp::kAvg);
+}
+
+void FlatParam::start_quantized_reduce(const torch::Tensor& flat_grad) {
+  // First step, inside the host: the gradient in host-major order (for each
+  // place l in a host, the slices of the ranks at place l of every host),
+  // so that the host group's reduce-scatter leaves place l the host's sums
+  // of exactly the slices it exchanges across hosts next.
+  const int hosts = config_.cross_host_group->size();
+  torch::Tensor host_major;
+  {
+    MemoryCategoryScope scope(Category::kUnshardedBuffer);
+    host_major = flat_grad.view({shard_group_size(), shard_numel_}).index_select(0, config_.host_major_ranks).view({-1});
+    pending_result_ = torch::empty({hosts * shard_numel_}, flat_grad.options());
+  }
+  pending_reduce_ = config_.host_group->reduce_scatter(pending_result_, host_major, ReduceOp::kSum);
+  quantized_reduce_stage_ = 1;
+}
+
+void FlatParam::advance_reduce() {
+  if (!reduce_in_first_stage()) return;
+  WorkHandle first = std::move(pending_reduce_);
+  pending_reduce_ = nullptr;
+  first->wait();
+  // Second step, across hosts: the host's sum of each host's slice,
+  // quantized, goes to that host's rank at this place.
+  const torch::Tensor host_sums = std::move(pending_result_);
+  const int hosts = config_.cross_host_group->size();
+  const int64_t block = config_.zero_plus_plus.quantization_block();
+  const int64_t row = quantize::packed_bytes(shard_numel_, block);
+  torch::Tensor packed, received;
+  {
+    MemoryCategoryScope scope(Category::kOther);
+    packed = torch::empty({hosts * row}, host_sums.options().dtype(torch::kByte));
+    received = torch::empty_like(packed);
+  }
+  for (int j = 0; j < hosts; ++j) {
+    torch::Tensor out = packed.narrow(0, j * row, row);
+    quantize::pack(host_sums.narrow(0, j * shard_numel_, shard_numel_), block, out);
+  }
+  pending_reduce_ = config_.cross_host_group->all_to_all(received, packed);
+  pending_result_ = received;
+  quantized_reduce_stage_ = 2;
+}
+
+torch::Tensor FlatParam::finish_quantized_reduce() {
+  advance_reduce();
+  WorkHandle work = std::move(pending_reduce_);
+  pending_reduce_ = nullptr;
+  const torch::Tensor received = std::move(pending_result_);
+  work->wait();
+  quantized_reduce_stage_ = 0;
+  // Every host's sum of this rank's slice, dequantized and added in fp32 in
+  // host order (the same on every run), then averaged over the world.
+  const bool becomes_grad = !shard_.grad().defined();
+  MemoryCategoryScope scope(becomes_grad ? Category::kGradientShard : Category::kOther);
+  torch::Tensor reduced = quantize::unpack_sum(received, config_.cross_host_group->size(), shard_numel_,
+                                               config_.zero_plus_plus.quantization_block());
+  return reduced.div_(shard_group_size());
 }
 
 void FlatParam::prepare_gradient_buffer() {
@@ -278,6 +395,12 @@ void FlatParam::drop_gradient_buffer() {
 
 void FlatParam::finish_reduce_gradients() {
   TORCH_CHECK(pending_reduce_, "FlatParam: no gradient reduction in flight");
+  if (quantized_reduce_stage_ > 0) {
+    torch::Tensor reduced = finish_quantized_reduce();
+    stale_ = true;  // an optimizer step comes next
+    config_.offload->accept_gradient(*this, std::move(reduced));
+    return;
+  }
   WorkHandle work = std::move(pending_reduce_);
   torch::Tensor reduced = std::move(pending_result_);
   work->wait();

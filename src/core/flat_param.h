@@ -51,6 +51,15 @@ struct FlatParamConfig {
   // stream): src/core/gather_order.h.
   GatherOrder* gather_order = nullptr;
   size_t unit_index = 0;  // the unit's position in FsdpState::units()
+  // ZeRO++ (FullyShardOptions::zero_plus_plus; world-sharded strategies):
+  // the ranks of this host and one rank of each host (FsdpState::host_group()),
+  // and for quantized reductions the world ranks in host-major order
+  // (position l * hosts + j: the rank at place l of host j), on the unit's
+  // device: the order the host group's reduce-scatter needs its input in.
+  ZeroPlusPlus zero_plus_plus;
+  ProcessGroupPtr host_group;
+  ProcessGroupPtr cross_host_group;
+  torch::Tensor host_major_ranks;
 };
 
 class FlatParam {
@@ -90,10 +99,19 @@ class FlatParam {
   // the param dtype) unless the buffer already holds the shard's current
   // version (persistent strategies between optimizer steps). Finishes an
   // all-gather start_unshard() issued, or issues one and waits.
-  void unshard();
+  // `exact`: never quantized (ZeroPlusPlus::gather_quantization applies to
+  // the training passes' gathers; an UnshardScope's are exact).
+  void unshard(bool exact = false);
   // Issues the all-gather (prefetch) without waiting; the parameters stay
   // as they are until unshard(). Nothing if already gathered or issued.
-  void start_unshard();
+  void start_unshard(bool exact = false);
+  // ZeroPlusPlus::secondary_partition: keeps this rank's part of its host's
+  // slice of the gathered parameters (before reshard() after forward), which
+  // the next gather uses instead of gathering across hosts, unless the
+  // shard has changed since; drop_secondary() lets it go.
+  void keep_secondary();
+  void drop_secondary();
+  bool holds_secondary() const { return secondary_.defined(); }
   bool unshard_pending() const { return pending_unshard_ != nullptr; }
   // Frees the unsharded buffer and points the parameters at empty tensors;
   // nothing for persistent strategies.
@@ -123,6 +141,12 @@ class FlatParam {
   // A reduction or its copy to the host is in flight.
   bool reduce_pending() const { return pending_reduce_ != nullptr || host_gradient_pending(); }
   bool collective_reduce_pending() const { return pending_reduce_ != nullptr; }
+  // A quantized reduction (ZeroPlusPlus::gradient_quantization) has two
+  // collectives: the reduce-scatter inside the host, then the all-to-all
+  // across hosts. advance_reduce() waits for the first and issues the
+  // second (nothing if the first is done); finish_reduce_gradients() finishes both.
+  bool reduce_in_first_stage() const { return pending_reduce_ != nullptr && quantized_reduce_stage_ == 1; }
+  void advance_reduce();
 
  // shard().grad() += gradient (or = it, the first time), in float32: where
   // the offload puts the reduced gradient.
@@ -130,6 +154,11 @@ class FlatParam {
 
  private:
   bool shard_aliases_buffer() const;
+  bool quantizes_gathers() const;
+  // The parts of start_unshard() and start_reduce_gradients() that ZeRO++ adds.
+  void start_quantized_gather(const torch::Tensor& input);
+  void start_quantized_reduce(const torch::Tensor& flat_grad);
+  torch::Tensor finish_quantized_reduce();
 
   FlatParamConfig config_;
   std::vector<FlatParamEntry> entries_;
@@ -153,6 +182,13 @@ class FlatParam {
   torch::Tensor pending_unshard_staging_;  // what the offload cast it from (CPU offload on a GPU), likewise
   WorkHandle pending_reduce_;
   torch::Tensor pending_result_;
+  // ZeRO++: the packed (int8) gather's output, unpacked by unshard(); the
+  // secondary partition and the shard version it was taken at; which
+  // collective of a quantized reduction is in flight (1 or 2).
+  torch::Tensor pending_packed_gather_;
+  torch::Tensor secondary_;
+  int64_t secondary_version_ = -1;
+  int quantized_reduce_stage_ = 0;
 };
 
 }  // namespace fsdp

@@ -8,6 +8,7 @@
 #include "fsdp/trace.h"
 #include "core/device_context.h"
 #include "core/gather_order.h"
+#include "core/host_groups.h"
 #include "core/unit.h"
 #include "offload/shard_offload.h"
 
@@ -96,6 +97,7 @@ void Unit::transition(std::initializer_list<UnitState> from, UnitState to) {
 void Unit::pre_forward() {
   owner_->on_forward_entered(*this);
   transition({UnitState::kSharded, UnitState::kUnsharded}, UnitState::kForward);
+  flat_.drop_secondary();  // left by a forward whose backward never came
   span_begin_us_ = trace::enabled() ? trace::now_us() : -1.0;
   owner_->on_unit_started(*this);
   // Our own gather is issued first, the next unit's after it: every rank
@@ -111,6 +113,9 @@ void Unit::post_forward() {
   const bool reshard = !flat_.config().persistent_params && !owner_->in_unshard_scope() &&
                        (reshards_after_forward(owner_->options().strategy()) || !torch::GradMode::is_enabled());
   transition({UnitState::kForward}, reshard ? UnitState::kSharded : UnitState::kUnsharded);
+  if (reshard && torch::GradMode::is_enabled() && owner_->options().zero_plus_plus().secondary_partition()) {
+    flat_.keep_secondary();  // backward gathers it inside the host
+  }
   if (reshard) flat_.reshard();
   trace::complete("forward " + display_name(), "forward", span_begin_us_);
   if (this == &owner_->root_unit() && !torch::GradMode::is_enabled()) owner_->finish_forward_without_backward();
@@ -192,6 +197,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
   }
   device_ = device.value_or(c10::Device(torch::kCPU));
   offload::check_offload_options(options_, device_);
+  check_zero_plus_plus(options_);
   check_same_plan_on_every_rank(plans);
   make_groups();
   device_context_ = std::make_unique<DeviceContext>(device_, /*copy_stream=*/options_.cpu_offload());
@@ -199,13 +205,20 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
   // Offloaded shards cross on the copy stream, which waits for the compute
   // stream: their gathers keep that order.
   const std::optional<c10::Stream> gather_stream = shard_group_ ? shard_group_->gather_stream() : std::nullopt;
-  if (gather_stream && !options_.cpu_offload() && !options_.nvme_offload()) {
+  // ZeRO++'s gathers use buffers of their own (packed payloads, host
+  // slices) whose lifetimes the gather order does not manage: they wait for
+  // the compute stream.
+  if (gather_stream && !options_.cpu_offload() && !options_.nvme_offload() && !options_.zero_plus_plus().any()) {
     gather_order_ = std::make_unique<GatherOrder>(*gather_stream, device_);
   }
   const ShardingStrategy strategy = options_.strategy();
   FlatParamConfig config{shard_group_,      replicate_group_, keeps_params_unsharded(strategy),
                          keeps_full_gradients(strategy), options_.mixed_precision(), device_,
                          offload_.get(),    gather_order_.get()};
+  config.zero_plus_plus = options_.zero_plus_plus();
+  config.host_group = host_group_;
+  config.cross_host_group = cross_host_group_;
+  config.host_major_ranks = host_major_ranks_;
   build_units(std::move(plans), config);
   offload_->attach(*this);
   if (options_.cache_host_blocks() && device_context_->on_host() && memory::counting_allocator_installed()) {
@@ -231,7 +244,7 @@ void FsdpState::set_unsharded_scope(bool on, bool writeback) {
                 "fsdp::UnshardScope: writeback needs float32 parameters; the parameters are gathered in ",
                 options_.mixed_precision().param_dtype());
     for (auto& unit : units_) {
-      unit->flat_param().unshard();  // every rank gathers every unit, in the same order
+      unit->flat_param().unshard(/*exact=*/true);  // every rank gathers every unit, in the same order
       unit->state_ = UnitState::kUnsharded;
     }
     unshard_scope_ = true;
@@ -327,7 +340,11 @@ void FsdpState::check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans
   int64_t total = 0;
   const int64_t settings[] = {static_cast<int64_t>(options_.strategy()), options_.ranks_per_node(),
                               static_cast<int64_t>(options_.mixed_precision().param_dtype()),
-                              static_cast<int64_t>(options_.mixed_precision().effective_reduce_dtype())};
+                              static_cast<int64_t>(options_.mixed_precision().effective_reduce_dtype()),
+                              static_cast<int64_t>(options_.zero_plus_plus().gather_quantization()),
+                              static_cast<int64_t>(options_.zero_plus_plus().secondary_partition()),
+                              static_cast<int64_t>(options_.zero_plus_plus().gradient_quantization()),
+                              options_.zero_plus_plus().quantization_block()};
   mix(settings, sizeof(settings));
   for (const auto& plan : plans) {
     int64_t numel = 0;
@@ -369,10 +386,20 @@ void FsdpState::make_groups() {
   const int world = group_->size(), rank = group_->rank();
   if (strategy == ShardingStrategy::kNoShard) {
     replicate_group_ = group_->split(0, rank);
+    hosts_ = count_hosts(group_, options_.ranks_per_node());
     return;
   }
   if (!is_hybrid(strategy)) {
     shard_group_ = group_->split(0, rank);
+    if (!options_.zero_plus_plus().any()) {
+      hosts_ = count_hosts(group_, options_.ranks_per_node());
+      return;
+    }
+    HostGroups hosts = make_host_groups(group_, options_.ranks_per_node(), device_);
+    host_group_ = std::move(hosts.host);
+    cross_host_group_ = std::move(hosts.cross_host);
+    host_major_ranks_ = std::move(hosts.host_major_ranks);
+    hosts_ = hosts.hosts;
     return;
   }
   const int per_node = options_.ranks_per_node();
@@ -389,24 +416,40 @@ void FsdpState::make_groups() {
                 " to ", sizes.max().item<int64_t>());
   }
   replicate_group_ = group_->split(shard_group_->rank(), rank);
+  hosts_ = world / shard_group_->size();
+}
+
+namespace {
+void add_stats(CommStats& total, const ProcessGroupPtr& group) {
+  if (!group) return;
+  const CommStats s = group->stats();
+  for (size_t k = 0; k < total.bytes.size(); ++k) {
+    total.bytes[k] += s.bytes[k];
+    total.calls[k] += s.calls[k];
+  }
+  total.wait_seconds += s.wait_seconds;
+}
+}  // namespace
+
+CommStats FsdpState::cross_host_comm_stats() const {
+  CommStats total;
+  if (hosts_ <= 1) return total;
+  // The shard group spans hosts unless the strategy is hybrid (then the
+  // replicate group does); the cross-host group always does.
+  add_stats(total, is_hybrid(options_.strategy()) ? replicate_group_ : shard_group_);
+  if (options_.strategy() == ShardingStrategy::kNoShard) add_stats(total, replicate_group_);
+  add_stats(total, cross_host_group_);
+  return total;
 }
 
 CommStats FsdpState::comm_stats() const {
   CommStats total;
-  for (const auto* g : {&shard_group_, &replicate_group_}) {
-    if (!*g) continue;
-    CommStats s = (*g)->stats();
-    for (size_t k = 0; k < total.bytes.size(); ++k) {
-      total.bytes[k] += s.bytes[k];
-      total.calls[k] += s.calls[k];
-    }
-    total.wait_seconds += s.wait_seconds;
-  }
+  for (const auto* g : {&shard_group_, &replicate_group_, &host_group_, &cross_host_group_}) add_stats(total, *g);
   return total;
 }
 
 void FsdpState::reset_comm_stats() {
-  for (const auto* g : {&shard_group_, &replicate_group_})
+  for (const auto* g : {&shard_group_, &replicate_group_, &host_group_, &cross_host_group_})
     if (*g) (*g)->reset_stats();
 }
 
@@ -516,6 +559,7 @@ void FsdpState::recover_from_failed_backward() {
   for (auto& unit : units_) {
     if (unit->state() != UnitState::kBackward) continue;
     unit->flat_param().drop_gradient_buffer();
+    unit->flat_param().drop_secondary();
     for (const auto& e : unit->flat_param().entries()) e.param.mutable_grad().reset();
     unit->flat_param().reshard();
     unit->state_ = unit->flat_param().config().persistent_params ? UnitState::kUnsharded : UnitState::kSharded;
@@ -548,7 +592,16 @@ void FsdpState::finish_reductions_in_flight(bool wait_for_host_copies) {
   // of backward, where the host waits for them once (the offload returns
   // their device blocks without a host wait before that).
   for (auto& unit : units_) {
-    if (unit->flat_param().collective_reduce_pending()) unit->flat_param().finish_reduce_gradients();
+    FlatParam& flat = unit->flat_param();
+    if (!flat.collective_reduce_pending()) continue;
+    // A quantized reduction's first step (the full-size gradient, inside
+    // the host) is finished; its all-to-all across hosts, a quarter of a
+    // shard per host, stays in flight behind the next unit's backward.
+    if (!wait_for_host_copies && flat.reduce_in_first_stage()) {
+      flat.advance_reduce();
+    } else {
+      flat.finish_reduce_gradients();
+    }
   }
   if (!wait_for_host_copies) return;
   for (auto& unit : units_) {
@@ -565,6 +618,7 @@ void FsdpState::finish_backward() {
   }
   finish_reductions_in_flight();
   release_unused_prefetches();
+  for (auto& unit : units_) unit->flat_param().drop_secondary();  // of units backward never reached
   if (gather_order_) gather_order_->end_pass();
   offload_->finish_backward();
 }

@@ -195,6 +195,7 @@ const char* category_name(Category c) {
     case Category::kGradientShard: return "gradient_shards";
     case Category::kOptimizerState: return "optimizer_state";
     case Category::kUnshardedBuffer: return "unsharded_buffers";
+    case Category::kSecondaryPartition: return "secondary_partition";
     case Category::kOther: return "other";
     case Category::kCount: break;
   }

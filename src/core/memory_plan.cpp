@@ -1,5 +1,7 @@
 #include "fsdp/memory_plan.h"
 
+#include "core/host_groups.h"
+
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
@@ -49,26 +51,107 @@ ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, Sh
   return bytes;
 }
 
+namespace {
+
+// The hosts a plan spans: world / ranks_per_node, one host for 0.
+int64_t host_count(int world, int ranks_per_node) {
+  if (ranks_per_node <= 0) return 1;
+  TORCH_CHECK(world % ranks_per_node == 0, "ranks_per_node must divide the world size: ", world, " ranks cannot form ",
+              "hosts of ", ranks_per_node);
+  return world / ranks_per_node;
+}
+
+// The packed form of n elements quantized in blocks (comm/quantize.h): the
+// int8 values padded to whole blocks, then one fp32 scale per block.
+int64_t quantized_bytes(int64_t n, int64_t block) {
+  const int64_t blocks = (n + block - 1) / block;
+  return blocks * block + 4 * blocks;
+}
+
+// One unit's bytes in a step, split by kind and by whether its group spans hosts.
+struct UnitComm {
+  int64_t gather_across = 0, gather_inside = 0, reduce_scatter_across = 0, reduce_scatter_inside = 0;
+  int64_t all_reduce_across = 0, all_reduce_inside = 0, all_to_all_across = 0, all_to_all_inside = 0;
+};
+
+// The sharded strategies (not no_shard, zero1) with ZeRO++'s options, for a
+// unit of n elements: K = the shard group, over `hosts` hosts.
+UnitComm sharded_unit_comm(int64_t n, ShardingStrategy strategy, int64_t K, int64_t hosts, int64_t p, int64_t r,
+                           const ZeroPlusPlus& z) {
+  const int64_t S = (n + K - 1) / K, Np = S * K, block = z.quantization_block();
+  const bool spans_hosts = !is_hybrid(strategy) && hosts > 1;  // the shard group's collectives
+  UnitComm c;
+  auto gather = [&](int64_t bytes, bool across) { (across ? c.gather_across : c.gather_inside) += bytes; };
+  const int64_t gathered = z.gather_quantization() != Quantization::kNone ? K * quantized_bytes(S, block) : Np * p;
+  gather(gathered, spans_hosts);  // forward's (the only one for the zero2 kinds)
+  if (reshards_after_forward(strategy)) {
+    // hpZ: the host's slices of forward's dequantized buffer, over the host.
+    if (z.secondary_partition()) {
+      gather(Np * p, false);
+    } else {
+      gather(gathered, spans_hosts);
+    }
+  }
+  if (z.gradient_quantization() != Quantization::kNone) {
+    c.reduce_scatter_inside += Np * r;  // the whole flat gradient, inside the host
+    (hosts > 1 ? c.all_to_all_across : c.all_to_all_inside) += hosts * quantized_bytes(S, block);
+  } else {
+    (spans_hosts ? c.reduce_scatter_across : c.reduce_scatter_inside) += Np * r;
+  }
+  if (is_hybrid(strategy) && hosts > 1) c.all_reduce_across += S * r;  // the shard, over the replicate group
+  return c;
+}
+
+// hpZ: from the end of forward to its backward every unit keeps its host's
+// slice, Np / host_ranks elements in the param dtype, all of them at once
+// when forward ends. qwZ: a quantized gather in flight holds its packed
+// shard and the packed gathered rows (K + 1 rows of the largest unit).
+void add_zero_plus_plus_memory(StepPeak& peak, const std::vector<int64_t>& units, int64_t K, int64_t host_ranks,
+                               int64_t p, const ZeroPlusPlus& z) {
+  int64_t largest_shard = 0;
+  for (int64_t n : units) {
+    const int64_t S = (n + K - 1) / K;
+    largest_shard = std::max(largest_shard, S);
+    if (z.secondary_partition()) peak.secondary_partition += S * K / host_ranks * p;
+  }
+  if (z.gather_quantization() != Quantization::kNone) {
+    peak.gathered += (K + 1) * quantized_bytes(largest_shard, z.quantization_block());
+  }
+}
+
+}  // namespace
+
+void check_zero_plus_plus_plan(ShardingStrategy strategy, int world, int ranks_per_node,
+                               const ZeroPlusPlus& zero_plus_plus) {
+  check_zero_plus_plus(FullyShardOptions().strategy(strategy).zero_plus_plus(zero_plus_plus));
+  if (zero_plus_plus.any()) host_count(world, ranks_per_node);
+}
+
 CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
-                                 int ranks_per_node, const MixedPrecision& mixed_precision) {
+                                 int ranks_per_node, const MixedPrecision& mixed_precision,
+                                 const ZeroPlusPlus& zero_plus_plus) {
+  check_zero_plus_plus_plan(strategy, world, ranks_per_node, zero_plus_plus);
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
+  const int64_t hosts = is_hybrid(strategy) ? world / K : host_count(world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
   const int64_t r = c10::elementSize(mixed_precision.effective_reduce_dtype());
-  int64_t padded = 0;
-  for (int64_t n : unit_numels) padded += (n + K - 1) / K * K;
   CommBytes bytes;
   if (world == 1 && strategy == ShardingStrategy::kNoShard) return bytes;
-  switch (strategy) {
-    case ShardingStrategy::kNoShard: bytes.all_reduce = r * padded; break;
-    case ShardingStrategy::kZero1: bytes.all_reduce = r * padded, bytes.all_gather = p * padded; break;
-    case ShardingStrategy::kShardGradOp: bytes.all_gather = p * padded, bytes.reduce_scatter = r * padded; break;
-    case ShardingStrategy::kFullShard: bytes.all_gather = 2 * p * padded, bytes.reduce_scatter = r * padded; break;
-    case ShardingStrategy::kHybridShard:
-    case ShardingStrategy::kHybridShardZero2:
-      bytes.all_gather = (strategy == ShardingStrategy::kHybridShard ? 2 : 1) * p * padded;
-      bytes.reduce_scatter = r * padded;
-      if (world > K) bytes.all_reduce = r * padded / K;  // the shard, across nodes
-      break;
+  if (keeps_params_unsharded(strategy)) {  // no_shard, zero1: whole gradients all-reduced over the world
+    int64_t padded = 0;
+    for (int64_t n : unit_numels) padded += (n + K - 1) / K * K;
+    bytes.all_reduce = r * padded;
+    if (strategy == ShardingStrategy::kZero1) bytes.all_gather = p * padded;
+    if (hosts > 1) bytes.cross_host = bytes.total();
+    return bytes;
+  }
+  for (int64_t n : unit_numels) {
+    const UnitComm c = sharded_unit_comm(n, strategy, K, hosts, p, r, zero_plus_plus);
+    bytes.all_gather += c.gather_across + c.gather_inside;
+    bytes.reduce_scatter += c.reduce_scatter_across + c.reduce_scatter_inside;
+    bytes.all_reduce += c.all_reduce_across + c.all_reduce_inside;
+    bytes.all_to_all += c.all_to_all_across + c.all_to_all_inside;
+    bytes.cross_host += c.gather_across + c.reduce_scatter_across + c.all_reduce_across + c.all_to_all_across;
   }
   return bytes;
 }
@@ -142,8 +225,9 @@ std::vector<int64_t> TransformerShape::unit_numels() const {
 
 StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy strategy, int world, int ranks_per_node,
                             const MixedPrecision& mixed_precision, bool prefetch, bool activation_checkpointing,
-                            const std::vector<int64_t>& unit_numels) {
+                            const std::vector<int64_t>& unit_numels, const ZeroPlusPlus& zero_plus_plus) {
   const std::vector<int64_t> units = unit_numels.empty() ? shape.unit_numels() : unit_numels;
+  check_zero_plus_plus_plan(strategy, world, ranks_per_node, zero_plus_plus);
   StepPeak peak;
   peak.state = estimate_model_state(units, strategy, world, ranks_per_node, mixed_precision);
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
@@ -153,6 +237,7 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
   for (size_t u = 1; u < units.size(); ++u) largest = std::max(largest, (units[u] + K - 1) / K * K);
   peak.gathered = peak.state.gathered_peak;
   if (prefetch && reshards_after_forward(strategy)) peak.gathered += p * largest;  // one unit gathered ahead
+  add_zero_plus_plus_memory(peak, units, K, world / host_count(world, ranks_per_node), p, zero_plus_plus);
   // What autograd keeps, M = batch x context tokens: per block the first
   // norm's output, q/k/v, the attention probabilities, the attention
   // output, the residual, the second norm's output, the MLP's two 4C

@@ -66,6 +66,21 @@ BackwardPrefetch parse_backward_prefetch(const std::string& name) {
   TORCH_CHECK(false, "unknown backward prefetch '", name, "': expected none, pre or post");
 }
 
+const char* quantization_name(Quantization quantization) {
+  switch (quantization) {
+    case Quantization::kNone: return "none";
+    case Quantization::kInt8: return "int8";
+  }
+  return "unknown";
+}
+
+Quantization parse_quantization(const std::string& name) {
+  for (auto q : {Quantization::kNone, Quantization::kInt8}) {
+    if (name == quantization_name(q)) return q;
+  }
+  TORCH_CHECK(false, "unknown quantization '", name, "': expected none or int8");
+}
+
 torch::ScalarType parse_dtype(const std::string& name) {
   if (name == "fp32" || name == "float32") return torch::kFloat;
   if (name == "bf16" || name == "bfloat16") return torch::kBFloat16;

@@ -55,6 +55,67 @@ case_strategies() {
   expect_error "unknown sharding strategy 'zero9'" "$run" -n 2 -- "$train" --preset tiny --strategy zero9
 }
 
+row zero-plus-plus "ZeRO++'s flags reach the library: on 2 simulated hosts x 2 ranks the bytes across hosts and inside one equal the planner's exactly, every step, for all three together (at most 0.2x full_shard's across hosts) and another block size; options echoed; the secondary partition's memory; twice bit for bit"
+case_zero_plus_plus() {
+  # What the quantized collectives compute and how far from full_shard
+  # (Quantize.*, ZeroPlusPlus.*) is the gtests'. Here: the trainer's flags
+  # reach FullyShardOptions::zero_plus_plus, and its summary holds the
+  # measured bytes against the planner's, given the same options. No
+  # clipping: its norm's all-reduce is not a unit's collective.
+  local model=(--preset tiny --steps 3 --clip-grad-norm 0 --ranks-per-node 2)
+  local all=(--gather-quantization int8 --secondary-partition --gradient-quantization int8)
+  train_run plain 4 "${model[@]}"
+  train_run zpp 4 "${model[@]}" "${all[@]}"
+  train_run again 4 "${model[@]}" "${all[@]}"
+  train_run block64 4 "${model[@]}" "${all[@]}" --quantization-block 64
+  json_is "$work/zpp.json" '[.ranks_per_node, .gather_quantization, .secondary_partition, .gradient_quantization, .quantization_block] | @csv' \
+    '2,"int8",true,"int8",256'
+  json_is "$work/plain.json" '[.gather_quantization, .secondary_partition, .gradient_quantization] | @csv' '"none",false,"none"'
+  json_is "$work/block64.json" .quantization_block 64
+  local name
+  for name in plain zpp block64; do
+    json_ok "$work/$name.json" '.cross_host_bytes == .cross_host_bytes_predicted and .inside_host_bytes == .inside_host_bytes_predicted' \
+      "$name: measured $(jq -c '[.cross_host_bytes, .inside_host_bytes]' "$work/$name.json") bytes across hosts and inside one, planned $(jq -c '[.cross_host_bytes_predicted, .inside_host_bytes_predicted]' "$work/$name.json")"
+    json_ok "$work/$name.json" '.comm_bytes == .comm_bytes_predicted' \
+      "$name: measured $(jq -c .comm_bytes "$work/$name.json"), planned $(jq -c .comm_bytes_predicted "$work/$name.json")"
+    log_ok "$work/$name.jsonl" "all(.cross_host_bytes == $(jq .cross_host_bytes_predicted "$work/$name.json") and .inside_host_bytes == $(jq .inside_host_bytes_predicted "$work/$name.json"))" \
+      "$name: a step's bytes differ from the planner's: $(jq -sc '[.[] | [.cross_host_bytes, .inside_host_bytes]]' "$work/$name.jsonl")"
+    echo "ok: $name: $(jq .cross_host_bytes "$work/$name.json") bytes across hosts and $(jq .inside_host_bytes "$work/$name.json") inside one per rank and step, as planned"
+  done
+  json_ok "$work/zpp.json" '.comm_bytes.all_to_all > 0' "zpp: no all-to-all"
+  json_ok "$work/block64.json" ".comm_bytes.all_to_all > $(jq .comm_bytes.all_to_all "$work/zpp.json")" \
+    "block64: smaller blocks moved no more scale bytes than 256's"
+  local plain_cross; plain_cross=$(jq .cross_host_bytes "$work/plain.json")
+  json_ok "$work/zpp.json" ".cross_host_bytes * 5 <= $plain_cross" \
+    "zpp: $(jq .cross_host_bytes "$work/zpp.json") bytes across hosts, more than 0.2 x full_shard's $plain_cross"
+  json_ok "$work/zpp.json" '.last_step_peak_by_category_rank0.secondary_partition > 0' "zpp: no secondary partition memory"
+  json_is "$work/plain.json" .last_step_peak_by_category_rank0.secondary_partition 0
+  same_losses "$work/zpp.jsonl" "$work/again.jsonl" 3
+  compare_losses "$work/zpp.jsonl" "$work/plain.jsonl" 1e-2 3
+}
+
+row zero-plus-plus-refusals "ZeRO++'s flags where they cannot help (hpZ beside shard_grad_op and the hybrids, qgZ beside the hybrids, any beside no_shard and zero1), hosts that do not divide the world, and bad values: refused at once with the reason, exit != 0"
+case_zero_plus_plus_refusals() {
+  local start=$SECONDS
+  refused() {  # TEXT TRAINER ARGS...: 4 ranks on 2 simulated hosts, ended within 60 s
+    local want="$1"; shift
+    expect_error "$want" timeout 60 "$run" -n 4 -- "$train" --preset tiny --steps 1 "$@"
+  }
+  refused "secondary_partition (hpZ) needs full_shard, found shard_grad_op" --strategy shard_grad_op --ranks-per-node 2 \
+    --secondary-partition
+  refused "secondary_partition (hpZ) needs full_shard, found hybrid_shard" --strategy hybrid_shard --ranks-per-node 2 \
+    --secondary-partition
+  refused "gradient_quantization (qgZ) needs full_shard or shard_grad_op, found hybrid_shard_zero2" \
+    --strategy hybrid_shard_zero2 --ranks-per-node 2 --gradient-quantization int8
+  refused "need a sharded strategy: no_shard" --strategy no_shard --gather-quantization int8
+  refused "need a sharded strategy: zero1" --strategy zero1 --gradient-quantization int8
+  refused "4 ranks cannot form hosts of 3 ranks" --ranks-per-node 3 --secondary-partition
+  refused "--gather-quantization: unknown quantization 'int4': expected none or int8" --gather-quantization int4
+  refused "--gradient-quantization: unknown quantization 'fp8'" --gradient-quantization fp8
+  refused "--quantization-block must be positive, got 0" --gather-quantization int8 --quantization-block 0
+  [ $(( SECONDS - start )) -lt 120 ] || fail "the refusals took $(( SECONDS - start )) s"
+}
+
 row equivalence "W = 1..4 ranks train the same model through the trainer's data order on padded units (1e-5); prefetch flags change nothing; per-rank figures"
 case_equivalence() {
   # W ranks x batch B == 1 rank x batch W*B, through the trainer's own data

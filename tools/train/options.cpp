@@ -78,7 +78,8 @@ void add_parallel_options(CLI::App& app, TrainOptions& o) {
                  "no_shard, zero1, shard_grad_op, full_shard, hybrid_shard, hybrid_shard_zero2, or auto")
       ->capture_default_str();
   app.add_option("--ranks-per-node", o.ranks_per_node,
-                 "hybrid strategies: ranks per (simulated) node (default: from fsdp-run, else MPI's shared-memory nodes)");
+                 "hybrid strategies and ZeRO++: ranks per (simulated) node (default: from fsdp-run, else MPI's "
+                 "shared-memory nodes)");
   app.add_option("--memory-budget", o.memory_budget,
                  "--strategy auto: per-rank bytes for model state plus gathered parameters "
                  "(the rule of fsdp-plan --budget)");
@@ -100,6 +101,25 @@ void add_parallel_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--min-lr", o.min_lr, "--lr-schedule cosine: the learning rate of the last step (default: lr / 10)");
   app.add_option("--weight-decay", o.weight_decay,
                  "AdamW's decoupled weight decay, of parameters of 2 or more dimensions only")
+      ->capture_default_str();
+}
+
+// ZeRO++'s quantized and hierarchical collectives (fsdp::ZeroPlusPlus).
+void add_zero_plus_plus_options(CLI::App& app, TrainOptions& o) {
+  app.add_option("--gather-quantization", o.gather_quantization,
+                 "none, or int8: all-gather parameters as int8 blocks with a scale each, dequantized on arrival "
+                 "(ZeRO++'s qwZ; sharded strategies)")
+      ->capture_default_str();
+  app.add_flag("--secondary-partition", o.secondary_partition,
+               "keep each host's slice of a unit's parameters from forward to backward, so that backward's "
+               "all-gather stays inside the host (ZeRO++'s hpZ; full_shard)");
+  app.add_option("--gradient-quantization", o.gradient_quantization,
+                 "none, or int8: reduce gradients inside the host, then exchange int8 blocks across hosts and sum "
+                 "them in fp32 (ZeRO++'s qgZ; full_shard and shard_grad_op)")
+      ->capture_default_str();
+  app.add_option("--quantization-block", o.quantization_block,
+                 "elements per int8 block (each with its own fp32 scale) of --gather-quantization and "
+                 "--gradient-quantization")
       ->capture_default_str();
 }
 
@@ -150,6 +170,7 @@ void add_options(CLI::App& app, TrainOptions& o) {
   add_offload_options(app, o);
   add_data_options(app, o);
   add_parallel_options(app, o);
+  add_zero_plus_plus_options(app, o);
   add_output_options(app, o);
 }
 

@@ -29,6 +29,10 @@ struct TrainOptions {
   int64_t print_every = 0;
   std::string strategy = "full_shard";
   int ranks_per_node = 0;
+  std::string gather_quantization = "none";    // ZeRO++'s qwZ
+  bool secondary_partition = false;           // ZeRO++'s hpZ
+  std::string gradient_quantization = "none";  // ZeRO++'s qgZ
+  int64_t quantization_block = 256;
   int64_t memory_budget = 0;
   std::string param_dtype = "fp32";
   std::string reduce_dtype;

@@ -32,6 +32,20 @@ NvmeReport nvme_report(const fsdp::FsdpState& state) {
   return report;
 }
 
+namespace {
+
+// The ranks of a host as the state formed its groups: the option (or
+// fsdp-run's), else the groups MPI's shared memory made, else mpirun's
+// count of the ranks on this host.
+int ranks_per_host(const Run& run, const fsdp::FsdpState& state, int world) {
+  if (run.fsdp_options.ranks_per_node() > 0) return run.fsdp_options.ranks_per_node();
+  if (state.host_group()) return state.host_group()->size();
+  if (fsdp::is_hybrid(run.fsdp_options.strategy()) && state.shard_group()) return state.shard_group()->size();
+  return fsdp::ranks_on_this_host(world);
+}
+
+}  // namespace
+
 Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState& state, const NvmeReport& nvme,
                     std::vector<int64_t> unit_numels, int64_t num_params, int world) {
   Predictions p;
@@ -60,12 +74,18 @@ Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState
   }
   p.peak_bytes = p.nvme ? fsdp::peak_with_nvme_offload(p.peak, *p.nvme) : p.peak.total();
   p.tokens_per_step = c.batch * c.context * world * o.grad_accum;
+  p.ranks_per_node = ranks_per_host(run, state, world);
+  p.comm = fsdp::estimate_comm_per_step(p.unit_numels, strategy, world, p.ranks_per_node, mp,
+                                        run.fsdp_options.zero_plus_plus());
   return p;
 }
 
-void RunFigures::record(const fsdp::StepResult& result, int64_t step, int64_t steps, int rank) {
+void RunFigures::record(const fsdp::StepResult& result, const fsdp::CommStats& cross_host, int64_t step,
+                        int64_t steps, int rank) {
   skipped_steps += result.stepped ? 0 : 1;
   last_comm = result.comm;
+  last_cross_host_comm = cross_host;
+  last_usage = fsdp::memory::usage();  // TrainStep restarted the peaks at the step's start
   final_loss = result.loss;
   if (step > first_step || steps == first_step + 1) {
     step_times.push_back(result.step_s);
@@ -109,6 +129,19 @@ void print_nvme_and_init(const ReportContext& c) {
   }
 }
 
+// ZeRO++'s line of the banner, when an option is on.
+void print_zero_plus_plus(const ReportContext& c) {
+  const fsdp::ZeroPlusPlus& z = c.run.fsdp_options.zero_plus_plus();
+  if (!z.any()) return;
+  std::cout << "  ZeRO++: gather " << fsdp::quantization_name(z.gather_quantization()) << ", secondary partition "
+            << (z.secondary_partition() ? "on" : "off") << ", gradients "
+            << fsdp::quantization_name(z.gradient_quantization()) << ", blocks of " << z.quantization_block()
+            << "; hosts of " << c.predicted.ranks_per_node << " rank(s)";
+  if (c.state.host_group()) std::cout << " (host group of " << c.state.host_group()->size() << ")";
+  if (c.state.cross_host_group()) std::cout << ", cross-host group of " << c.state.cross_host_group()->size();
+  std::cout << "\n";
+}
+
 }  // namespace
 
 void print_banner(const ReportContext& c) {
@@ -138,6 +171,7 @@ void print_banner(const ReportContext& c) {
             << "  data: " << run.data->path() << " (" << run.data->size() << " tokens, " << run.data->val_size()
             << " held out for validation; " << o.data_order << " order, seed " << o.data_seed << ")\n";
   if (!run.strategy_reason.empty()) std::cout << "  " << run.strategy_reason << "\n";
+  print_zero_plus_plus(c);
   print_nvme_and_init(c);
   const fsdp::ModelStateBytes& predicted = c.predicted.state;
   std::cout << "  construction (model built and sharded" << (o.sharded_init ? ", sharded initialization" : "")
@@ -183,6 +217,8 @@ void write_log_record(const ReportContext& c, const RunFigures& figures, const f
                          {"world_size", W},
                          {"strategy", fsdp::strategy_name(c.run.fsdp_options.strategy())},
                          {"comm_bytes", comm_bytes_json(result.comm)},
+                         {"cross_host_bytes", total_bytes(figures.last_cross_host_comm)},
+                         {"inside_host_bytes", total_bytes(result.comm) - total_bytes(figures.last_cross_host_comm)},
                          {"exposed_comm_s", result.comm.wait_seconds},
                          {"optimizer_s", result.optimizer_s},
                          {"offload_bytes_read", result.offload_bytes_read},

@@ -39,6 +39,10 @@ struct Predictions {
   int64_t peak_bytes = 0;         // the step's peak, with the disk offload where there is one
   int64_t construction_peak = 0;  // rank 0's tensor bytes after building and sharding
   int64_t tokens_per_step = 0;
+  // The bytes a step moves per rank (by kind, across hosts and inside one),
+  // for hosts of ranks_per_node ranks, with the run's ZeRO++ options.
+  int ranks_per_node = 0;
+  fsdp::CommBytes comm;
 };
 Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState& state, const NvmeReport& nvme,
                     std::vector<int64_t> unit_numels, int64_t num_params, int world);
@@ -48,6 +52,8 @@ struct RunFigures {
   // Per step after the first (or the only one): medians for the summary.
   std::vector<double> step_times, exposed_comm_times, optimizer_times, offload_wait_times, offload_read, offload_written;
   fsdp::CommStats last_comm;
+  fsdp::CommStats last_cross_host_comm;  // the part of last_comm over groups that span hosts
+  fsdp::memory::Usage last_usage;        // this rank's tensor memory by category, right after the last step
   std::vector<fsdp::RankFigures> last_figures;  // rank 0 only: every rank's, of the last step
   std::vector<int64_t> max_peak;                // rank 0 only: every rank's peak tensor bytes over the steps
   double final_loss = 0.0;
@@ -60,8 +66,11 @@ struct RunFigures {
   std::string resumed_from;     // the checkpoint --resume loaded
   fsdp::memory::DeviceUsage run_device_peak;
   double elapsed = 0.0;
-  // Takes step `step` (0-based) of `steps`.
-  void record(const fsdp::StepResult& result, int64_t step, int64_t steps, int rank);
+  // Takes step `step` (0-based) of `steps`; `cross_host`: the state's
+  // cross_host_comm_stats() right after it (the part of result.comm that
+  // crossed hosts).
+  void record(const fsdp::StepResult& result, const fsdp::CommStats& cross_host, int64_t step, int64_t steps,
+              int rank);
   // Folds the device's peak since the last call into run_device_peak.
   void fold_device_peak(c10::Device device);
 };

@@ -39,14 +39,24 @@ inline double directory_bytes(const std::string& path) {
   return total;
 }
 
+// The kinds a training step uses (a broadcast only initializes), as the
+// log, the summary and the planner's CommBytes name them.
+inline constexpr fsdp::CollectiveKind kStepKinds[] = {fsdp::CollectiveKind::kAllGather,
+                                                      fsdp::CollectiveKind::kReduceScatter,
+                                                      fsdp::CollectiveKind::kAllReduce, fsdp::CollectiveKind::kAllToAll};
+
 // A step's collective bytes by kind, as the log and the summary record them.
 inline nlohmann::json comm_bytes_json(const fsdp::CommStats& comm) {
   nlohmann::json comm_bytes;
-  for (auto kind :
-       {fsdp::CollectiveKind::kAllGather, fsdp::CollectiveKind::kReduceScatter, fsdp::CollectiveKind::kAllReduce}) {
-    comm_bytes[fsdp::collective_name(kind)] = comm.bytes[static_cast<size_t>(kind)];
-  }
+  for (auto kind : kStepKinds) comm_bytes[fsdp::collective_name(kind)] = comm.bytes[static_cast<size_t>(kind)];
   return comm_bytes;
+}
+
+// The bytes of every kind together.
+inline int64_t total_bytes(const fsdp::CommStats& comm) {
+  int64_t total = 0;
+  for (int64_t bytes : comm.bytes) total += bytes;
+  return total;
 }
 
 }  // namespace fsdp_train

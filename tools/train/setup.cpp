@@ -70,6 +70,25 @@ void set_nvme_offload(const TrainOptions& o, fsdp::FullyShardOptions& options) {
                                       .engine(fsdp::offload::parse_io_engine(o.offload_engine))));
 }
 
+// --gather-quantization, --secondary-partition, --gradient-quantization,
+// --quantization-block: where each applies is the library's to refuse, with
+// its reason (fully_shard, on every rank alike).
+fsdp::ZeroPlusPlus make_zero_plus_plus(const TrainOptions& o) {
+  TORCH_CHECK(o.quantization_block > 0, "--quantization-block must be positive, got ", o.quantization_block);
+  auto quantization = [](const std::string& flag, const std::string& value) {
+    try {
+      return fsdp::parse_quantization(value);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, flag, ": ", fsdp::error_message(e));
+    }
+  };
+  return fsdp::ZeroPlusPlus()
+      .gather_quantization(quantization("--gather-quantization", o.gather_quantization))
+      .secondary_partition(o.secondary_partition)
+      .gradient_quantization(quantization("--gradient-quantization", o.gradient_quantization))
+      .quantization_block(o.quantization_block);
+}
+
 fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
   fsdp::MixedPrecision mp;
   mp.param_dtype(fsdp::parse_dtype(o.param_dtype));
@@ -83,7 +102,8 @@ fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
                      .prefetch_depth(o.prefetch_depth)
                      .limit_all_gathers(!o.no_limit_all_gathers)
                      .cache_host_blocks(!o.no_block_cache)
-                     .activation_checkpointing(o.activation_checkpointing);
+                     .activation_checkpointing(o.activation_checkpointing)
+                     .zero_plus_plus(make_zero_plus_plus(o));
   TORCH_CHECK(o.prefetch_depth >= 1, "--prefetch-depth must be at least 1, got ", o.prefetch_depth);
   if (o.strategy != "auto") options.strategy(fsdp::parse_strategy(o.strategy));
   set_nvme_offload(o, options);

@@ -48,7 +48,7 @@ void add_memory(nlohmann::json& summary, const ReportContext& c, const RunFigure
   const int W = c.world_size;
   const auto& f = figures.last_figures;
   nlohmann::json peak_by_category;  // each category's own peak in the last step (they need not coincide)
-  const auto usage_last = fsdp::memory::usage();
+  const fsdp::memory::Usage& usage_last = figures.last_usage;
   for (size_t k = 0; k < fsdp::memory::kNumCategories; ++k) {
     const auto category = static_cast<fsdp::memory::Category>(k);
     peak_by_category[fsdp::memory::category_name(category)] = usage_last.peak(category);
@@ -112,6 +112,33 @@ void add_offload(nlohmann::json& summary, const ReportContext& c, const RunFigur
   summary["offload_wait_s"] = median(figures.offload_wait_times);
 }
 
+// The summary's communication: rank 0's bytes of the last step by kind,
+// across hosts and inside one, beside the planner's (the same ZeRO++
+// options, hosts of ranks_per_node ranks).
+void add_comm(nlohmann::json& summary, const ReportContext& c, const RunFigures& figures) {
+  const fsdp::CommBytes& plan = c.predicted.comm;
+  const int64_t cross_host = total_bytes(figures.last_cross_host_comm);
+  summary["comm_bytes"] = comm_bytes_json(figures.last_comm);
+  summary["cross_host_bytes"] = cross_host;
+  summary["inside_host_bytes"] = total_bytes(figures.last_comm) - cross_host;
+  summary["comm_bytes_predicted"] = {{"all_gather", plan.all_gather},
+                                     {"reduce_scatter", plan.reduce_scatter},
+                                     {"all_reduce", plan.all_reduce},
+                                     {"all_to_all", plan.all_to_all}};
+  summary["cross_host_bytes_predicted"] = plan.cross_host;
+  summary["inside_host_bytes_predicted"] = plan.inside_host();
+}
+
+// The ZeRO++ options as the run used them.
+void add_zero_plus_plus(nlohmann::json& summary, const ReportContext& c) {
+  const fsdp::ZeroPlusPlus& z = c.run.fsdp_options.zero_plus_plus();
+  summary["ranks_per_node"] = c.predicted.ranks_per_node;
+  summary["gather_quantization"] = fsdp::quantization_name(z.gather_quantization());
+  summary["secondary_partition"] = z.secondary_partition();
+  summary["gradient_quantization"] = fsdp::quantization_name(z.gradient_quantization());
+  summary["quantization_block"] = z.quantization_block();
+}
+
 // The summary's configuration and timing.
 nlohmann::json run_summary(const ReportContext& c, const RunFigures& figures) {
   const TrainOptions& o = c.o;
@@ -138,7 +165,6 @@ nlohmann::json run_summary(const ReportContext& c, const RunFigures& figures) {
           {"tokens_per_s", c.predicted.tokens_per_step / typical},
           {"exposed_comm_s", median(figures.exposed_comm_times)},
           {"optimizer_s", median(figures.optimizer_times)},
-          {"comm_bytes", comm_bytes_json(figures.last_comm)},
           {"units", c.state.num_units()},
           {"shard_group_size", c.predicted.shard_group_size},
           {"replicate_group_size", c.state.replicate_group() ? c.state.replicate_group()->size() : 1},
@@ -157,6 +183,8 @@ nlohmann::json run_summary(const ReportContext& c, const RunFigures& figures) {
 
 void write_summary(const ReportContext& c, const RunFigures& figures, const EndFigures& end) {
   nlohmann::json summary = run_summary(c, figures);
+  add_zero_plus_plus(summary, c);
+  add_comm(summary, c, figures);
   add_memory(summary, c, figures, end);
   add_offload(summary, c, figures);
   if (!c.run.strategy_reason.empty()) summary["strategy_reason"] = c.run.strategy_reason;
@@ -201,6 +229,19 @@ void print_training(const ReportContext& c, const RunFigures& figures) {
   }
 }
 
+// Rank 0's bytes of the last step, by kind and by where they went, beside the planner's.
+void print_comm(const ReportContext& c, const RunFigures& figures) {
+  const fsdp::CommBytes& plan = c.predicted.comm;
+  const int64_t total = total_bytes(figures.last_comm), cross_host = total_bytes(figures.last_cross_host_comm);
+  std::cout << "communication     (rank 0, last step, bytes)";
+  for (auto kind : kStepKinds) {
+    std::cout << " " << fsdp::collective_name(kind) << " " << figures.last_comm.bytes[static_cast<size_t>(kind)];
+  }
+  std::cout << "\n                  across hosts " << cross_host << " (planned " << plan.cross_host
+            << "), inside a host " << total - cross_host << " (planned " << plan.inside_host() << "); hosts of "
+            << c.predicted.ranks_per_node << " rank(s)\n";
+}
+
 // Per-rank tensor memory against the planner's, and the resident sets.
 void print_host_memory(const ReportContext& c, const RunFigures& figures, const EndFigures& end) {
   const int W = c.world_size;
@@ -217,6 +258,13 @@ void print_host_memory(const ReportContext& c, const RunFigures& figures, const 
             << format_mib(p.nvme ? p.nvme->resident.total() : p.peak.state.total()) << ", gathered "
             << format_mib(p.peak.gathered) << ", activations " << format_mib(p.peak.activations)
             << ", backward transient " << format_mib(p.peak.backward_transient) << ")\n";
+  const fsdp::memory::Usage& usage = figures.last_usage;
+  std::cout << "  rank 0's last step, each category's peak:";
+  for (size_t k = 0; k < fsdp::memory::kNumCategories; ++k) {
+    const auto category = static_cast<fsdp::memory::Category>(k);
+    std::cout << (k ? ", " : " ") << fsdp::memory::category_name(category) << " " << format_mib(usage.peak(category));
+  }
+  std::cout << "\n";
   std::cout << "  full model state on one process would be " << format_mib(16 * p.num_params)
             << " (16 bytes x parameters)\n";
   const int64_t rss_sum = std::accumulate(end.rss.begin(), end.rss.end(), int64_t{0});
@@ -271,6 +319,7 @@ void print_outputs(const ReportContext& c, const RunFigures& figures, const EndF
 
 void print_summary(const ReportContext& c, const RunFigures& figures, const EndFigures& end) {
   print_training(c, figures);
+  print_comm(c, figures);
   print_host_memory(c, figures, end);
   print_device_memory(c, figures, end);
   print_outputs(c, figures, end);

@@ -227,7 +227,7 @@ class Trainer {
         auto [x, y] = run_.data->batch(step, micro, rank_, W, A, batch);
         return model_.forward(x.to(run_.device, /*non_blocking=*/true), y.to(run_.device, /*non_blocking=*/true));
       });
-      figures_.record(result, step, o_.steps, rank_);
+      figures_.record(result, model_.state().cross_host_comm_stats(), step, o_.steps, rank_);
       const std::optional<double> val_loss = maybe_evaluate(step);
       const bool saved = checkpoints_ && checkpoints_->due(step + 1, o_.steps);
       if (saved) save(step + 1);

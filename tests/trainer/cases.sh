@@ -113,6 +113,8 @@ case_zero_plus_plus_refusals() {
   refused "--gather-quantization: unknown quantization 'int4': expected none or int8" --gather-quantization int4
   refused "--gradient-quantization: unknown quantization 'fp8'" --gradient-quantization fp8
   refused "--quantization-block must be positive, got 0" --gather-quantization int8 --quantization-block 0
+  refused "quantization_block must be a positive multiple of 4 elements" --gradient-quantization int8 \
+    --ranks-per-node 2 --quantization-block 6
   [ $(( SECONDS - start )) -lt 120 ] || fail "the refusals took $(( SECONDS - start )) s"
 }
 

@@ -97,6 +97,10 @@ shift
 case "$cmd" in
   up|run)
     need_root
+    # One set of hosts at a time on this machine: a second `run` would tear
+    # down the first one's namespaces (`up` starts with `down`). It waits.
+    exec 9>/tmp/fsdp-netns-hosts.lock
+    flock -n 9 || { echo "netns-hosts: waiting for another run's hosts to go (/tmp/fsdp-netns-hosts.lock)" >&2; flock 9; }
     n="${1:-}"; shift || true
     rate=""
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/unit.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/fused_adamw.h"
 #include "fsdp/gpt.h"
@@ -77,7 +78,7 @@ TEST(ZeroPlusPlus, BytesPerStepMatchThePlannerInsideAndAcrossHosts) {
       {ShardingStrategy::kFullShard, qgz(), torch::kFloat},
       {ShardingStrategy::kFullShard, all_three(), torch::kFloat},
       {ShardingStrategy::kFullShard, all_three(), torch::kBFloat16},
-      {ShardingStrategy::kFullShard, all_three().quantization_block(64), torch::kFloat},
+      {ShardingStrategy::kFullShard, all_three().quantization_block(256), torch::kFloat},
       {ShardingStrategy::kShardGradOp, qwz().gradient_quantization(Quantization::kInt8), torch::kFloat},
       {ShardingStrategy::kHybridShard, qwz(), torch::kFloat},
   };
@@ -184,6 +185,48 @@ TEST(ZeroPlusPlus, SecondaryPartitionHoldsTheHostsSliceFromForwardToBackward) {
       sharded.forward(x, y);
     }
     EXPECT_EQ(fsdp::memory::usage().live(Category::kSecondaryPartition), before);
+  }
+}
+
+// After each step of training the small preset, a quantized gather gives
+// every rank the same parameters, each within its block's bound (max |x| /
+// 254 over the block of the owning rank's shard) of the fp32 master.
+TEST(ZeroPlusPlus, QuantizedGatherGivesEveryRankTheMastersWithinTheBlockBound) {
+  const int W = world_group->size(), r = world_group->rank();
+  const fsdp::models::GPTConfig config = fsdp::models::GPTConfig::preset("small");
+  fsdp::models::TokenData data(fsdp::testing::make_token_file("zpp-small", 40000, config.vocab), config.context,
+                               config.vocab);
+  auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(config), world_group,
+                                   zpp_options(ShardingStrategy::kFullShard, qwz()));
+  fsdp::FusedAdamW optimizer(sharded.parameters(), fsdp::testing::spec_adamw());
+  const int64_t block = qwz().quantization_block();
+  for (int step = 0; step < 8; ++step) {
+    auto [x, y] = data.batch(step, 0, r, W, 1, 2);
+    sharded.forward(x, y).backward();
+    optimizer.step();
+    optimizer.zero_grad();
+    for (const auto& unit : sharded.state().units()) {
+      fsdp::FlatParam& flat = unit->flat_param();
+      const torch::Tensor exact = flat.gather_full(flat.shard().detach());
+      flat.unshard();
+      torch::Tensor gathered = torch::cat([&] {
+        std::vector<torch::Tensor> parts;
+        for (const auto& e : flat.entries()) parts.push_back(e.param.detach().reshape({-1}));
+        return parts;
+      }());
+      flat.reshard();
+      const int64_t S = flat.shard_numel(), nb = (S + block - 1) / block;
+      torch::Tensor by_block = torch::constant_pad_nd(exact.view({W, S}), {0, nb * block - S}).view({W, nb, block});
+      torch::Tensor bound = by_block.abs().amax(2, true).div(254.0).expand({W, nb, block}).reshape({W, -1});
+      bound = bound.narrow(1, 0, S).reshape({-1}).narrow(0, 0, flat.numel());
+      torch::Tensor error = (gathered - exact.narrow(0, 0, flat.numel())).abs();
+      EXPECT_TRUE((error <= bound * (1 + 1e-5)).all().item<bool>())
+          << "step " << step << ", unit " << unit->display_name() << ": worst excess "
+          << (error - bound).max().item<double>();
+      torch::Tensor sums = torch::empty({W}, torch::kDouble);
+      world_group->all_gather(sums, gathered.to(torch::kDouble).sum().reshape({1}))->wait();
+      EXPECT_TRUE(torch::equal(sums, sums[0].expand({W}))) << "ranks gathered different parameters: " << sums;
+    }
   }
 }
 

@@ -145,9 +145,13 @@ struct ZeroPlusPlus {
   /// hybrids already reduce inside the host).
   TORCH_ARG(Quantization, gradient_quantization) = Quantization::kNone;
   /// Elements per quantization block (each has its own fp32 scale): the
-  /// error of an element is at most its block's largest magnitude / 254.
-  /// 256 by default: 1.6 % of scale bytes over the int8 payload.
-  TORCH_ARG(int64_t, quantization_block) = 256;
+  /// error of an element is at most its block's largest magnitude / 254, so
+  /// a block that spans a LayerNorm's weights (about 1) and a weight matrix
+  /// (about 0.02) rounds the matrix coarsely. 64 by default: the scales add
+  /// 6.25 % to the int8 payload (a gather moves 0.27x fp32's bytes), and the
+  /// small preset trains as with fp32 gathers, where blocks of 256 and 512
+  /// doubled one step's loss (docs/zero-plus-plus.md).
+  TORCH_ARG(int64_t, quantization_block) = 64;
 };
 
 /// Gives parameter `name` its initial values, in place

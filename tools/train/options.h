@@ -7,6 +7,8 @@
 #include <optional>
 #include <string>
 
+#include "fsdp/options.h"
+
 namespace fsdp_train {
 
 // The command line as given (validated by prepare(), setup.h).
@@ -32,7 +34,7 @@ struct TrainOptions {
   std::string gather_quantization = "none";    // ZeRO++'s qwZ
   bool secondary_partition = false;           // ZeRO++'s hpZ
   std::string gradient_quantization = "none";  // ZeRO++'s qgZ
-  int64_t quantization_block = 256;
+  int64_t quantization_block = fsdp::ZeroPlusPlus().quantization_block();
   int64_t memory_budget = 0;
   std::string param_dtype = "fp32";
   std::string reduce_dtype;

@@ -140,7 +140,8 @@ TEST(Collectives, AllToAllSendsBlockJToRankJ) {
   auto value = [](int from, int to, int64_t k) { return static_cast<double>(from * 24 + to * 5 + k % 5); };
   for (auto type : {torch::kFloat, torch::kChar, torch::kDouble, torch::kBFloat16}) {
     for (int64_t block : {1, 7, 1000}) {
-      torch::Tensor input = torch::empty({W * block}, torch::kDouble), expected = torch::empty({W * block}, torch::kDouble);
+      torch::Tensor input = torch::empty({W * block}, torch::kDouble);
+      torch::Tensor expected = torch::empty({W * block}, torch::kDouble);
       for (int j = 0; j < W; ++j) {
         for (int64_t k = 0; k < block; ++k) {
           input[j * block + k] = value(r, j, k);

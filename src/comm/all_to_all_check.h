@@ -24,7 +24,8 @@ inline void check_all_to_all(const torch::Tensor& output, const torch::Tensor& i
               input.is_contiguous() ? "contiguous" : "strided");
   const auto* out_begin = static_cast<const char*>(output.data_ptr());
   const auto* in_begin = static_cast<const char*>(input.data_ptr());
-  const bool overlap = input.numel() > 0 && out_begin < in_begin + input.nbytes() && in_begin < out_begin + output.nbytes();
+  const bool overlap =
+      input.numel() > 0 && out_begin < in_begin + input.nbytes() && in_begin < out_begin + output.nbytes();
   TORCH_CHECK(!overlap, "all_to_all: output and input must not overlap (found them sharing memory); "
                         "a rank's received blocks would overwrite blocks it has yet to send");
 }

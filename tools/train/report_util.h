@@ -41,9 +41,9 @@ inline double directory_bytes(const std::string& path) {
 
 // The kinds a training step uses (a broadcast only initializes), as the
 // log, the summary and the planner's CommBytes name them.
-inline constexpr fsdp::CollectiveKind kStepKinds[] = {fsdp::CollectiveKind::kAllGather,
-                                                      fsdp::CollectiveKind::kReduceScatter,
-                                                      fsdp::CollectiveKind::kAllReduce, fsdp::CollectiveKind::kAllToAll};
+inline constexpr fsdp::CollectiveKind kStepKinds[] = {
+    fsdp::CollectiveKind::kAllGather, fsdp::CollectiveKind::kReduceScatter, fsdp::CollectiveKind::kAllReduce,
+    fsdp::CollectiveKind::kAllToAll};
 
 // A step's collective bytes by kind, as the log and the summary record them.
 inline nlohmann::json comm_bytes_json(const fsdp::CommStats& comm) {

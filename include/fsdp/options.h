@@ -130,7 +130,7 @@ struct ZeroPlusPlus {
   /// quantizes to the same bytes. Sharded strategies; gathers for state
   /// dicts and inside an fsdp::UnshardScope stay exact.
   TORCH_ARG(Quantization, gather_quantization) = Quantization::kNone;
-  /// hpZ (FSDP2's reshard_after_forward=<ranks per node>): after a unit's
+  /// hpZ (FSDP2's reshard_after_forward set to the ranks per node): after a unit's
   /// forward, each rank keeps its host's slice of the gathered parameters
   /// (1/ranks_per_node of the unit, in the param dtype), so that backward's
   /// all-gather stays inside the host. Costs that slice of every unit from

@@ -40,6 +40,7 @@ struct HostMemoryRun {
   MixedPrecision mixed_precision;  ///< the run's dtypes
   bool prefetch = true;      ///< forward or backward prefetch on
   int64_t micro_steps = 1;   ///< gradient accumulation
+  ZeroPlusPlus zero_plus_plus;  ///< ZeRO++'s options (the secondary partition's slices)
 };
 
 /// The settings that change a rank's host memory.

@@ -69,7 +69,7 @@ struct CommBytes {
 /// the bytes of the param and reduce dtypes, B = quantization_block and
 /// PB(S) = ceil(S / B) (B + 4) (the int8 blocks, one fp32 scale each):
 /// \code{.unparsed}
-///   a gather           G Np p, or G PB(S) bytes with gather_quantization
+///   a gather           Np p, or G PB(S) bytes with gather_quantization
 ///   full_shard         two gathers; with secondary_partition backward's is
 ///                      Np p over the host (never quantized)
 ///   shard_grad_op      one gather

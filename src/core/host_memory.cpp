@@ -68,7 +68,7 @@ int64_t host_memory_needed(const HostMemoryRun& run, const HostMemorySettings& s
   const auto units = shape.unit_numels();
   const int64_t params = std::accumulate(units.begin(), units.end(), int64_t{0});
   const StepPeak peak = estimate_step_peak(shape, run.strategy, run.world, per_node, run.mixed_precision, run.prefetch,
-                                           settings.activation_checkpointing);
+                                           settings.activation_checkpointing, {}, run.zero_plus_plus);
   const bool nvme = settings.nvme_optimizer || settings.nvme_params;
   int64_t step = peak.total();
   if (nvme) {

@@ -58,8 +58,8 @@ Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState
   p.state = fsdp::estimate_model_state(p.unit_numels, strategy, world, p.shard_group_size, mp);
   p.peak = fsdp::estimate_step_peak(
       fsdp::TransformerShape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch, o.wrap == "sublayer"}, strategy,
-      world, p.shard_group_size, mp, o.forward_prefetch || o.backward_prefetch != "none", o.activation_checkpointing,
-      p.unit_numels);
+      world, ranks_per_host(run, state, world), mp, o.forward_prefetch || o.backward_prefetch != "none",
+      o.activation_checkpointing, p.unit_numels, run.fsdp_options.zero_plus_plus());
   if (state.gathers_run_ahead() && !fsdp::keeps_params_unsharded(strategy)) {
     // The gathers' order on a device holds the previous resharded unit's
     // buffer while the next gather runs: one more unit, the largest but the root's.

@@ -137,6 +137,7 @@ void preflight(const TrainOptions& o, Run& run, int world) {
   plan.mixed_precision = options.mixed_precision();
   plan.prefetch = options.forward_prefetch() || options.backward_prefetch() != fsdp::BackwardPrefetch::kNone;
   plan.micro_steps = o.grad_accum;
+  plan.zero_plus_plus = options.zero_plus_plus();
   fsdp::HostMemorySettings settings;
   settings.activation_checkpointing = o.activation_checkpointing;
   settings.sublayer_units = o.wrap == "sublayer";

@@ -257,7 +257,9 @@ void print_host_memory(const ReportContext& c, const RunFigures& figures, const 
             << (c.nvme.on ? " with the offload (in memory: " : " (") << "model state "
             << format_mib(p.nvme ? p.nvme->resident.total() : p.peak.state.total()) << ", gathered "
             << format_mib(p.peak.gathered) << ", activations " << format_mib(p.peak.activations)
-            << ", backward transient " << format_mib(p.peak.backward_transient) << ")\n";
+            << ", backward transient " << format_mib(p.peak.backward_transient)
+            << (p.peak.secondary_partition > 0 ? ", secondary partition " + format_mib(p.peak.secondary_partition) : "")
+            << ")\n";
   const fsdp::memory::Usage& usage = figures.last_usage;
   std::cout << "  rank 0's last step, each category's peak:";
   for (size_t k = 0; k < fsdp::memory::kNumCategories; ++k) {

@@ -1,0 +1,150 @@
+// The planner's figures for ZeRO++'s options (fsdp/memory_plan.h), against
+// bytes worked out by hand for two small units, so that a formula that
+// changes fails here before a run's counters (ZeroPlusPlus.* in mpi_tests)
+// disagree with it. Units of 1000 and 300 elements over 4 ranks, 2 hosts of
+// 2 ranks, fp32, blocks of 256: the shards are 250 and 75 elements, each
+// packing to one block, 256 + 4 = 260 bytes.
+
+#include <gtest/gtest.h>
+
+#include "fsdp/memory_plan.h"
+
+#include <string>
+#include <vector>
+
+namespace {
+
+using fsdp::ShardingStrategy;
+using fsdp::Quantization;
+using fsdp::ZeroPlusPlus;
+
+const std::vector<int64_t> kUnits = {1000, 300};
+constexpr int kWorld = 4, kHostRanks = 2;
+
+fsdp::CommBytes planned(ShardingStrategy s, const ZeroPlusPlus& z, int ranks_per_node = kHostRanks,
+                        const fsdp::MixedPrecision& mp = fsdp::MixedPrecision()) {
+  return fsdp::estimate_comm_per_step(kUnits, s, kWorld, ranks_per_node, mp, z);
+}
+// Blocks of 256 whatever the default: the figures below are worked out for them.
+ZeroPlusPlus blocks_of_256() { return ZeroPlusPlus().quantization_block(256); }
+ZeroPlusPlus qwz() { return blocks_of_256().gather_quantization(Quantization::kInt8); }
+ZeroPlusPlus hpz() { return blocks_of_256().secondary_partition(true); }
+ZeroPlusPlus qgz() { return blocks_of_256().gradient_quantization(Quantization::kInt8); }
+ZeroPlusPlus all_three() { return qwz().secondary_partition(true).gradient_quantization(Quantization::kInt8); }
+
+struct Expected {
+  int64_t all_gather, reduce_scatter, all_reduce, all_to_all, cross_host;
+};
+void expect_bytes(const fsdp::CommBytes& b, const Expected& e) {
+  EXPECT_EQ(b.all_gather, e.all_gather);
+  EXPECT_EQ(b.reduce_scatter, e.reduce_scatter);
+  EXPECT_EQ(b.all_reduce, e.all_reduce);
+  EXPECT_EQ(b.all_to_all, e.all_to_all);
+  EXPECT_EQ(b.cross_host, e.cross_host);
+  EXPECT_EQ(b.inside_host(), b.total() - e.cross_host);
+}
+
+}  // namespace
+
+// Plain full_shard: two fp32 gathers of 1300 elements and one reduce-scatter,
+// all over the world, so all of it crosses hosts; on one host none does.
+TEST(Planner, FullShardCrossesHostsWithEverything) {
+  expect_bytes(planned(ShardingStrategy::kFullShard, ZeroPlusPlus()), {10400, 5200, 0, 0, 15600});
+  expect_bytes(planned(ShardingStrategy::kFullShard, ZeroPlusPlus(), 0), {10400, 5200, 0, 0, 0});
+  expect_bytes(planned(ShardingStrategy::kFullShard, ZeroPlusPlus(), kWorld), {10400, 5200, 0, 0, 0});
+  // The hybrids: only the shard's all-reduce (500 + 150 elements) crosses.
+  expect_bytes(planned(ShardingStrategy::kHybridShard, ZeroPlusPlus()), {10400, 5200, 2600, 0, 2600});
+  expect_bytes(planned(ShardingStrategy::kNoShard, ZeroPlusPlus()), {0, 0, 5200, 0, 5200});
+  expect_bytes(planned(ShardingStrategy::kZero1, ZeroPlusPlus()), {5200, 0, 5200, 0, 10400});
+}
+
+// qwZ: each gather moves 4 ranks x 260 packed bytes per unit instead of 4 B per element.
+TEST(Planner, QuantizedGathersMoveThePackedBlocks) {
+  expect_bytes(planned(ShardingStrategy::kFullShard, qwz()), {4 * 1040, 5200, 0, 0, 4 * 1040 + 5200});
+  expect_bytes(planned(ShardingStrategy::kShardGradOp, qwz()), {2 * 1040, 5200, 0, 0, 2 * 1040 + 5200});
+  // Blocks of 64: the 75-element shard packs to 2 blocks, 128 + 8 bytes;
+  // the 250-element one to 4, 256 + 16.
+  expect_bytes(planned(ShardingStrategy::kFullShard, qwz().quantization_block(64)),
+               {2 * 4 * (272 + 136), 5200, 0, 0, 2 * 4 * (272 + 136) + 5200});
+  // hybrid_shard gathers over its 2 ranks (shards of 500 and 150: 2 + 1
+  // blocks), inside the host.
+  expect_bytes(planned(ShardingStrategy::kHybridShard, qwz()), {2 * 2 * (520 + 260), 5200, 2600, 0, 2600});
+}
+
+// hpZ: backward's gather is over the host, whole fp32 (never quantized).
+TEST(Planner, SecondaryPartitionKeepsBackwardsGatherInsideTheHost) {
+  expect_bytes(planned(ShardingStrategy::kFullShard, hpz()), {10400, 5200, 0, 0, 5200 + 5200});
+  expect_bytes(planned(ShardingStrategy::kFullShard, hpz().gather_quantization(Quantization::kInt8)),
+               {2 * 1040 + 5200, 5200, 0, 0, 2 * 1040 + 5200});
+  // bf16 parameters (and reductions): half of every plain figure.
+  expect_bytes(planned(ShardingStrategy::kFullShard, hpz(), kHostRanks,
+                       fsdp::MixedPrecision().param_dtype(c10::ScalarType::BFloat16)),
+               {5200, 2600, 0, 0, 2600 + 2600});
+}
+
+// qgZ: the whole gradient reduce-scattered inside the host, then 2 hosts x
+// 260 packed bytes per unit exchanged across them.
+TEST(Planner, QuantizedGradientsCrossHostsAsPackedBlocks) {
+  expect_bytes(planned(ShardingStrategy::kFullShard, qgz()), {10400, 5200, 0, 2 * 520, 10400 + 2 * 520});
+  expect_bytes(planned(ShardingStrategy::kShardGradOp, qgz()), {5200, 5200, 0, 2 * 520, 5200 + 2 * 520});
+  // Padding: 1001 elements shard to 251 (Np = 1004).
+  const auto padded = fsdp::estimate_comm_per_step({1001}, ShardingStrategy::kFullShard, kWorld, kHostRanks,
+                                                   fsdp::MixedPrecision(), qgz());
+  expect_bytes(padded, {2 * 1004 * 4, 1004 * 4, 0, 2 * 260, 2 * 1004 * 4 + 2 * 260});
+  // One host: the all-to-all is over a group of one, and nothing crosses.
+  expect_bytes(planned(ShardingStrategy::kFullShard, all_three(), 0), {2 * 1040 + 5200, 5200, 0, 2 * 260, 0});
+}
+
+// All three: the quantized forward gathers and the all-to-all cross hosts,
+// under a fifth of plain full_shard's bytes (the goal), here 3120 of 15600.
+TEST(Planner, AllThreeTogether) {
+  const auto b = planned(ShardingStrategy::kFullShard, all_three());
+  expect_bytes(b, {2 * 1040 + 5200, 5200, 0, 2 * 520, 2 * 1040 + 2 * 520});
+  EXPECT_EQ(b.inside_host(), 5200 + 5200);
+}
+
+// The secondary partition's memory: every unit's host slice (1000 / 2 and
+// 300 / 2 fp32 elements) on top of full_shard's peak; qwZ's packed buffers
+// (the largest unit's packed shard and 4 packed rows) in the gathered figure.
+TEST(Planner, SecondaryPartitionMemoryIsEveryUnitsHostSlice) {
+  fsdp::TransformerShape shape{64, 16, 1, 2, 8, 2};
+  auto peak = [&](const ZeroPlusPlus& z) {
+    return fsdp::estimate_step_peak(shape, ShardingStrategy::kFullShard, kWorld, kHostRanks, fsdp::MixedPrecision(),
+                                    true, false, kUnits, z);
+  };
+  const fsdp::StepPeak plain = peak(ZeroPlusPlus()), with_hpz = peak(hpz()), with_qwz = peak(qwz());
+  EXPECT_EQ(plain.secondary_partition, 0);
+  EXPECT_EQ(with_hpz.secondary_partition, (500 + 150) * 4);
+  EXPECT_EQ(with_hpz.total(), plain.total() + (500 + 150) * 4);
+  EXPECT_EQ(with_qwz.gathered, plain.gathered + 5 * 260);
+  // One host of all 4 ranks: a quarter of each unit.
+  const auto one_host = fsdp::estimate_step_peak(shape, ShardingStrategy::kFullShard, kWorld, 0,
+                                                 fsdp::MixedPrecision(), true, false, kUnits, hpz());
+  EXPECT_EQ(one_host.secondary_partition, (250 + 75) * 4);
+}
+
+// The planner refuses what fully_shard refuses, with its reasons.
+TEST(Planner, RefusesWhatFullyShardRefuses) {
+  auto refusal = [](ShardingStrategy s, const ZeroPlusPlus& z) -> std::string {
+    try {
+      fsdp::estimate_comm_per_step(kUnits, s, kWorld, kHostRanks, fsdp::MixedPrecision(), z);
+    } catch (const c10::Error& e) {
+      return e.what_without_backtrace();
+    }
+    return "";
+  };
+  EXPECT_NE(refusal(ShardingStrategy::kNoShard, qwz()).find("need a sharded strategy"), std::string::npos);
+  EXPECT_NE(refusal(ShardingStrategy::kZero1, qgz()).find("need a sharded strategy"), std::string::npos);
+  EXPECT_NE(refusal(ShardingStrategy::kShardGradOp, hpz()).find("secondary_partition (hpZ) needs full_shard"),
+            std::string::npos);
+  EXPECT_NE(refusal(ShardingStrategy::kHybridShard, hpz()).find("secondary_partition (hpZ) needs full_shard"),
+            std::string::npos);
+  EXPECT_NE(refusal(ShardingStrategy::kHybridShardZero2, qgz()).find("gradient_quantization (qgZ) needs"),
+            std::string::npos);
+  EXPECT_NE(refusal(ShardingStrategy::kFullShard, qwz().quantization_block(6)).find("multiple of 4"),
+            std::string::npos);
+  EXPECT_EQ(refusal(ShardingStrategy::kFullShard, all_three()), "");
+  EXPECT_THROW(fsdp::estimate_comm_per_step(kUnits, ShardingStrategy::kFullShard, kWorld, 3, fsdp::MixedPrecision(),
+                                            hpz()),
+               c10::Error);
+}

@@ -49,6 +49,31 @@ struct Cluster {
   double flops = 0, intra_bandwidth = 0, intra_latency = 0, inter_bandwidth = 0, inter_latency = 0;
   // fsdp-plan calibrate --offload-dir: the host's disk, all its ranks at once (bytes/s; 0: not measured).
   double disk_read_bandwidth = 0, disk_write_bandwidth = 0;
+  // fsdp-plan calibrate --preset: one forward and backward of that preset's model, all ranks at once.
+  std::string model_step_preset;
+  double model_step_s = 0;
+  // fsdp-plan calibrate --preset --ranks-per-node: the step's collectives, measured (counted bytes per second).
+  struct Collectives {
+    int world = 0, ranks_per_node = 0;
+    double all_gather_world = 0, all_gather_world_int8 = 0, reduce_scatter_world = 0, all_gather_host = 0,
+           reduce_scatter_host = 0, all_reduce_cross_host = 0, all_to_all_cross_host = 0;
+    double overlap = 0;  // the share of the shorter of compute and communication that hides behind the other
+  };
+  std::optional<Collectives> collectives;
+  void load_measured(const nlohmann::json& j) {
+    if (j.contains("model_step")) {
+      model_step_preset = j["model_step"].at("preset").get<std::string>();
+      model_step_s = j["model_step"].at("forward_backward_s").get<double>();
+    }
+    if (!j.contains("collectives")) return;
+    const auto& c = j["collectives"];
+    const auto& r = c.at("bytes_per_s");
+    collectives = Collectives{c.at("world").get<int>(), c.at("ranks_per_node").get<int>(),
+                              r.at("all_gather_world").get<double>(), r.at("all_gather_world_int8").get<double>(),
+                              r.at("reduce_scatter_world").get<double>(), r.at("all_gather_host").get<double>(),
+                              r.at("reduce_scatter_host").get<double>(), r.at("all_reduce_cross_host").get<double>(),
+                              r.at("all_to_all_cross_host").get<double>(), c.value("overlap", 0.0)};
+  }
   static Cluster load(const std::string& path) {
     std::ifstream in(path);
     TORCH_CHECK(in, "cannot open the cluster description '", path, "'");
@@ -61,6 +86,7 @@ struct Cluster {
       TORCH_CHECK(c.flops > 0 && c.intra_bandwidth > 0 && c.inter_bandwidth > 0, "values must be positive");
       c.disk_read_bandwidth = j.value("disk_read_bandwidth", 0.0);
       c.disk_write_bandwidth = j.value("disk_write_bandwidth", 0.0);
+      c.load_measured(j);
       return c;
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "'", path, "': expected {flops, intra_node_bandwidth, intra_node_latency, ",
@@ -87,6 +113,8 @@ struct Plan {
   // With --offload nvme: what goes to disk, and the host's peak with it.
   std::optional<fsdp::NvmeOffloadPlan> nvme;
   int64_t nvme_peak = 0;
+  // ZeRO++: qwZ's packed buffers of a gather in flight (in peak.gathered).
+  int64_t quantized_gather_buffers = 0;
 };
 
 nlohmann::json nvme_json(const Plan& plan, const std::optional<double>& io_s) {
@@ -106,6 +134,49 @@ nlohmann::json nvme_json(const Plan& plan, const std::optional<double>& io_s) {
 struct StepTime {
   double comm = 0, step = 0, efficiency = 0;
 };
+
+// With the step's collectives measured on these hosts (fsdp-plan calibrate
+// --preset --ranks-per-node, the same world and hosts): each collective's
+// counted bytes over its measured rate, summed (one communication thread
+// runs them in turn), and the step is compute plus communication less the
+// measured overlap of the shorter one (of the communication, what the
+// engine issues ahead or leaves in flight: not the hybrids' all-reduce,
+// waited for where it is issued). The measured rates carry what the
+// counters leave out: OpenMPI's algorithms (4 ranks on 2 hosts: recursive
+// doubling for the all-gather, which sends the whole buffer across each way
+// where a ring sends 3/4 of it; MPI_Reduce_scatter_block as a reduce to
+// rank 0 and a scatter, which sends the whole buffer across twice into rank
+// 0's host), both ranks of a host sharing its link, and TCP under the cap.
+std::optional<StepTime> measured_step_time(const Plan& plan, const Cluster& c, double compute,
+                                           const fsdp::ZeroPlusPlus& z, int world, int nodes) {
+  if (!c.collectives || c.collectives->world != world || c.collectives->ranks_per_node != world / nodes || nodes < 2 ||
+      fsdp::keeps_params_unsharded(plan.strategy)) {
+    return std::nullopt;
+  }
+  const Cluster::Collectives& r = *c.collectives;
+  const fsdp::CommBytes& b = plan.comm;
+  StepTime t;
+  double blocking = 0;  // communication the engine waits on in place: nothing hides it
+  if (fsdp::is_hybrid(plan.strategy)) {
+    // The shard's all-reduce across hosts runs when a unit's reduction is
+    // finished, and backward waits for it there (FlatParam's finish).
+    blocking = b.all_reduce / r.all_reduce_cross_host;
+    t.comm = b.all_gather / r.all_gather_host + b.reduce_scatter / r.reduce_scatter_host + blocking;
+  } else {
+    const bool qgz = z.gradient_quantization() != fsdp::Quantization::kNone;
+    const double rs_world = qgz ? 0.0 : static_cast<double>(b.reduce_scatter);
+    const double rs_host = qgz ? static_cast<double>(b.reduce_scatter) : 0.0;
+    const double gather_world = static_cast<double>(b.cross_host - b.all_to_all) - rs_world;
+    const double gather_host = static_cast<double>(b.all_gather) - gather_world;
+    const double world_rate =
+        z.gather_quantization() != fsdp::Quantization::kNone ? r.all_gather_world_int8 : r.all_gather_world;
+    t.comm = gather_world / world_rate + gather_host / r.all_gather_host + rs_world / r.reduce_scatter_world +
+             rs_host / r.reduce_scatter_host + b.all_to_all / r.all_to_all_cross_host;
+  }
+  t.step = compute + t.comm - r.overlap * std::min(compute, t.comm - blocking);
+  t.efficiency = compute / t.step;
+  return t;
+}
 
 StepTime step_time(const Plan& plan, const Cluster& c, double compute, int world, int nodes, int64_t n_units) {
   const int per_node = world / nodes;
@@ -130,9 +201,9 @@ StepTime step_time(const Plan& plan, const Cluster& c, double compute, int world
 }
 
 nlohmann::json comm_json(const fsdp::CommBytes& comm) {
-  return {{"all_gather", comm.all_gather},
-          {"reduce_scatter", comm.reduce_scatter},
-          {"all_reduce", comm.all_reduce},
+  return {{"all_gather", comm.all_gather},   {"reduce_scatter", comm.reduce_scatter},
+          {"all_reduce", comm.all_reduce},   {"all_to_all", comm.all_to_all},
+          {"cross_host", comm.cross_host},   {"inside_host", comm.inside_host()},
           {"total", comm.total()}};
 }
 
@@ -148,6 +219,9 @@ nlohmann::json plan_json(const Plan& plan, int world, int per_node) {
           {"gathered_bytes", plan.peak.gathered},
           {"activations_bytes", plan.peak.activations},
           {"backward_transient_bytes", plan.peak.backward_transient},
+          {"secondary_partition_bytes", plan.peak.secondary_partition},
+          {"quantized_gather_buffer_bytes", plan.quantized_gather_buffers},
+          {"step_peak_bytes", plan.peak.total()},
           {"device_total_bytes", plan.device()},
           {"host_bytes", plan.host},
           {"comm_bytes", comm_json(plan.comm)}};
@@ -219,13 +293,136 @@ DiskBandwidth measure_disk(fsdp::ProcessGroup& world, const std::string& dir, in
   return result;
 }
 
-int calibrate(int* argc, char*** argv, const std::string& disk_dir, int64_t disk_bytes) {
+// One forward and backward of the preset's whole model (its per-rank
+// batch) on this rank, no sharding: the compute a step needs on these
+// cores, attention, norms and the sharing of oversubscribed cores included
+// (GEMM FLOP/s alone put it ~2x low).
+struct ModelStep {
+  explicit ModelStep(const std::string& preset) : config(fsdp::models::GPTConfig::preset(preset)), model(config) {
+    model->init_weights(0);
+    idx = torch::randint(config.vocab, {config.batch, config.context}, torch::kLong);
+    targets = torch::randint(config.vocab, {config.batch, config.context}, torch::kLong);
+    run();  // warm-up: the allocator's blocks, the threads
+  }
+  void run() {
+    model->zero_grad();
+    model->forward(idx, targets).backward();
+  }
+  // Seconds of `reps` runs, every rank at once.
+  double timed(fsdp::ProcessGroup& world, int reps) {
+    world.barrier()->wait();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < reps; ++i) run();
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    world.barrier()->wait();
+    return seconds;
+  }
+  fsdp::models::GPTConfig config;
+  fsdp::models::GPT model;
+  torch::Tensor idx, targets;
+};
+
+// Counted bytes per second of `call` (a collective moving `counted` bytes as
+// the communicator counts them), all ranks at once: the rate the step-time
+// model divides each collective's counted bytes by. It carries everything
+// the counters leave out: the algorithm OpenMPI picks for this size (which
+// ranks pair across hosts, how often a byte crosses), TCP's efficiency
+// under the cap, and both ranks of a host sharing its link.
+template <class Call>
+double counted_rate(fsdp::ProcessGroup& world, int64_t counted, int reps, Call call) {
+  call();
+  world.barrier()->wait();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < reps; ++i) call();
+  world.barrier()->wait();  // until the slowest rank is done
+  return static_cast<double>(counted) * reps / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The rates of the collectives a step runs, with hosts of `per_node` ranks,
+// at the sizes of a unit of `unit_numel` elements (fp32): the world's
+// gathers and reduce-scatters (full_shard; int8 packed for qwZ), the host
+// group's (hpZ, qgZ's first step, the hybrids), the cross-host group's
+// all-reduce (the hybrids' shard) and all-to-all (qgZ's packed gradient).
+nlohmann::json measure_collectives(const fsdp::ProcessGroupPtr& world, int per_node, int64_t unit_numel, int reps,
+                                   int64_t block) {
+  const int W = world->size(), rank = world->rank();
+  TORCH_CHECK(per_node > 0 && W % per_node == 0, "calibrate: --ranks-per-node must divide the world (", W, "), got ",
+              per_node);
+  const int64_t H = W / per_node;
+  auto host = world->split(rank / per_node, rank);
+  auto cross = world->split(rank % per_node, rank);
+  const int64_t S = (unit_numel + W - 1) / W, Np = S * W;
+  const int64_t Sh = (unit_numel + per_node - 1) / per_node;  // a hybrid's shard
+  const int64_t nb = (S + block - 1) / block, packed = nb * block + 4 * nb;
+  auto f32 = [](int64_t n) { return torch::ones({n}); };
+  auto u8 = [](int64_t n) { return torch::ones({n}, torch::kByte); };
+  torch::Tensor gathered = f32(Np), shard = f32(S), host_gathered = f32(Sh * per_node), host_shard = f32(Sh);
+  torch::Tensor packed_out = u8(W * packed), packed_in = u8(packed), a2a_in = u8(H * packed), a2a_out = u8(H * packed);
+  nlohmann::json rates;
+  rates["all_gather_world"] = counted_rate(*world, gathered.nbytes(), reps, [&] { world->all_gather(gathered, shard)->wait(); });
+  rates["reduce_scatter_world"] = counted_rate(*world, gathered.nbytes(), reps, [&] {
+    world->reduce_scatter(shard, gathered, fsdp::ReduceOp::kSum)->wait();
+  });
+  rates["all_gather_world_int8"] =
+      counted_rate(*world, packed_out.nbytes(), reps, [&] { world->all_gather(packed_out, packed_in)->wait(); });
+  rates["all_gather_host"] =
+      counted_rate(*world, host_gathered.nbytes(), reps, [&] { host->all_gather(host_gathered, host_shard)->wait(); });
+  rates["reduce_scatter_host"] = counted_rate(*world, host_gathered.nbytes(), reps, [&] {
+    host->reduce_scatter(host_shard, host_gathered, fsdp::ReduceOp::kSum)->wait();
+  });
+  rates["all_reduce_cross_host"] =
+      counted_rate(*world, host_shard.nbytes(), reps, [&] { cross->all_reduce(host_shard, fsdp::ReduceOp::kSum)->wait(); });
+  rates["all_to_all_cross_host"] =
+      counted_rate(*world, a2a_in.nbytes(), reps, [&] { cross->all_to_all(a2a_out, a2a_in)->wait(); });
+  return {{"world", W}, {"ranks_per_node", per_node}, {"unit_numel", unit_numel}, {"quantization_block", block},
+          {"bytes_per_s", rates}};
+}
+
+// How much of a collective's time hides behind compute on these cores: the
+// model's step run while the world all-gathers the largest unit back to
+// back (queued on the group's communication thread, as the engine's
+// prefetch does), about as long as the step. 1: the gathers cost nothing
+// on top; 0: compute and communication add up (a core's time goes to one
+// or the other: TCP copies, OpenMPI's progress, the reductions).
+double measure_overlap(fsdp::ProcessGroup& world, ModelStep& step, double step_s, int64_t unit_numel,
+                       double gather_rate) {
+  const int W = world.size();
+  const int64_t S = (unit_numel + W - 1) / W;
+  torch::Tensor out = torch::empty({S * W}), in = torch::ones({S});
+  const double gather_s = static_cast<double>(out.nbytes()) / gather_rate;
+  // The same count on every rank: the mean of their choices.
+  torch::Tensor count = torch::tensor({std::clamp(std::round(step_s / gather_s), 1.0, 64.0)}, torch::kDouble);
+  world.all_reduce(count, fsdp::ReduceOp::kAvg)->wait();
+  const int gathers = static_cast<int>(std::llround(count.item<double>()));
+  world.barrier()->wait();
+  const auto t0 = Clock::now();
+  std::vector<fsdp::WorkHandle> pending;
+  for (int i = 0; i < gathers; ++i) pending.push_back(world.all_gather(out, in));
+  step.run();
+  for (auto& w : pending) w->wait();
+  const double both = std::chrono::duration<double>(Clock::now() - t0).count();
+  world.barrier()->wait();
+  const double comm_s = gathers * gather_s;
+  return std::clamp((step_s + comm_s - both) / std::min(step_s, comm_s), 0.0, 1.0);
+}
+
+// What `fsdp-plan calibrate` measures beyond FLOP/s and the gather bandwidth.
+struct CalibrateOptions {
+  std::string disk_dir;
+  int64_t disk_bytes = 0;
+  std::string preset;    // --preset: the model's step and the collectives at its largest unit
+  int ranks_per_node = 0;  // --ranks-per-node: the hosts the collectives run over
+  int reps = 3;
+};
+
+int calibrate(int* argc, char*** argv, const CalibrateOptions& options) {
   fsdp::MpiEnvironment mpi(argc, argv);
   auto world = mpi.world();
   // FLOP/s of one rank's fp32 GEMMs with the threads fsdp-run gives it.
   const int64_t n = 1024;
   torch::Tensor a = torch::randn({n, n}), b = torch::randn({n, n});
   torch::mm(a, b);
+  world->barrier()->wait();
   auto start = Clock::now();
   const int reps = 10;
   for (int i = 0; i < reps; ++i) torch::mm(a, b);
@@ -244,20 +441,39 @@ int calibrate(int* argc, char*** argv, const std::string& disk_dir, int64_t disk
   const double big = static_cast<double>(16 << 20) * k * 4;  // bytes of the gathered buffer
   const double t = time_gather(16 << 20, 3);
   const double bandwidth = k > 1 ? (k - 1.0) / k * big / std::max(t - (k - 1) * latency_s, 1e-9) : 0.0;
-  const DiskBandwidth disk = disk_dir.empty() ? DiskBandwidth{} : measure_disk(*world, disk_dir, disk_bytes);
+  const DiskBandwidth disk =
+      options.disk_dir.empty() ? DiskBandwidth{} : measure_disk(*world, options.disk_dir, options.disk_bytes);
+  nlohmann::json model_step = nullptr, collectives = nullptr;
+  if (!options.preset.empty()) {
+    ModelStep step(options.preset);
+    const double seconds = step.timed(*world, 2) / 2;
+    model_step = {{"preset", options.preset}, {"forward_backward_s", seconds}};
+    if (options.ranks_per_node > 0) {
+      const auto& c = step.config;
+      const fsdp::TransformerShape shape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch};
+      const auto numels = shape.unit_numels();
+      const int64_t largest = *std::max_element(numels.begin(), numels.end());
+      collectives = measure_collectives(world, options.ranks_per_node, largest, options.reps,
+                                         fsdp::ZeroPlusPlus().quantization_block());
+      collectives["overlap"] =
+          measure_overlap(*world, step, seconds, largest, collectives["bytes_per_s"]["all_gather_world"].get<double>());
+    }
+  }
   if (world->rank() == 0) {
     nlohmann::json j = {{"flops", flops},
                         {"intra_node_bandwidth", bandwidth},
                         {"intra_node_latency", latency_s},
                         {"inter_node_bandwidth", bandwidth},
                         {"inter_node_latency", latency_s},
-                        {"measured_with", std::to_string(k) + " ranks on one host, " +
+                        {"measured_with", std::to_string(k) + " ranks, " +
                                               std::to_string(torch::get_num_threads()) + " threads each"}};
     if (disk.write > 0) {
       j["disk_write_bandwidth"] = disk.write;
       j["disk_read_bandwidth"] = disk.read;
-      j["disk"] = {{"dir", disk_dir}, {"bytes_per_rank", disk_bytes}, {"engine", disk.engine}};
+      j["disk"] = {{"dir", options.disk_dir}, {"bytes_per_rank", options.disk_bytes}, {"engine", disk.engine}};
     }
+    if (!model_step.is_null()) j["model_step"] = model_step;
+    if (!collectives.is_null()) j["collectives"] = collectives;
     std::cout << j.dump(2) << "\n";
   }
   return 0;
@@ -272,6 +488,17 @@ struct PlanInputs {
   std::string strategy = "all", param_dtype = "fp32", reduce_dtype, cluster_path, offload = "none", wrap = "block";
   bool checkpointing = false, prefetch = true, seed_accounting = false, json = false;
   double budget = 0;
+  // ZeRO++ (fsdp-train's flags of the same names).
+  std::string gather_quantization = "none", gradient_quantization = "none";
+  bool secondary_partition = false;
+  int64_t quantization_block = fsdp::ZeroPlusPlus().quantization_block();
+  fsdp::ZeroPlusPlus zero_plus_plus() const {
+    return fsdp::ZeroPlusPlus()
+        .gather_quantization(fsdp::parse_quantization(gather_quantization))
+        .secondary_partition(secondary_partition)
+        .gradient_quantization(fsdp::parse_quantization(gradient_quantization))
+        .quantization_block(quantization_block);
+  }
 };
 
 void add_plan_options(CLI::App& app, PlanInputs& in) {
@@ -301,6 +528,16 @@ void add_plan_options(CLI::App& app, PlanInputs& in) {
   app.add_option("--budget", in.budget,
                  "per-rank bytes for model state plus gathered parameters: the strategy fsdp-train --strategy auto "
                  "--memory-budget picks (the first that fits, from least to most communication)");
+  app.add_option("--gather-quantization", in.gather_quantization,
+                 "ZeRO++ qwZ: none or int8 (parameters gathered as int8 blocks with an fp32 scale each)")
+      ->capture_default_str();
+  app.add_flag("--secondary-partition", in.secondary_partition,
+               "ZeRO++ hpZ (full_shard): keep the host's slice after forward; backward gathers inside the host");
+  app.add_option("--gradient-quantization", in.gradient_quantization,
+                 "ZeRO++ qgZ: none or int8 (reduce-scatter inside the host, then an int8 all-to-all across hosts)")
+      ->capture_default_str();
+  app.add_option("--quantization-block", in.quantization_block, "elements per quantization block (one fp32 scale each)")
+      ->capture_default_str();
   app.add_option("--cluster", in.cluster_path, "cluster JSON (fsdp-plan calibrate writes one): estimate step time");
   app.add_flag("--seed-accounting", in.seed_accounting,
                "also print the textbook DDP-versus-FSDP table, with the optimizer state at 4 B per parameter "
@@ -389,27 +626,48 @@ struct Report {
     return plan.nvme->io_seconds(cluster->disk_read_bandwidth / per_node, cluster->disk_write_bandwidth / per_node);
   }
   StepTime time_of(const Plan& plan) const {
+    if (auto t = measured_step_time(plan, *cluster, compute, in.zero_plus_plus(), in.world, in.nodes)) return *t;
     return step_time(plan, *cluster, compute, in.world, in.nodes, static_cast<int64_t>(model.units.size()));
   }
 };
 
+// With ZeRO++'s options, "all" means the strategies that accept them; one
+// strategy named that refuses them is an error, with fully_shard's reason.
 std::vector<fsdp::ShardingStrategy> strategies_asked(const PlanInputs& in) {
-  if (in.strategy != "all") return {fsdp::parse_strategy(in.strategy)};
+  const fsdp::ZeroPlusPlus z = in.zero_plus_plus();
+  const int per_node = in.world / in.nodes;
+  if (in.strategy != "all") {
+    const fsdp::ShardingStrategy s = fsdp::parse_strategy(in.strategy);
+    fsdp::check_zero_plus_plus_plan(s, in.world, per_node, z);
+    return {s};
+  }
   std::vector<fsdp::ShardingStrategy> strategies;
   for (auto s : {fsdp::ShardingStrategy::kNoShard, fsdp::ShardingStrategy::kZero1, fsdp::ShardingStrategy::kShardGradOp,
                  fsdp::ShardingStrategy::kFullShard, fsdp::ShardingStrategy::kHybridShard,
                  fsdp::ShardingStrategy::kHybridShardZero2}) {
-    if (!fsdp::is_hybrid(s) || in.nodes > 1) strategies.push_back(s);
+    if (fsdp::is_hybrid(s) && in.nodes == 1) continue;
+    try {
+      fsdp::check_zero_plus_plus_plan(s, in.world, per_node, z);
+    } catch (const c10::Error&) {
+      continue;
+    }
+    strategies.push_back(s);
   }
+  TORCH_CHECK(!strategies.empty(), "no strategy accepts these ZeRO++ options");
   return strategies;
 }
 
 Plan plan_strategy(const Report& r, fsdp::ShardingStrategy s) {
   const auto& units = r.model.units;
+  const fsdp::ZeroPlusPlus z = r.in.zero_plus_plus();
   Plan plan{s,
             fsdp::estimate_step_peak(r.model.shape, s, r.in.world, r.per_node, r.mp, r.in.prefetch, r.in.checkpointing,
-                                     units),
-            fsdp::estimate_comm_per_step(units, s, r.in.world, r.per_node, r.mp)};
+                                     units, z),
+            fsdp::estimate_comm_per_step(units, s, r.in.world, r.per_node, r.mp, z)};
+  // What the options add to the memory, against the same strategy without them.
+  const fsdp::StepPeak plain = fsdp::estimate_step_peak(r.model.shape, s, r.in.world, r.per_node, r.mp, r.in.prefetch,
+                                                        r.in.checkpointing, units);
+  plan.quantized_gather_buffers = plan.peak.gathered - plain.gathered;
   // Offload keeps fp32 masters, gradient shards and optimizer state in host memory (ZeRO-Offload's split).
   if (r.in.offload == "cpu") plan.host = plan.peak.state.total();
   if (r.in.offload.rfind("nvme", 0) == 0) {
@@ -435,10 +693,15 @@ Report make_report(const PlanInputs& in) {
         recommend(r.model.units, in.world, r.per_node, r.mp, static_cast<int64_t>(std::llround(in.budget)));
   }
   if (!in.cluster_path.empty()) r.cluster = Cluster::load(in.cluster_path);
-  // 6 N FLOPs per token for forward and backward, 2 N more to recompute.
+  // 6 N FLOPs per token for forward and backward, 2 N more to recompute;
+  // or the preset's forward and backward as calibrate timed it.
   r.compute = r.cluster ? (in.checkpointing ? 8.0 : 6.0) * r.model.total_params *
                               static_cast<double>(r.model.shape.batch * r.model.shape.context) / r.cluster->flops
                         : 0.0;
+  if (r.cluster && !in.preset.empty() && r.cluster->model_step_preset == in.preset && in.layers == 0 &&
+      in.width == 0 && in.batch == 0 && in.context == 0 && in.vocab == 0 && in.heads == 0) {
+    r.compute = r.cluster->model_step_s * (in.checkpointing ? 8.0 / 6.0 : 1.0);
+  }
   r.disk_measured = r.cluster && r.cluster->disk_read_bandwidth > 0 && r.cluster->disk_write_bandwidth > 0;
   return r;
 }
@@ -476,6 +739,10 @@ nlohmann::json inputs_json(const Report& r) {
           {"wrap", in.wrap},
           {"prefetch", in.prefetch},
           {"offload", in.offload},
+          {"gather_quantization", in.gather_quantization},
+          {"secondary_partition", in.secondary_partition},
+          {"gradient_quantization", in.gradient_quantization},
+          {"quantization_block", in.quantization_block},
           {"budget_bytes", r.recommendation ? nlohmann::json(r.recommendation->budget) : null_json},
           {"cluster", r.cluster ? nlohmann::json(in.cluster_path) : null_json}};
 }
@@ -490,7 +757,13 @@ nlohmann::json cluster_json(const Report& r) {
                      {"step_s", t.step},
                      {"scaling_efficiency", t.efficiency}});
   }
-  return {{"flops", r.cluster->flops}, {"compute_s", r.compute}, {"strategies", times}};
+  const bool measured = r.cluster->collectives.has_value();
+  return {{"flops", r.cluster->flops},
+          {"compute_s", r.compute},
+          {"model", measured ? "measured collectives: compute + comm - overlap * min(compute, comm in flight)"
+                             : "ring: max(compute, comm) + the first gather"},
+          {"overlap", measured ? nlohmann::json(r.cluster->collectives->overlap) : nlohmann::json(nullptr)},
+          {"strategies", times}};
 }
 
 void print_json(const Report& r) {
@@ -609,8 +882,26 @@ void print_cluster_times(const Report& r) {
   }
 }
 
+// Where a step's bytes go (across hosts or inside one) and what ZeRO++'s
+// options cost in memory, per strategy.
+void print_hosts_table(const Report& r) {
+  const fsdp::ZeroPlusPlus z = r.in.zero_plus_plus();
+  std::cout << "across " << r.in.nodes << " host(s), per rank and step (ZeRO++: gather quantization "
+            << fsdp::quantization_name(z.gather_quantization()) << ", secondary partition "
+            << (z.secondary_partition() ? "on" : "off") << ", gradient quantization "
+            << fsdp::quantization_name(z.gradient_quantization()) << ", blocks of " << z.quantization_block()
+            << "):\n";
+  for (const auto& plan : r.plans) {
+    std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << std::right
+              << " across hosts " << plan.comm.cross_host << " B, inside a host " << plan.comm.inside_host()
+              << " B; secondary partition " << gib(plan.peak.secondary_partition) << ", quantized gather buffers "
+              << gib(plan.quantized_gather_buffers) << "\n";
+  }
+}
+
 void print_text(const Report& r) {
   print_strategy_table(r);
+  if (r.in.nodes > 1 || r.in.zero_plus_plus().any()) print_hosts_table(r);
   if (r.in.offload.rfind("nvme", 0) == 0) print_nvme_table(r);
   std::cout << "  (model state in bytes, as a run of fsdp-train measures it:";
   for (const auto& plan : r.plans) std::cout << " " << fsdp::strategy_name(plan.strategy) << " " << plan.peak.state.total();
@@ -638,8 +929,16 @@ int main(int argc, char** argv) {
   PlanInputs in;
   add_plan_options(app, in);
   auto* calibrate_cmd = app.add_subcommand("calibrate", "measure FLOP/s and all-gather bandwidth here (under fsdp-run)");
-  std::string disk_dir;
+  CalibrateOptions calibration;
+  std::string& disk_dir = calibration.disk_dir;
   int64_t disk_mib = 1024;
+  calibrate_cmd->add_option("--preset", calibration.preset,
+                            "also time one forward and backward of this preset's model on every rank at once "
+                            "(model_step: the step's compute on these cores)");
+  calibrate_cmd->add_option("--ranks-per-node", calibration.ranks_per_node,
+                            "with --preset: also time the collectives a step runs at its largest unit's size, with "
+                            "hosts of this many consecutive ranks (collectives: counted bytes per second)");
+  calibrate_cmd->add_option("--reps", calibration.reps, "repetitions of each collective")->capture_default_str();
   calibrate_cmd->add_option("--offload-dir", disk_dir,
                             "also measure the disk there: each rank writes and reads back --disk-mib MiB at once, "
                             "through the engine offloading would use (disk_write_bandwidth, disk_read_bandwidth)");
@@ -648,7 +947,8 @@ int main(int argc, char** argv) {
   if (calibrate_cmd->parsed()) {
     return reporting_errors([&] {
       TORCH_CHECK(disk_mib > 0, "--disk-mib must be positive, got ", disk_mib);
-      return calibrate(&argc, &argv, disk_dir, disk_mib << 20);
+      calibration.disk_bytes = disk_mib << 20;
+      return calibrate(&argc, &argv, calibration);
     });
   }
   return reporting_errors([&] {

@@ -35,8 +35,11 @@ TEST(Quantize, OneRoundTripIsWithinHalfAStepOfEachBlocksRange) {
       const int64_t nb = (n + block - 1) / block;
       torch::Tensor padded = torch::constant_pad_nd(x, {0, nb * block - n}).view({nb, block});
       torch::Tensor bound = padded.abs().amax(1, true).div(254.0).expand({nb, block}).reshape({-1}).narrow(0, 0, n);
-      // float32 rounding of the scale and the product: a few ulps on top.
-      EXPECT_TRUE((error <= bound * (1 + 1e-5) + 1e-30).all().item<bool>())
+      // float32 on top: x / scale is rounded before it is rounded to a
+      // level, so a value within 127 ulps of a half-level may take the
+      // farther level (2e-5 of the bound), and the scale and the product
+      // round too (the small preset's gathers went over by more than 1e-5).
+      EXPECT_TRUE((error <= bound * (1 + 1e-4) + 1e-30).all().item<bool>())
           << "worst excess " << (error - bound).max().item<double>();
       // And the bound is not vacuous: some error is near it.
       if (n >= block) EXPECT_GT((error / bound.clamp_min(1e-30)).max().item<double>(), 0.5);

@@ -220,7 +220,8 @@ TEST(ZeroPlusPlus, QuantizedGatherGivesEveryRankTheMastersWithinTheBlockBound) {
       torch::Tensor bound = by_block.abs().amax(2, true).div(254.0).expand({W, nb, block}).reshape({W, -1});
       bound = bound.narrow(1, 0, S).reshape({-1}).narrow(0, 0, flat.numel());
       torch::Tensor error = (gathered - exact.narrow(0, 0, flat.numel())).abs();
-      EXPECT_TRUE((error <= bound * (1 + 1e-5)).all().item<bool>())
+      // Slack as in Quantize.OneRoundTripIsWithinHalfAStepOfEachBlocksRange.
+      EXPECT_TRUE((error <= bound * (1 + 1e-4)).all().item<bool>())
           << "step " << step << ", unit " << unit->display_name() << ": worst excess "
           << (error - bound).max().item<double>();
       torch::Tensor sums = torch::empty({W}, torch::kDouble);

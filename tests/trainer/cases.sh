@@ -469,6 +469,8 @@ case_ckpt_keep() {
 
 row checkpoint "full-format resume bit for bit; resharded resume (W = 1, 4 hybrid; W = 2 -> 3 -> 4 padded) within 1e-5; bad checkpoints refused; a kill mid-save leaves the last one"
 
+row checkpoint-async "--ckpt-async, both formats: losses and every checkpoint file as the synchronous run's; a second save waits and says so; blocked and background time in the summary; resume bit for bit; a rank killed in a background write leaves the previous checkpoint"
+
 row checkpoint-compat "checkpoints written by commit 04d839d resume bit for bit"
 
 row ckpt-tool "fsdp-ckpt inspects, verifies, converts and lists checkpoints"

@@ -115,6 +115,8 @@ struct Plan {
   int64_t nvme_peak = 0;
   // ZeRO++: qwZ's packed buffers of a gather in flight (in peak.gathered).
   int64_t quantized_gather_buffers = 0;
+  // --ckpt-async: a save's staging copy, beside the steps until written.
+  std::optional<fsdp::CheckpointStaging> staging;
 };
 
 nlohmann::json nvme_json(const Plan& plan, const std::optional<double>& io_s) {
@@ -224,7 +226,10 @@ nlohmann::json plan_json(const Plan& plan, int world, int per_node) {
           {"step_peak_bytes", plan.peak.total()},
           {"device_total_bytes", plan.device()},
           {"host_bytes", plan.host},
-          {"comm_bytes", comm_json(plan.comm)}};
+          {"comm_bytes", comm_json(plan.comm)},
+          {"checkpoint_staging", plan.staging ? nlohmann::json({{"rank0_bytes", plan.staging->rank0},
+                                                                 {"per_rank_bytes", plan.staging->per_rank}})
+                                              : nlohmann::json(nullptr)}};
 }
 
 // --budget: fsdp::choose_strategy's answer, or why nothing fits.
@@ -486,6 +491,7 @@ struct PlanInputs {
   int64_t layers = 0, width = 0, vocab = 0, context = 0, heads = 0, batch = 0;
   int world = 2, nodes = 1;
   std::string strategy = "all", param_dtype = "fp32", reduce_dtype, cluster_path, offload = "none", wrap = "block";
+  std::string ckpt_async = "none";  // fsdp-train --ckpt-async with this --ckpt-format
   bool checkpointing = false, prefetch = true, seed_accounting = false, json = false;
   double budget = 0;
   // ZeRO++ (fsdp-train's flags of the same names).
@@ -525,6 +531,10 @@ void add_plan_options(CLI::App& app, PlanInputs& in) {
                  "and (sharded strategies) the parameters on disk, as fsdp-train --offload-optimizer nvme "
                  "--offload-params nvme; nvme-optimizer: the optimizer state only")
       ->capture_default_str();
+  app.add_option("--ckpt-async", in.ckpt_async,
+                 "none; sharded or full: the host memory of fsdp-train --ckpt-async --ckpt-format FORMAT's staging copy "
+                 "(held beside the steps while a save writes in the background)")
+      ->capture_default_str();
   app.add_option("--budget", in.budget,
                  "per-rank bytes for model state plus gathered parameters: the strategy fsdp-train --strategy auto "
                  "--memory-budget picks (the first that fits, from least to most communication)");
@@ -551,6 +561,8 @@ void check_inputs(const PlanInputs& in) {
   TORCH_CHECK(in.offload == "none" || in.offload == "cpu" || in.offload == "nvme" || in.offload == "nvme-optimizer",
               "--offload must be none, cpu, nvme or nvme-optimizer, got '", in.offload, "'");
   TORCH_CHECK(in.wrap == "block" || in.wrap == "sublayer", "--wrap must be block or sublayer, got '", in.wrap, "'");
+  TORCH_CHECK(in.ckpt_async == "none" || in.ckpt_async == "sharded" || in.ckpt_async == "full",
+              "--ckpt-async must be none, sharded or full, got '", in.ckpt_async, "'");
   TORCH_CHECK(in.budget >= 0, "--budget must be a positive number of bytes, got ", in.budget);
   // The budget is fsdp-train's: model state and gathered parameters on the device.
   TORCH_CHECK(in.budget == 0 || in.offload == "none", "--budget covers the model state on the device, as fsdp-train "
@@ -676,6 +688,9 @@ Plan plan_strategy(const Report& r, fsdp::ShardingStrategy s) {
     plan.nvme = fsdp::estimate_nvme_offload(units, s, r.in.world, r.per_node, r.mp, true, params_too);
     plan.nvme_peak = fsdp::peak_with_nvme_offload(plan.peak, *plan.nvme);
   }
+  if (r.in.ckpt_async != "none") {
+    plan.staging = fsdp::estimate_checkpoint_staging(units, s, r.in.world, r.per_node, r.in.ckpt_async == "full");
+  }
   return plan;
 }
 
@@ -739,6 +754,7 @@ nlohmann::json inputs_json(const Report& r) {
           {"wrap", in.wrap},
           {"prefetch", in.prefetch},
           {"offload", in.offload},
+          {"ckpt_async", in.ckpt_async},
           {"gather_quantization", in.gather_quantization},
           {"secondary_partition", in.secondary_partition},
           {"gradient_quantization", in.gradient_quantization},
@@ -899,10 +915,21 @@ void print_hosts_table(const Report& r) {
   }
 }
 
+// --ckpt-async: each strategy's staging copy (CheckpointStaging).
+void print_staging(const Report& r) {
+  std::cout << "with --ckpt-async (" << r.in.ckpt_async << " format), host memory a save's staging copy holds beside "
+            << "the steps until its background write ends:\n";
+  for (const auto& plan : r.plans) {
+    std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << std::right << " rank 0 "
+              << gib(plan.staging->rank0) << ", each other rank " << gib(plan.staging->per_rank) << "\n";
+  }
+}
+
 void print_text(const Report& r) {
   print_strategy_table(r);
   if (r.in.nodes > 1 || r.in.zero_plus_plus().any()) print_hosts_table(r);
   if (r.in.offload.rfind("nvme", 0) == 0) print_nvme_table(r);
+  if (r.in.ckpt_async != "none") print_staging(r);
   std::cout << "  (model state in bytes, as a run of fsdp-train measures it:";
   for (const auto& plan : r.plans) std::cout << " " << fsdp::strategy_name(plan.strategy) << " " << plan.peak.state.total();
   std::cout << ")\n";

@@ -41,6 +41,10 @@ struct HostMemoryRun {
   bool prefetch = true;      ///< forward or backward prefetch on
   int64_t micro_steps = 1;   ///< gradient accumulation
   ZeroPlusPlus zero_plus_plus;  ///< ZeRO++'s options (the secondary partition's slices)
+  /// Asynchronous checkpoints: a save's staging copy stays beside the steps
+  /// (estimate_checkpoint_staging), in the format of full_checkpoint.
+  bool async_checkpoint = false;
+  bool full_checkpoint = false;  ///< the checkpoints' format is full (rank 0 stages the gathered model)
 };
 
 /// The settings that change a rank's host memory.
@@ -57,9 +61,10 @@ struct HostMemorySettings {
 constexpr int64_t kHostRuntimeBytes = int64_t{256} << 20;
 
 /// Per rank: the planner's step peak (with disk offload also the host block
-/// cache's limit, reserved bytes that RSS shows), or, without sharded
-/// initialization, the whole model each rank builds first and flattens,
-/// whichever is larger; plus kHostRuntimeBytes.
+/// cache's limit, reserved bytes that RSS shows; with asynchronous
+/// checkpoints also a rank's staging copy, CheckpointStaging::per_rank), or,
+/// without sharded initialization, the whole model each rank builds first
+/// and flattens, whichever is larger; plus kHostRuntimeBytes.
 int64_t host_memory_needed(const HostMemoryRun& run, const HostMemorySettings& settings);
 
 /// A change of settings the preflight offers, named by fsdp-train's options.
@@ -73,7 +78,8 @@ struct HostMemoryVariant {
 std::vector<HostMemoryVariant> host_memory_variants(const HostMemoryRun& run, const HostMemorySettings& settings);
 
 /// The preflight: returns host_memory_needed per rank when it fits `available`
-/// bytes for the ranks of this host, else throws saying what the run needs,
+/// bytes for the ranks of this host (with asynchronous checkpoints, plus what
+/// rank 0 stages beyond the others), else throws saying what the run needs,
 /// what the host has and what each variant would need.
 int64_t preflight_host_memory(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t available);
 

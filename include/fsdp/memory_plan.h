@@ -150,6 +150,29 @@ StrategyChoice choose_strategy(const std::vector<int64_t>& unit_numels, int worl
 /// (xl at W = 4 with offload: 5.9 GB a rank against 2.7 GB with it).
 int64_t host_block_cache_limit(int64_t largest_padded_unit_numel, bool nvme_offload);
 
+/// Asynchronous checkpoints (CheckpointManagerOptions::async): the host
+/// memory a save's staging copy holds from the save until its background
+/// write ends (the following steps run beside it), per rank, for units of
+/// the given element counts (o = optimizer_bytes_per_element, 8 for Adam;
+/// S = ceil(N / G), the shard over the shard group G):
+/// \code{.unparsed}
+///   sharded  every rank that writes a shard (the first replica's ranks;
+///            no_shard: rank 0 alone): (4 + o) S per unit
+///   full     rank 0 alone, the whole model gathered: (4 + o) Np per unit
+///            (Np = S G, the padded unit), the other ranks nothing
+/// \endcode
+struct CheckpointStaging {
+  int64_t per_rank = 0;  ///< the most any rank but rank 0 stages
+  int64_t rank0 = 0;     ///< what rank 0 stages
+  /// The most any rank stages.
+  int64_t most() const { return rank0 > per_rank ? rank0 : per_rank; }
+};
+/// See CheckpointStaging; the arguments as estimate_model_state's, and the
+/// checkpoint's format (full_format: the full layout, else the sharded one).
+CheckpointStaging estimate_checkpoint_staging(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy,
+                                              int world, int ranks_per_node, bool full_format,
+                                              int64_t optimizer_bytes_per_element = 8);
+
 /// A decoder-only transformer as shared/spec/gpt.md builds it (pre-norm
 /// blocks, a 4x MLP, materialized attention scores, a tied head), and the
 /// per-rank batch.

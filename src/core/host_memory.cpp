@@ -81,8 +81,24 @@ int64_t host_memory_needed(const HostMemoryRun& run, const HostMemorySettings& s
   // unit; sharded, every unit's fp32 shard exists before it is offloaded.
   const int64_t construction = settings.sharded_init ? (nvme ? peak.state.params : 0)
                                                      : 4 * (params + *std::max_element(units.begin(), units.end()));
+  if (run.async_checkpoint) {  // a staging copy beside every step until its background write ends
+    step += estimate_checkpoint_staging(units, run.strategy, run.world, per_node, run.full_checkpoint).per_rank;
+  }
   return std::max(step, construction) + kHostRuntimeBytes;
 }
+
+namespace {
+// What rank 0 stages beyond the other ranks (asynchronous checkpoints of the
+// full format: the whole model gathered), on top of ranks_here times the need.
+int64_t rank0_staging_extra(const HostMemoryRun& run, const HostMemorySettings& settings) {
+  if (!run.async_checkpoint) return 0;
+  TransformerShape shape = run.shape;
+  shape.sublayer_units = settings.sublayer_units;
+  const CheckpointStaging staging = estimate_checkpoint_staging(shape.unit_numels(), run.strategy, run.world,
+                                                                planned_shard_group(run), run.full_checkpoint);
+  return staging.rank0 - staging.per_rank;
+}
+}  // namespace
 
 std::vector<HostMemoryVariant> host_memory_variants(const HostMemoryRun& run, const HostMemorySettings& settings) {
   const bool ac = settings.activation_checkpointing, sublayer = settings.sublayer_units;
@@ -103,18 +119,21 @@ std::vector<HostMemoryVariant> host_memory_variants(const HostMemoryRun& run, co
 int64_t preflight_host_memory(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t available) {
   const int64_t needed = host_memory_needed(run, settings);
   const int ranks_here = run.ranks_here;
-  if (needed * ranks_here <= available) return needed;
+  const int64_t extra = rank0_staging_extra(run, settings);
+  if (needed * ranks_here + extra <= available) return needed;
   std::ostringstream alternatives;
   bool any = false;
   for (const auto& v : host_memory_variants(run, settings)) {
     const int64_t n = host_memory_needed(run, v.settings);
-    alternatives << "\n  " << v.flags << ": " << format_mib(n) << " per rank, " << format_mib(n * ranks_here)
-                 << (n * ranks_here <= available ? " (fits)" : " (does not fit)");
-    any = any || n * ranks_here <= available;
+    const int64_t host = n * ranks_here + rank0_staging_extra(run, v.settings);
+    alternatives << "\n  " << v.flags << ": " << format_mib(n) << " per rank, " << format_mib(host)
+                 << (host <= available ? " (fits)" : " (does not fit)");
+    any = any || host <= available;
   }
   TORCH_CHECK(false, "preflight: this run needs about ", format_mib(needed), " per rank on the host (the planner's step peak",
               settings.sharded_init ? "" : " or the whole model each rank builds first", ", plus ",
-              format_mib(kHostRuntimeBytes), " of runtime), ", ranks_here, " rank(s) here: ", format_mib(needed * ranks_here),
+              format_mib(kHostRuntimeBytes), " of runtime", run.async_checkpoint ? ", and the asynchronous checkpoints' staging" : "",
+              "), ", ranks_here, " rank(s) here: ", format_mib(needed * ranks_here + extra),
               ", but the host has ", format_mib(available), " available. With other settings:", alternatives.str(),
               any ? "" : "\n  none fits: fewer ranks on this host, a smaller --batch or --context, or bf16 parameters",
               "\n(fsdp-plan gives the whole table; --no-preflight runs anyway)");

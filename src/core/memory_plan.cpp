@@ -286,6 +286,27 @@ int64_t host_block_cache_limit(int64_t largest_padded_unit_numel, bool nvme_offl
   return (nvme_offload ? 3 : 6) * largest_padded_unit_numel * static_cast<int64_t>(sizeof(float));
 }
 
+CheckpointStaging estimate_checkpoint_staging(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy,
+                                              int world, int ranks_per_node, bool full_format,
+                                              int64_t optimizer_bytes_per_element) {
+  const int64_t G = shard_group_size(strategy, world, ranks_per_node);
+  int64_t shards = 0, padded = 0;  // elements: every unit's shard, every unit padded
+  for (int64_t n : unit_numels) {
+    const int64_t shard = (n + G - 1) / G;
+    shards += shard;
+    padded += shard * G;
+  }
+  const int64_t per_element = 4 + optimizer_bytes_per_element;  // the fp32 master and the optimizer's state
+  CheckpointStaging staging;
+  if (full_format) {
+    staging.rank0 = per_element * padded;  // every gathered tensor kept until written
+  } else {
+    staging.rank0 = per_element * shards;  // rank 0 always writes shard-0
+    if (G > 1 && world > 1) staging.per_rank = staging.rank0;  // no_shard: only rank 0 writes
+  }
+  return staging;
+}
+
 double NvmeOffloadPlan::io_seconds(double read_bandwidth, double write_bandwidth) const {
   TORCH_CHECK(read_bandwidth > 0 && write_bandwidth > 0, "NvmeOffloadPlan::io_seconds: bandwidths must be positive");
   return static_cast<double>(read_per_step) / read_bandwidth + static_cast<double>(written_per_step) / write_bandwidth;

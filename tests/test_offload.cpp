@@ -173,3 +173,70 @@ TEST(DiskOffload, EqualsMemoryThroughEvaluationAndStateDictLoads) {
   world_group->barrier()->wait();
   if (r == 0) std::filesystem::remove_all(dir);
 }
+
+// Stepping in backward (NvmeOffloadOptions::step_in_backward, the default)
+// moves each unit's update into the last backward of the step, as soon as
+// its gradient is reduced, and frees that gradient at once. It changes when
+// the update runs, not what it computes: for every strategy disk offload
+// allows, with accumulation and the matrices' decay, the losses equal the
+// in-memory run's and the step-after-backward run's bit for bit. After the
+// step no gradient shard is left in memory (the step after backward keeps
+// all of them until the optimizer runs), and a step that clips (it needs
+// every gradient first) steps after backward, still bit for bit; so does
+// no_shard, whose whole gradient lives in a buffer of its own anyway.
+TEST(DiskOffload, StepsEachUnitInBackwardAsItsGradientArrives) {
+  const int W = world_group->size(), r = world_group->rank();
+  const GPTConfig config = tiny();
+  fsdp::models::TokenData data(fsdp::testing::make_token_file("offload-in-backward", 20000, config.vocab),
+                               config.context, config.vocab);
+  const std::string dir = offload_test_dir("in_backward");
+  std::vector<fsdp::ShardingStrategy> strategies = {fsdp::ShardingStrategy::kFullShard,
+                                                    fsdp::ShardingStrategy::kShardGradOp,
+                                                    fsdp::ShardingStrategy::kNoShard};
+  if (W % 2 == 0) strategies.push_back(fsdp::ShardingStrategy::kHybridShard);
+  enum Placement { kMemory, kInBackward, kAfterBackward };
+  for (const auto strategy : strategies) {
+    for (const double clip : {0.0, 0.5}) {
+      std::vector<double> losses[3];
+      for (const Placement placement : {kMemory, kInBackward, kAfterBackward}) {
+        auto options = block_units(strategy);
+        if (strategy == fsdp::ShardingStrategy::kHybridShard) options.ranks_per_node(2);
+        const bool params = !fsdp::keeps_params_unsharded(strategy);
+        if (placement != kMemory) {
+          options.nvme_offload(offload_everything_to(dir).params(params).read_ahead(1 + placement).step_in_backward(
+              placement == kInBackward));
+        }
+        auto model = fsdp::fully_shard(make_gpt(config), world_group, options);
+        fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());
+        fsdp::TrainStep train_step(
+            model, optimizer, fsdp::TrainStepOptions().micro_steps(2).weight_decay(0.1).clip_grad_norm(clip));
+        const std::string what = std::string(fsdp::strategy_name(strategy)) + (clip > 0 ? ", clipped" : "") +
+                                 (placement == kInBackward ? ", in backward" : ", after backward");
+        for (int64_t step = 0; step < 3; ++step) {
+          const fsdp::StepResult result = train_step([&](int64_t micro) {
+            auto [x, y] = data.batch(2 * step + micro, 0, r, W, 1, 2);
+            return model.forward(x, y);
+          });
+          losses[placement].push_back(result.loss);
+          if (placement == kMemory) continue;
+          const bool in_backward = placement == kInBackward && clip == 0 && !fsdp::keeps_full_gradients(strategy);
+          EXPECT_EQ(model.state().nvme_offload()->stepped_in_backward, in_backward) << what;
+          if (in_backward) {
+            EXPECT_EQ(result.figures.grad_shard_bytes, 0) << what << ": a gradient shard outlived its unit's step";
+          } else {
+            EXPECT_GT(result.figures.grad_shard_bytes, 0) << what << ": the gradients are kept for the step";
+          }
+        }
+      }
+      for (int placement : {kInBackward, kAfterBackward}) {
+        for (size_t i = 0; i < losses[0].size(); ++i) {
+          EXPECT_EQ(losses[placement][i], losses[kMemory][i])
+              << fsdp::strategy_name(strategy) << (clip > 0 ? " clipped" : "") << ", placement " << placement
+              << ": step " << i;
+        }
+      }
+    }
+  }
+  world_group->barrier()->wait();
+  if (r == 0) std::filesystem::remove_all(dir);
+}

@@ -58,6 +58,7 @@ struct NvmeOffloadInfo {
   std::string file_path;           ///< this rank's scratch file (its name is removed once it is open)
   std::string engine_description;  ///< e.g. "libaio, O_DIRECT", or the fallback taken and why
   int64_t offloaded_bytes = 0;     ///< the scratch file's size: the memory the offloaded state would take
+  bool stepped_in_backward = false;  ///< the last step stepped each unit during backward (NvmeOffloadOptions::step_in_backward)
   OffloadStats stats;              ///< the traffic since the model was built
 };
 

@@ -90,13 +90,27 @@ struct NvmeOffloadOptions {
   explicit NvmeOffloadOptions(std::string dir) : store_(std::move(dir)) {}
   /// The AdamW moments, and the fp32 master shards when the parameters
   /// compute in another dtype (a copy in the param dtype stays in memory for
-  /// the all-gathers); read, stepped and written back unit by unit in the
-  /// optimizer step (fsdp::TrainStep), the next unit's read and the last
-  /// one's write overlapping this one's step. On by default.
+  /// the all-gathers); read, stepped and written back unit by unit (see
+  /// step_in_backward). On by default.
   TORCH_ARG(bool, optimizer_state) = true;
   /// The parameter shards (in the param dtype), read before their unit's
   /// all-gather; sharded strategies only. Off by default.
   TORCH_ARG(bool, params) = false;
+  /// Step each unit's optimizer during the last backward of a
+  /// fsdp::TrainStep, as soon as its gradient is reduced: its state is read
+  /// while the unit's backward computes, its gradient is freed at once and
+  /// its state is written behind the next units' backward. No gradient
+  /// shard stays in memory until the step, and the optimizer's disk traffic
+  /// overlaps compute. A step that clips the gradient norm or scales the
+  /// loss needs every gradient before any unit steps: it steps after
+  /// backward, unit by unit, with the gradients in memory until then (as
+  /// with false). The same numbers either way. On by default.
+  TORCH_ARG(bool, step_in_backward) = true;
+  /// Parameter shards read ahead of their all-gather, in the order the units
+  /// were gathered in the last step (each costs one unit's shard of memory
+  /// while it waits): deep enough to hide the disk where its bandwidth
+  /// allows it. At least 1.
+  TORCH_ARG(int, read_ahead) = 2;
   /// Where and how (the scratch file's name is set per rank).
   TORCH_ARG(offload::DiskStoreOptions, store);
 };

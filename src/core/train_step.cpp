@@ -151,6 +151,13 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
     // Each micro-step's mean is 1/A of the step's: the gradient is that of
     // the mean over the global batch.
     loss = loss / static_cast<double>(A);
+    // A step that needs no gradient before any unit steps (no clipping, no
+    // loss scaling) lets the placement step each unit during the last
+    // backward, as its gradient arrives (disk offload: nothing waits in a
+    // phase of its own, no gradient stays in memory).
+    if (micro == A - 1 && !scaler_ && options_.clip_grad_norm() == 0) {
+      offload.begin_step_in_backward(optimizer_, options_.weight_decay());
+    }
     (scaler_ ? scaler_->scale(loss) : loss).backward();
     const torch::Tensor micro_loss = loss.detach().to(torch::kDouble);
     step_loss = step_loss.defined() ? step_loss + micro_loss : micro_loss;

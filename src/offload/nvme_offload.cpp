@@ -12,7 +12,9 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <algorithm>
 #include <unordered_map>
+#include <utility>
 
 #include "core/unit.h"
 #include "fsdp/fully_shard.h"
@@ -106,6 +108,8 @@ void check_nvme_offload_options(const FullyShardOptions& fsdp, c10::Device devic
   TORCH_CHECK(fp32 || !options.params() || options.optimizer_state(), "fully_shard: nvme_offload.params with ",
               dtype_name(param_dtype), " parameters needs optimizer_state(true) too: the ", dtype_name(param_dtype),
               " shard is cast from the fp32 master, and a master kept in memory leaves nothing to offload");
+  TORCH_CHECK(options.read_ahead() >= 1, "fully_shard: nvme_offload.read_ahead must be at least 1 unit, got ",
+              options.read_ahead());
 }
 
 NvmeOffload::NvmeOffload(const FullyShardOptions& options)
@@ -125,6 +129,7 @@ void NvmeOffload::attach(FsdpState& state) {
     return static_cast<int>(slot_bytes.size() - 1);
   };
   units_.resize(state.num_units());
+  stepped_in_backward_.assign(units_.size(), false);
   for (size_t u = 0; u < units_.size(); ++u) {
     UnitSlots& slots = units_[u];
     slots.numel = state.units()[u]->flat_param().shard_numel();
@@ -157,12 +162,16 @@ void NvmeOffload::attach(FsdpState& state) {
   }
 }
 
-NvmeOffload::~NvmeOffload() { drain(ahead_reads_); }
+NvmeOffload::~NvmeOffload() {
+  // Nothing the store still reads into or writes from may go before it.
+  discard_read_ahead();
+  for (auto& [unit, reads] : state_reads_) drain(reads);
+  for (auto& [unit, writes] : writes_behind_) drain(writes);
+}
 
 void NvmeOffload::discard_read_ahead() noexcept {
-  drain(ahead_reads_);
-  ahead_unit_.reset();
-  ahead_tensor_ = torch::Tensor();
+  for (Ahead& ahead : ahead_) drain(ahead.reads);
+  ahead_.clear();
 }
 
 OffloadStats NvmeOffload::stats() const {
@@ -170,8 +179,13 @@ OffloadStats NvmeOffload::stats() const {
 }
 
 std::optional<NvmeOffloadInfo> NvmeOffload::nvme_info() const {
-  return NvmeOffloadInfo{options_.optimizer_state(), options_.params(), store_->path(),
-                         store_->engine_description(), static_cast<int64_t>(store_->file_bytes()), stats()};
+  return NvmeOffloadInfo{options_.optimizer_state(),
+                         options_.params(),
+                         store_->path(),
+                         store_->engine_description(),
+                         static_cast<int64_t>(store_->file_bytes()),
+                         last_step_in_backward_,
+                         stats()};
 }
 
 GatherInput NvmeOffload::fetch(const FlatParam& flat) {
@@ -355,33 +369,157 @@ torch::Tensor NvmeOffload::compute_shard(size_t unit) {
   torch::NoGradGuard no_grad;
   const torch::Tensor& shard = state_->units()[unit]->flat_param().shard();
   if (slots.compute_copy.defined()) return slots.compute_copy;
+  const size_t position = fetch_order_this_.size();
+  fetch_order_this_.push_back(unit);
+  // Stepping in backward with fp32 parameters, the master this gather sends
+  // is the one the step updates: read once, with the unit's moments.
+  if (backward_optimizer_ && slots.compute < 0) read_state(unit);
+  if (auto pending = state_reads_.find(unit); pending != state_reads_.end()) wait(pending->second);
+  torch::Tensor values;
   if (in_memory(shard, slots.numel)) {
     MemoryCategoryScope scope(Category::kUnshardedBuffer);
-    return shard.detach().to(param_dtype_);  // as the gather casts a shard in memory
-  }
-  torch::Tensor values;
-  if (ahead_unit_ == unit) {
-    values = std::move(ahead_tensor_);
-    Futures reads = std::move(ahead_reads_);
-    discard_read_ahead();
-    wait(reads);
+    values = shard.detach().to(param_dtype_);  // as the gather casts a shard in memory
+    while (!ahead_.empty() && ahead_.front().unit == unit) {  // read before the state's read made it resident
+      drain(ahead_.front().reads);
+      ahead_.pop_front();
+    }
+  } else if (!ahead_.empty() && ahead_.front().unit == unit) {
+    Ahead ahead = std::move(ahead_.front());
+    ahead_.pop_front();
+    wait(ahead.reads);
+    values = std::move(ahead.values);
   } else {
-    discard_read_ahead();  // a read ahead for a unit that did not come next
+    discard_read_ahead();  // reads ahead for units that did not come next
     Futures reads = read_compute(unit, values);
     wait(reads);
   }
-  // The next unit of the last step's order, read while this one is gathered
-  // and computes.
-  const size_t position = fetch_order_this_.size();
-  fetch_order_this_.push_back(unit);
-  if (position + 1 < fetch_order_last_.size() && fetch_order_last_[position] == unit) {
-    const size_t next = fetch_order_last_[position + 1];
-    if (!in_memory(state_->units()[next]->flat_param().shard(), units_[next].numel) && units_[next].numel > 0) {
-      ahead_reads_ = read_compute(next, ahead_tensor_);
-      ahead_unit_ = next;
+  read_ahead_after(position, unit);
+  return values;  // read in the param dtype (fp32 parameters: the master's slot)
+}
+
+void NvmeOffload::read_ahead_after(size_t position, size_t unit) {
+  // The next units of the last step's order, read while this one is
+  // gathered and computes: only while this step follows that order.
+  if (position >= fetch_order_last_.size() || fetch_order_last_[position] != unit) return;
+  const size_t depth = static_cast<size_t>(options_.read_ahead());
+  size_t next = position + 1 + ahead_.size();
+  for (; ahead_.size() < depth && next < fetch_order_last_.size(); ++next) {
+    const size_t u = fetch_order_last_[next];
+    // A unit whose state a step in backward reads brings its master with it.
+    const bool read_with_state = backward_optimizer_ && units_[u].compute < 0;
+    if (units_[u].numel == 0 || read_with_state || in_memory(state_->units()[u]->flat_param().shard(), units_[u].numel)) {
+      break;  // keep the queue in fetch order: no gaps
+    }
+    Ahead ahead;
+    ahead.unit = u;
+    ahead.reads = read_compute(u, ahead.values);
+    ahead_.push_back(std::move(ahead));
+  }
+}
+
+NvmeOffload::OptionsOf NvmeOffload::options_of(torch::optim::Optimizer& optimizer) {
+  OptionsOf options;
+  for (auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      options[p.unsafeGetTensorImpl()] = &static_cast<const torch::optim::AdamWOptions&>(group.options());
     }
   }
-  return values;  // read in the param dtype (fp32 parameters: the master's slot)
+  return options;
+}
+
+void NvmeOffload::update(size_t unit, FusedAdamW& optimizer, const OptionsOf& options_of_shards,
+                         double matrix_weight_decay) {
+  FlatParam& flat = state_->units()[unit]->flat_param();
+  const torch::Tensor& shard = flat.shard();
+  const auto& options = *options_of_shards.at(shard.unsafeGetTensorImpl());
+  if (matrix_weight_decay > 0) decay_shard_matrices_(flat, options.lr(), matrix_weight_decay);
+  MemoryCategoryScope scope(Category::kOptimizerState);  // a first step's fresh moments
+  optimizer.step_parameter(options, shard);
+}
+
+bool NvmeOffload::begin_step_in_backward(torch::optim::Optimizer& optimizer, double matrix_weight_decay) {
+  auto* fused = dynamic_cast<FusedAdamW*>(&optimizer);
+  // Strategies that keep whole gradients (no_shard, zero1) hold them in a
+  // buffer that lives anyway, and hand no unit's gradient over when it is
+  // reduced: they step after backward.
+  if (!options_.step_in_backward() || !fused || keeps_full_gradients(state_->options().strategy())) return false;
+  backward_optimizer_ = fused;
+  backward_decay_ = matrix_weight_decay;
+  backward_options_ = options_of(optimizer);
+  stepped_in_backward_.assign(units_.size(), false);
+  grad_order_this_.clear();
+  // The first units to get their gradient: their state is read while backward starts.
+  for (size_t i = 0; i < grad_order_last_.size() && i < static_cast<size_t>(options_.read_ahead()); ++i) {
+    read_state(grad_order_last_[i]);
+  }
+  return true;
+}
+
+void NvmeOffload::read_state(size_t unit) {
+  if (units_[unit].numel == 0 || stepped_in_backward_[unit] || state_reads_.count(unit)) return;
+  state_reads_.emplace(unit, issue_reads(unit, backward_optimizer_));
+}
+
+void NvmeOffload::accept_gradient(FlatParam& flat, torch::Tensor reduced) {
+  ShardOffload::accept_gradient(flat, std::move(reduced));
+  const size_t unit = flat.unit_index();
+  if (!backward_optimizer_ || unit >= units_.size() || units_[unit].numel == 0) return;
+  if (!backward_options_.count(flat.shard().unsafeGetTensorImpl())) return;  // not the optimizer's: left to step()
+  step_now(unit);
+}
+
+void NvmeOffload::step_now(size_t unit) {
+  const size_t position = grad_order_this_.size();
+  grad_order_this_.push_back(unit);
+  // The next units' state (in the last step's order) is read while this one
+  // steps and the next one's backward computes.
+  if (position < grad_order_last_.size() && grad_order_last_[position] == unit) {
+    for (size_t i = position + 1; i < grad_order_last_.size() && i <= position + options_.read_ahead(); ++i) {
+      read_state(grad_order_last_[i]);
+    }
+  }
+  read_state(unit);
+  Futures reads = std::move(state_reads_.at(unit));
+  state_reads_.erase(unit);
+  wait(reads);
+  update(unit, *backward_optimizer_, backward_options_, backward_decay_);
+  torch::NoGradGuard no_grad;
+  state_->units()[unit]->flat_param().shard().mutable_grad() = torch::Tensor();  // the point: freed at once
+  const bool first = std::none_of(stepped_in_backward_.begin(), stepped_in_backward_.end(), [](bool b) { return b; });
+  stepped_in_backward_[unit] = true;
+  writes_behind_.emplace_back(unit, issue_writes(unit, backward_optimizer_, /*only_changed=*/false));
+  if (first) detail::maybe_fault_offload_for_test(state_->group()->rank(), steps_ + 1, store_->reachable_path(), true);
+  retire_writes(1);
+}
+
+void NvmeOffload::retire_writes(size_t keep) {
+  while (writes_behind_.size() > keep) {
+    auto [unit, writes] = std::move(writes_behind_.front());
+    writes_behind_.pop_front();
+    try {
+      wait(writes);
+    } catch (...) {
+      drain(writes);
+      throw;
+    }
+    free_unit(unit, backward_optimizer_);
+  }
+}
+
+void NvmeOffload::finish_backward() {
+  if (!backward_optimizer_) return;
+  retire_writes(0);
+  // State read for a unit that got no gradient: back out (nothing changed).
+  for (auto& [unit, reads] : state_reads_) {
+    wait(reads);
+    free_unit(unit, backward_optimizer_);
+  }
+  state_reads_.clear();
+  last_step_in_backward_ = std::any_of(stepped_in_backward_.begin(), stepped_in_backward_.end(), [](bool b) { return b; });
+  grad_order_last_ = std::move(grad_order_this_);
+  grad_order_this_.clear();
+  backward_optimizer_ = nullptr;
+  backward_options_.clear();
 }
 
 void NvmeOffload::step(FsdpState& /*state: the one attached*/, torch::optim::Optimizer& optimizer,
@@ -392,28 +530,22 @@ void NvmeOffload::step(FsdpState& /*state: the one attached*/, torch::optim::Opt
   discard_read_ahead();  // the step rewrites every unit
   fetch_order_last_ = std::move(fetch_order_this_);
   fetch_order_this_.clear();
+  const std::vector<bool> stepped = std::exchange(stepped_in_backward_, std::vector<bool>(units_.size(), false));
+  last_step_in_backward_ = std::any_of(stepped.begin(), stepped.end(), [](bool b) { return b; });
 
-  std::unordered_map<const c10::TensorImpl*, const torch::optim::AdamWOptions*> options_of;
-  for (auto& group : optimizer.param_groups()) {
-    for (const auto& p : group.params()) {
-      options_of[p.unsafeGetTensorImpl()] = &static_cast<const torch::optim::AdamWOptions&>(group.options());
-    }
-  }
-  auto decay = [&](const FlatParam& flat, const torch::optim::AdamWOptions& options) {
-    if (matrix_weight_decay > 0) decay_shard_matrices_(flat, options.lr(), matrix_weight_decay);
-  };
+  const OptionsOf options = options_of(optimizer);
   std::vector<size_t> order;
   for (size_t u = 0; u < units_.size(); ++u) {
     FlatParam& flat = state_->units()[u]->flat_param();
-    const auto found = options_of.find(flat.shard().unsafeGetTensorImpl());
-    if (units_[u].numel == 0 || found == options_of.end()) continue;
+    const auto found = options.find(flat.shard().unsafeGetTensorImpl());
+    if (units_[u].numel == 0 || found == options.end() || stepped[u]) continue;
     if (flat.shard().grad().defined()) {
       order.push_back(u);
     } else if (matrix_weight_decay > 0) {
       // No update without a gradient, but decay_matrix_weights_ decays
       // every shard in memory: so does this.
       bring_in(u, nullptr);
-      decay(flat, *found->second);
+      decay_shard_matrices_(flat, found->second->lr(), matrix_weight_decay);
       send_out(u, nullptr);
     }
   }
@@ -427,14 +559,7 @@ void NvmeOffload::step(FsdpState& /*state: the one attached*/, torch::optim::Opt
       const size_t u = order[i];
       if (i + 1 < order.size()) reads[i + 1] = issue_reads(order[i + 1], &optimizer);
       wait(reads[i]);
-      FlatParam& flat = state_->units()[u]->flat_param();
-      const torch::Tensor& shard = flat.shard();
-      const auto& options = *options_of.at(shard.unsafeGetTensorImpl());
-      decay(flat, options);
-      {
-        MemoryCategoryScope scope(Category::kOptimizerState);  // a first step's fresh moments
-        fused->step_parameter(options, shard);
-      }
+      update(u, *fused, options, matrix_weight_decay);
       writes[i] = issue_writes(u, &optimizer, /*only_changed=*/false);
       if (i == 0) detail::maybe_fault_offload_for_test(state_->group()->rank(), steps_ + 1, store_->reachable_path(), true);
       if (i > 0) {

@@ -11,10 +11,16 @@
 // An offloaded tensor in memory has its full size; out of memory it has none
 // (the fp32 shard keeps its identity, the optimizer's parameter, with empty
 // data). Between steps everything offloaded is out. Three things bring it in:
-// - the optimizer step (step()), unit by unit, pipelined: the next unit's
-//   read and the previous unit's write run while this unit steps;
+// - the optimizer step, unit by unit: during the last backward of a step
+//   that needs no gradient first (begin_step_in_backward: no clipping, no
+//   loss scaling), each unit's state is read when its backward gathers and
+//   stepped as soon as its gradient is reduced (accept_gradient), which is
+//   then freed, and written behind the next units' backward; otherwise
+//   after backward (step()), pipelined: the next unit's read and the
+//   previous unit's write run while this unit steps;
 // - an all-gather of offloaded parameters (the FlatParam's compute source),
-//   the read of the unit that came next in the last step issued ahead;
+//   the reads of the read_ahead units that came next in the last step
+//   issued ahead;
 // - a ResidentScope, for checkpoints and state dicts, one unit at a time.
 // A backward outside fsdp::TrainStep is refused: a user's own
 // optimizer.step() could not bring the state in around each unit's update.
@@ -22,6 +28,8 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <deque>
+#include <unordered_map>
 #include <cstdint>
 #include <future>
 #include <memory>
@@ -63,6 +71,11 @@ class NvmeOffload final : public ShardOffload {
   // fsdp::FusedAdamW only.
   void check_optimizer(const torch::optim::Optimizer& optimizer) const override;
   void before_backward(bool in_train_step) const override;
+  bool begin_step_in_backward(torch::optim::Optimizer& optimizer, double matrix_weight_decay) override;
+  // Steps the unit at once when begin_step_in_backward armed this backward.
+  void accept_gradient(FlatParam& flat, torch::Tensor reduced) override;
+  // Waits for the writes the units stepped in backward left in flight.
+  void finish_backward() override;
   // The optimizer step over every unit that has a gradient, pipelined: the
   // next unit's read and the previous unit's write run while this unit steps.
   void step(FsdpState& state, torch::optim::Optimizer& optimizer, double matrix_weight_decay) override;
@@ -107,6 +120,21 @@ class NvmeOffload final : public ShardOffload {
   // The all-gather's input of `unit` (its FlatParam's compute source).
   torch::Tensor compute_shard(size_t unit);
   Futures read_compute(size_t unit, torch::Tensor& into);
+  // Issues the reads of the units that follow position `position` (`unit`)
+  // of the last step's fetch order, up to read_ahead of them.
+  void read_ahead_after(size_t position, size_t unit);
+  // The update of one unit (decay, then FusedAdamW::step_parameter) with
+  // its group's options; its state is in memory.
+  using OptionsOf = std::unordered_map<const c10::TensorImpl*, const torch::optim::AdamWOptions*>;
+  void update(size_t unit, FusedAdamW& optimizer, const OptionsOf& options_of_shards, double matrix_weight_decay);
+  // The group options of every shard the optimizer steps.
+  static OptionsOf options_of(torch::optim::Optimizer& optimizer);
+  // Step in backward: one unit, as its gradient arrived; and the writes
+  // behind, retired (waited for, their memory freed) down to `keep` in flight.
+  void step_now(size_t unit);
+  // Issues the state reads of `unit` for its step in backward, once.
+  void read_state(size_t unit);
+  void retire_writes(size_t keep);
 
   FsdpState* state_ = nullptr;  // set by attach()
   NvmeOffloadOptions options_;
@@ -117,11 +145,29 @@ class NvmeOffload final : public ShardOffload {
   std::atomic<int64_t> wait_ns_{0};
   int64_t steps_ = 0;  // optimizer steps taken through step()
   // Read-ahead of offloaded parameters: the order units were fetched in the
-  // last step, where this step is in it, and the one read issued ahead.
+  // last step, where this step is in it, and the reads issued ahead, in
+  // fetch order.
+  struct Ahead {
+    size_t unit = 0;
+    torch::Tensor values;
+    Futures reads;
+  };
   std::vector<size_t> fetch_order_last_, fetch_order_this_;
-  std::optional<size_t> ahead_unit_;
-  torch::Tensor ahead_tensor_;
-  Futures ahead_reads_;
+  std::deque<Ahead> ahead_;
+  // Step in backward (begin_step_in_backward to finish_backward): the
+  // optimizer, the matrices' decay, each shard's group options; each
+  // unit's state reads issued at its gather; the units stepped, and their
+  // writes in flight, oldest first.
+  FusedAdamW* backward_optimizer_ = nullptr;
+  double backward_decay_ = 0;
+  OptionsOf backward_options_;
+  std::unordered_map<size_t, Futures> state_reads_;
+  // The order gradients arrived in, in the last step and in this one: the
+  // next units' state is read while this one steps and the next computes.
+  std::vector<size_t> grad_order_last_, grad_order_this_;
+  std::vector<bool> stepped_in_backward_;
+  std::deque<std::pair<size_t, Futures>> writes_behind_;
+  bool last_step_in_backward_ = false;
 };
 
 }  // namespace fsdp::offload

@@ -153,7 +153,7 @@ class CpuOffload final : public ShardOffload {
 
   // The host steps the shards next, so no copy of them may still be
   // reading (an unused prefetch's) when it writes.
-  void finish_backward() const override { context_.synchronize_copy_stream(); }
+  void finish_backward() override { context_.synchronize_copy_stream(); }
 
  private:
   // Where a reduced gradient lands on the host: in the unit's own pinned

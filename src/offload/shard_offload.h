@@ -70,7 +70,15 @@ class ShardOffload {
   virtual bool gradient_pending(const FlatParam& flat) const { return false; }
   virtual void finish_gradient(FlatParam& flat) {}
   // The end of backward, before the optimizer touches the shards.
-  virtual void finish_backward() const {}
+  virtual void finish_backward() {}
+  // The coming backward is the last of a step that needs no gradient
+  // before any unit steps (no clipping, no loss scaling): a placement that
+  // can step each unit as its gradient arrives (accept_gradient) starts
+  // doing so, with `optimizer` and the matrices' decay (see step()); step()
+  // then steps only what that left. Returns whether it will.
+  virtual bool begin_step_in_backward(torch::optim::Optimizer& optimizer, double matrix_weight_decay) {
+    return false;
+  }
   // The shards' gradients were just zeroed in place (TrainStep, after its
   // step): the next reduced gradient of each unit may replace its gradient
   // instead of being added to it.

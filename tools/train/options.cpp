@@ -34,13 +34,19 @@ void add_offload_options(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--offload-optimizer", o.offload_optimizer,
                  "none, or nvme: AdamW's moments (and the fp32 masters of bf16/fp16 parameters) in a scratch file "
-                 "in --offload-dir between steps, stepped unit by unit with the reads and writes overlapped")
+                 "in --offload-dir between steps, each unit stepped during backward as soon as its gradient is reduced")
       ->capture_default_str();
   app.add_option("--offload-params", o.offload_params,
                  "none, or nvme: the parameter shards on disk, read before each all-gather (sharded strategies; with "
                  "bf16/fp16 parameters together with --offload-optimizer nvme)")
       ->capture_default_str();
   app.add_option("--offload-dir", o.offload_dir, "the folder of the nvme offload's scratch files (one per rank)");
+  app.add_option("--offload-read-ahead", o.offload_read_ahead,
+                 "nvme offload: parameter shards read ahead of their all-gather, in units (each costs one shard of memory)")
+      ->capture_default_str();
+  app.add_flag("--offload-step-after-backward", o.offload_step_after_backward,
+               "nvme offload: step the optimizer after backward, with every gradient in memory until then, instead of "
+               "each unit as soon as its gradient is reduced (what clipping and loss scaling do anyway)");
   app.add_option("--offload-engine", o.offload_engine,
                  "auto (libaio with O_DIRECT where the file system takes it, else threads), libaio, or threads "
                  "(pread/pwrite)")

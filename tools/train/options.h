@@ -50,6 +50,8 @@ struct TrainOptions {
   std::string backend = "auto";
   std::string offload = "none";
   std::string offload_optimizer = "none", offload_params = "none", offload_dir, offload_engine = "auto";
+  int offload_read_ahead = 2;              // parameter shards read ahead of their gather (units)
+  bool offload_step_after_backward = false;  // the optimizer as a phase after backward, not during it
   bool no_preflight = false;
   double collective_timeout = 0.0;
   std::string ckpt_dir;

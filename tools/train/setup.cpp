@@ -66,6 +66,8 @@ void set_nvme_offload(const TrainOptions& o, fsdp::FullyShardOptions& options) {
   options.nvme_offload(fsdp::NvmeOffloadOptions(o.offload_dir)
                            .optimizer_state(o.offload_optimizer == "nvme")
                            .params(o.offload_params == "nvme")
+                           .read_ahead(o.offload_read_ahead)
+                           .step_in_backward(!o.offload_step_after_backward)
                            .store(fsdp::offload::DiskStoreOptions(o.offload_dir)
                                       .engine(fsdp::offload::parse_io_engine(o.offload_engine))));
 }

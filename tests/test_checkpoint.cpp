@@ -6,13 +6,19 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
+#include <thread>
 
 #include "fsdp/checkpoint.h"
+#include "fsdp/checkpoint_manager.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/gpt.h"
+#include "fsdp/memory_plan.h"
 #include "fsdp/optimizer_state.h"
 #include "fsdp/safetensors.h"
 #include "fsdp/token_data.h"
@@ -211,4 +217,179 @@ TEST(Checkpoint, WrongTensorsAreRefusedNamingFileAndTensor) {
     fs::remove_all(dir);
   }
   world_group->barrier()->wait();
+}
+
+// Asynchronous checkpoints (CheckpointManagerOptions::async).
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Every file of two checkpoint folders, byte for byte (metadata.json too).
+void expect_same_files(const std::string& a, const std::string& b, const std::string& what) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(a)) names.push_back(entry.path().filename().string());
+  size_t in_b = 0;
+  for (const auto& entry : fs::directory_iterator(b)) in_b += entry.is_regular_file();
+  EXPECT_EQ(names.size(), in_b) << what;
+  for (const auto& name : names) {
+    EXPECT_TRUE(file_bytes(fs::path(a) / name) == file_bytes(fs::path(b) / name)) << what << ": " << name << " differs";
+  }
+}
+
+// The background write sleeps this long first (fault_injection.h), on every rank.
+struct BackgroundWriteDelay {
+  explicit BackgroundWriteDelay(int ms) {
+    ::setenv("FSDP_TEST_BACKGROUND_WRITE_DELAY_MS", std::to_string(ms).c_str(), 1);
+  }
+  ~BackgroundWriteDelay() { ::unsetenv("FSDP_TEST_BACKGROUND_WRITE_DELAY_MS"); }
+};
+
+std::string fresh_dir(const std::string& name) {
+  const std::string dir = "/tmp/fsdp_async_ckpt_" + name + "_w" + std::to_string(world_group->size());
+  if (world_group->rank() == 0) fs::remove_all(dir);
+  world_group->barrier()->wait();
+  return dir;
+}
+
+// A tiny model trained `steps` steps, and its step.
+struct Trained {
+  fsdp::FullyShardedModule<fsdp::models::GPTImpl> model;
+  torch::optim::AdamW optimizer;
+  fsdp::TrainStep step;
+  int64_t done = 0;
+  Trained()
+      : model(fsdp::fully_shard(make_gpt(tiny()), world_group, block_units())),
+        optimizer(model.parameters(), spec_adamw()),
+        step(model, optimizer) {}
+  void train(int64_t steps) {
+    for (int64_t end = done + steps; done < end; ++done) {
+      step([&](int64_t micro) {
+        auto [x, y] = batch(token_data(), done, micro, 1, 2);
+        return model(x, y);
+      });
+    }
+  }
+};
+
+}  // namespace
+
+// An async save writes the files a synchronous save of the same state writes,
+// byte for byte, in both formats, though training changed every parameter and
+// moment while the write was delayed: the staging copy is a copy.
+TEST(Checkpoint, AsyncSaveWritesTheSynchronousBytesWhileTrainingGoesOn) {
+  for (auto format : {fsdp::CheckpointFormat::kSharded, fsdp::CheckpointFormat::kFull}) {
+    const std::string name = fsdp::checkpoint_format_name(format);
+    const std::string sync_dir = fresh_dir("sync_" + name), async_dir = fresh_dir("async_" + name);
+    Trained run;
+    run.train(2);
+    fsdp::CheckpointManager sync(run.model.state(), run.optimizer,
+                                 fsdp::CheckpointManagerOptions(sync_dir).format(format));
+    fsdp::CheckpointManager async(run.model.state(), run.optimizer,
+                                  fsdp::CheckpointManagerOptions(async_dir).format(format).async(true));
+    const fsdp::CheckpointSave written = sync.save(2);
+    EXPECT_TRUE(written.published && !written.background);
+    fsdp::CheckpointSave staged;
+    {
+      BackgroundWriteDelay delay(300);
+      staged = async.save(2);
+      EXPECT_TRUE(staged.background && !staged.published && async.in_flight());
+      EXPECT_FALSE(fs::exists(async_dir + "/step-2")) << "published before its write";
+      run.train(1);  // changes every shard and moment under the write
+    }
+    const auto published = async.wait();
+    ASSERT_TRUE(published.has_value());
+    EXPECT_TRUE(published->published && !async.in_flight());
+    EXPECT_GT(published->write_seconds, 0.25);
+    // The staging copy is what the planner counts (memory_plan.h), to the byte.
+    std::vector<int64_t> numels;
+    for (const auto& unit : run.model.state().units()) numels.push_back(unit->flat_param().numel());
+    const fsdp::CheckpointStaging planned = fsdp::estimate_checkpoint_staging(
+        numels, ShardingStrategy::kFullShard, world_group->size(), 0, format == fsdp::CheckpointFormat::kFull);
+    EXPECT_EQ(staged.staged_bytes, world_group->rank() == 0 ? planned.rank0 : planned.per_rank) << name;
+    EXPECT_EQ(staged.staged_bytes > 0, format == fsdp::CheckpointFormat::kSharded || world_group->rank() == 0) << name;
+    if (world_group->rank() == 0) expect_same_files(sync_dir + "/step-2", async_dir + "/step-2", name);
+    world_group->barrier()->wait();
+    if (world_group->rank() == 0) fs::remove_all(sync_dir), fs::remove_all(async_dir);
+  }
+}
+
+// At most one save in flight: a second save waits for the first (publishing
+// it) and says so; poll() publishes a finished one at a step boundary.
+TEST(Checkpoint, AsyncSecondSaveWaitsForTheFirst) {
+  const std::string dir = fresh_dir("waits");
+  Trained run;
+  run.train(1);
+  fsdp::CheckpointManager checkpoints(run.model.state(), run.optimizer,
+                                      fsdp::CheckpointManagerOptions(dir).keep(5).async(true));
+  {
+    BackgroundWriteDelay delay(400);
+    EXPECT_EQ(checkpoints.save(1).waited_seconds, 0.0);
+    run.train(1);
+    const fsdp::CheckpointSave second = checkpoints.save(2);
+    EXPECT_GT(second.waited_seconds, 0.0);
+    EXPECT_GE(second.seconds, second.waited_seconds + second.staging_seconds - 1e-9);
+    EXPECT_EQ(checkpoints.saves_waited(), 1);
+    EXPECT_EQ(second.previous_path, dir + "/step-1");
+    EXPECT_GT(second.previous_write_seconds, 0.35);
+    EXPECT_TRUE(fs::exists(dir + "/step-1/metadata.json")) << "the first save was not published before the second";
+    EXPECT_FALSE(fs::exists(dir + "/step-2"));
+  }
+  std::optional<fsdp::CheckpointSave> published;
+  for (int tries = 0; !published && tries < 600; ++tries) {  // poll as a training loop would, every 50 ms
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    published = checkpoints.poll();
+  }
+  ASSERT_TRUE(published.has_value()) << "poll() never published the second save";
+  EXPECT_EQ(published->path, dir + "/step-2");
+  EXPECT_EQ(fsdp::latest_checkpoint(dir), dir + "/step-2");
+  EXPECT_FALSE(checkpoints.poll().has_value());
+  EXPECT_FALSE(checkpoints.wait().has_value());
+  fsdp::SavedCheckpoint(dir + "/step-2");  // verifies every file
+  world_group->barrier()->wait();
+  if (world_group->rank() == 0) fs::remove_all(dir);
+}
+
+// A background write that fails is reported at the next wait point, on every
+// rank, naming the checkpoint and the cause; the previous checkpoint stays the
+// newest complete one, and the manager saves again afterwards.
+TEST(Checkpoint, AsyncWriteErrorSurfacesAtTheNextWait) {
+  const std::string dir = fresh_dir("error");
+  Trained run;
+  fsdp::CheckpointManager checkpoints(run.model.state(), run.optimizer,
+                                      fsdp::CheckpointManagerOptions(dir).keep(5).async(true));
+  checkpoints.save(0);
+  checkpoints.wait();
+  run.train(1);
+  {
+    BackgroundWriteDelay delay(500);
+    checkpoints.save(1);
+    if (world_group->rank() == 0) {  // the folder replaced by a file under the write
+      fs::remove_all(dir + "/step-1.tmp");
+      std::ofstream(dir + "/step-1.tmp") << "in the way";
+    }
+    world_group->barrier()->wait();
+  }
+  try {
+    checkpoints.wait();
+    ADD_FAILURE() << "a failed background write was not reported";
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    EXPECT_NE(message.find("checkpoint '" + dir + "/step-1': the background write failed on rank"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("step-1.tmp/shard-"), std::string::npos) << message;
+  }
+  EXPECT_FALSE(checkpoints.in_flight());
+  EXPECT_EQ(fsdp::latest_checkpoint(dir), dir + "/step-0");
+  world_group->barrier()->wait();
+  if (world_group->rank() == 0) fs::remove(dir + "/step-1.tmp");
+  checkpoints.save(2);
+  ASSERT_TRUE(checkpoints.wait().has_value());
+  EXPECT_EQ(fsdp::latest_checkpoint(dir), dir + "/step-2");
+  world_group->barrier()->wait();
+  if (world_group->rank() == 0) fs::remove_all(dir);
 }

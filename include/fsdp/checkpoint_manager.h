@@ -19,9 +19,15 @@
 /// if (auto resumed = checkpoints.resume()) first_step = resumed->info.step;
 /// ... after each step: if (checkpoints.due(step + 1, steps)) checkpoints.save(step + 1);
 /// \endcode
+///
+/// With CheckpointManagerOptions::async(true) a save copies the state to
+/// host memory and returns; a thread writes and checksums the files while
+/// training goes on. Call poll() at every step boundary (it publishes the
+/// save once every rank's write is done) and wait() before the program ends.
 
 #include <torch/torch.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -134,14 +140,40 @@ struct CheckpointManagerOptions {
   /// group). A GPU run sharded over NCCL passes its MPI world, so that the
   /// wait stays on the host instead of queueing a device collective.
   TORCH_ARG(ProcessGroupPtr, barrier_group) = nullptr;
+  /// Save in the background: save() copies this rank's shards and optimizer
+  /// state to host memory (the full format: rank 0 gathers the whole model
+  /// there, the other ranks keep nothing), returns, and a thread of this rank
+  /// writes and checksums the files while training goes on. Collectives stay
+  /// on the calling thread: the checkpoint is published (renamed complete,
+  /// older ones pruned) by the first poll(), save() or wait() after every
+  /// rank's write finished. At most one save is in flight: the next save()
+  /// waits for the one before. Staging memory: estimate_checkpoint_staging().
+  TORCH_ARG(bool, async) = false;
 };
 
 /// One save: where it went, and what it cost.
 struct CheckpointSave {
   std::string path;            ///< DIR/step-N
-  double seconds = 0.0;        ///< writing and publishing
+  /// The time training was blocked: writing and publishing, or in the
+  /// background (async) waiting for the save before and staging.
+  double seconds = 0.0;
   int64_t peak_extra_bytes = 0;  ///< this rank's tensor memory peak above its live bytes while saving
+  bool background = false;       ///< written by a background thread (CheckpointManagerOptions::async)
+  bool published = false;        ///< complete on disk (at once for a synchronous save; async: by poll or wait)
+  double waited_seconds = 0.0;   ///< async, of `seconds`: waiting for the previous save's background write
+  double staging_seconds = 0.0;  ///< async, of `seconds`: copying the state to the staging buffers
+  int64_t staged_bytes = 0;      ///< async: this rank's staging copy
+  double write_seconds = 0.0;    ///< async, once published: the slowest rank's background write
+  /// Async: the save this one waited for and published first (its path;
+  /// empty when none was in flight), and its background write's seconds.
+  std::string previous_path;
+  double previous_write_seconds = 0.0;  ///< see previous_path
 };
+
+namespace detail {
+/// A staged checkpoint and its background write (src/state_dict/staged_checkpoint.h).
+class StagedCheckpoint;
+}  // namespace detail
 
 /// One resume: what was loaded, and how long it took.
 struct CheckpointResume {
@@ -156,6 +188,10 @@ class CheckpointManager {
   /// Over a sharded model's state and the optimizer of its shards (both must
   /// outlive the manager).
   CheckpointManager(FsdpState& state, torch::optim::Optimizer& optimizer, CheckpointManagerOptions options);
+  /// Waits for a background write still in flight (not collective: a save
+  /// that poll() or wait() did not publish stays DIR/step-N.tmp, and the
+  /// previous checkpoint remains the newest complete one).
+  ~CheckpointManager();
   /// Adds an object whose state is saved under `key` of the metadata's
   /// extra; it must outlive the manager. Keys are checked in the order added.
   void add(const std::string& key, Stateful& object);
@@ -163,8 +199,22 @@ class CheckpointManager {
   /// every `every` steps, and after the last.
   bool due(int64_t completed_steps, int64_t total_steps) const;
   /// Saves `DIR/step-<completed_steps>` with every object's state, then keeps
-  /// the newest `keep` complete checkpoints.
+  /// the newest `keep` complete checkpoints. Async: first waits for a save
+  /// still in flight (publishing it), then stages this one and returns.
   CheckpointSave save(int64_t completed_steps);
+  /// At a step boundary, collective: with a background save in flight, one
+  /// small all-reduce asks whether every rank's write finished; if so the
+  /// save is published and returned. Nothing collective without one in
+  /// flight. Throws a failed background write's error, naming the
+  /// checkpoint, the rank and the cause.
+  std::optional<CheckpointSave> poll();
+  /// Collective: waits for the background save in flight (if any) on every
+  /// rank and publishes it; nullopt when none was in flight. Throws as poll().
+  std::optional<CheckpointSave> wait();
+  /// Whether a background save is in flight (the same on every rank).
+  bool in_flight() const { return pending_ != nullptr; }
+  /// Saves that had to wait for the previous one's background write.
+  int64_t saves_waited() const { return saves_waited_; }
   /// Loads the newest complete checkpoint into the model and optimizer, then
   /// hands each object its saved state (each may refuse it); nullopt when the
   /// folder holds none.
@@ -181,6 +231,11 @@ class CheckpointManager {
   torch::optim::Optimizer& optimizer_;
   CheckpointManagerOptions options_;
   std::vector<std::pair<std::string, Stateful*>> objects_;
+  std::unique_ptr<detail::StagedCheckpoint> pending_;  // the background save in flight
+  CheckpointSave pending_result_;
+  int64_t saves_waited_ = 0;
+  CheckpointSave stage(int64_t completed_steps, const CheckpointExtra& extra);
+  CheckpointSave publish_pending();
 };
 
 /// Collective over `world`: every rank must see the files the others write in

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/memory.h"
+#include "state_dict/staged_checkpoint.h"
 
 namespace fsdp {
 namespace {
@@ -96,9 +97,12 @@ bool CheckpointManager::due(int64_t completed_steps, int64_t total_steps) const 
   return (options_.every() > 0 && completed_steps % options_.every() == 0) || completed_steps == total_steps;
 }
 
+CheckpointManager::~CheckpointManager() = default;  // pending_'s destructor joins its write
+
 CheckpointSave CheckpointManager::save(int64_t completed_steps) {
   CheckpointExtra extra;
   for (const auto& [key, object] : objects_) extra[key] = object->state_json();
+  if (options_.async()) return stage(completed_steps, extra);
   const auto start = Clock::now();
   memory::reset_peaks();
   const int64_t live_before = memory::usage().live_total;
@@ -106,12 +110,64 @@ CheckpointSave CheckpointManager::save(int64_t completed_steps) {
   result.path = save_checkpoint(state_, optimizer_, options_.dir(), completed_steps, extra, options_.format());
   result.peak_extra_bytes = memory::usage().peak_total - live_before;
   result.seconds = seconds_since(start);
+  result.published = true;
   if (state_.group()->rank() == 0) prune_checkpoints(options_.dir(), options_.keep());
   barrier_group()->barrier()->wait();
   return result;
 }
 
+// Async: the save before, if still in flight, is waited for and published
+// first (at most one in flight); then this one is staged and its write started.
+CheckpointSave CheckpointManager::stage(int64_t completed_steps, const CheckpointExtra& extra) {
+  const auto start = Clock::now();
+  CheckpointSave result;
+  result.background = true;
+  if (pending_) {
+    const CheckpointSave previous = publish_pending();
+    result.previous_path = previous.path;
+    result.previous_write_seconds = previous.write_seconds;
+    ++saves_waited_;
+    result.waited_seconds = seconds_since(start);
+  }
+  const auto staging = Clock::now();
+  memory::reset_peaks();
+  const int64_t live_before = memory::usage().live_total;
+  pending_ = std::make_unique<detail::StagedCheckpoint>(state_, optimizer_, options_.dir(), completed_steps, extra,
+                                                        options_.format());
+  result.path = pending_->path();
+  result.staged_bytes = pending_->staged_bytes();
+  result.peak_extra_bytes = memory::usage().peak_total - live_before;
+  result.staging_seconds = seconds_since(staging);
+  result.seconds = seconds_since(start);
+  pending_result_ = result;
+  return result;
+}
+
+std::optional<CheckpointSave> CheckpointManager::poll() {
+  if (!pending_ || !pending_->written_everywhere(barrier_group())) return std::nullopt;
+  return publish_pending();
+}
+
+std::optional<CheckpointSave> CheckpointManager::wait() {
+  if (!pending_) return std::nullopt;
+  return publish_pending();
+}
+
+// Collective: publishes the save in flight (its error thrown on every rank,
+// the save then dropped: its folder stays step-N.tmp, pruned later), then
+// keeps the newest `keep`.
+CheckpointSave CheckpointManager::publish_pending() {
+  std::unique_ptr<detail::StagedCheckpoint> pending = std::move(pending_);
+  CheckpointSave result = pending_result_;
+  result.write_seconds = pending->publish(barrier_group());
+  result.published = true;
+  if (barrier_group()->rank() == 0) prune_checkpoints(options_.dir(), options_.keep());
+  barrier_group()->barrier()->wait();
+  return result;
+}
+
 std::optional<CheckpointResume> CheckpointManager::resume() {
+  wait();  // a save in flight published first: it may be the newest
   const std::string latest = latest_checkpoint(options_.dir());
   if (latest.empty()) return std::nullopt;
   const auto start = Clock::now();

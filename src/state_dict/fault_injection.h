@@ -25,3 +25,13 @@ void maybe_kill_for_test(int rank);
 void maybe_fault_offload_for_test(int rank, int64_t step, const std::string& scratch_path, bool mid_step);
 
 }  // namespace fsdp::detail
+
+namespace fsdp::detail {
+
+// Asynchronous checkpoints' background write sleeps this long before its
+// first file if the environment says FSDP_TEST_BACKGROUND_WRITE_DELAY_MS=<ms>
+// (tests: training goes on, a second save waits, the folder is changed
+// under the write). Does nothing otherwise.
+void maybe_delay_background_write_for_test();
+
+}  // namespace fsdp::detail

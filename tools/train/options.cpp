@@ -138,6 +138,8 @@ void add_output_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--ckpt-every", o.ckpt_every,
                  "save a checkpoint every K steps; with --ckpt-dir one is always saved after the last step (0: only then)");
   app.add_option("--ckpt-keep", o.ckpt_keep, "keep the newest N complete checkpoints")->capture_default_str();
+  app.add_flag("--ckpt-async", o.ckpt_async,
+               "save checkpoints in the background: copy the state to host memory, train on while a thread writes it");
   app.add_flag("--resume", o.resume, "continue from the newest complete checkpoint in --ckpt-dir (if any)");
   app.add_flag("--forward-prefetch", o.forward_prefetch, "issue the next unit's all-gather before this unit's forward");
   app.add_option("--backward-prefetch", o.backward_prefetch,

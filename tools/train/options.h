@@ -58,6 +58,7 @@ struct TrainOptions {
   int64_t ckpt_every = 0;
   int ckpt_keep = 2;
   std::string ckpt_format = "sharded";
+  bool ckpt_async = false;  // stage, then write in the background (CheckpointManagerOptions::async)
   bool resume = false;
   bool forward_prefetch = false;
   std::string backward_prefetch = "pre";

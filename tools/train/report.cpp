@@ -77,6 +77,10 @@ Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState
   p.ranks_per_node = ranks_per_host(run, state, world);
   p.comm = fsdp::estimate_comm_per_step(p.unit_numels, strategy, world, p.ranks_per_node, mp,
                                         run.fsdp_options.zero_plus_plus());
+  if (o.ckpt_async && !o.ckpt_dir.empty()) {
+    p.checkpoint_staging = fsdp::estimate_checkpoint_staging(p.unit_numels, strategy, world, p.shard_group_size,
+                                                             run.ckpt_format == fsdp::CheckpointFormat::kFull).rank0;
+  }
   return p;
 }
 
@@ -178,6 +182,10 @@ void print_banner(const ReportContext& c) {
             << "): rank 0's tensor memory peaked at " << format_mib(c.predicted.construction_peak) << "\n";
   std::cout << "  per-rank model state by formula: " << predicted.total() << " B (params " << predicted.params
             << ", grads " << predicted.grads << ", optimizer " << predicted.optimizer << ")\n";
+  if (o.ckpt_async && !o.ckpt_dir.empty()) {
+    std::cout << "  checkpoints in the background (--ckpt-async): rank 0's staging copy "
+              << format_mib(c.predicted.checkpoint_staging) << ", held beside the steps until written\n";
+  }
   std::cout << std::flush;
 }
 
@@ -190,12 +198,48 @@ void print_resumed(const fsdp::CheckpointResume& resumed) {
 }
 
 void print_saved(const fsdp::CheckpointSave& saved) {
+  if (saved.background) {
+    const double mb = saved.staged_bytes / 1e6;
+    std::cout << "  checkpoint: " << saved.path << " staged (" << std::fixed << std::setprecision(1) << mb
+              << " MB on rank 0 in " << std::setprecision(2) << saved.staging_seconds << " s, " << std::setprecision(0)
+              << mb / std::max(saved.staging_seconds, 1e-9) << " MB/s), writing in the background";
+    if (saved.waited_seconds > 0) {
+      std::cout << "; waited " << std::setprecision(2) << saved.waited_seconds
+                << " s for the previous save's background write (one save in flight at a time)";
+    }
+    std::cout << "; training blocked " << std::setprecision(2) << saved.seconds << " s\n" << std::flush;
+    return;
+  }
   const double mb = directory_bytes(saved.path) / 1e6;
   std::cout << "  checkpoint: " << saved.path << " (" << std::fixed << std::setprecision(1) << mb << " MB in "
             << std::setprecision(2) << saved.seconds << " s, " << std::setprecision(0) << mb / saved.seconds
             << " MB/s; rank 0's tensor memory peaked " << format_mib(saved.peak_extra_bytes)
             << " above its live bytes)\n"
             << std::flush;
+}
+
+void print_published(const fsdp::CheckpointSave& saved) {
+  const double mb = directory_bytes(saved.path) / 1e6;
+  std::cout << "  checkpoint: " << saved.path << " written in the background and published (" << std::fixed
+            << std::setprecision(1) << mb << " MB in " << std::setprecision(2) << saved.write_seconds
+            << " s on the slowest rank, " << std::setprecision(0) << mb / std::max(saved.write_seconds, 1e-9)
+            << " MB/s)\n"
+            << std::flush;
+}
+
+void RunFigures::record_save(const fsdp::CheckpointSave& saved) {
+  checkpoints.blocked_this_step += saved.seconds;
+  checkpoints.blocked_s.push_back(saved.seconds);
+  checkpoints.staging_s += saved.staging_seconds;
+  checkpoints.staged_bytes += saved.staged_bytes;
+  checkpoints.waited_s += saved.waited_seconds;
+  checkpoints.waited += saved.waited_seconds > 0 ? 1 : 0;
+  if (saved.published) ++checkpoints.published;
+}
+
+void RunFigures::record_published(const fsdp::CheckpointSave& saved) {
+  checkpoints.background_write_s += saved.write_seconds;
+  ++checkpoints.published;
 }
 
 namespace {
@@ -226,6 +270,10 @@ void write_log_record(const ReportContext& c, const RunFigures& figures, const f
                          {"offload_wait_s", result.offload_wait_s},
                          {"model_state_bytes", model_state},
                          {"peak_tensor_bytes", peak}};
+  if (!c.o.ckpt_dir.empty()) {  // what the checkpoints cost this step
+    line["checkpoint_blocked_s"] = figures.checkpoints.blocked_this_step;
+    line["checkpoint_in_flight"] = figures.checkpoints.in_flight_this_step;
+  }
   if (!c.run.device.is_cpu()) {  // the GPU's figures beside the host's (per rank)
     for (int r = 0; r < W; ++r) {
       line["device_peak_bytes"].push_back(f[r].device_peak_bytes);

@@ -43,6 +43,9 @@ struct Predictions {
   // for hosts of ranks_per_node ranks, with the run's ZeRO++ options.
   int ranks_per_node = 0;
   fsdp::CommBytes comm;
+  // --ckpt-async: a save's staging copy on rank 0, held beside the steps
+  // until its background write ends (0 without).
+  int64_t checkpoint_staging = 0;
 };
 Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState& state, const NvmeReport& nvme,
                     std::vector<int64_t> unit_numels, int64_t num_params, int world);
@@ -66,6 +69,21 @@ struct RunFigures {
   std::string resumed_from;     // the checkpoint --resume loaded
   fsdp::memory::DeviceUsage run_device_peak;
   double elapsed = 0.0;
+  // Checkpoints of the run (rank 0's view): each save's time blocking
+  // training, and with --ckpt-async what the background did.
+  struct Checkpoints {
+    std::vector<double> blocked_s;      // per save: writing (synchronous), or waiting + staging (async)
+    double staging_s = 0.0;             // async: copying to the staging buffers, in all
+    int64_t staged_bytes = 0;           // async: rank 0's staging copies, in all
+    double waited_s = 0.0;              // async: waiting for the previous save's write, in all
+    double background_write_s = 0.0;    // async: the published saves' writes (slowest rank), in all
+    int64_t waited = 0;                 // async: saves that waited for the one before
+    int64_t published = 0;              // saves complete on disk
+    bool in_flight_this_step = false;   // async: a background write was in flight when this step began
+    double blocked_this_step = 0.0;     // this step's save's blocked time (0: none)
+  } checkpoints;
+  void record_save(const fsdp::CheckpointSave& saved);
+  void record_published(const fsdp::CheckpointSave& saved);
   // Takes step `step` (0-based) of `steps`; `cross_host`: the state's
   // cross_host_comm_stats() right after it (the part of result.comm that
   // crossed hosts).
@@ -90,6 +108,8 @@ struct ReportContext {
 void print_banner(const ReportContext& c);
 void print_resumed(const fsdp::CheckpointResume& resumed);
 void print_saved(const fsdp::CheckpointSave& saved);
+// Rank 0: a background save published (--ckpt-async).
+void print_published(const fsdp::CheckpointSave& saved);
 // Rank 0: step `step`'s (0-based) record in --log, and its progress line when due.
 void report_step(const ReportContext& c, const RunFigures& figures, const fsdp::StepResult& result, int64_t step,
                  double lr, const std::optional<double>& val_loss);

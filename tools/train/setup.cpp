@@ -146,6 +146,8 @@ void preflight(const TrainOptions& o, Run& run, int world) {
   settings.sharded_init = o.sharded_init;
   settings.nvme_optimizer = o.offload_optimizer == "nvme";
   settings.nvme_params = o.offload_params == "nvme";
+  plan.async_checkpoint = o.ckpt_async && !o.ckpt_dir.empty();
+  plan.full_checkpoint = o.ckpt_format == "full";
   run.ram_predicted = fsdp::preflight_host_memory(plan, settings, fsdp::host_memory_available());
 }
 
@@ -160,7 +162,8 @@ void check_values(const TrainOptions& o, int world) {
   TORCH_CHECK(o.adamw == "fused" || o.adamw == "torch", "--adamw must be fused or torch, got '", o.adamw, "'");
   TORCH_CHECK(o.lr_schedule == "cosine" || !o.min_lr, "--min-lr needs --lr-schedule cosine");
   TORCH_CHECK(o.ckpt_every >= 0 && o.ckpt_keep >= 1, "--ckpt-every must be >= 0 and --ckpt-keep >= 1");
-  TORCH_CHECK(!o.ckpt_dir.empty() || (o.ckpt_every == 0 && !o.resume), "--ckpt-every and --resume need --ckpt-dir");
+  TORCH_CHECK(!o.ckpt_dir.empty() || (o.ckpt_every == 0 && !o.resume && !o.ckpt_async),
+              "--ckpt-every, --ckpt-async and --resume need --ckpt-dir");
   TORCH_CHECK(o.val_fraction >= 0 && o.val_fraction < 1, "--val-fraction must be in [0, 1), got ", o.val_fraction);
   TORCH_CHECK(o.eval_every >= 0, "--eval-every must be >= 0, got ", o.eval_every);
   TORCH_CHECK(o.eval_every == 0 || o.val_fraction > 0, "--eval-every ", o.eval_every,

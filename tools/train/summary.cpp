@@ -181,12 +181,37 @@ nlohmann::json run_summary(const ReportContext& c, const RunFigures& figures) {
 
 }  // namespace
 
+namespace {
+// --ckpt-dir: the saves' time blocking training, and --ckpt-async's background.
+void add_checkpoints(nlohmann::json& summary, const ReportContext& c, const RunFigures& figures) {
+  if (c.o.ckpt_dir.empty()) return;
+  const auto& k = figures.checkpoints;
+  double blocked = 0.0, most = 0.0;
+  for (double s : k.blocked_s) {
+    blocked += s;
+    most = std::max(most, s);
+  }
+  summary["checkpoint"] = {{"async", c.o.ckpt_async},
+                           {"format", c.o.ckpt_format},
+                           {"saves", k.blocked_s.size()},
+                           {"published", k.published},
+                           {"blocked_s", blocked},
+                           {"blocked_max_s", most},
+                           {"staging_s", k.staging_s},
+                           {"staged_bytes", k.staged_bytes},
+                           {"waited_s", k.waited_s},
+                           {"saves_waited", k.waited},
+                           {"background_write_s", k.background_write_s}};
+}
+}  // namespace
+
 void write_summary(const ReportContext& c, const RunFigures& figures, const EndFigures& end) {
   nlohmann::json summary = run_summary(c, figures);
   add_zero_plus_plus(summary, c);
   add_comm(summary, c, figures);
   add_memory(summary, c, figures, end);
   add_offload(summary, c, figures);
+  add_checkpoints(summary, c, figures);
   if (!c.run.strategy_reason.empty()) summary["strategy_reason"] = c.run.strategy_reason;
   if (figures.final_val_loss) {
     summary["final_val_loss"] = *figures.final_val_loss;

@@ -179,6 +179,7 @@ class Trainer {
                              .every(o_.ckpt_every)
                              .keep(o_.ckpt_keep)
                              .format(run_.ckpt_format)
+                             .async(o_.ckpt_async)
                              .barrier_group(world_));  // the MPI world: a host-only barrier on GPUs too
     checkpointed_.add_to(*checkpoints_);
     try {
@@ -199,7 +200,22 @@ class Trainer {
 
   void save(int64_t completed_steps) {
     const fsdp::CheckpointSave saved = checkpoints_->save(completed_steps);
+    if (!saved.previous_path.empty()) {  // --ckpt-async: the save before, waited for and published first
+      fsdp::CheckpointSave previous;
+      previous.path = saved.previous_path;
+      previous.write_seconds = saved.previous_write_seconds;
+      published(previous);
+    }
+    figures_.record_save(saved);
     if (rank_ == 0) print_saved(saved);
+  }
+
+  // --ckpt-async: a background save published (by poll at a step boundary,
+  // or wait at the end); collective only while one is in flight.
+  void published(const std::optional<fsdp::CheckpointSave>& saved) {
+    if (!saved) return;
+    figures_.record_published(*saved);
+    if (rank_ == 0) print_published(*saved);
   }
 
   std::optional<double> maybe_evaluate(int64_t step) {
@@ -223,12 +239,15 @@ class Trainer {
       const double lr = run_.schedule.lr_at(step);
       fsdp::set_learning_rate(*optimizer_, lr);
       figures_.fold_device_peak(run_.device);
+      figures_.checkpoints.in_flight_this_step = checkpoints_ && checkpoints_->in_flight();
+      figures_.checkpoints.blocked_this_step = 0.0;
       const fsdp::StepResult result = train_step_([&](int64_t micro) {
         auto [x, y] = run_.data->batch(step, micro, rank_, W, A, batch);
         return model_.forward(x.to(run_.device, /*non_blocking=*/true), y.to(run_.device, /*non_blocking=*/true));
       });
       figures_.record(result, model_.state().cross_host_comm_stats(), step, o_.steps, rank_);
       const std::optional<double> val_loss = maybe_evaluate(step);
+      if (checkpoints_) published(checkpoints_->poll());
       const bool saved = checkpoints_ && checkpoints_->due(step + 1, o_.steps);
       if (saved) save(step + 1);
       // Every rank learns whether any rank was signalled (a signal during the
@@ -245,6 +264,9 @@ class Trainer {
   // After the loop: the summary, plot, trace, sample, final weights and
   // printout; returns the exit status.
   int finish() {
+    // The last save's background write (the final save, a preemption's):
+    // published, or its error thrown, before the run reports and exits.
+    if (checkpoints_) published(checkpoints_->wait());
     EndFigures end = gather_end_figures(world_, figures_, run_.device);
     if (rank_ == 0 && !o_.summary.empty()) write_summary(report_, figures_, end);
     if (rank_ == 0 && !o_.plot.empty()) plot();

@@ -31,7 +31,7 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 # The figures, every round of a variant pooled (step 1 left out: warm-up).
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else printf "%.3f", (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+median() { sort -g | awk 'NF { v[++n] = $1 } END { if (n == 0) print "-"; else printf "%.3f", (n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2) }'; }
 {
   echo "== $preset W=$world $format, $steps steps, a save every $every, $rounds alternating rounds ($(date -u +%F))"
   for variant in sync async; do

@@ -232,6 +232,7 @@ class CheckpointManager {
   CheckpointManagerOptions options_;
   std::vector<std::pair<std::string, Stateful*>> objects_;
   std::unique_ptr<detail::StagedCheckpoint> pending_;  // the background save in flight
+  std::vector<torch::Tensor> staging_buffers_;  // the last save's host copies, reused by the next
   CheckpointSave pending_result_;
   int64_t saves_waited_ = 0;
   CheckpointSave stage(int64_t completed_steps, const CheckpointExtra& extra);

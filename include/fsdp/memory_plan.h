@@ -152,7 +152,8 @@ int64_t host_block_cache_limit(int64_t largest_padded_unit_numel, bool nvme_offl
 
 /// Asynchronous checkpoints (CheckpointManagerOptions::async): the host
 /// memory a save's staging copy holds from the save until its background
-/// write ends (the following steps run beside it), per rank, for units of
+/// write ends (the following steps run beside it; the sharded format's
+/// buffers stay from the first save on, reused by the next), per rank, for units of
 /// the given element counts (o = optimizer_bytes_per_element, 8 for Adam;
 /// S = ceil(N / G), the shard over the shard group G):
 /// \code{.unparsed}

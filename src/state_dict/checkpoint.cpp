@@ -473,10 +473,32 @@ int64_t bytes_of(const std::vector<torch::Tensor>& tensors) {
   return bytes;
 }
 
+// The host buffers of the sharded format's staging copies, in the order
+// copied, kept from one save to the next: a fresh buffer costs a page fault
+// per page on first touch (large at W = 2: 910 MB a rank, staged in 0.8-3.1 s
+// into fresh pages against 0.92 s for the whole synchronous save), a reused
+// one is a plain copy.
+struct StagingBuffers {
+  std::vector<torch::Tensor> buffers;
+  size_t next = 0;
+  torch::Tensor copy(const torch::Tensor& tensor) {
+    if (next < buffers.size() && buffers[next].sizes() == tensor.sizes() &&
+        buffers[next].scalar_type() == tensor.scalar_type()) {
+      buffers[next].copy_(tensor.detach());
+    } else if (next < buffers.size()) {
+      buffers[next] = staged_copy(tensor);
+    } else {
+      buffers.push_back(staged_copy(tensor));
+    }
+    return buffers[next++];
+  }
+};
+
 // The sharded format: this rank's shard file, as write_shard_file writes it
 // (nothing for a rank of another replica).
 std::vector<StagedCheckpoint::File> stage_shard_file(FsdpState& state, const OptimizerState& optimizer,
-                                                     const nlohmann::json& meta, const fs::path& temp_dir) {
+                                                     const nlohmann::json& meta, const fs::path& temp_dir,
+                                                     StagingBuffers& staging) {
   if (state.replicate_group() && state.replicate_group()->rank() != 0) return {};
   const int64_t shard_index = state.shard_group() ? state.shard_group()->rank() : 0;
   auto [name, specs] = expected_files(meta, CheckpointFormat::kSharded).at(shard_index);
@@ -486,9 +508,9 @@ std::vector<StagedCheckpoint::File> stage_shard_file(FsdpState& state, const Opt
   for (size_t u = 0; u < state.units().size(); ++u) {
     ResidentScope resident(state, *state.units()[u], &optimizer.optimizer());
     const torch::Tensor& shard = state.units()[u]->flat_param().shard();
-    file.tensors.push_back(staged_copy(shard));
+    file.tensors.push_back(staging.copy(shard));
     for (const auto& tensor : optimizer.tensor_names()) {
-      file.tensors.push_back(staged_copy(optimizer.value(shard, tensor)));
+      file.tensors.push_back(staging.copy(optimizer.value(shard, tensor)));
     }
   }
   return {std::move(file)};
@@ -533,7 +555,8 @@ std::vector<StagedCheckpoint::File> stage_full_files(FsdpState& state, const Opt
 }  // namespace
 
 StagedCheckpoint::StagedCheckpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& dir,
-                                   int64_t step, const CheckpointExtra& extra, CheckpointFormat format)
+                                   int64_t step, const CheckpointExtra& extra, CheckpointFormat format,
+                                   std::vector<torch::Tensor> reuse)
     : rank_(state.group()->rank()),
       dir_(dir),
       temp_dir_((fs::path(dir) / ("step-" + std::to_string(step) + ".tmp")).string()),
@@ -547,8 +570,11 @@ StagedCheckpoint::StagedCheckpoint(FsdpState& state, torch::optim::Optimizer& op
   std::string error;
   try {
     torch::NoGradGuard no_grad;
-    files_ = format == CheckpointFormat::kSharded ? stage_shard_file(state, optimizer_state, meta, temp_dir_)
+    StagingBuffers staging{std::move(reuse)};
+    files_ = format == CheckpointFormat::kSharded ? stage_shard_file(state, optimizer_state, meta, temp_dir_, staging)
                                                   : stage_full_files(state, optimizer_state, temp_dir_);
+    staging.buffers.resize(staging.next);
+    buffers_ = std::move(staging.buffers);
   } catch (const std::exception& e) {
     error = "rank " + std::to_string(rank_) + ": staging checkpoint '" + final_dir_ + "': " + error_message(e);
   }

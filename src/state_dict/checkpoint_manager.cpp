@@ -133,7 +133,7 @@ CheckpointSave CheckpointManager::stage(int64_t completed_steps, const Checkpoin
   memory::reset_peaks();
   const int64_t live_before = memory::usage().live_total;
   pending_ = std::make_unique<detail::StagedCheckpoint>(state_, optimizer_, options_.dir(), completed_steps, extra,
-                                                        options_.format());
+                                                        options_.format(), std::move(staging_buffers_));
   result.path = pending_->path();
   result.staged_bytes = pending_->staged_bytes();
   result.peak_extra_bytes = memory::usage().peak_total - live_before;
@@ -160,6 +160,7 @@ CheckpointSave CheckpointManager::publish_pending() {
   std::unique_ptr<detail::StagedCheckpoint> pending = std::move(pending_);
   CheckpointSave result = pending_result_;
   result.write_seconds = pending->publish(barrier_group());
+  staging_buffers_ = pending->take_buffers();
   result.published = true;
   if (barrier_group()->rank() == 0) prune_checkpoints(options_.dir(), options_.keep());
   barrier_group()->barrier()->wait();

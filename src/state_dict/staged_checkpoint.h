@@ -33,9 +33,10 @@ class StagedCheckpoint {
  public:
   // Collective over state.group(): stages `step`'s checkpoint of `state` and
   // `optimizer` under `dir` (as save_checkpoint would write it) and starts
-  // this rank's write.
+  // this rank's write. `reuse`: the host buffers of the save before
+  // (take_buffers), copied into where they fit (the sharded format).
   StagedCheckpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& dir, int64_t step,
-                   const CheckpointExtra& extra, CheckpointFormat format);
+                   const CheckpointExtra& extra, CheckpointFormat format, std::vector<torch::Tensor> reuse = {});
   // Joins the write (never collective; an unpublished save stays step-N.tmp).
   ~StagedCheckpoint();
   StagedCheckpoint(const StagedCheckpoint&) = delete;
@@ -52,6 +53,8 @@ class StagedCheckpoint {
   // (naming the checkpoint, the rank and the cause) on every rank. Returns the
   // slowest rank's write, in seconds.
   double publish(const ProcessGroupPtr& group);
+  // After publish(): the staging buffers, for the next save to copy into.
+  std::vector<torch::Tensor> take_buffers() { return std::move(buffers_); }
 
   // One file this rank writes: its tensors in the file's order.
   struct File {
@@ -69,6 +72,7 @@ class StagedCheckpoint {
   CheckpointFormat format_ = CheckpointFormat::kSharded;
   std::string metadata_json_;  // metadata.json without "files" (nlohmann's text: no JSON type in this header)
   std::vector<File> files_;
+  std::vector<torch::Tensor> buffers_;  // the sharded format's staging copies (files_ holds them too)
   int64_t staged_bytes_ = 0;
   std::atomic<bool> written_{false};
   double write_seconds_ = 0.0;

@@ -70,3 +70,16 @@ for cfg in "sharded 1" "full 0"; do
   [ ! -e "$ck/step-4.tmp" ] && [ -f "$ck/step-6/metadata.json" ] || { ls "$ck"; fail "$format: the unfinished save was not replaced"; }
   echo "ok: rank $victim killed in a background write ($format): resumed from step 2, losses exact"
 done
+
+# A preemption (SIGTERM raised on rank 0 during its first background write)
+# stops at a step boundary with the last save published before the exit:
+# status 75, and the step it names is complete and verifies.
+ck="$work/preempted"
+FSDP_TEST_BACKGROUND_WRITE_DELAY_MS=500 FSDP_TEST_SIGNAL_IN_SAVE=0:1 "$run" -n 2 -- "$train" --preset tiny \
+  --data "$work/data.txt" --steps 20 --ckpt-dir "$ck" --ckpt-every 2 --ckpt-async --summary "$work/preempted.json" \
+  > "$work/preempted.out" 2>&1 && status=0 || status=$?
+[ "$status" -eq 75 ] || { cat "$work/preempted.out"; fail "a preempted --ckpt-async run exited $status, expected 75"; }
+after=$(jq -r .preempted_after_step "$work/preempted.json")
+[ -f "$ck/step-$after/metadata.json" ] && [ ! -e "$ck/step-$after.tmp" ] || { ls "$ck"; fail "step $after was not published"; }
+"$build/fsdp-ckpt" verify "$ck/step-$after" >/dev/null || fail "the preempted run's step $after does not verify"
+echo "ok: preempted during a background write: exit 75, step $after published"

@@ -1,4 +1,4 @@
-// The planner's figures for ZeRO++'s options (fsdp/memory_plan.h), against
+// The planner's figures for ZeRO++'s options and for disk offload stepping in backward (fsdp/memory_plan.h),
 // bytes worked out by hand for two small units, so that a formula that
 // changes fails here before a run's counters (ZeroPlusPlus.* in mpi_tests)
 // disagree with it. Units of 1000 and 300 elements over 4 ranks, 2 hosts of
@@ -147,4 +147,45 @@ TEST(Planner, RefusesWhatFullyShardRefuses) {
   EXPECT_THROW(fsdp::estimate_comm_per_step(kUnits, ShardingStrategy::kFullShard, kWorld, 3, fsdp::MixedPrecision(),
                                             hpz()),
                c10::Error);
+}
+
+// Disk offload stepping in backward (fsdp::nvme_steps_in_backward), fp32,
+// both offloads, units of 1000 and 300 over 4 ranks (shards S = 250 and 75):
+// no gradient shard stays (4 x 325 bytes less resident); full_shard's second
+// gather of each unit reads the master the step then updates, so the step
+// reads 4S less per unit; the state of read_ahead + 2 units (12S each: master
+// and moments) and the stepping unit's gradient (4S, the largest) are in
+// memory during backward, and a gather holds 1 + read_ahead units' shards.
+TEST(Planner, DiskOffloadSteppingInBackward) {
+  const fsdp::MixedPrecision fp32;
+  const auto after = fsdp::estimate_nvme_offload(kUnits, ShardingStrategy::kFullShard, kWorld, 0, fp32, true, true);
+  const auto during = fsdp::estimate_nvme_offload(kUnits, ShardingStrategy::kFullShard, kWorld, 0, fp32, true, true, 1,
+                                                  int64_t{1} << 20, /*step_in_backward=*/true, /*read_ahead=*/1);
+  EXPECT_EQ(after.resident.grads, 4 * 325);
+  EXPECT_EQ(during.resident.grads, 0);
+  EXPECT_EQ(after.read_per_step, 12 * 325 + 2 * 4 * 325);  // the step's state, two gathers
+  EXPECT_EQ(during.read_per_step, after.read_per_step - 4 * 325);
+  EXPECT_EQ(during.written_per_step, after.written_per_step);
+  EXPECT_EQ(after.step_buffers, 12 * 325);           // three units at most: both here
+  EXPECT_EQ(during.step_buffers, 12 * 325 + 4 * 250);  // read_ahead + 2 = 3 units, and a gradient
+  EXPECT_EQ(during.gather_buffers, 4 * 325);         // 1 + read_ahead units
+  // The zero2 kinds gather once, in forward: nothing to share.
+  const auto zero2 = fsdp::estimate_nvme_offload(kUnits, ShardingStrategy::kShardGradOp, kWorld, 0, fp32, true, true, 1,
+                                                 int64_t{1} << 20, true, 1);
+  EXPECT_EQ(zero2.read_per_step, 12 * 325 + 4 * 325);
+  // The peak: during backward the step's buffers add to it; after, the larger one counts.
+  fsdp::StepPeak peak;
+  peak.state = after.resident;
+  peak.activations = 100000;
+  EXPECT_EQ(fsdp::peak_with_nvme_offload(peak, during),
+            peak.total() - peak.state.total() + during.resident.total() + during.gather_buffers + during.step_buffers);
+  EXPECT_EQ(fsdp::peak_with_nvme_offload(peak, after),
+            peak.total() - peak.state.total() + after.resident.total() + after.gather_buffers);
+  // What decides it.
+  EXPECT_TRUE(fsdp::nvme_steps_in_backward(true, ShardingStrategy::kFullShard, false, false));
+  EXPECT_FALSE(fsdp::nvme_steps_in_backward(false, ShardingStrategy::kFullShard, false, false));
+  EXPECT_FALSE(fsdp::nvme_steps_in_backward(true, ShardingStrategy::kFullShard, true, false));
+  EXPECT_FALSE(fsdp::nvme_steps_in_backward(true, ShardingStrategy::kFullShard, false, true));
+  EXPECT_FALSE(fsdp::nvme_steps_in_backward(true, ShardingStrategy::kNoShard, false, false));
+  EXPECT_FALSE(fsdp::nvme_steps_in_backward(true, ShardingStrategy::kZero1, false, false));
 }

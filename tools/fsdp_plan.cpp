@@ -28,6 +28,7 @@
 #include "fsdp/gpt.h"
 #include "offload/disk_store.h"
 #include "fsdp/memory_plan.h"
+#include "fsdp/train_step.h"
 
 namespace {
 
@@ -492,6 +493,10 @@ struct PlanInputs {
   int world = 2, nodes = 1;
   std::string strategy = "all", param_dtype = "fp32", reduce_dtype, cluster_path, offload = "none", wrap = "block";
   std::string ckpt_async = "none";  // fsdp-train --ckpt-async with this --ckpt-format
+  // Disk offload's step (fsdp-train's flags of the same names and defaults).
+  double clip_grad_norm = 1.0;
+  int offload_read_ahead = 2;
+  bool offload_step_after_backward = false;
   bool checkpointing = false, prefetch = true, seed_accounting = false, json = false;
   double budget = 0;
   // ZeRO++ (fsdp-train's flags of the same names).
@@ -531,6 +536,13 @@ void add_plan_options(CLI::App& app, PlanInputs& in) {
                  "and (sharded strategies) the parameters on disk, as fsdp-train --offload-optimizer nvme "
                  "--offload-params nvme; nvme-optimizer: the optimizer state only")
       ->capture_default_str();
+  app.add_option("--clip-grad-norm", in.clip_grad_norm,
+                 "as fsdp-train's (0: off): with --offload nvme, a run that clips steps after backward, with every "
+                 "gradient in memory; one that does not steps each unit during backward")
+      ->capture_default_str();
+  app.add_option("--offload-read-ahead", in.offload_read_ahead, "as fsdp-train's: parameter shards read ahead (units)")
+      ->capture_default_str();
+  app.add_flag("--offload-step-after-backward", in.offload_step_after_backward, "as fsdp-train's");
   app.add_option("--ckpt-async", in.ckpt_async,
                  "none; sharded or full: the host memory of fsdp-train --ckpt-async --ckpt-format FORMAT's staging copy "
                  "(held beside the steps while a save writes in the background)")
@@ -685,7 +697,11 @@ Plan plan_strategy(const Report& r, fsdp::ShardingStrategy s) {
   if (r.in.offload.rfind("nvme", 0) == 0) {
     // Parameters go to disk only where the strategy shards them.
     const bool params_too = r.in.offload == "nvme" && !fsdp::keeps_params_unsharded(s);
-    plan.nvme = fsdp::estimate_nvme_offload(units, s, r.in.world, r.per_node, r.mp, true, params_too);
+    const bool in_backward =
+        fsdp::nvme_steps_in_backward(!r.in.offload_step_after_backward, s, r.in.clip_grad_norm > 0,
+                                     fsdp::scales_loss(fsdp::TrainStepOptions(), r.mp));
+    plan.nvme = fsdp::estimate_nvme_offload(units, s, r.in.world, r.per_node, r.mp, true, params_too, 1,
+                                            int64_t{1} << 20, in_backward, r.in.offload_read_ahead);
     plan.nvme_peak = fsdp::peak_with_nvme_offload(plan.peak, *plan.nvme);
   }
   if (r.in.ckpt_async != "none") {

@@ -45,6 +45,9 @@ struct HostMemoryRun {
   /// (estimate_checkpoint_staging), in the format of full_checkpoint.
   bool async_checkpoint = false;
   bool full_checkpoint = false;  ///< the checkpoints' format is full (rank 0 stages the gathered model)
+  /// Disk offload steps each unit during backward (nvme_steps_in_backward).
+  bool nvme_step_in_backward = false;
+  int nvme_read_ahead = 2;  ///< NvmeOffloadOptions::read_ahead
 };
 
 /// The settings that change a rank's host memory.

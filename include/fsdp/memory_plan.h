@@ -228,17 +228,23 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
 ///   per step         optimizer state: read and written once (the step);
 ///                    parameters: read at every gather (two a micro-step for
 ///                    full_shard and hybrid_shard, one for the zero2 kinds),
-///                    written once (after the step)
+///                    written once (after the step); stepping in backward
+///                    with fp32 parameters, the last backward gather's read
+///                    of the master is the step's
 /// \endcode
-/// The step then holds up to three units' offloaded state (read, step, write)
-/// and a gather up to two units' parameters (the one gathered, the next read
-/// ahead): transient bytes on top of what stays.
+/// A gather holds 1 + read_ahead units' parameters (the one gathered, those
+/// read ahead). The step after backward holds up to three units' offloaded
+/// state (read, step, write); stepping in backward (nvme_steps_in_backward)
+/// holds read_ahead + 2 (read ahead, stepping, written behind) and the
+/// stepping unit's gradient during backward, and no gradient shard stays:
+/// transient bytes on top of what stays.
 struct NvmeOffloadPlan {
   ModelStateBytes resident;        ///< the model state that stays in memory between steps
   int64_t offloaded = 0;           ///< the model state on disk (the slots' bytes)
   int64_t file_bytes = 0;          ///< the scratch file: each slot rounded up to whole blocks
   int64_t step_buffers = 0;        ///< in memory at the optimizer step's peak, on top of `resident`
   int64_t gather_buffers = 0;      ///< in memory at a gather's peak (offloaded parameters), on top
+  bool step_in_backward = false;   ///< the units step during backward: step_buffers add to backward's peak
   /// Bytes one step reads from and writes to the scratch file.
   ///@{
   int64_t read_per_step = 0, written_per_step = 0;
@@ -250,13 +256,20 @@ struct NvmeOffloadPlan {
   double io_seconds(double read_bandwidth, double write_bandwidth) const;
 };
 /// `micro_steps`: gradient accumulation gathers (and so reads) the parameters
-/// in every micro-step.
+/// in every micro-step. `step_in_backward`: nvme_steps_in_backward's answer
+/// for the run; `read_ahead`: NvmeOffloadOptions::read_ahead.
 NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                       int ranks_per_node, const MixedPrecision& mixed_precision, bool optimizer_state,
-                                      bool params, int64_t micro_steps = 1, int64_t block_bytes = int64_t{1} << 20);
+                                      bool params, int64_t micro_steps = 1, int64_t block_bytes = int64_t{1} << 20,
+                                      bool step_in_backward = false, int read_ahead = 2);
+/// Whether a disk-offloaded run steps each unit during backward: asked for
+/// (NvmeOffloadOptions::step_in_backward), and nothing needs every gradient
+/// first (no clipping, no loss scaling) or keeps them whole anyway (no_shard, zero1).
+bool nvme_steps_in_backward(bool asked, ShardingStrategy strategy, bool clips_gradients, bool scales_loss);
 /// The step's peak of host memory with disk offload: the in-memory peak less
-/// what is offloaded, plus the larger of the gather's and the step's buffers
-/// (the step runs after backward has freed the activations).
+/// what is offloaded, plus the gather's buffers, and the step's: during
+/// backward when the units step there, else after it (which has freed the
+/// activations by then).
 int64_t peak_with_nvme_offload(const StepPeak& peak, const NvmeOffloadPlan& plan);
 
 }  // namespace fsdp

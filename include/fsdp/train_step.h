@@ -66,6 +66,11 @@ struct TrainStepOptions {
   TORCH_ARG(bool, gather_rank_figures) = true;
 };
 
+/// Whether a TrainStep with `options` over a model of `mixed_precision`
+/// scales the loss: TrainStepOptions::loss_scaling, else whether the
+/// parameters or the reductions are fp16.
+bool scales_loss(const TrainStepOptions& options, const MixedPrecision& mixed_precision);
+
 /// One rank's memory at the end of a step, from the counting allocator (zeros
 /// if it is not installed).
 struct RankFigures {

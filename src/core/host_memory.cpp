@@ -74,7 +74,8 @@ int64_t host_memory_needed(const HostMemoryRun& run, const HostMemorySettings& s
   if (nvme) {
     step = peak_with_nvme_offload(peak, estimate_nvme_offload(units, run.strategy, run.world, per_node,
                                                               run.mixed_precision, settings.nvme_optimizer,
-                                                              settings.nvme_params, run.micro_steps)) +
+                                                              settings.nvme_params, run.micro_steps, int64_t{1} << 20,
+                                                              run.nvme_step_in_backward, run.nvme_read_ahead)) +
            nvme_block_cache(units, per_node);
   }
   // Building the whole model on every rank, then flattening its largest

@@ -314,9 +314,12 @@ double NvmeOffloadPlan::io_seconds(double read_bandwidth, double write_bandwidth
 
 NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                       int ranks_per_node, const MixedPrecision& mixed_precision, bool optimizer_state,
-                                      bool params, int64_t micro_steps, int64_t block_bytes) {
-  TORCH_CHECK(block_bytes > 0 && micro_steps > 0, "estimate_nvme_offload: block_bytes and micro_steps must be positive");
+                                      bool params, int64_t micro_steps, int64_t block_bytes, bool step_in_backward,
+                                      int read_ahead) {
+  TORCH_CHECK(block_bytes > 0 && micro_steps > 0 && read_ahead > 0,
+              "estimate_nvme_offload: block_bytes, micro_steps and read_ahead must be positive");
   NvmeOffloadPlan plan;
+  plan.step_in_backward = step_in_backward;
   plan.resident = estimate_model_state(unit_numels, strategy, world, ranks_per_node, mixed_precision);
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
@@ -340,6 +343,8 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
     if (params) {
       plan.read_per_step += gathers * (fp32 ? 4 : p) * S;
       if (!fp32) plan.written_per_step += p * S;
+      // The master the last backward gather reads stays for the step.
+      if (fp32 && step_in_backward && reshards_after_forward(strategy)) plan.read_per_step -= 4 * S;
     }
   }
   // What leaves the resident figures (sharded strategies keep 4S of params;
@@ -351,17 +356,28 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
     for (int64_t S : shards) master_bytes += 4 * S, copy_bytes += (params ? 0 : p * S);
     plan.resident.params += copy_bytes - master_bytes;
   }
+  if (step_in_backward) plan.resident.grads = 0;  // each freed once its unit stepped
   std::sort(shards.rbegin(), shards.rend());
   const int64_t per_unit_step = (master ? 4 : 0) + (optimizer_state ? 8 : 0) + (params && !fp32 ? p : 0);
-  for (size_t i = 0; i < std::min<size_t>(3, shards.size()); ++i) plan.step_buffers += per_unit_step * shards[i];
+  const size_t units_stepping = step_in_backward ? static_cast<size_t>(read_ahead) + 2 : 3;
+  for (size_t i = 0; i < std::min(units_stepping, shards.size()); ++i) plan.step_buffers += per_unit_step * shards[i];
+  if (step_in_backward && !shards.empty()) plan.step_buffers += 4 * shards[0];  // the stepping unit's gradient
   if (params) {
-    for (size_t i = 0; i < std::min<size_t>(2, shards.size()); ++i) plan.gather_buffers += (fp32 ? 4 : p) * shards[i];
+    const size_t units_gathering = static_cast<size_t>(read_ahead) + 1;
+    for (size_t i = 0; i < std::min(units_gathering, shards.size()); ++i) {
+      plan.gather_buffers += (fp32 ? 4 : p) * shards[i];
+    }
   }
   return plan;
 }
 
+bool nvme_steps_in_backward(bool asked, ShardingStrategy strategy, bool clips_gradients, bool scales_loss) {
+  return asked && !clips_gradients && !scales_loss && !keeps_full_gradients(strategy);
+}
+
 int64_t peak_with_nvme_offload(const StepPeak& peak, const NvmeOffloadPlan& plan) {
   const int64_t in_step = peak.total() - peak.state.total() + plan.resident.total() + plan.gather_buffers;
+  if (plan.step_in_backward) return in_step + plan.step_buffers;
   const int64_t in_optimizer = plan.resident.total() + plan.step_buffers;
   return std::max(in_step, in_optimizer);
 }

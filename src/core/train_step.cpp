@@ -24,6 +24,14 @@ bool uses_fp16(const MixedPrecision& mp) {
   return mp.param_dtype() == torch::kHalf || mp.effective_reduce_dtype() == torch::kHalf;
 }
 
+}  // namespace
+
+bool scales_loss(const TrainStepOptions& options, const MixedPrecision& mixed_precision) {
+  return options.loss_scaling().value_or(uses_fp16(mixed_precision));
+}
+
+namespace {
+
 // The optimizer must step the shards and nothing else: a loop that built it
 // over the module's own parameters (empty while sharded) would silently
 // train nothing.
@@ -120,7 +128,7 @@ TrainStep::TrainStep(FsdpState& state, torch::optim::Optimizer& optimizer, Train
   }
   check_optimizer_steps_the_shards(state_, optimizer_);
   state_.offload().check_optimizer(optimizer_);  // disk offload steps with fsdp::FusedAdamW
-  if (options_.loss_scaling().value_or(uses_fp16(state_.options().mixed_precision()))) {
+  if (scales_loss(options_, state_.options().mixed_precision())) {
     scaler_ = std::make_unique<GradScaler>(state_, options_.grad_scaler());
   }
   // Skipping the reduction on all but the last micro-step costs nothing

@@ -457,7 +457,21 @@ bool NvmeOffload::begin_step_in_backward(torch::optim::Optimizer& optimizer, dou
 
 void NvmeOffload::read_state(size_t unit) {
   if (units_[unit].numel == 0 || stepped_in_backward_[unit] || state_reads_.count(unit)) return;
-  state_reads_.emplace(unit, issue_reads(unit, backward_optimizer_));
+  Futures reads;
+  if (units_[unit].compute < 0) {
+    // fp32 parameters: a master read ahead for the gather (issued before
+    // this backward began) becomes the shard the step updates.
+    const auto ahead = std::find_if(ahead_.begin(), ahead_.end(), [unit](const Ahead& a) { return a.unit == unit; });
+    if (ahead != ahead_.end()) {
+      torch::NoGradGuard no_grad;
+      state_->units()[unit]->flat_param().shard().set_data(ahead->values);
+      reads = std::move(ahead->reads);
+      ahead_.erase(ahead);
+    }
+  }
+  Futures more = issue_reads(unit, backward_optimizer_);
+  reads.insert(reads.end(), more.begin(), more.end());
+  state_reads_.emplace(unit, std::move(reads));
 }
 
 void NvmeOffload::accept_gradient(FlatParam& flat, torch::Tensor reduced) {

@@ -496,7 +496,7 @@ case_preflight() {
   # the message names the offload settings that fit there.
   xl=(--preset xl --context 256 --batch 1 --steps 3 --sharded-init --activation-checkpointing)
   FSDP_PREFLIGHT_AVAILABLE_BYTES=24000000000 expect_error \
-    "--sharded-init --activation-checkpointing --offload-optimizer nvme --offload-params nvme: 2582.80 MiB per rank, 10331.20 MiB (fits)" \
+    "--sharded-init --activation-checkpointing --offload-optimizer nvme --offload-params nvme: 2612.12 MiB per rank, 10448.47 MiB (fits)" \
     "$run" -n 4 -- "$train" "${xl[@]}"
   # Offload counts: small with activation checkpointing needs 642.60 MiB on 2
   # ranks, 635.82 MiB with the optimizer state on disk. On a 640 MiB host the

@@ -70,7 +70,8 @@ Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState
   }
   if (nvme.on) {
     p.nvme = fsdp::estimate_nvme_offload(p.unit_numels, strategy, world, p.shard_group_size, mp, nvme.optimizer_state,
-                                         nvme.params, o.grad_accum);
+                                         nvme.params, o.grad_accum, int64_t{1} << 20,
+                                         nvme_steps_in_backward(o, run.fsdp_options), o.offload_read_ahead);
   }
   p.peak_bytes = p.nvme ? fsdp::peak_with_nvme_offload(p.peak, *p.nvme) : p.peak.total();
   p.tokens_per_step = c.batch * c.context * world * o.grad_accum;

@@ -14,6 +14,7 @@
 #include "fsdp/memory.h"
 #include "fsdp/memory_plan.h"
 #include "fsdp/state_dict.h"
+#include "fsdp/train_step.h"
 #include "fsdp/wrap_policy.h"
 
 namespace fsdp_train {
@@ -146,6 +147,8 @@ void preflight(const TrainOptions& o, Run& run, int world) {
   settings.sharded_init = o.sharded_init;
   settings.nvme_optimizer = o.offload_optimizer == "nvme";
   settings.nvme_params = o.offload_params == "nvme";
+  plan.nvme_step_in_backward = nvme_steps_in_backward(o, options);
+  plan.nvme_read_ahead = o.offload_read_ahead;
   plan.async_checkpoint = o.ckpt_async && !o.ckpt_dir.empty();
   plan.full_checkpoint = o.ckpt_format == "full";
   run.ram_predicted = fsdp::preflight_host_memory(plan, settings, fsdp::host_memory_available());
@@ -301,6 +304,11 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   run.fsdp_options.cpu_offload(o.offload == "cpu");
   prepare_outputs(o, run, world->rank());
   return run;
+}
+
+bool nvme_steps_in_backward(const TrainOptions& o, const fsdp::FullyShardOptions& options) {
+  return fsdp::nvme_steps_in_backward(!o.offload_step_after_backward, options.strategy(), o.clip_grad_norm > 0,
+                                      fsdp::scales_loss(fsdp::TrainStepOptions(), options.mixed_precision()));
 }
 
 }  // namespace fsdp_train

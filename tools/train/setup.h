@@ -51,6 +51,10 @@ int default_threads(int world);
 // (what the planner's estimates take).
 std::vector<int64_t> planned_unit_numels(Run& run);
 
+// Whether the run's disk offload steps each unit during backward
+// (fsdp::nvme_steps_in_backward with the trainer's clipping and loss scaling).
+bool nvme_steps_in_backward(const TrainOptions& o, const fsdp::FullyShardOptions& options);
+
 // --trace FILE.json: rank r writes FILE.rank<r>.json.
 std::string trace_path(const std::string& path, int rank);
 

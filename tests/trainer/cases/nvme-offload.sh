@@ -24,13 +24,18 @@ same_checkpoint() {  # DIR_A DIR_B: the same tensor files, bit for bit
 # state alone (zero1), with the parameters (full_shard; bf16 with a full
 # checkpoint), on a hybrid group. (full_shard offloaded equals memory in
 # fp32 and bf16: DiskOffload.EqualsMemoryThroughEvaluationAndStateDictLoads.)
-for cfg in "zero1 bf16 sharded" "full_shard fp32 sharded" "full_shard bf16 full" "hybrid_shard_zero2 bf16 sharded"; do
-  read -r strategy dtype format <<<"$cfg"
+# Without clipping, the sharded strategies step each unit during backward
+# (clip0): no gradient shard is left after the step, and the planner's disk
+# traffic counts the master the backward gather read once for the step.
+for cfg in "zero1 bf16 sharded 1" "full_shard fp32 sharded 1" "full_shard bf16 full 1" "hybrid_shard_zero2 bf16 sharded 1" \
+           "full_shard fp32 sharded 0" "hybrid_shard_zero2 bf16 sharded 0"; do
+  read -r strategy dtype format clip <<<"$cfg"
   launcher=(); case "$strategy" in hybrid*) launcher=(--ranks-per-node 1 --) ;; esac
   offload=(--offload-optimizer nvme --offload-dir "$scratch")
   case "$strategy" in no_shard|zero1) ;; *) offload+=(--offload-params nvme) ;; esac
-  args=("${common[@]}" --strategy "$strategy" --param-dtype "$dtype" --ckpt-format "$format")
+  args=("${common[@]}" --strategy "$strategy" --param-dtype "$dtype" --ckpt-format "$format" --clip-grad-norm "$clip")
   name="$strategy-$dtype"
+  [ "$clip" = 0 ] && name+="-clip0"
   train_run "mem-$name" 2 "${launcher[@]}" "${args[@]}" --ckpt-dir "$work/ck-mem-$name"
   train_run "nvme-$name" 2 "${launcher[@]}" "${args[@]}" --ckpt-dir "$work/ck-nvme-$name" "${offload[@]}"
   same_losses "$work/nvme-$name.jsonl" "$work/mem-$name.jsonl" 5
@@ -42,6 +47,10 @@ for cfg in "zero1 bf16 sharded" "full_shard fp32 sharded" "full_shard bf16 full"
     "$name: the step's disk traffic is not the planner's: $(jq -c '[.offload_read_bytes_per_step, .offload_written_bytes_per_step, .offload_io_bytes_per_step_predicted]' "$s")"
   # Between steps the offloaded state is not in memory.
   json_ok "$s" '.model_state_bytes_by_kind.optimizer | all(. == 0)' "$name: optimizer state left in memory: $(jq -c .model_state_bytes_by_kind "$s")"
+  if [ "$clip" = 0 ]; then
+    json_ok "$s" '.model_state_bytes_by_kind.grads | all(. == 0)' "$name: stepped in backward, yet gradients left in memory: $(jq -c .model_state_bytes_by_kind "$s")"
+    json_ok "$s" '.offload_wait_s >= 0 and .optimizer_s < 0.5 * .step_s' "$name: the optimizer still waits in a phase: $(jq -c '[.optimizer_s, .step_s]' "$s")"
+  fi
   no_scratch_left
   echo "ok: $name offloaded equals in memory bit for bit"
 done

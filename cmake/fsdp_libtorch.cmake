@@ -77,3 +77,35 @@ function(fsdp_find_nccl)
   set(FSDP_NCCL_LIBRARY "${FSDP_NCCL_LIBRARY}" PARENT_SCOPE)
   set(FSDP_NCCL_VERSION "${version}" PARENT_SCOPE)
 endfunction()
+
+# fsdp_libtorch_cpu(<target>): call after find_package(Torch). Makes
+# <target>, an imported INTERFACE library: the LibTorch libfsdp and its
+# programs link. Where LibTorch has CUDA (a PyPI wheel), only its CPU
+# libraries (torch_cpu, c10), with the torch target's include folders and
+# compile settings: linking libtorch would load libtorch_cuda, libc10_cuda and
+# the CUDA runtime into every CPU run (about 200 MiB resident), and the CUDA
+# configuration loads those with its module when a run asks for a GPU
+# (src/core/cuda_module.h). A program that makes CUDA tensors itself, before
+# fsdp-cpp has loaded the module, links torch_cuda itself. Elsewhere
+# (Debian's CPU-only LibTorch): TORCH_LIBRARIES, as LibTorch's config lists it.
+function(fsdp_libtorch_cpu target)
+  add_library(${target} INTERFACE IMPORTED)  # imported: never exported, made again by the package's config
+  if(NOT (TARGET torch_cuda AND TARGET torch_cpu AND TARGET c10 AND TARGET torch))
+    set_target_properties(${target} PROPERTIES INTERFACE_LINK_LIBRARIES "${TORCH_LIBRARIES}")
+    return()
+  endif()
+  # torch_cpu_library links libtorch_cpu --no-as-needed: its static
+  # registrations (operators, the CPU allocator) are what a program uses of it.
+  set(cpu torch_cpu)
+  if(TARGET torch_cpu_library)
+    set(cpu torch_cpu_library)
+  endif()
+  set_target_properties(${target} PROPERTIES INTERFACE_LINK_LIBRARIES "${cpu};c10")
+  foreach(property INTERFACE_INCLUDE_DIRECTORIES INTERFACE_COMPILE_OPTIONS INTERFACE_COMPILE_FEATURES
+                   INTERFACE_COMPILE_DEFINITIONS)
+    get_target_property(value torch ${property})
+    if(value)
+      set_property(TARGET ${target} APPEND PROPERTY ${property} "${value}")
+    endif()
+  endforeach()
+endfunction()

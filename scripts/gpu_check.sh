@@ -475,14 +475,18 @@ check_configure() {
   [ "$ok" = true ]
 }
 # check_build TARGET...: the checks' targets (the trainer, the launcher's
-# probe and the GPU tests' binary), not the whole tree.
+# probe and the GPU tests' binary), not the whole tree. The CUDA module
+# (libfsdp_cuda.so, which --device cuda loads: src/core/cuda_module.h) is
+# built with libfsdp, so with any of them; the line says whether it is there.
 check_build() {
   local log="$logs/build.log" t0=$EPOCHREALTIME lim; lim=$(limit 360)
   # -k 0: one target that fails to compile does not keep the others (the
   # trainer, say) from being built and checked.
   timeout -k 10 "$lim" cmake --build "$build" -j "$jobs" --target "$@" -- -k 0 > "$log" 2>&1
-  local rc=$? ok=false; [ $rc -eq 0 ] && ok=true
-  emit build "$ok" target "$(str "$*")" jobs "$jobs" rc "$rc" limit_s "$lim" seconds "$(seconds_since "$t0")" \
+  local rc=$? ok=false module=false; [ $rc -eq 0 ] && ok=true
+  [ -f "$build/libfsdp_cuda.so" ] && module=true
+  [ "$device" != cuda ] || [ $module = true ] || ok=false
+  emit build "$ok" target "$(str "$*")" cuda_module "$module" jobs "$jobs" rc "$rc" limit_s "$lim" seconds "$(seconds_since "$t0")" \
     log "$( [ "$ok" = true ] && str "" || grep -E -m 12 -B2 -A4 'error|FAILED' "$log" | tail -40 | jq -Rs .)"
 }
 

@@ -1,6 +1,6 @@
-// The NCCL backend (the CUDA configuration). Collectives are raw NCCL calls
-// on the group's own streams; the host never waits for them except in
-// barrier(). Ordering is by CUDA events:
+// The NCCL backend (the CUDA configuration; built into the CUDA module,
+// core/cuda_module.h). Collectives are raw NCCL calls on the group's own
+// streams; the host never waits for them except in barrier(). Ordering is by CUDA events:
 //   issue:  the collective's stream waits for the caller's current (compute)
 //           stream, so the buffers' producers have run; a caller whose
 //           current stream is the group's own (FSDP's ordered gathers,
@@ -37,6 +37,7 @@
 
 #include "comm/all_to_all_check.h"
 #include "comm/collective_watchdog.h"
+#include "core/cuda_module.h"
 #include "fsdp/comm.h"
 
 namespace fsdp {
@@ -490,13 +491,17 @@ class NcclProcessGroup final : public ProcessGroup {
 
 }  // namespace
 
+// The CUDA module's side of fsdp::make_nccl_process_group and
+// fsdp::cuda_device_count (core/cuda_module.h).
+namespace cuda_module::in_module {
+
 ProcessGroupPtr make_nccl_process_group(const ProcessGroupPtr& bootstrap, c10::Device device) {
   TORCH_CHECK(bootstrap, "make_nccl_process_group: the bootstrap group is null");
   return std::make_shared<NcclProcessGroup>(bootstrap, device);
 }
 
-bool cuda_build() { return true; }
+int device_count() { return static_cast<int>(c10::cuda::device_count()); }
 
-int cuda_device_count() { return static_cast<int>(c10::cuda::device_count()); }
+}  // namespace cuda_module::in_module
 
 }  // namespace fsdp

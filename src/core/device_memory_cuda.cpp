@@ -1,18 +1,20 @@
-// Device memory figures from the CUDA caching allocator (the CUDA configuration).
+// Device memory figures from the CUDA caching allocator (the CUDA
+// configuration; built into the CUDA module, core/cuda_module.h: the module's
+// side of fsdp::memory::device_usage and reset_device_peaks).
 
 #include <c10/cuda/CUDACachingAllocator.h>
 
-#include "fsdp/memory.h"
+#include "core/cuda_module.h"
 
-namespace fsdp::memory {
+namespace fsdp::cuda_module::in_module {
 
-DeviceUsage device_usage(c10::Device device) {
+memory::DeviceUsage device_usage(c10::Device device) {
   if (!device.is_cuda()) return {};
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
   // StatType::AGGREGATE, index 0 in every LibTorch 2.x (the enum moved
   // between namespaces across versions; the index did not).
   constexpr size_t aggregate = 0;
-  DeviceUsage usage;
+  memory::DeviceUsage usage;
   usage.allocated = stats.allocated_bytes[aggregate].current;
   usage.peak_allocated = stats.allocated_bytes[aggregate].peak;
   usage.reserved = stats.reserved_bytes[aggregate].current;
@@ -24,4 +26,4 @@ void reset_device_peaks(c10::Device device) {
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
 }
 
-}  // namespace fsdp::memory
+}  // namespace fsdp::cuda_module::in_module

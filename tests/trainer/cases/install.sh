@@ -15,6 +15,13 @@ for f in bin/fsdp-train bin/fsdp-ckpt bin/fsdp-plan bin/fsdp-run bin/fsdp-plot; 
   [ -x "$prefix/$f" ] || fail "$f is not installed (or not executable)"
 done
 ls "$prefix"/lib*/libfsdp.* >/dev/null 2>&1 || fail "libfsdp is not installed"
+# The CUDA configuration's module, beside libfsdp (src/core/cuda_module.cpp
+# looks there from the installed tools), finding its libraries from there.
+if [ "$(cache FSDP_CUDA)" = ON ]; then
+  module=$(ls "$prefix"/lib*/libfsdp_cuda.so 2>/dev/null | head -1)
+  [ -n "$module" ] || fail "the CUDA module libfsdp_cuda.so is not installed beside libfsdp"
+  ! ldd "$module" | grep -q 'not found' || fail "the installed module misses libraries: $(ldd "$module" | grep 'not found')"
+fi
 cmake_dir=$(dirname "$(ls "$prefix"/lib*/cmake/fsdp_cpp/fsdp_cppConfig.cmake 2>/dev/null | head -1)")
 for f in fsdp_cppConfig.cmake fsdp_cppConfigVersion.cmake fsdp_cppTargets.cmake; do
   [ -f "$cmake_dir/$f" ] || fail "the package lacks $f"

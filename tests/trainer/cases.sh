@@ -372,6 +372,7 @@ case_sharded_init() {
     "$run" -n 2 -- "$train" --preset tiny --sharded-init --init-from "$work/x.safetensors"
 }
 
+row cpu-without-cuda "a CPU run maps no CUDA library (/proc/PID/maps); the wheel build's CUDA module is built, loads without a GPU, and --device cuda without one is refused as before"
 row offload "--offload cpu reaches the library (summary, no device bytes); the device and offload flags' refusals"
 case_offload() {
   # That --offload cpu trains exactly what the run without it does is

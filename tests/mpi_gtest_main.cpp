@@ -35,8 +35,11 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 int main(int argc, char** argv) {
   // GPU-only test runs (FSDP_TEST_NEEDS_GPU=1) on a machine without one:
   // the reason, and 77, which ctest reports as skipped.
-  if (const char* needs = std::getenv("FSDP_TEST_NEEDS_GPU"); needs && std::string(needs) == "1" &&
-                                                               fsdp::cuda_device_count() == 0) {
+  // Counted first, before any test seeds: on a machine with a GPU this loads
+  // the CUDA module, which must come before anything asks LibTorch about CUDA
+  // (src/core/cuda_module.h).
+  const int gpus = fsdp::cuda_device_count();
+  if (const char* needs = std::getenv("FSDP_TEST_NEEDS_GPU"); needs && std::string(needs) == "1" && gpus == 0) {
     std::cout << "skipped: " << (fsdp::cuda_build() ? "no GPU visible to this process" : "a build without CUDA (FSDP_CUDA)")
               << "\n";
     return 77;

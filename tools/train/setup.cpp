@@ -298,9 +298,11 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   run.fsdp_options = make_fsdp_options(o);
   preflight(o, run, world->size());
   run.data = make_data(o, run);
+  // Before the model's seed: --device cuda loads the CUDA module, which must
+  // come before anything asks LibTorch about CUDA (src/core/cuda_module.h).
+  choose_device(o, world, run);
   make_model(o, run);
   if (o.strategy == "auto") run.fsdp_options.strategy(pick_strategy(o, run, world->size()));
-  choose_device(o, world, run);
   run.fsdp_options.cpu_offload(o.offload == "cpu");
   prepare_outputs(o, run, world->rank());
   return run;

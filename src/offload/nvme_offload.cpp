@@ -499,10 +499,9 @@ void NvmeOffload::step_now(size_t unit) {
   update(unit, *backward_optimizer_, backward_options_, backward_decay_);
   torch::NoGradGuard no_grad;
   state_->units()[unit]->flat_param().shard().mutable_grad() = torch::Tensor();  // the point: freed at once
-  const bool first = std::none_of(stepped_in_backward_.begin(), stepped_in_backward_.end(), [](bool b) { return b; });
   stepped_in_backward_[unit] = true;
   writes_behind_.emplace_back(unit, issue_writes(unit, backward_optimizer_, /*only_changed=*/false));
-  if (first) detail::maybe_fault_offload_for_test(state_->group()->rank(), steps_ + 1, store_->reachable_path(), true);
+  if (position == 0) detail::maybe_fault_offload_for_test(state_->group()->rank(), steps_ + 1, store_->reachable_path(), true);
   retire_writes(1);
 }
 
@@ -510,12 +509,7 @@ void NvmeOffload::retire_writes(size_t keep) {
   while (writes_behind_.size() > keep) {
     auto [unit, writes] = std::move(writes_behind_.front());
     writes_behind_.pop_front();
-    try {
-      wait(writes);
-    } catch (...) {
-      drain(writes);
-      throw;
-    }
+    wait(writes);  // drains them before an error leaves
     free_unit(unit, backward_optimizer_);
   }
 }
@@ -529,7 +523,6 @@ void NvmeOffload::finish_backward() {
     free_unit(unit, backward_optimizer_);
   }
   state_reads_.clear();
-  last_step_in_backward_ = std::any_of(stepped_in_backward_.begin(), stepped_in_backward_.end(), [](bool b) { return b; });
   grad_order_last_ = std::move(grad_order_this_);
   grad_order_this_.clear();
   backward_optimizer_ = nullptr;

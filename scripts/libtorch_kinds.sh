@@ -3,6 +3,8 @@
 default_libtorch_kind=debian      # the faster and leaner one here (README: Which LibTorch)
 libtorch_kinds=(debian wheel)     # the ones scripts/test.sh runs the suite against
 wheel_torch_version=2.15.0        # PyPI's torch, pinned
+# What the suite compares against besides torch (scripts/python_refs.sh), pinned.
+python_reference_packages=(tokenizers==0.23.3 transformers==5.25.0 numpy==2.4.6)
 
 # build_dir KIND: build/ for the default, build-KIND/ for another
 # (FSDP_BUILD_DIR overrides).

@@ -28,6 +28,10 @@ skip_reasons() {
       printf "  %s: %s\n", name, (reason == "" ? "(the test gave no reason)" : reason); skipped = 0 }' "$1"
 }
 
+# The Python references (tokenizers, transformers, torch) the interop tests
+# compare against, for both LibTorches' runs.
+bash scripts/python_refs.sh || exit 1
+export FSDP_TEST_PYTHON="$PWD/.venv/bin/python"
 passed=0; failed=0; skipped=0; status=0
 for kind in "${libtorch_kinds[@]}"; do
   bash scripts/setup.sh "$kind" || exit 1

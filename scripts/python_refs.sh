@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The Python references the suite compares against: PyPI's torch (the wheel's
+# LibTorch, pinned in libtorch_kinds.sh), Hugging Face's tokenizers and
+# transformers, in .venv/ inside the checkout (ignored by git; setup.sh's
+# wheel build uses the same one). Safe to run again: skipped when installed.
+# Called by scripts/test.sh, which then points FSDP_TEST_PYTHON at it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/libtorch_kinds.sh
+refs=("torch==$wheel_torch_version" "${python_reference_packages[@]}")
+if .venv/bin/python - "${refs[@]}" <<'PY' 2>/dev/null; then exit 0; fi
+import sys
+from importlib.metadata import version
+for pin in sys.argv[1:]:
+    name, wanted = pin.split("==")
+    if version(name).split("+")[0] != wanted:
+        sys.exit(1)
+PY
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+for p in python3-venv python3-pip; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || {
+    $SUDO apt-get update -q; DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q python3-venv python3-pip; break; }
+done
+echo "python_refs: installing ${refs[*]} into .venv/ (a few GB with torch's CUDA libraries)"
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check "${refs[@]}"

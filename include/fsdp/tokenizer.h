@@ -1,0 +1,103 @@
+#pragma once
+/// \file
+/// Byte-level BPE tokenizers in the Hugging Face `tokenizer.json` format
+/// (GPT-2's, Llama 3's, Qwen's family): reading, encoding, decoding, and a
+/// trainer that writes one. Free of LibTorch (library target fsdp_text).
+///
+/// Text that is not valid UTF-8 is encoded as Python's
+/// bytes.decode('utf-8', errors='replace') would read it: each maximal
+/// invalid subsequence becomes U+FFFD (bytes EF BF BD) before tokenizing.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fsdp::text {
+
+/// A Hugging Face tokenizer.json with a byte-level BPE model: model BPE
+/// (merges as "a b" strings or [a, b] pairs, ignore_merges), pre-tokenizer
+/// ByteLevel or Sequence of Split(Regex) and ByteLevel(use_regex false),
+/// normalizer null (others are refused), added tokens matched literally,
+/// decoder ByteLevel.
+/// Immutable after construction: encode and decode may run on several
+/// threads at once.
+class Tokenizer {
+ public:
+  /// Reads the file. Throws std::runtime_error naming the file and what is
+  /// missing or unsupported (another model type, a normalizer, a pre-tokenizer).
+  explicit Tokenizer(const std::string& tokenizer_json_path);
+  /// Frees the tokenizer.
+  ~Tokenizer();
+  /// Moves the tokenizer (copying is not supported).
+  Tokenizer(Tokenizer&&) noexcept;
+  /// Moves the tokenizer (copying is not supported).
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+
+  /// The ids the `tokenizers` package's encode(text, add_special_tokens=False).ids
+  /// gives for `text` read as UTF-8 with errors='replace'.
+  std::vector<uint32_t> encode(std::string_view text) const;
+  /// The bytes of `ids` concatenated: the raw text, which may end in (or
+  /// hold) partial UTF-8 sequences. Throws for an id outside the vocabulary.
+  std::string decode(const std::vector<uint32_t>& ids) const;
+  /// The largest id + 1, added tokens included.
+  int64_t vocab_size() const;
+  /// The bytes token `id` decodes to (empty for an id no token has). Throws
+  /// for id >= vocab_size().
+  const std::string& token_bytes(uint32_t id) const;
+  /// The id of a token by its name in the file (e.g. "<|endoftext|>" or the
+  /// byte-level form "Ġthe"), if the vocabulary or the added tokens hold it.
+  std::optional<uint32_t> token_id(const std::string& token) const;
+  /// The file this tokenizer was read from.
+  const std::string& path() const;
+
+  /// The implementation (src/text/tokenizer.cpp).
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The settings of train_bpe, chainable:
+/// BpeTrainerOptions().vocab_size(4096).min_frequency(2).
+struct BpeTrainerOptions {
+  /// The vocabulary size to reach: 256 byte tokens + special tokens + merges
+  /// (fewer merges if the text runs out of pairs). 4096 by default.
+  BpeTrainerOptions& vocab_size(int64_t v) { vocab_size_ = v; return *this; }
+  /// A pair is merged only if it occurs at least this often (2 by default).
+  BpeTrainerOptions& min_frequency(int64_t v) { min_frequency_ = v; return *this; }
+  /// The added special tokens, ids 0.. in this order ({"<|endoftext|>"} by default).
+  BpeTrainerOptions& special_tokens(std::vector<std::string> v) { special_tokens_ = std::move(v); return *this; }
+  /// The threads that count words (0: the hardware's; 1 by default).
+  BpeTrainerOptions& threads(int v) { threads_ = v; return *this; }
+  /// Report progress on stderr (false by default).
+  BpeTrainerOptions& verbose(bool v) { verbose_ = v; return *this; }
+  /// The settings above, read back.
+  ///@{
+  int64_t vocab_size() const { return vocab_size_; }
+  int64_t min_frequency() const { return min_frequency_; }
+  const std::vector<std::string>& special_tokens() const { return special_tokens_; }
+  int threads() const { return threads_; }
+  bool verbose() const { return verbose_; }
+  ///@}
+
+ private:
+  int64_t vocab_size_ = 4096;
+  int64_t min_frequency_ = 2;
+  std::vector<std::string> special_tokens_{"<|endoftext|>"};
+  int threads_ = 1;
+  bool verbose_ = false;
+};
+
+/// Trains a byte-level BPE on `files` (GPT-2's pre-tokenization regex, a
+/// 256-byte alphabet, then merges of the most frequent pair, ties broken by
+/// the smaller pair of token strings) and writes a GPT-2-style tokenizer.json
+/// to `tokenizer_json_out`, which the `tokenizers` package loads and encodes
+/// as Tokenizer does. Throws std::runtime_error naming an unreadable file or
+/// a vocab_size below 256 + special tokens.
+void train_bpe(const std::vector<std::string>& files, const std::string& tokenizer_json_out,
+               const BpeTrainerOptions& options);
+
+}  // namespace fsdp::text

@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "fsdp/language_model.h"
+
 namespace fsdp::models {
 
 /// The model's dimensions and the per-rank batch (the presets: shared/spec/gpt.md).
@@ -108,23 +110,24 @@ class TiedLMHeadImpl : public torch::nn::Module {
 TORCH_MODULE(TiedLMHead);
 
 /// The whole model: transformer and the tied lm head.
-class GPTImpl : public torch::nn::Module {
+class GPTImpl : public LanguageModel {
  public:
   /// Validates `config` and registers the modules (initialize with init_weights()).
   explicit GPTImpl(const GPTConfig& config);
   /// Mean cross-entropy of next-token prediction; idx and targets are [B, T] int64.
-  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets);
+  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets) override;
   /// The next-token logits of [B, T] int64 idx: [B, T, vocab].
-  torch::Tensor logits(const torch::Tensor& idx);
-  /// The spec's seeded initialization; the same for every world size.
-  void init_weights(uint64_t seed);
-  /// One parameter's initial values, drawn from the global RNG: init_weights
-  /// seeds it and calls this for every parameter in named order; sharded
-  /// initialization (FullyShardOptions::param_init_fn) calls it the same way.
-  void init_parameter(const std::string& name, torch::Tensor& param) const;
+  torch::Tensor logits(const torch::Tensor& idx) override;
+  /// The spec's initialization of one parameter (LanguageModel::init_parameter):
+  /// N(0, 0.02), the residual projections (c_proj) N(0, 0.02 / sqrt(2 layers)),
+  /// norms' gains one, biases zero.
+  void init_parameter(const std::string& name, torch::Tensor& param) const override;
   /// The dimensions it was built with.
   const GPTConfig& config() const { return config_; }
-  int64_t num_parameters() const;  ///< tied weights counted once
+  int64_t vocab() const override { return config_.vocab; }  ///< config().vocab
+  int64_t context() const override { return config_.context; }  ///< config().context
+  std::string model_type() const override { return "gpt"; }  ///< "gpt"
+  std::string describe() const override { return config_.describe(); }  ///< config().describe()
 
   Transformer transformer{nullptr};  ///< embeddings, blocks and the final norm
   TiedLMHead lm_head{nullptr};  ///< its weight IS transformer.wte.weight

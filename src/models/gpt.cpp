@@ -115,12 +115,6 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& ta
   return torch::nn::functional::cross_entropy(out.view({-1, out.size(-1)}), targets.reshape({-1}));
 }
 
-void GPTImpl::init_weights(uint64_t seed) {
-  torch::NoGradGuard no_grad;
-  torch::manual_seed(seed);
-  for (auto& [name, param] : fsdp::unique_named_parameters(*this)) init_parameter(name, param);  // the tied weight once
-}
-
 void GPTImpl::init_parameter(const std::string& name, torch::Tensor& param) const {
   torch::NoGradGuard no_grad;
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.layers));
@@ -136,12 +130,6 @@ void GPTImpl::init_parameter(const std::string& name, torch::Tensor& param) cons
   } else {
     param.normal_(0.0, 0.02);
   }
-}
-
-int64_t GPTImpl::num_parameters() const {
-  int64_t n = 0;
-  for (const auto& p : fsdp::unique_named_parameters(*this)) n += p.second.numel();
-  return n;
 }
 
 }  // namespace fsdp::models

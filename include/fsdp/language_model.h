@@ -1,0 +1,40 @@
+#pragma once
+/// \file
+/// What the trainer, sharded initialization, evaluation and sampling need of
+/// a causal language model: the reference GPT (gpt.h) and the Llama (llama.h)
+/// both are one, so that fully_shard and fsdp-train treat them alike.
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+namespace fsdp::models {
+
+/// A next-token language model over token ids 0 ... vocab() - 1.
+class LanguageModel : public torch::nn::Module {
+ public:
+  /// Mean cross-entropy (in fp32) of next-token prediction; idx and targets are [B, T] int64.
+  virtual torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets) = 0;
+  /// The next-token logits of [B, T] int64 idx: [B, T, vocab].
+  virtual torch::Tensor logits(const torch::Tensor& idx) = 0;
+  /// One parameter's initial values, drawn from the global RNG: init_weights
+  /// seeds it and calls this for every parameter in named order; sharded
+  /// initialization (FullyShardOptions::param_init_fn) calls it the same way.
+  virtual void init_parameter(const std::string& name, torch::Tensor& param) const = 0;
+  /// The seeded initialization: torch::manual_seed(seed), then init_parameter
+  /// for every parameter in named order (a tied one once); the same for every world size.
+  void init_weights(uint64_t seed);
+  /// The parameters' element count, a tied one counted once.
+  int64_t num_parameters() const;
+  /// The vocabulary size: token ids are 0 ... vocab() - 1.
+  virtual int64_t vocab() const = 0;
+  /// The longest sequence it takes (its training context).
+  virtual int64_t context() const = 0;
+  /// "gpt" or "llama": what fsdp-train's --model calls it.
+  virtual std::string model_type() const = 0;
+  /// Its configuration in words (the config's describe()).
+  virtual std::string describe() const = 0;
+};
+
+}  // namespace fsdp::models

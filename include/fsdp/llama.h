@@ -1,0 +1,156 @@
+#pragma once
+/// \file
+/// A Llama-style decoder under Hugging Face's LlamaForCausalLM names and
+/// semantics (so that its safetensors map one to one): token embeddings,
+/// pre-RMSNorm blocks of causal grouped-query attention with rotary position
+/// embeddings and a SwiGLU MLP, a final RMSNorm and an untied lm head; no biases.
+
+#include <torch/torch.h>
+
+#include <string>
+
+#include "fsdp/language_model.h"
+
+namespace fsdp::models {
+
+/// The model's dimensions (Hugging Face LlamaConfig's fields) and the per-rank batch.
+struct LlamaConfig {
+  int64_t vocab = 256;  ///< vocab_size: token ids 0 ... vocab - 1
+  int64_t context = 32;  ///< T: tokens per training sequence (max_position_embeddings)
+  int64_t layers = 2;  ///< num_hidden_layers: decoder layers
+  int64_t heads = 4;  ///< num_attention_heads (width must be a multiple)
+  int64_t kv_heads = 2;  ///< num_key_value_heads: heads share keys and values in groups of heads / kv_heads
+  int64_t width = 64;  ///< hidden_size: the embedding width C
+  int64_t hidden = 192;  ///< intermediate_size: the SwiGLU MLP's inner width
+  double rope_theta = 10000.0;  ///< rope_theta: the rotary embedding's base
+  double norm_eps = 1e-5;  ///< rms_norm_eps
+  int64_t batch = 4;  ///< per rank
+
+  /// "tiny", "small", "medium", "large" or "xl": the GPT presets' vocab,
+  /// context, layers, heads, width and batch (GPTConfig::preset), with
+  /// kv_heads = heads / 2 (heads / 5 for xl's 25) and hidden =
+  /// default_hidden(width); throws for anything else.
+  static LlamaConfig preset(const std::string& name);
+  /// Llama's SwiGLU width for `width`: 8 width / 3 rounded up to a multiple
+  /// of 32 (the parameters of a 4x MLP in three matrices): 192 for width 64.
+  static int64_t default_hidden(int64_t width);
+  /// width / heads.
+  int64_t head_dim() const { return width / heads; }
+  /// Throws, naming the dimensions, unless all are positive, width is a
+  /// multiple of heads with an even head_dim, and heads a multiple of kv_heads.
+  void validate() const;
+  /// "vocab 256, context 32, layers 2, heads 4, kv_heads 2, width 64, hidden 192, rope_theta 10000, norm_eps 1e-05, batch 4".
+  std::string describe() const;
+};
+
+/// Hugging Face's LlamaRMSNorm: in fp32, x * rsqrt(mean(x^2) + eps), cast
+/// back to x's dtype, times the gain.
+class LlamaRMSNormImpl : public torch::nn::Module {
+ public:
+  /// Registers the gain (ones) for `width` channels.
+  LlamaRMSNormImpl(int64_t width, double eps);
+  /// [..., width] -> [..., width].
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;  ///< the gain
+  double eps;  ///< added to the mean square
+};
+/// The module holder of LlamaRMSNormImpl.
+TORCH_MODULE(LlamaRMSNorm);
+
+/// Causal grouped-query self-attention with rotary position embeddings
+/// (Hugging Face's rotate_half layout, cos and sin computed in fp32 for
+/// positions 0 ... T - 1), scaled by 1 / sqrt(head_dim).
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  /// Registers the projections for `config`'s widths.
+  explicit LlamaAttentionImpl(const LlamaConfig& config);
+  /// [B, T, C] -> [B, T, C], each position attending to itself and the ones before.
+  torch::Tensor forward(const torch::Tensor& x);
+  /// Queries (C -> heads x head_dim), keys and values (C -> kv_heads x head_dim),
+  /// the output (heads x head_dim -> C); no biases.
+  ///@{
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  ///@}
+
+ private:
+  int64_t heads_, kv_heads_;
+  double rope_theta_;
+};
+/// The module holder of LlamaAttentionImpl.
+TORCH_MODULE(LlamaAttention);
+
+/// The SwiGLU MLP: down_proj(silu(gate_proj(x)) * up_proj(x)).
+class LlamaMLPImpl : public torch::nn::Module {
+ public:
+  /// Registers the projections for `config`'s width and hidden.
+  explicit LlamaMLPImpl(const LlamaConfig& config);
+  /// [B, T, C] -> [B, T, C].
+  torch::Tensor forward(const torch::Tensor& x);
+  /// C -> hidden, C -> hidden and hidden -> C; no biases.
+  ///@{
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  ///@}
+};
+/// The module holder of LlamaMLPImpl.
+TORCH_MODULE(LlamaMLP);
+
+/// One decoder layer: the natural FSDP unit.
+class LlamaDecoderLayerImpl : public torch::nn::Module {
+ public:
+  /// Registers the norms, the attention and the MLP for `config`.
+  explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
+  /// Pre-norm residual: x + self_attn(input_layernorm(x)), then + mlp(post_attention_layernorm(.)).
+  torch::Tensor forward(const torch::Tensor& x);
+  LlamaRMSNorm input_layernorm{nullptr};  ///< the norm before the attention
+  LlamaAttention self_attn{nullptr};  ///< the self-attention
+  LlamaRMSNorm post_attention_layernorm{nullptr};  ///< the norm before the MLP
+  LlamaMLP mlp{nullptr};  ///< the MLP
+};
+/// The module holder of LlamaDecoderLayerImpl.
+TORCH_MODULE(LlamaDecoderLayer);
+
+/// The model's body (Hugging Face's LlamaModel): embeddings, layers, final
+/// norm (LlamaImpl runs it; it has no forward of its own).
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  /// Registers the embedding, `config.layers` decoder layers and the final norm.
+  explicit LlamaModelImpl(const LlamaConfig& config);
+  torch::nn::Embedding embed_tokens{nullptr};  ///< the token embedding (vocab x C)
+  torch::nn::ModuleList layers{nullptr};  ///< the decoder layers (LlamaDecoderLayer), in order
+  LlamaRMSNorm norm{nullptr};  ///< the final norm
+};
+/// The module holder of LlamaModelImpl.
+TORCH_MODULE(LlamaModel);
+
+/// The whole model (Hugging Face's LlamaForCausalLM): its parameters are
+/// model.embed_tokens.weight, model.layers.{i}.{input_layernorm,
+/// post_attention_layernorm}.weight, model.layers.{i}.self_attn.{q,k,v,o}_proj.weight,
+/// model.layers.{i}.mlp.{gate,up,down}_proj.weight, model.norm.weight and lm_head.weight.
+class LlamaImpl : public LanguageModel {
+ public:
+  /// Validates `config` and registers the modules (initialize with init_weights()).
+  explicit LlamaImpl(const LlamaConfig& config);
+  /// Mean cross-entropy (in fp32) of next-token prediction; idx and targets are [B, T] int64.
+  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets) override;
+  /// The next-token logits of [B, T] int64 idx: [B, T, vocab].
+  torch::Tensor logits(const torch::Tensor& idx) override;
+  /// Hugging Face's initialization of one parameter: norms' gains one,
+  /// every matrix and the embedding N(0, 0.02).
+  void init_parameter(const std::string& name, torch::Tensor& param) const override;
+  /// The dimensions it was built with.
+  const LlamaConfig& config() const { return config_; }
+  int64_t vocab() const override { return config_.vocab; }  ///< config().vocab
+  int64_t context() const override { return config_.context; }  ///< config().context
+  std::string model_type() const override { return "llama"; }  ///< "llama"
+  std::string describe() const override { return config_.describe(); }  ///< config().describe()
+
+  LlamaModel model{nullptr};  ///< embeddings, layers and the final norm
+  torch::nn::Linear lm_head{nullptr};  ///< C -> vocab, no bias, not tied
+
+ private:
+  LlamaConfig config_;
+};
+/// The module holder of LlamaImpl: what fully_shard() takes.
+TORCH_MODULE(Llama);
+
+}  // namespace fsdp::models

@@ -1,0 +1,22 @@
+// What every language model shares: the seeded initialization in named order
+// and the parameter count (fsdp/language_model.h).
+
+#include "fsdp/language_model.h"
+
+#include "fsdp/fully_shard.h"
+
+namespace fsdp::models {
+
+void LanguageModel::init_weights(uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed);
+  for (auto& [name, param] : fsdp::unique_named_parameters(*this)) init_parameter(name, param);  // a tied weight once
+}
+
+int64_t LanguageModel::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : fsdp::unique_named_parameters(*this)) n += p.second.numel();
+  return n;
+}
+
+}  // namespace fsdp::models

@@ -7,6 +7,9 @@ namespace {
 
 // The model, the optimizer, the device.
 void add_model_options(CLI::App& app, TrainOptions& o) {
+  app.add_option("--model", o.model,
+                 "gpt (the reference GPT, fsdp/gpt.h) or llama (Hugging Face's LlamaForCausalLM, fsdp/llama.h)")
+      ->capture_default_str();
   app.add_option("--preset", o.preset, "tiny, small, medium, large or xl")->capture_default_str();
   app.add_option("--vocab", o.vocab, "override the preset's vocabulary size");
   app.add_option("--context", o.context, "override the preset's context length");
@@ -14,6 +17,8 @@ void add_model_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--heads", o.heads, "override the preset's number of heads");
   app.add_option("--width", o.width, "override the preset's width");
   app.add_option("--batch", o.batch, "sequences per rank per step (default: the preset's)");
+  app.add_option("--kv-heads", o.kv_heads,
+                 "--model llama: key-value heads, dividing --heads (default: the preset's, or --heads when that is given)");
   app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
   app.add_option("--adamw", o.adamw, "fused (fsdp::FusedAdamW: one vectorized, multi-threaded pass) or torch "

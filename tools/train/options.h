@@ -13,8 +13,10 @@ namespace fsdp_train {
 
 // The command line as given (validated by prepare(), setup.h).
 struct TrainOptions {
+  std::string model = "gpt";  // gpt or llama
   std::string preset = "small";
   std::optional<int64_t> vocab, context, layers, heads, width, batch;
+  std::optional<int64_t> kv_heads;  // --model llama
   int64_t steps = 100;
   double lr = 1e-3;
   uint64_t seed = 1337;

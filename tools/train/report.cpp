@@ -156,7 +156,8 @@ void print_banner(const ReportContext& c) {
   const fsdp::FsdpState& state = c.state;
   const int W = c.world_size;
   const bool scaling = c.train_step.scaler() != nullptr, skip_sync = c.train_step.syncs_only_last_micro_step();
-  std::cout << "fsdp-train: GPT " << o.preset << " (" << run.config.describe() << "), " << c.predicted.num_params
+  std::cout << "fsdp-train: " << (o.model == "llama" ? "Llama " : "GPT ") << o.preset << " ("
+            << run.model->describe() << "), " << c.predicted.num_params
             << " parameters\n"
             << "  " << fsdp::strategy_name(run.fsdp_options.strategy()) << " over " << W << " rank(s)";
   if (state.shard_group()) std::cout << ", shard group of " << state.shard_group()->size();

@@ -32,18 +32,44 @@ fsdp::models::GPTConfig make_config(const TrainOptions& o) {
   return c;
 }
 
+// --model llama: the Llama preset with the shape options (`gpt`: the
+// preset, the options, --tokenizer's vocabulary), --kv-heads, and the SwiGLU
+// width of an overridden width.
+fsdp::models::LlamaConfig make_llama_config(const TrainOptions& o, const fsdp::models::GPTConfig& shape) {
+  auto c = fsdp::models::LlamaConfig::preset(o.preset);
+  c.vocab = shape.vocab, c.context = shape.context, c.layers = shape.layers, c.heads = shape.heads;
+  c.width = shape.width, c.batch = shape.batch;
+  if (o.heads) c.kv_heads = c.heads;  // plain multi-head attention unless --kv-heads says otherwise
+  if (o.kv_heads) c.kv_heads = *o.kv_heads;
+  if (o.width) c.hidden = fsdp::models::LlamaConfig::default_hidden(c.width);
+  c.validate();
+  return c;
+}
+
+// A new model of --model's kind (its weights not yet initialized).
+std::shared_ptr<fsdp::models::LanguageModel> new_model(const TrainOptions& o, const Run& run) {
+  if (o.model == "llama") return fsdp::models::Llama(run.llama_config).ptr();
+  return fsdp::models::GPT(run.config).ptr();
+}
+
 int ranks_per_node(const TrainOptions& o) {
   if (o.ranks_per_node > 0) return o.ranks_per_node;
   const char* env = std::getenv("FSDP_RANKS_PER_NODE");  // set by fsdp-run --ranks-per-node
   return env ? std::atoi(env) : 0;
 }
 
-// --wrap: a unit per transformer block, or one per attention and per MLP
-// (half the largest gathered buffer, twice the collectives).
-fsdp::WrapPolicy make_wrap_policy(const std::string& wrap) {
+// --wrap: a unit per transformer block (decoder layer), or one per attention
+// and per MLP (half the largest gathered buffer, twice the collectives).
+fsdp::WrapPolicy make_wrap_policy(const std::string& model, const std::string& wrap) {
   using namespace fsdp::models;
-  if (wrap == "block") return fsdp::module_type_policy<BlockImpl>();
-  if (wrap == "sublayer") return fsdp::module_type_policy<AttentionImpl, MLPImpl>();
+  const bool llama = model == "llama";
+  if (wrap == "block") {
+    return llama ? fsdp::module_type_policy<LlamaDecoderLayerImpl>() : fsdp::module_type_policy<BlockImpl>();
+  }
+  if (wrap == "sublayer") {
+    return llama ? fsdp::module_type_policy<LlamaAttentionImpl, LlamaMLPImpl>()
+                 : fsdp::module_type_policy<AttentionImpl, MLPImpl>();
+  }
   TORCH_CHECK(false, "--wrap must be block or sublayer, got '", wrap, "'");
 }
 
@@ -97,7 +123,7 @@ fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
   mp.param_dtype(fsdp::parse_dtype(o.param_dtype));
   if (!o.reduce_dtype.empty()) mp.reduce_dtype(fsdp::parse_dtype(o.reduce_dtype));
   auto options = fsdp::FullyShardOptions()
-                     .wrap_policy(make_wrap_policy(o.wrap))
+                     .wrap_policy(make_wrap_policy(o.model, o.wrap))
                      .mixed_precision(mp)
                      .ranks_per_node(ranks_per_node(o))
                      .forward_prefetch(o.forward_prefetch)
@@ -156,6 +182,8 @@ void preflight(const TrainOptions& o, Run& run, int world) {
 
 // The options that are single numbers or names, checked before anything is built.
 void check_values(const TrainOptions& o, int world) {
+  TORCH_CHECK(o.model == "gpt" || o.model == "llama", "--model must be gpt or llama, got '", o.model, "'");
+  TORCH_CHECK(o.model == "llama" || !o.kv_heads, "--kv-heads needs --model llama (the GPT's heads each have their own)");
   TORCH_CHECK(o.steps > 0, "--steps must be positive, got ", o.steps);
   TORCH_CHECK(o.lr > 0, "--lr must be positive, got ", o.lr);
   TORCH_CHECK(o.grad_accum > 0, "--grad-accum must be positive, got ", o.grad_accum);
@@ -214,9 +242,9 @@ void make_model(const TrainOptions& o, Run& run) {
   fsdp::memory::reset_peaks();
   if (o.sharded_init) {
     fsdp::memory::DeferredInit deferred;  // shapes only: fully_shard initializes unit by unit
-    run.model = fsdp::models::GPT(run.config);
+    run.model = new_model(o, run);
   } else {
-    run.model = fsdp::models::GPT(run.config);
+    run.model = new_model(o, run);
     run.model->init_weights(o.seed);
   }
   if (!o.init_from.empty()) {
@@ -293,6 +321,7 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   Run run;
   run.config = make_config(o);
   check_values(o, world->size());
+  if (o.model == "llama") run.llama_config = make_llama_config(o, run.config);
   run.schedule = make_schedule(o);
   run.ckpt_format = fsdp::parse_checkpoint_format(o.ckpt_format);
   run.fsdp_options = make_fsdp_options(o);

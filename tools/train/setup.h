@@ -12,6 +12,7 @@
 #include "fsdp/comm.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/gpt.h"
+#include "fsdp/llama.h"
 #include "fsdp/lr_schedule.h"
 #include "fsdp/token_data.h"
 #include "train/options.h"
@@ -20,9 +21,12 @@ namespace fsdp_train {
 
 // Everything a run needs, built and checked.
 struct Run {
+  // The shape options over the preset; with --model llama its vocab,
+  // context, layers, heads, width and batch, which llama_config has too.
   fsdp::models::GPTConfig config;
+  fsdp::models::LlamaConfig llama_config;  // --model llama
   std::unique_ptr<fsdp::models::TokenData> data;
-  fsdp::models::GPT model{nullptr};
+  std::shared_ptr<fsdp::models::LanguageModel> model;  // --model: a GPT or a Llama
   fsdp::FullyShardOptions fsdp_options;
   std::string strategy_reason;  // why --strategy auto picked what it did
   fsdp::CheckpointFormat ckpt_format = fsdp::CheckpointFormat::kSharded;

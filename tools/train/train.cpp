@@ -22,15 +22,15 @@ namespace fsdp_train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using Model = fsdp::FullyShardedModule<fsdp::models::GPTImpl>;
+using Model = fsdp::FullyShardedModule<fsdp::models::LanguageModel>;  // --model gpt or llama
 
 Model shard_model(const TrainOptions& o, Run& run) {
   if (o.sharded_init) {
     // The same draws as init_weights: seeded alike, parameter by parameter in named order.
     torch::manual_seed(o.seed);
-    fsdp::models::GPT gpt = run.model;
+    std::shared_ptr<fsdp::models::LanguageModel> model = run.model;
     run.fsdp_options.param_init_fn(
-        [gpt](const std::string& name, torch::Tensor& param) { gpt->init_parameter(name, param); });
+        [model](const std::string& name, torch::Tensor& param) { model->init_parameter(name, param); });
   }
   auto model = fsdp::fully_shard(run.model, run.group, run.fsdp_options);
   run.sharded_model = std::make_shared<Model>(model);
@@ -53,7 +53,7 @@ struct CheckpointedState {
   fsdp::LrScheduleState schedule;
   std::unique_ptr<fsdp::LossScaleState> loss_scale;
   CheckpointedState(const TrainOptions& o, const Run& run, fsdp::GradScaler* scaler)
-      : config(fsdp::RecordedValue::text(run.config.describe())),
+      : config(fsdp::RecordedValue::text(run.model->describe())),  // a GPT's is its config's
         preset(fsdp::RecordedValue::text(o.preset)),
         weight_decay(fsdp::RecordedValue::number(o.weight_decay)),
         data(run.data->options(),
@@ -76,14 +76,14 @@ struct CheckpointedState {
 void print_sample(Model& model, const TrainOptions& o, int rank, c10::Device device) {
   fsdp::UnshardScope whole(model.state());
   if (rank != 0) return;
-  const auto& c = model->config();
+  const int64_t context = model->context();
   torch::NoGradGuard no_grad;
   torch::manual_seed(o.sample_seed);
   std::vector<int64_t> tokens;
-  for (unsigned char ch : o.prompt) tokens.push_back(static_cast<int64_t>(ch) % c.vocab);
-  if (tokens.empty()) tokens.push_back('\n' % c.vocab);
+  for (unsigned char ch : o.prompt) tokens.push_back(static_cast<int64_t>(ch) % model->vocab());
+  if (tokens.empty()) tokens.push_back('\n' % model->vocab());
   for (int64_t i = 0; i < o.sample; ++i) {
-    const int64_t window = std::min<int64_t>(static_cast<int64_t>(tokens.size()), c.context);
+    const int64_t window = std::min<int64_t>(static_cast<int64_t>(tokens.size()), context);
     torch::Tensor idx = torch::tensor(std::vector<int64_t>(tokens.end() - window, tokens.end()), torch::kLong)
                             .view({1, -1})
                             .to(device);
@@ -97,7 +97,7 @@ void print_sample(Model& model, const TrainOptions& o, int rank, c10::Device dev
   std::cout << "\n== sample (" << o.sample << " tokens, "
             << (o.temperature <= 0 ? std::string("greedy") : "temperature " + temperature.str())
             << ", prompt included) ==\n";
-  if (c.vocab <= 256) {
+  if (model->vocab() <= 256) {
     for (int64_t t : tokens) std::cout << static_cast<char>(t);
   } else {
     for (size_t i = 0; i < tokens.size(); ++i) std::cout << (i ? " " : "") << tokens[i];
@@ -295,10 +295,11 @@ class Trainer {
     const auto start = Clock::now();
     fsdp::memory::reset_peaks();
     const int64_t live_before = fsdp::memory::usage().live_total;
-    const auto& c = run_.config;
-    fsdp::save_full_state_dict(
-        model_.state(), o_.save_final,
-        {{"format", "pt"}, {"model", "gpt"}, {"config", c.describe()}, {"steps", std::to_string(o_.steps)}});
+    fsdp::save_full_state_dict(model_.state(), o_.save_final,
+                               {{"format", "pt"},
+                                {"model", run_.model->model_type()},
+                                {"config", run_.model->describe()},
+                                {"steps", std::to_string(o_.steps)}});
     end.save_final_peak_extra = fsdp::memory::usage().peak_total - live_before;
     end.save_final_s = std::chrono::duration<double>(Clock::now() - start).count();
   }

@@ -1,0 +1,139 @@
+// fsdp::text: the tokenizer's errors, its UTF-8 repair (Python's
+// errors='replace'), BPE merge order and the trainer's limits. Identity with
+// the `tokenizers` package is tested by tokenizer_reference.py.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "fsdp/tokenizer.h"
+#include "text/utf8.h"
+
+namespace {
+
+using fsdp::text::Tokenizer;
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "fsdp_text_" + std::to_string(::getpid()) + "_" + name;
+}
+
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::string path = temp_path(name);
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+// The message of the exception `f` throws ("" if none).
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A byte-level BPE over the 256 bytes with merges a+b (rank 0), ab+a, Ġ+a
+// (the first as "a b", the second as a pair), and <|endoftext|> as id 260.
+std::string tiny_tokenizer_json(const nlohmann::json& model_extra = nlohmann::json::object(),
+                                const nlohmann::json& normalizer = nullptr) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[fsdp::text::bytes_to_byte_level(std::string(1, static_cast<char>(b)))] = b;
+  vocab["ab"] = 256;
+  vocab["aba"] = 257;
+  vocab["\u0120a"] = 258;
+  nlohmann::json model = {{"type", "BPE"}, {"vocab", vocab},
+                          {"merges", {"a b", nlohmann::json::array({"ab", "a"}), "\u0120 a"}}};
+  model.update(model_extra);
+  const nlohmann::json root = {
+      {"normalizer", normalizer},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"added_tokens", {{{"id", 260}, {"content", "<|endoftext|>"}, {"special", true}, {"normalized", false}}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", model}};
+  return root.dump();
+}
+
+TEST(TextTokenizer, MissingFileIsNamed) {
+  const std::string message = error_of([] { Tokenizer("/nonexistent/tokenizer.json"); });
+  EXPECT_NE(message.find("/nonexistent/tokenizer.json"), std::string::npos) << message;
+  EXPECT_NE(message.find("cannot open"), std::string::npos) << message;
+}
+
+TEST(TextTokenizer, MalformedJsonIsRefused) {
+  const std::string path = write_file("bad.json", "{\"model\": {\"type\": \"BPE\", ");
+  const std::string message = error_of([&] { Tokenizer t(path); });
+  EXPECT_NE(message.find("not valid JSON"), std::string::npos) << message;
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+}
+
+TEST(TextTokenizer, UnsupportedModelAndNormalizerAreRefused) {
+  const std::string wordpiece = write_file("wp.json", "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}");
+  EXPECT_NE(error_of([&] { Tokenizer t(wordpiece); }).find("unsupported model type 'WordPiece'"), std::string::npos);
+  const std::string nfkc = write_file("nfkc.json", tiny_tokenizer_json(nlohmann::json::object(), {{"type", "NFKC"}}));
+  EXPECT_NE(error_of([&] { Tokenizer t(nfkc); }).find("unsupported normalizer NFKC"), std::string::npos);
+  const std::string fallback = write_file("fallback.json", tiny_tokenizer_json({{"byte_fallback", true}}));
+  EXPECT_NE(error_of([&] { Tokenizer t(fallback); }).find("byte_fallback"), std::string::npos);
+}
+
+TEST(TextTokenizer, MergesByRankAndSplitsAddedTokens) {
+  const Tokenizer t(write_file("tiny.json", tiny_tokenizer_json()));
+  EXPECT_EQ(t.vocab_size(), 261);
+  // Rank 0 (a b) merges both pairs of "abab" before rank 1 (ab a) could apply.
+  EXPECT_EQ(t.encode("abab"), (std::vector<uint32_t>{256, 256}));
+  EXPECT_EQ(t.encode("aba"), (std::vector<uint32_t>{257}));
+  EXPECT_EQ(t.encode("ab<|endoftext|> a"), (std::vector<uint32_t>{256, 260, 258}));
+  EXPECT_EQ(t.decode({256, 260, 258}), "ab<|endoftext|> a");
+  EXPECT_EQ(t.token_id("<|endoftext|>"), std::optional<uint32_t>(260));
+  EXPECT_EQ(t.token_id("Ġa"), std::optional<uint32_t>(258));
+  EXPECT_FALSE(t.token_id("zzz").has_value());
+  EXPECT_EQ(t.token_bytes(258), " a");
+  EXPECT_NE(error_of([&] { t.token_bytes(261); }).find("outside its vocabulary of 261"), std::string::npos);
+}
+
+TEST(TextTokenizer, InvalidUtf8BecomesReplacementCharacters) {
+  // Python: bytes.decode('utf-8', errors='replace'): one U+FFFD per maximal invalid subsequence.
+  const std::string fffd = "\xEF\xBF\xBD";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"a\x80z", "a" + fffd + "z"},
+      {"\xE2\x82x", fffd + "x"},             // truncated 3-byte sequence: one
+      {"\xF0\x9F\x98", fffd},                // truncated 4-byte at the end: one
+      {"\xC0\xAF", fffd + fffd},             // overlong: each byte
+      {"\xED\xA0\x80", fffd + fffd + fffd},  // surrogate: each byte
+      {"\xF4\x90\x80\x80", fffd + fffd + fffd + fffd},
+      {"\xE2\x82\xAC ok", "\xE2\x82\xAC ok"},  // valid: unchanged
+  };
+  for (const auto& [in, expected] : cases) {
+    std::string scratch;
+    EXPECT_EQ(std::string(fsdp::text::valid_utf8(in, scratch)), expected);
+  }
+  const Tokenizer t(write_file("tiny2.json", tiny_tokenizer_json()));
+  EXPECT_EQ(t.decode(t.encode("x\xFFy")), "x" + fffd + "y");
+}
+
+TEST(TextTokenizer, TrainerWritesATokenizerThatRoundTrips) {
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += "the quick brown fox jumps over the lazy dog, it's 1234 times.\n";
+  const std::string corpus = write_file("corpus.txt", text);
+  const std::string out = temp_path("trained.json");
+  fsdp::text::train_bpe({corpus}, out, fsdp::text::BpeTrainerOptions().vocab_size(300));
+  const Tokenizer t(out);
+  EXPECT_EQ(t.vocab_size(), 300);
+  EXPECT_EQ(t.token_id("<|endoftext|>"), std::optional<uint32_t>(0));
+  const auto ids = t.encode(text);
+  EXPECT_LT(ids.size(), text.size() / 3);  // merges learned: fewer tokens than bytes
+  EXPECT_EQ(t.decode(ids), text);
+  const std::string message = error_of([&] {
+    fsdp::text::train_bpe({corpus}, out, fsdp::text::BpeTrainerOptions().vocab_size(200));
+  });
+  EXPECT_NE(message.find("vocab_size 200 is below 256 bytes + 1 special tokens"), std::string::npos) << message;
+  EXPECT_NE(error_of([&] { fsdp::text::train_bpe({"/nonexistent.txt"}, out, {}); }).find("/nonexistent.txt"),
+            std::string::npos);
+}
+
+}  // namespace

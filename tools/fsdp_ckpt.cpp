@@ -1,16 +1,22 @@
 // fsdp-ckpt: look into checkpoints and weight files without starting ranks.
 //   fsdp-ckpt inspect PATH          a checkpoint directory, a folder of them (--ckpt-dir) or a .safetensors file
 //   fsdp-ckpt verify PATH           checksums, completeness, every tensor readable
-//   fsdp-ckpt convert CKPT OUT      a checkpoint's weights as one full .safetensors file
+//   fsdp-ckpt convert IN OUT        a checkpoint's weights as one full .safetensors file, or (--format hf)
+//                                   a checkpoint or weight file as a Hugging Face folder, and a Hugging Face
+//                                   model back (--format spec); one tensor or unit in memory at a time
+//   fsdp-ckpt logits MODEL          the model's next-token logits for --tokens, as JSON
 
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <sstream>
 
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
+#include "fsdp/hugging_face.h"
+#include "fsdp/state_dict.h"
 #include "fsdp/safetensors.h"
 #include "state_dict/checkpoint_json.h"  // metadata.json in full (src/, not installed)
 
@@ -136,12 +142,72 @@ int verify(const std::string& path) {
   return 0;
 }
 
+namespace hf = fsdp::hugging_face;
+
+// The model configuration a checkpoint or a weight file of ours records
+// ("config": GPTConfig::describe()).
+hf::ModelConfig recorded_config(const std::string& path) {
+  std::string text;
+  if (fs::is_directory(path)) {
+    const auto& extra = fsdp::SavedCheckpoint(path, fsdp::SavedCheckpoint::Verify::kHeadersOnly).info().extra;
+    if (extra.count("config")) text = extra.at("config");
+  } else {
+    const fsdp::safetensors::Reader reader(path);
+    if (reader.metadata().count("config")) text = reader.metadata().at("config");
+  }
+  TORCH_CHECK(!text.empty(), "'", path, "' records no model configuration (\"config\"); fsdp-train writes it");
+  hf::ModelConfig config;
+  config.gpt = hf::parse_gpt_description(text);
+  return config;
+}
+
+// IN (a checkpoint, a weight file of ours, a Hugging Face model) to OUT in `format`.
+void convert_weights(const std::string& in, const std::string& out, const std::string& format) {
+  TORCH_CHECK(format == "spec" || format == "hf", "--format must be spec or hf, got '", format, "'");
+  if (format == "hf") {
+    TORCH_CHECK(!hf::is_model(in), "'", in, "' is a Hugging Face model already");
+    const hf::ModelConfig config = recorded_config(in);
+    fs::is_directory(in) ? hf::convert_checkpoint_to_hf(in, config, out) : hf::convert_file_to_hf(in, config, out);
+    std::cout << "wrote " << out << " (model.safetensors " << fs::file_size(fs::path(out) / "model.safetensors")
+              << " B, config.json)\n";
+    return;
+  }
+  if (hf::is_model(in)) {
+    hf::convert_hf_to_file(in, out);
+  } else {
+    fsdp::convert_to_full(in, out);
+  }
+  std::cout << "wrote " << out << " (" << fs::file_size(out) << " B)\n";
+}
+
+// The logits of one sequence, as JSON: {"tokens": [...], "logits": [[vocab floats] per token]}.
+void print_logits(const std::string& path, const std::string& tokens_text) {
+  std::vector<int64_t> tokens;
+  std::stringstream in(tokens_text);
+  for (std::string item; std::getline(in, item, ',');) tokens.push_back(std::stoll(item));
+  TORCH_CHECK(!tokens.empty(), "--tokens: expected comma-separated token ids, got '", tokens_text, "'");
+  const bool is_hf = hf::is_model(path);
+  const hf::ModelConfig config = is_hf ? hf::read_config(hf::find_model(path).config) : recorded_config(path);
+  fsdp::models::GPT model(config.gpt);
+  is_hf ? hf::load_weights(*model, hf::find_model(path), config.architecture) : fsdp::load_full_weights(*model, path);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor logits = model->logits(torch::tensor(tokens).view({1, -1}))[0].contiguous();
+  const float* data = logits.data_ptr<float>();
+  std::cout << std::setprecision(9) << "{\"tokens\": " << shape_text(tokens) << ", \"logits\": [";
+  for (int64_t t = 0; t < logits.size(0); ++t) {
+    std::cout << (t ? ",\n" : "\n") << "[";
+    for (int64_t v = 0; v < logits.size(1); ++v) std::cout << (v ? ", " : "") << data[t * logits.size(1) + v];
+    std::cout << "]";
+  }
+  std::cout << "]}\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Inspect, verify and convert fsdp-cpp checkpoints and weight files."};
   app.require_subcommand(1);
-  std::string path, output;
+  std::string path, output, format = "spec", tokens;
   auto* inspect = app.add_subcommand("inspect",
                                      "tensors, shapes, dtypes, bytes, step, world size and strategy; of a folder, "
                                      "its checkpoints newest first, complete or unfinished");
@@ -149,18 +215,29 @@ int main(int argc, char** argv) {
       ->required();
   auto* check = app.add_subcommand("verify", "checksums and completeness; every tensor read");
   check->add_option("path", path, "checkpoint directory or .safetensors file")->required();
-  auto* convert = app.add_subcommand("convert", "a checkpoint's weights to one full .safetensors file, offline");
-  convert->add_option("checkpoint", path, "checkpoint directory")->required();
-  convert->add_option("output", output, "the .safetensors file to write")->required();
+  auto* convert = app.add_subcommand("convert",
+                                     "a checkpoint's weights to one full .safetensors file, or any of ours to a "
+                                     "Hugging Face folder (--format hf) and back (--format spec); offline, streaming");
+  convert->add_option("input", path,
+                      "checkpoint directory, .safetensors file of ours, or Hugging Face model (folder with "
+                      "config.json and model.safetensors)")
+      ->required();
+  convert->add_option("output", output, "the .safetensors file (spec) or folder (hf) to write")->required();
+  convert->add_option("--format", format, "spec: the spec's names, one file; hf: a Hugging Face folder")
+      ->capture_default_str();
+  auto* logits = app.add_subcommand("logits", "the next-token logits of a token sequence, as JSON");
+  logits->add_option("model", path, "a Hugging Face model, or a .safetensors file of ours")->required();
+  logits->add_option("--tokens", tokens, "comma-separated token ids, such as 1,2,3")->required();
   CLI11_PARSE(app, argc, argv);
   try {
     if (inspect->parsed()) {
       fs::is_directory(path) ? inspect_directory(path) : inspect_file(path);
     } else if (check->parsed()) {
       return verify(path);
+    } else if (logits->parsed()) {
+      print_logits(path, tokens);
     } else {
-      fsdp::convert_to_full(path, output);
-      std::cout << "wrote " << output << " (" << fs::file_size(output) << " B)\n";
+      convert_weights(path, output, format);
     }
   } catch (const std::exception& e) {
     std::cerr << "fsdp-ckpt: error: " << fsdp::error_message(e) << "\n";

@@ -1,0 +1,112 @@
+#pragma once
+/// \file
+/// Hugging Face model folders in and out: config.json read into the model's
+/// configuration, parameter names mapped both ways, GPT-2's Conv1D weights
+/// transposed, and model.safetensors written one tensor at a time.
+///
+/// A Hugging Face model is a folder holding config.json and model.safetensors
+/// (what `save_pretrained` writes and the hub serves), or a model.safetensors
+/// file with config.json beside it. Sharded folders (model.safetensors.index.json)
+/// are refused, naming the file.
+///
+/// GPT-2 (GPT2LMHeadModel): the spec's GPT has GPT-2's names, under the
+/// `transformer.` prefix (files downloaded from the hub name them without it:
+/// both are read); GPT-2's Conv1D layers keep their weights as [in, out], the
+/// spec's Linear as [out, in]; the head is tied to the token embedding, so
+/// model.safetensors holds no lm_head.weight.
+
+#include <torch/torch.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/gpt.h"
+#include "fsdp/safetensors.h"
+
+namespace fsdp::hugging_face {
+
+/// The model families this layer maps.
+enum class Architecture {
+  kGpt2,  ///< GPT2LMHeadModel: the spec's GPT
+};
+
+/// A Hugging Face model's two files.
+struct ModelFiles {
+  std::string weights;  ///< model.safetensors
+  std::string config;   ///< the config.json beside it
+};
+
+/// Whether `path` is a Hugging Face model: a folder holding config.json, or a
+/// .safetensors file with config.json beside it (find_model says what is wrong with it).
+bool is_model(const std::string& path);
+/// The files of the Hugging Face model at `path` (a folder or its
+/// model.safetensors); throws naming what is missing, or that the folder is a
+/// sharded checkpoint.
+ModelFiles find_model(const std::string& path);
+
+/// What config.json describes.
+struct ModelConfig {
+  Architecture architecture = Architecture::kGpt2;  ///< from "model_type"
+  models::GPTConfig gpt;  ///< kGpt2's dimensions (the batch left at its default)
+};
+/// Reads config.json; throws, naming the field, for an architecture or a
+/// setting the model does not have (an activation other than GELU's tanh
+/// form, untied embeddings, another LayerNorm epsilon, an inner width other
+/// than 4x, rope scaling...).
+ModelConfig read_config(const std::string& config_path);
+/// config.json for `config` (the fields `transformers` reads), as JSON text.
+std::string config_json(const ModelConfig& config);
+
+/// The Hugging Face name of one of the model's parameters.
+std::string to_hf_name(Architecture architecture, const std::string& name);
+/// The model's name of a tensor of a Hugging Face file; std::nullopt for the
+/// ones the model does not keep (GPT-2's attention mask buffers, its tied
+/// lm_head.weight).
+std::optional<std::string> from_hf_name(Architecture architecture, const std::string& hf_name);
+/// Whether the parameter is stored transposed in Hugging Face files (GPT-2's Conv1D weights).
+bool is_transposed(Architecture architecture, const std::string& name);
+
+/// Loads a Hugging Face model's weights into an unsharded module built for
+/// its configuration (before fully_shard), converting F32, BF16 or F16 to the
+/// module's dtype. Every parameter must be in the file with its shape; a
+/// tensor the model does not know is refused. Throws naming the file and the
+/// tensor; the module is changed only if all is well.
+void load_weights(torch::nn::Module& module, const ModelFiles& files, Architecture architecture);
+
+/// A Hugging Face folder written as a stream: the model's tensors in, under
+/// its own names and layout, in the order given; model.safetensors (Hugging
+/// Face names and layout, metadata {"format": "pt"}) and config.json out.
+class FolderWriter {
+ public:
+  /// Creates `folder` if need be and starts model.safetensors for these
+  /// tensors (the model's names; GPT-2's tied lm_head.weight, if listed, is skipped).
+  FolderWriter(const std::string& folder, const ModelConfig& config, const std::vector<safetensors::TensorSpec>& tensors);
+  /// The next tensor in the order given, under the model's layout (float; written as F32).
+  void write(const torch::Tensor& tensor);
+  /// After the last tensor: commits model.safetensors, then writes config.json.
+  void commit();
+
+ private:
+  std::string folder_;
+  ModelConfig config_;
+  std::vector<std::string> names_;  // the model's names, in order
+  size_t next_ = 0;
+  std::optional<safetensors::Writer> writer_;
+};
+
+/// A model file of the spec's names (fsdp-train --save-final, fsdp-ckpt
+/// convert) as a Hugging Face folder, one tensor in memory at a time.
+void convert_file_to_hf(const std::string& spec_file, const ModelConfig& config, const std::string& folder);
+/// A checkpoint (either format) as a Hugging Face folder, one unit in memory at a time.
+void convert_checkpoint_to_hf(const std::string& checkpoint, const ModelConfig& config, const std::string& folder);
+/// A Hugging Face model as one safetensors file of the spec's names and
+/// layout (fp32), one tensor in memory at a time; its metadata carries the
+/// configuration ("config": GPTConfig::describe()).
+void convert_hf_to_file(const std::string& hf_path, const std::string& spec_file);
+
+/// GPTConfig::describe()'s text read back (the "config" our files and checkpoints record).
+models::GPTConfig parse_gpt_description(const std::string& text);
+
+}  // namespace fsdp::hugging_face

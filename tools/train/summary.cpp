@@ -144,7 +144,8 @@ nlohmann::json run_summary(const ReportContext& c, const RunFigures& figures) {
   const TrainOptions& o = c.o;
   const auto& mp = c.run.fsdp_options.mixed_precision();
   const double typical = median(figures.step_times);
-  return {{"preset", o.preset},
+  return {{"model", o.model},
+          {"preset", o.preset},
           {"world_size", c.world_size},
           {"strategy", fsdp::strategy_name(c.run.fsdp_options.strategy())},
           {"param_dtype", fsdp::dtype_name(mp.param_dtype())},

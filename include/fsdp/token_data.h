@@ -52,8 +52,9 @@ struct TokenDataOptions {
 /// held-out validation tail.
 class TokenData {
  public:
-  /// Raw bytes (one token per byte), or a .bin file of little-endian uint16
-  /// token ids. Throws, naming the file, if its training part cannot hold one
+  /// Raw bytes (one token per byte), a .bin file of little-endian uint16
+  /// token ids, or a .u32 file of little-endian uint32 token ids (no header;
+  /// fsdp-data writes it for vocabularies over 65,536). Throws, naming the file, if its training part cannot hold one
   /// sequence of `context` tokens, its validation part (if any) cannot either,
   /// or it holds a token id >= vocab. The file is memory-mapped, not read:
   /// a rank's memory does not grow with its size (the token range is checked
@@ -92,11 +93,16 @@ class TokenData {
   TokenDataOptions options_;
   int64_t val_size_ = 0;
   int64_t token(int64_t i) const {
-    return uint16_ ? (bytes_[2 * i] | (bytes_[2 * i + 1] << 8)) : bytes_[i];
+    if (token_bytes_ == 2) return bytes_[2 * i] | (bytes_[2 * i + 1] << 8);
+    if (token_bytes_ == 4) {
+      const unsigned char* b = bytes_ + 4 * i;
+      return int64_t{b[0]} | (int64_t{b[1]} << 8) | (int64_t{b[2]} << 16) | (int64_t{b[3]} << 24);
+    }
+    return bytes_[i];
   }
   std::shared_ptr<const void> mapping_;  // unmaps when the last copy goes
   const unsigned char* bytes_ = nullptr;
-  bool uint16_ = false;
+  int64_t token_bytes_ = 1;              // 1 raw, 2 .bin, 4 .u32
   int64_t size_ = 0;                      // tokens
 };
 

@@ -47,12 +47,16 @@ TokenData::TokenData(const std::string& path, int64_t context, int64_t vocab, To
               std::strerror(map_errno));
   if (map) mapping_ = std::shared_ptr<const void>(map, [file_bytes](const void* p) { ::munmap(const_cast<void*>(p), file_bytes); });
   bytes_ = static_cast<const unsigned char*>(map);
-  uint16_ = path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
-  if (uint16_) {
-    TORCH_CHECK(file_bytes % 2 == 0, "data file '", path, "' is a .bin of uint16 tokens but has an odd size (",
-                file_bytes, " bytes)");
-  }
-  size_ = static_cast<int64_t>(uint16_ ? file_bytes / 2 : file_bytes);
+  const auto ends_with = [&path](const char* suffix) {
+    const size_t n = std::strlen(suffix);
+    return path.size() >= n && path.compare(path.size() - n, n, suffix) == 0;
+  };
+  token_bytes_ = ends_with(".bin") ? 2 : ends_with(".u32") ? 4 : 1;
+  TORCH_CHECK(token_bytes_ != 2 || file_bytes % 2 == 0, "data file '", path,
+              "' is a .bin of uint16 tokens but has an odd size (", file_bytes, " bytes)");
+  TORCH_CHECK(token_bytes_ != 4 || file_bytes % 4 == 0, "data file '", path, "' is a .u32 of uint32 tokens but its ",
+              "size (", file_bytes, " bytes) is not a multiple of 4");
+  size_ = static_cast<int64_t>(file_bytes) / token_bytes_;
   // The spec's ceil(f * n), in double as a reference implementation computes it.
   val_size_ = static_cast<int64_t>(std::ceil(f * static_cast<double>(size())));
   // Starts are taken mod (n_train - T - 1) and mod (n_val - T - 1), so each
@@ -63,7 +67,7 @@ TokenData::TokenData(const std::string& path, int64_t context, int64_t vocab, To
   TORCH_CHECK(val_size_ == 0 || val_size_ > context + 1, "data file '", path, "': the validation split of ", f,
               " holds out ", val_size_, " of its ", size(), " tokens, too few for one validation sequence: need at "
               "least context + 2 = ", context + 2, " (raise the validation fraction, or 0 for no validation)");
-  if (vocab >= (uint16_ ? 65536 : 256)) return;  // every id the format can hold is in range
+  if (token_bytes_ < 4 && vocab >= (int64_t{1} << (8 * token_bytes_))) return;  // every id the format can hold is in range
   // One pass, a chunk at a time; each chunk's pages are dropped from this
   // process after it is checked (the page cache may keep them).
   constexpr int64_t kChunkTokens = int64_t{1} << 24;
@@ -75,8 +79,8 @@ TokenData::TokenData(const std::string& path, int64_t context, int64_t vocab, To
                   ", outside the vocabulary of ", vocab, " (set --vocab)");
     }
     const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-    const uintptr_t first = reinterpret_cast<uintptr_t>(bytes_) + (begin * (uint16_ ? 2 : 1));
-    const uintptr_t last = reinterpret_cast<uintptr_t>(bytes_) + (end * (uint16_ ? 2 : 1));
+    const uintptr_t first = reinterpret_cast<uintptr_t>(bytes_) + (begin * token_bytes_);
+    const uintptr_t last = reinterpret_cast<uintptr_t>(bytes_) + (end * token_bytes_);
     const uintptr_t aligned = first / page * page;
     ::madvise(reinterpret_cast<void*>(aligned), last - aligned, MADV_DONTNEED);
   }

@@ -1,4 +1,4 @@
-# examples/llama.cpp, the user-written Llama trained through fsdp::TrainStep:
+# examples/llama.cpp, the library's Llama trained by a user-written loop through fsdp::TrainStep:
 # W ranks with batch B train the same model as 1 rank with batch W*B (also
 # with gradient accumulation), its parameters really are sharded, and the
 # loss goes down (the program itself exits non-zero unless its last loss is

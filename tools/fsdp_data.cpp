@@ -154,6 +154,7 @@ class Progress {
   void report(uint64_t bytes, uint64_t tokens, bool final) {
     const auto now = Clock::now();
     if (quiet_ || (!final && now - last_ < std::chrono::seconds(1))) return;
+    if (!final && bytes == total_) return;  // the final line says it
     last_ = now;
     const double seconds = std::chrono::duration<double>(now - start_).count();
     std::fprintf(stderr, "fsdp-data encode: %.1f of %.1f MB, %llu tokens, %.2f MB/s%s", bytes / 1e6, total_ / 1e6,
@@ -306,6 +307,8 @@ int main(int argc, char** argv) {
   train->add_option("--vocab-size", vocab_size, "tokens in all: 256 bytes, special tokens, merges")->capture_default_str();
   train->add_option("--min-frequency", min_frequency, "merge only pairs seen at least this often")->capture_default_str();
   train->add_option("--special", special, "special tokens, ids 0.. in order")->capture_default_str();
+  train->add_option("--threads", threads, "word-counting threads, for files over 1 MiB (0: one per core)")
+      ->capture_default_str();
   train->add_option("-o,--output", output, "the tokenizer.json to write")->required();
   train->add_option("files", files, "text files (UTF-8; invalid bytes read as U+FFFD)")->required();
   auto* enc = app.add_subcommand("encode", "encode text files into one token file (.bin uint16 or .u32 uint32)");
@@ -332,7 +335,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (train->parsed()) {
-      fsdp::text::train_bpe(files, output, fsdp::text::BpeTrainerOptions().vocab_size(vocab_size).min_frequency(min_frequency).special_tokens(special).threads(threads).verbose(true));
+      const auto options = fsdp::text::BpeTrainerOptions().vocab_size(vocab_size).min_frequency(min_frequency);
+      fsdp::text::train_bpe(files, output, fsdp::text::BpeTrainerOptions(options).special_tokens(special).threads(threads).verbose(true));
       return 0;
     }
     if (enc->parsed()) {

@@ -10,6 +10,7 @@
 #include <queue>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -30,13 +31,47 @@ struct Word {
   int64_t count;
 };
 
-// Counts the pre-tokenized words of the files, special tokens left out.
-std::unordered_map<std::string, int64_t> count_words(const std::vector<std::string>& files,
-                                                     const std::vector<std::string>& specials) {
+using WordCounts = std::unordered_map<std::string, int64_t>;
+
+// Adds the pre-tokenized words of `text` to `counts`, special tokens left out.
+void count_text(const PreTokenizer& pre, std::string_view text, const std::vector<std::string>& specials,
+                WordCounts& counts) {
+  const auto count_piece = [&](std::string_view piece) { ++counts[std::string(piece)]; };
+  size_t start = 0;
+  while (start < text.size()) {  // the text between special tokens
+    size_t next = text.size(), length = 0;
+    for (const auto& s : specials) {
+      const size_t at = text.find(s, start);
+      if (at < next) { next = at; length = s.size(); }
+    }
+    pre.for_each_piece(text.substr(start, next - start), count_piece);
+    start = next + length;
+  }
+}
+
+// `text` cut into about `parts` parts, each cut between an ASCII letter and
+// " letter", where GPT-2's pattern starts a piece anyway.
+std::vector<std::string_view> split_for_threads(std::string_view text, size_t parts) {
+  const auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  for (size_t k = 1; k < parts; ++k) {
+    size_t p = std::max(start + 1, text.size() * k / parts);
+    while (p + 1 < text.size() && !(text[p] == ' ' && letter(text[p - 1]) && letter(text[p + 1]))) ++p;
+    if (p + 1 >= text.size()) break;
+    out.push_back(text.substr(start, p - start));
+    start = p;
+  }
+  out.push_back(text.substr(start));
+  return out;
+}
+
+// Counts the pre-tokenized words of the files on `threads` threads.
+WordCounts count_words(const std::vector<std::string>& files, const std::vector<std::string>& specials, int threads) {
   PreTokenizer pre;
   pre.add_byte_level(false, true);
-  std::unordered_map<std::string, int64_t> counts;
-  const auto count_piece = [&](std::string_view piece) { ++counts[std::string(piece)]; };
+  const size_t workers = threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency());
+  WordCounts counts;
   for (const std::string& file : files) {
     std::ifstream in(file, std::ios::binary);
     if (!in) throw std::runtime_error("train_bpe: cannot open the text file '" + file + "'");
@@ -44,16 +79,17 @@ std::unordered_map<std::string, int64_t> count_words(const std::vector<std::stri
     buffer << in.rdbuf();
     const std::string raw = buffer.str();
     std::string scratch;
-    std::string_view text = valid_utf8(raw, scratch);
-    size_t start = 0;
-    while (start < text.size()) {  // the text between special tokens
-      size_t next = text.size(), length = 0;
-      for (const auto& s : specials) {
-        const size_t at = text.find(s, start);
-        if (at < next) { next = at; length = s.size(); }
-      }
-      pre.for_each_piece(text.substr(start, next - start), count_piece);
-      start = next + length;
+    const std::string_view text = valid_utf8(raw, scratch);
+    const auto parts = split_for_threads(text, text.size() > (1u << 20) ? workers : 1);
+    std::vector<WordCounts> partial(parts.size());
+    std::vector<std::thread> running;
+    for (size_t i = 1; i < parts.size(); ++i) {
+      running.emplace_back([&, i] { count_text(pre, parts[i], specials, partial[i]); });
+    }
+    count_text(pre, parts[0], specials, partial[0]);
+    for (auto& t : running) t.join();
+    for (const auto& part : partial) {
+      for (const auto& [word, n] : part) counts[word] += n;
     }
   }
   return counts;
@@ -206,7 +242,7 @@ void train_bpe(const std::vector<std::string>& files, const std::string& tokeniz
   }
   if (files.empty()) throw std::runtime_error("train_bpe: no text files given");
   const auto start = std::chrono::steady_clock::now();
-  const auto counts = count_words(files, options.special_tokens());
+  const auto counts = count_words(files, options.special_tokens(), options.threads());
   Trainer trainer(options);
   trainer.train(counts);
   trainer.write(tokenizer_json_out);

@@ -145,20 +145,20 @@ int verify(const std::string& path) {
 namespace hf = fsdp::hugging_face;
 
 // The model configuration a checkpoint or a weight file of ours records
-// ("config": GPTConfig::describe()).
+// ("config": describe()'s text; "model": gpt or llama, else told by the text).
 hf::ModelConfig recorded_config(const std::string& path) {
-  std::string text;
+  std::string text, model_type;
   if (fs::is_directory(path)) {
     const auto& extra = fsdp::SavedCheckpoint(path, fsdp::SavedCheckpoint::Verify::kHeadersOnly).info().extra;
     if (extra.count("config")) text = extra.at("config");
   } else {
     const fsdp::safetensors::Reader reader(path);
     if (reader.metadata().count("config")) text = reader.metadata().at("config");
+    if (reader.metadata().count("model")) model_type = reader.metadata().at("model");
   }
   TORCH_CHECK(!text.empty(), "'", path, "' records no model configuration (\"config\"); fsdp-train writes it");
-  hf::ModelConfig config;
-  config.gpt = hf::parse_gpt_description(text);
-  return config;
+  if (model_type.empty()) model_type = text.find("kv_heads") != std::string::npos ? "llama" : "gpt";
+  return hf::parse_description(model_type, text);
 }
 
 // IN (a checkpoint, a weight file of ours, a Hugging Face model) to OUT in `format`.
@@ -188,7 +188,7 @@ void print_logits(const std::string& path, const std::string& tokens_text) {
   TORCH_CHECK(!tokens.empty(), "--tokens: expected comma-separated token ids, got '", tokens_text, "'");
   const bool is_hf = hf::is_model(path);
   const hf::ModelConfig config = is_hf ? hf::read_config(hf::find_model(path).config) : recorded_config(path);
-  fsdp::models::GPT model(config.gpt);
+  const auto model = config.new_model();
   is_hf ? hf::load_weights(*model, hf::find_model(path), config.architecture) : fsdp::load_full_weights(*model, path);
   torch::NoGradGuard no_grad;
   const torch::Tensor logits = model->logits(torch::tensor(tokens).view({1, -1}))[0].contiguous();

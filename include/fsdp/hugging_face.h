@@ -14,22 +14,29 @@
 /// both are read); GPT-2's Conv1D layers keep their weights as [in, out], the
 /// spec's Linear as [out, in]; the head is tied to the token embedding, so
 /// model.safetensors holds no lm_head.weight.
+///
+/// Llama (LlamaForCausalLM): the model (llama.h) has Hugging Face's names
+/// and layout already; its head is untied. Rope scaling is refused.
 
 #include <torch/torch.h>
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "fsdp/gpt.h"
+#include "fsdp/language_model.h"
+#include "fsdp/llama.h"
 #include "fsdp/safetensors.h"
 
 namespace fsdp::hugging_face {
 
 /// The model families this layer maps.
 enum class Architecture {
-  kGpt2,  ///< GPT2LMHeadModel: the spec's GPT
+  kGpt2,   ///< GPT2LMHeadModel: the spec's GPT
+  kLlama,  ///< LlamaForCausalLM: models::Llama
 };
 
 /// A Hugging Face model's two files.
@@ -50,6 +57,13 @@ ModelFiles find_model(const std::string& path);
 struct ModelConfig {
   Architecture architecture = Architecture::kGpt2;  ///< from "model_type"
   models::GPTConfig gpt;  ///< kGpt2's dimensions (the batch left at its default)
+  models::LlamaConfig llama;  ///< kLlama's dimensions (the batch left at its default)
+  /// "gpt" or "llama" (LanguageModel::model_type()).
+  std::string model_type() const;
+  /// The configuration's describe() text.
+  std::string describe() const;
+  /// A new model of this configuration (its weights not initialized).
+  std::shared_ptr<models::LanguageModel> new_model() const;
 };
 /// Reads config.json; throws, naming the field, for an architecture or a
 /// setting the model does not have (an activation other than GELU's tanh
@@ -106,7 +120,8 @@ void convert_checkpoint_to_hf(const std::string& checkpoint, const ModelConfig& 
 /// configuration ("config": GPTConfig::describe()).
 void convert_hf_to_file(const std::string& hf_path, const std::string& spec_file);
 
-/// GPTConfig::describe()'s text read back (the "config" our files and checkpoints record).
-models::GPTConfig parse_gpt_description(const std::string& text);
+/// The "model" ("gpt", "llama") and "config" (describe()'s text) that our
+/// weight files and checkpoints record, read back.
+ModelConfig parse_description(const std::string& model_type, const std::string& text);
 
 }  // namespace fsdp::hugging_face

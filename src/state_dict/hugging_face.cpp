@@ -151,6 +151,111 @@ std::vector<safetensors::TensorSpec> gpt2_parameter_specs(const models::GPTConfi
   return specs;
 }
 
+// rope_theta: top level (transformers 4), or in rope_parameters (5); any
+// scaling (rope_scaling, a rope_type other than default) is refused.
+double read_rope_theta(const json& c, const std::string& path) {
+  double theta = field<double>(c, path, "rope_theta", 10000.0);
+  if (c.contains("rope_scaling") && !c.at("rope_scaling").is_null()) {
+    TORCH_CHECK(false, "'", path, "': \"rope_scaling\" is ", c.at("rope_scaling").dump(),
+                "; the model has plain rotary embeddings only (null)");
+  }
+  if (c.contains("rope_parameters") && c.at("rope_parameters").is_object()) {
+    const json& rope = c.at("rope_parameters");
+    const auto type = field<std::string>(rope, path, "rope_type", std::string("default"));
+    TORCH_CHECK(type == "default", "'", path, "': \"rope_parameters\" has \"rope_type\" \"", type,
+                "\"; the model has plain rotary embeddings only (default)");
+    theta = field<double>(rope, path, "rope_theta", theta);
+  }
+  return theta;
+}
+
+ModelConfig read_llama_config(const json& c, const std::string& path) {
+  ModelConfig config;
+  config.architecture = Architecture::kLlama;
+  models::LlamaConfig& l = config.llama;
+  l.vocab = field<int64_t>(c, path, "vocab_size", int64_t{32000});
+  l.width = field<int64_t>(c, path, "hidden_size", int64_t{4096});
+  l.hidden = field<int64_t>(c, path, "intermediate_size", int64_t{11008});
+  l.layers = field<int64_t>(c, path, "num_hidden_layers", int64_t{32});
+  l.heads = field<int64_t>(c, path, "num_attention_heads", int64_t{32});
+  l.kv_heads = field<int64_t>(c, path, "num_key_value_heads", l.heads);
+  l.context = field<int64_t>(c, path, "max_position_embeddings", int64_t{2048});
+  l.norm_eps = field<double>(c, path, "rms_norm_eps", 1e-6);
+  l.rope_theta = read_rope_theta(c, path);
+  const auto activation = field<std::string>(c, path, "hidden_act", std::string("silu"));
+  TORCH_CHECK(activation == "silu", "'", path, "': \"hidden_act\" is \"", activation, "\"; the model's MLP is SwiGLU (silu)");
+  TORCH_CHECK(!field<bool>(c, path, "tie_word_embeddings", false), "'", path,
+              "': \"tie_word_embeddings\" is true; the model's head is untied");
+  TORCH_CHECK(!field<bool>(c, path, "attention_bias", false) && !field<bool>(c, path, "mlp_bias", false), "'", path,
+              "': \"attention_bias\" or \"mlp_bias\" is true; the model has no biases");
+  const int64_t head_dim = field<int64_t>(c, path, "head_dim", l.width / std::max<int64_t>(l.heads, 1));
+  TORCH_CHECK(head_dim * l.heads == l.width, "'", path, "': \"head_dim\" is ", head_dim,
+              "; the model's is hidden_size / num_attention_heads = ", l.width / std::max<int64_t>(l.heads, 1));
+  l.validate();
+  return config;
+}
+
+json llama_config_json(const models::LlamaConfig& l) {
+  return json{{"architectures", {"LlamaForCausalLM"}},
+              {"model_type", "llama"},
+              {"attention_bias", false},
+              {"attention_dropout", 0.0},
+              {"bos_token_id", nullptr},
+              {"eos_token_id", nullptr},
+              {"head_dim", l.head_dim()},
+              {"hidden_act", "silu"},
+              {"hidden_size", l.width},
+              {"initializer_range", 0.02},
+              {"intermediate_size", l.hidden},
+              {"max_position_embeddings", l.context},
+              {"mlp_bias", false},
+              {"num_attention_heads", l.heads},
+              {"num_hidden_layers", l.layers},
+              {"num_key_value_heads", l.kv_heads},
+              {"pretraining_tp", 1},
+              {"rms_norm_eps", l.norm_eps},
+              {"rope_scaling", nullptr},  // transformers 4 reads these two
+              {"rope_theta", l.rope_theta},
+              {"rope_parameters", {{"rope_theta", l.rope_theta}, {"rope_type", "default"}}},  // transformers 5
+              {"tie_word_embeddings", false},
+              {"torch_dtype", "float32"},
+              {"use_cache", true},
+              {"vocab_size", l.vocab}};
+}
+
+std::vector<safetensors::TensorSpec> llama_parameter_specs(const models::LlamaConfig& l) {
+  const int64_t C = l.width, kv = l.kv_heads * l.head_dim();
+  std::vector<safetensors::TensorSpec> specs{{"model.embed_tokens.weight", torch::kFloat, {l.vocab, C}}};
+  for (int64_t i = 0; i < l.layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    for (const auto& [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {"input_layernorm.weight", {C}},
+             {"self_attn.q_proj.weight", {C, C}},
+             {"self_attn.k_proj.weight", {kv, C}},
+             {"self_attn.v_proj.weight", {kv, C}},
+             {"self_attn.o_proj.weight", {C, C}},
+             {"post_attention_layernorm.weight", {C}},
+             {"mlp.gate_proj.weight", {l.hidden, C}},
+             {"mlp.up_proj.weight", {l.hidden, C}},
+             {"mlp.down_proj.weight", {C, l.hidden}}}) {
+      specs.push_back({p + name, torch::kFloat, shape});
+    }
+  }
+  specs.push_back({"model.norm.weight", torch::kFloat, {C}});
+  specs.push_back({"lm_head.weight", torch::kFloat, {l.vocab, C}});
+  return specs;
+}
+
+std::vector<safetensors::TensorSpec> parameter_specs(const ModelConfig& config) {
+  return config.architecture == Architecture::kGpt2 ? gpt2_parameter_specs(config.gpt)
+                                                    : llama_parameter_specs(config.llama);
+}
+
+// GPT-2's head is tied: its files hold no lm_head.weight.
+bool is_tied_head(Architecture architecture, const std::string& name) {
+  return architecture == Architecture::kGpt2 && name == "lm_head.weight";
+}
+
 std::vector<int64_t> hf_shape(Architecture architecture, const safetensors::TensorSpec& spec) {
   if (!is_transposed(architecture, spec.name)) return spec.shape;
   return {spec.shape.at(1), spec.shape.at(0)};
@@ -219,23 +324,43 @@ ModelConfig read_config(const std::string& config_path) {
   const json c = read_json(config_path);
   TORCH_CHECK(c.is_object(), "'", config_path, "' is not a JSON object");
   const auto model_type = field<std::string>(c, config_path, "model_type", std::string());
-  TORCH_CHECK(model_type == "gpt2", "'", config_path, "': \"model_type\" is \"", model_type, "\"; expected gpt2");
+  if (model_type == "llama") return read_llama_config(c, config_path);
+  TORCH_CHECK(model_type == "gpt2", "'", config_path, "': \"model_type\" is \"", model_type,
+              "\"; expected gpt2 or llama");
   return read_gpt2_config(c, config_path);
 }
 
-std::string config_json(const ModelConfig& config) { return gpt2_config_json(config.gpt).dump(2) + "\n"; }
+std::string config_json(const ModelConfig& config) {
+  return (config.architecture == Architecture::kGpt2 ? gpt2_config_json(config.gpt) : llama_config_json(config.llama))
+             .dump(2) +
+         "\n";
+}
+
+std::string ModelConfig::model_type() const { return architecture == Architecture::kGpt2 ? "gpt" : "llama"; }
+
+std::string ModelConfig::describe() const {
+  return architecture == Architecture::kGpt2 ? gpt.describe() : llama.describe();
+}
+
+std::shared_ptr<models::LanguageModel> ModelConfig::new_model() const {
+  if (architecture == Architecture::kGpt2) return models::GPT(gpt).ptr();
+  return models::Llama(llama).ptr();
+}
 
 std::string to_hf_name(Architecture, const std::string& name) { return name; }
 
-std::optional<std::string> from_hf_name(Architecture, const std::string& hf_name) {
+std::optional<std::string> from_hf_name(Architecture architecture, const std::string& hf_name) {
+  if (architecture == Architecture::kLlama) {  // the same names; old files kept RoPE's inverse frequencies
+    return ends_with(hf_name, ".rotary_emb.inv_freq") ? std::nullopt : std::optional<std::string>(hf_name);
+  }
   if (hf_name == "lm_head.weight") return std::nullopt;  // tied: the token embedding's
   if (ends_with(hf_name, ".attn.bias") || ends_with(hf_name, ".attn.masked_bias")) return std::nullopt;  // buffers
   return starts_with(hf_name, kTransformerPrefix) ? hf_name : kTransformerPrefix + hf_name;
 }
 
-bool is_transposed(Architecture, const std::string& name) {
-  return ends_with(name, ".attn.c_attn.weight") || ends_with(name, ".attn.c_proj.weight") ||
-         ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_proj.weight");
+bool is_transposed(Architecture architecture, const std::string& name) {
+  return architecture == Architecture::kGpt2 && (ends_with(name, ".attn.c_attn.weight") || ends_with(name, ".attn.c_proj.weight") ||
+         ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_proj.weight"));
 }
 
 void load_weights(torch::nn::Module& module, const ModelFiles& files, Architecture architecture) {
@@ -246,7 +371,7 @@ void load_weights(torch::nn::Module& module, const ModelFiles& files, Architectu
   // Everything is checked before anything changes.
   for (const auto& [name, param] : params) {
     expected.insert(name);
-    if (name == "lm_head.weight") continue;  // tied, never a parameter of its own in the model
+    if (is_tied_head(architecture, name)) continue;  // never a parameter of its own in the model
     const auto it = by_name.find(name);
     TORCH_CHECK(it != by_name.end(), "'", files.weights, "' has no tensor '", to_hf_name(architecture, name),
                 "' (expected shape ", c10::IntArrayRef(hf_shape(architecture, {name, torch::kFloat, param.sizes().vec()})), ")");
@@ -276,7 +401,7 @@ FolderWriter::FolderWriter(const std::string& folder, const ModelConfig& config,
   std::vector<safetensors::TensorSpec> hf;
   for (const auto& t : tensors) {
     names_.push_back(t.name);
-    if (t.name == "lm_head.weight") continue;  // tied: GPT-2's files leave it out
+    if (is_tied_head(config.architecture, t.name)) continue;  // GPT-2's files leave it out
     hf.push_back({to_hf_name(config.architecture, t.name), torch::kFloat, hf_shape(config.architecture, t)});
   }
   writer_.emplace((fs::path(folder) / "model.safetensors").string(), std::move(hf),
@@ -286,7 +411,7 @@ FolderWriter::FolderWriter(const std::string& folder, const ModelConfig& config,
 void FolderWriter::write(const torch::Tensor& tensor) {
   TORCH_CHECK(next_ < names_.size(), "FolderWriter: more tensors written than the ", names_.size(), " listed");
   const std::string& name = names_[next_++];
-  if (name == "lm_head.weight") return;
+  if (is_tied_head(config_.architecture, name)) return;
   torch::Tensor value = tensor.to(torch::kFloat);
   if (is_transposed(config_.architecture, name)) value = value.t();
   writer_->write(value.contiguous());
@@ -336,7 +461,7 @@ void convert_hf_to_file(const std::string& hf_path, const std::string& spec_file
   const ModelConfig config = read_config(files.config);
   safetensors::Reader reader(files.weights);
   const auto by_name = entries_by_model_name(reader, config.architecture);
-  const auto specs = gpt2_parameter_specs(config.gpt);
+  const auto specs = parameter_specs(config);
   for (const auto& s : specs) {
     const auto it = by_name.find(s.name);
     TORCH_CHECK(it != by_name.end(), "'", files.weights, "' has no tensor '", s.name, "'");
@@ -347,7 +472,7 @@ void convert_hf_to_file(const std::string& hf_path, const std::string& spec_file
   TORCH_CHECK(by_name.size() == specs.size(), "'", files.weights, "' holds ", by_name.size(),
               " of the model's tensors, expected ", specs.size());
   safetensors::Writer writer(spec_file, specs,
-                             {{"format", "pt"}, {"model", "gpt"}, {"config", config.gpt.describe()},
+                             {{"format", "pt"}, {"model", config.model_type()}, {"config", config.describe()},
                               {"converted_from", hf_path}});
   for (const auto& s : specs) {  // one tensor at a time
     writer.write(read_in_model_layout(reader, *by_name.at(s.name), config.architecture, s.name, torch::kFloat));
@@ -355,27 +480,41 @@ void convert_hf_to_file(const std::string& hf_path, const std::string& spec_file
   writer.commit();
 }
 
-models::GPTConfig parse_gpt_description(const std::string& text) {
+ModelConfig parse_description(const std::string& model_type, const std::string& text) {
+  TORCH_CHECK(model_type == "gpt" || model_type == "llama", "unknown model type '", model_type,
+              "': expected gpt or llama");
   std::string body = text;
   if (body.size() >= 2 && body.front() == '"' && body.back() == '"') body = body.substr(1, body.size() - 2);
-  models::GPTConfig g;
-  std::map<std::string, int64_t*> fields{{"vocab", &g.vocab}, {"context", &g.context}, {"layers", &g.layers},
-                                         {"heads", &g.heads}, {"width", &g.width},     {"batch", &g.batch}};
+  ModelConfig config;
+  config.architecture = model_type == "gpt" ? Architecture::kGpt2 : Architecture::kLlama;
+  std::map<std::string, double> values;
   std::istringstream in(body);
-  std::string item;
-  std::set<std::string> seen;
-  while (std::getline(in, item, ',')) {
+  for (std::string item; std::getline(in, item, ',');) {
     std::istringstream words(item);
     std::string key;
-    int64_t value = 0;
-    TORCH_CHECK(words >> key >> value && fields.count(key), "cannot read the model configuration '", text,
-                "': expected 'vocab N, context N, layers N, heads N, width N, batch N'");
-    *fields.at(key) = value;
-    seen.insert(key);
+    double value = 0;
+    TORCH_CHECK(words >> key >> value, "cannot read the model configuration '", text,
+                "': expected 'vocab N, context N, layers N, ...'");
+    values[key] = value;
   }
-  TORCH_CHECK(seen.size() >= 5, "the model configuration '", text, "' does not name every dimension");
-  g.validate();
-  return g;
+  auto get = [&](const char* key) {
+    TORCH_CHECK(values.count(key), "the model configuration '", text, "' has no ", key);
+    return values.at(key);
+  };
+  auto whole = [&](const char* key) { return static_cast<int64_t>(get(key)); };
+  if (config.architecture == Architecture::kGpt2) {
+    models::GPTConfig& g = config.gpt;
+    g.vocab = whole("vocab"), g.context = whole("context"), g.layers = whole("layers"), g.heads = whole("heads");
+    g.width = whole("width");
+    g.validate();
+  } else {
+    models::LlamaConfig& l = config.llama;
+    l.vocab = whole("vocab"), l.context = whole("context"), l.layers = whole("layers"), l.heads = whole("heads");
+    l.kv_heads = whole("kv_heads"), l.width = whole("width"), l.hidden = whole("hidden");
+    l.rope_theta = get("rope_theta"), l.norm_eps = get("norm_eps");
+    l.validate();
+  }
+  return config;
 }
 
 }  // namespace fsdp::hugging_face

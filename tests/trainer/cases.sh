@@ -719,3 +719,5 @@ case_gpu() {
 }
 
 row gpu-check "scripts/gpu_check.sh's logic, run on the CPU: its checks, limits and JSON lines"
+
+row main-job "scripts/main.sh as the README runs it: tokenizer trained and corpus encoded, 2 ranks train, a sample decoded to text of which >= 70 % of the words occur in the corpus, validation in bits per byte"

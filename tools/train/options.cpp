@@ -76,8 +76,18 @@ void add_data_options(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--eval-sequences", o.eval_sequences,
                  "validation sequences per evaluation, a multiple of the world size (default: 64 rounded up to one)");
-  app.add_option("--init-from", o.init_from, "initial weights (.safetensors, the spec's names)");
-  app.add_option("--save-final", o.save_final, "write the trained weights here (.safetensors)");
+  app.add_option("--tokenizer", o.tokenizer,
+                 "a Hugging Face tokenizer.json: the vocabulary, --prompt encoded, the sample decoded (--data: its ids)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--init-from", o.init_from,
+                 "initial weights: a .safetensors of the spec's names, or a Hugging Face model (a folder with "
+                 "config.json and model.safetensors, or that model.safetensors: the shape from config.json)");
+  app.add_option("--save-final", o.save_final, "write the trained weights here (.safetensors; --save-format hf: a folder)");
+  app.add_option("--save-format", o.save_format,
+                 "spec: one .safetensors of the spec's names; hf: a Hugging Face folder (model.safetensors, "
+                 "config.json, and --tokenizer's tokenizer.json) that transformers' from_pretrained loads")
+      ->check(CLI::IsMember({"spec", "hf"}))
+      ->capture_default_str();
   app.add_option("--log", o.log, "JSON lines, one per step");
   app.add_option("--threads", o.threads, "LibTorch threads per rank (default: from fsdp-run, else cores / ranks)");
   app.add_option("--print-every", o.print_every, "progress line interval (default: steps / 20)");

@@ -28,6 +28,7 @@ struct TrainOptions {
   std::optional<int64_t> eval_sequences;
   std::string init_from;
   std::string save_final;
+  std::string save_format = "spec";  // --save-final as the spec's file, or a Hugging Face folder (hf)
   std::string log;
   int threads = 0;
   int64_t print_every = 0;
@@ -76,6 +77,7 @@ struct TrainOptions {
   int64_t sample = 0;
   double temperature = 0.8;
   std::string prompt = "The ";
+  std::string tokenizer;  // a Hugging Face tokenizer.json (fsdp-data train-tokenizer writes one)
   uint64_t sample_seed = 0;
 };
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/host_memory.h"
+#include "fsdp/hugging_face.h"
 #include "fsdp/offload.h"
 #include "train/report_util.h"
 
@@ -127,7 +128,9 @@ void print_nvme_and_init(const ReportContext& c) {
               << " per rank on disk\n";
   }
   if (!o.init_from.empty()) {
-    const double mb = std::filesystem::file_size(o.init_from) / 1e6;
+    const bool folder = fsdp::hugging_face::is_model(o.init_from);  // or its model.safetensors
+    const double mb =
+        std::filesystem::file_size(folder ? fsdp::hugging_face::find_model(o.init_from).weights : o.init_from) / 1e6;
     std::cout << "  initialized from " << o.init_from << " (" << std::fixed << std::setprecision(1) << mb
               << " MB in " << std::setprecision(2) << c.run.init_seconds << " s on each rank, " << std::setprecision(0)
               << mb / c.run.init_seconds << " MB/s)\n";
@@ -176,6 +179,10 @@ void print_banner(const ReportContext& c) {
             << o.clip_grad_norm << " (0: off)\n"
             << "  data: " << run.data->path() << " (" << run.data->size() << " tokens, " << run.data->val_size()
             << " held out for validation; " << o.data_order << " order, seed " << o.data_seed << ")\n";
+  if (run.tokenizer) {
+    std::cout << "  tokenizer: " << run.tokenizer->path() << " (" << run.tokenizer->vocab_size()
+              << " ids; the prompt encoded, the sample decoded, validation also in bits per byte)\n";
+  }
   if (!run.strategy_reason.empty()) std::cout << "  " << run.strategy_reason << "\n";
   print_zero_plus_plus(c);
   print_nvme_and_init(c);
@@ -286,6 +293,7 @@ void write_log_record(const ReportContext& c, const RunFigures& figures, const f
   const double grad_norm = result.grad_norm.value_or(-1.0);
   if (grad_norm >= 0) line["grad_norm"] = grad_norm;
   if (val_loss) line["val_loss"] = *val_loss;
+  if (val_loss && figures.final_val_bpb) line["val_bpb"] = *figures.final_val_bpb;
   if (const fsdp::GradScaler* scaler = c.train_step.scaler()) {
     line["skipped"] = !result.stepped;
     line["loss_scale"] = scaler->scale_factor();
@@ -308,6 +316,7 @@ void report_step(const ReportContext& c, const RunFigures& figures, const fsdp::
             << " tok/s | " << std::setprecision(3) << step_s << " s/step | ETA "
             << human_seconds(typical * static_cast<double>(o.steps - step - 1));
   if (val_loss) std::cout << " | val loss " << std::setprecision(4) << *val_loss;
+  if (val_loss && figures.final_val_bpb) std::cout << " (" << std::setprecision(3) << *figures.final_val_bpb << " bits/byte)";
   if (!result.stepped) std::cout << " | skipped (overflow)";
   std::cout << "\n" << std::flush;
 }

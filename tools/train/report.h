@@ -62,6 +62,7 @@ struct RunFigures {
   double final_loss = 0.0;
   int64_t skipped_steps = 0;
   std::optional<double> final_val_loss;
+  std::optional<double> final_val_bpb;  // the same in bits per byte of text (train/text.h), when known
   int64_t eval_sequences = 0;
   int64_t first_step = 0;
   int64_t preempted_after = 0;  // the last step done when the ranks agreed to stop on a signal (0: none)

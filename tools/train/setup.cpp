@@ -12,10 +12,12 @@
 #include "fsdp/error.h"
 #include "fsdp/host_memory.h"
 #include "fsdp/memory.h"
+#include "fsdp/hugging_face.h"
 #include "fsdp/memory_plan.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/train_step.h"
 #include "fsdp/wrap_policy.h"
+#include "train/text.h"
 
 namespace fsdp_train {
 namespace {
@@ -236,6 +238,37 @@ std::unique_ptr<fsdp::models::TokenData> make_data(const TrainOptions& o, const 
                                                        .val_fraction(o.val_fraction));
 }
 
+// --init-from a Hugging Face model: its config.json gives the shape; a shape
+// option that says otherwise is refused (Llama's --context, the training
+// sequence length, is free: its positions are rotary, not learned).
+void apply_hugging_face_config(const TrainOptions& o, Run& run) {
+  if (!fsdp::hugging_face::is_model(o.init_from)) return;
+  namespace hf = fsdp::hugging_face;
+  const hf::ModelConfig hf_config = hf::read_config(hf::find_model(o.init_from).config);
+  TORCH_CHECK(hf_config.model_type() == o.model, "--init-from '", o.init_from, "' is a ",
+              hf_config.architecture == hf::Architecture::kGpt2 ? "GPT-2" : "Llama", " model: pass --model ",
+              hf_config.model_type());
+  const bool llama = o.model == "llama";
+  const auto& l = hf_config.llama;
+  const auto& g = hf_config.gpt;
+  auto take = [&](const char* flag, const std::optional<int64_t>& given, int64_t value, int64_t& into) {
+    TORCH_CHECK(!given || *given == value, "--", flag, " ", given.value_or(0), " contradicts --init-from '",
+                o.init_from, "', whose config.json says ", value, " (leave --", flag, " out)");
+    into = value;
+  };
+  take("vocab", o.vocab, llama ? l.vocab : g.vocab, run.config.vocab);
+  take("layers", o.layers, llama ? l.layers : g.layers, run.config.layers);
+  take("heads", o.heads, llama ? l.heads : g.heads, run.config.heads);
+  take("width", o.width, llama ? l.width : g.width, run.config.width);
+  if (!llama) take("context", o.context, g.context, run.config.context);
+  if (!llama) return;
+  auto& c = run.llama_config;
+  const int64_t context = o.context ? *o.context : l.context;
+  take("kv-heads", o.kv_heads, l.kv_heads, c.kv_heads);
+  c.vocab = l.vocab, c.layers = l.layers, c.heads = l.heads, c.width = l.width, c.hidden = l.hidden;
+  c.rope_theta = l.rope_theta, c.norm_eps = l.norm_eps, c.context = run.config.context = context;
+}
+
 // The whole model on every rank (initialized), or its shapes only for
 // --sharded-init; then --init-from's weights.
 void make_model(const TrainOptions& o, Run& run) {
@@ -249,7 +282,12 @@ void make_model(const TrainOptions& o, Run& run) {
   }
   if (!o.init_from.empty()) {
     const auto start = std::chrono::steady_clock::now();
-    fsdp::load_full_weights(*run.model, o.init_from);
+    if (fsdp::hugging_face::is_model(o.init_from)) {
+      const auto files = fsdp::hugging_face::find_model(o.init_from);
+      fsdp::hugging_face::load_weights(*run.model, files, fsdp::hugging_face::read_config(files.config).architecture);
+    } else {
+      fsdp::load_full_weights(*run.model, o.init_from);
+    }
     run.init_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 }
@@ -320,8 +358,11 @@ std::string trace_path(const std::string& path, int rank) {
 Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   Run run;
   run.config = make_config(o);
+  apply_tokenizer(o, run);
   check_values(o, world->size());
   if (o.model == "llama") run.llama_config = make_llama_config(o, run.config);
+  apply_hugging_face_config(o, run);
+  check_tokenizer_fits(o, run);
   run.schedule = make_schedule(o);
   run.ckpt_format = fsdp::parse_checkpoint_format(o.ckpt_format);
   run.fsdp_options = make_fsdp_options(o);

@@ -15,6 +15,7 @@
 #include "fsdp/llama.h"
 #include "fsdp/lr_schedule.h"
 #include "fsdp/token_data.h"
+#include "fsdp/tokenizer.h"
 #include "train/options.h"
 
 namespace fsdp_train {
@@ -26,6 +27,7 @@ struct Run {
   fsdp::models::GPTConfig config;
   fsdp::models::LlamaConfig llama_config;  // --model llama
   std::unique_ptr<fsdp::models::TokenData> data;
+  std::shared_ptr<const fsdp::text::Tokenizer> tokenizer;  // --tokenizer (null: none)
   std::shared_ptr<fsdp::models::LanguageModel> model;  // --model: a GPT or a Llama
   fsdp::FullyShardOptions fsdp_options;
   std::string strategy_reason;  // why --strategy auto picked what it did

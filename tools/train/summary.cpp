@@ -217,6 +217,7 @@ void write_summary(const ReportContext& c, const RunFigures& figures, const EndF
   if (figures.final_val_loss) {
     summary["final_val_loss"] = *figures.final_val_loss;
     summary["eval_sequences"] = figures.eval_sequences;
+    if (figures.final_val_bpb) summary["final_val_bpb"] = *figures.final_val_bpb;
   }
   std::ofstream out(c.o.summary);
   out << summary.dump() << "\n";
@@ -236,8 +237,9 @@ void print_training(const ReportContext& c, const RunFigures& figures) {
             << (c.train_step.scaler() ? " (" + std::to_string(figures.skipped_steps) + " skipped on overflow)" : "")
             << "\n";
   if (figures.final_val_loss) {
-    std::cout << "validation loss   " << std::setprecision(4) << *figures.final_val_loss << " ("
-              << figures.eval_sequences << " held-out sequences)\n";
+    std::cout << "validation loss   " << std::setprecision(4) << *figures.final_val_loss;
+    if (figures.final_val_bpb) std::cout << " = " << std::setprecision(3) << *figures.final_val_bpb << " bits/byte";
+    std::cout << " (" << figures.eval_sequences << " held-out sequences)\n";
   }
   std::cout << "throughput        " << std::setprecision(0) << c.predicted.tokens_per_step / typical
             << " tokens/s (median step " << std::setprecision(3) << typical << " s, first step excluded); wall "
@@ -325,7 +327,8 @@ void print_device_memory(const ReportContext& c, const RunFigures& figures, cons
 void print_outputs(const ReportContext& c, const RunFigures& figures, const EndFigures& end) {
   const TrainOptions& o = c.o;
   if (!o.save_final.empty()) {
-    const double mb = std::filesystem::file_size(o.save_final) / 1e6;
+    const double mb = std::filesystem::file_size(o.save_format == "hf" ? o.save_final + "/model.safetensors"
+                                                                        : o.save_final) / 1e6;
     std::cout << "saved final weights to " << o.save_final << " (" << std::setprecision(1) << mb << " MB in "
               << std::setprecision(2) << end.save_final_s << " s, " << std::setprecision(0) << mb / end.save_final_s
               << " MB/s; rank 0's tensor memory peaked " << format_mib(end.save_final_peak_extra)

@@ -12,11 +12,13 @@
 #include "fsdp/error.h"
 #include "fsdp/evaluation.h"
 #include "fsdp/fused_adamw.h"
+#include "fsdp/hugging_face.h"
 #include "fsdp/memory.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/trace.h"
 #include "fsdp/train_step.h"
 #include "train/report.h"
+#include "train/text.h"
 
 namespace fsdp_train {
 namespace {
@@ -73,20 +75,19 @@ struct CheckpointedState {
 // --sample N: rank 0 generates N tokens from --prompt with the whole
 // parameters (an UnshardScope: collective on entry and exit, nothing
 // collective inside it), greedily at temperature 0, else sampled.
-void print_sample(Model& model, const TrainOptions& o, int rank, c10::Device device) {
+void print_sample(Model& model, const TrainOptions& o, const Run& run, int rank) {
   fsdp::UnshardScope whole(model.state());
   if (rank != 0) return;
   const int64_t context = model->context();
   torch::NoGradGuard no_grad;
   torch::manual_seed(o.sample_seed);
-  std::vector<int64_t> tokens;
-  for (unsigned char ch : o.prompt) tokens.push_back(static_cast<int64_t>(ch) % model->vocab());
-  if (tokens.empty()) tokens.push_back('\n' % model->vocab());
+  std::vector<int64_t> tokens = encode_prompt(run, o.prompt);
+  if (tokens.empty()) tokens.push_back(encode_prompt(run, "\n").front());
   for (int64_t i = 0; i < o.sample; ++i) {
     const int64_t window = std::min<int64_t>(static_cast<int64_t>(tokens.size()), context);
     torch::Tensor idx = torch::tensor(std::vector<int64_t>(tokens.end() - window, tokens.end()), torch::kLong)
                             .view({1, -1})
-                            .to(device);
+                            .to(run.device);
     torch::Tensor last = model->logits(idx).select(1, window - 1).squeeze(0).to(torch::kFloat);
     const int64_t next = o.temperature <= 0 ? last.argmax().item<int64_t>()
                                             : torch::multinomial(torch::softmax(last / o.temperature, 0), 1).item<int64_t>();
@@ -97,12 +98,7 @@ void print_sample(Model& model, const TrainOptions& o, int rank, c10::Device dev
   std::cout << "\n== sample (" << o.sample << " tokens, "
             << (o.temperature <= 0 ? std::string("greedy") : "temperature " + temperature.str())
             << ", prompt included) ==\n";
-  if (model->vocab() <= 256) {
-    for (int64_t t : tokens) std::cout << static_cast<char>(t);
-  } else {
-    for (size_t i = 0; i < tokens.size(); ++i) std::cout << (i ? " " : "") << tokens[i];
-  }
-  std::cout << "\n" << std::flush;
+  std::cout << decode_sample(run, tokens) << "\n" << std::flush;
 }
 
 // One run once sharded: the model, its optimizer and step, the checkpoints,
@@ -171,6 +167,7 @@ class Trainer {
   CheckpointedState checkpointed_;
   std::optional<fsdp::CheckpointManager> checkpoints_;
   RunFigures figures_;
+  std::optional<int64_t> val_bytes_;  // of the validation targets, once counted (0: unknown)
 
   // --ckpt-dir: the shared-folder probe, then --resume from the newest checkpoint.
   void open_checkpoints() {
@@ -226,6 +223,12 @@ class Trainer {
                              .device(run_.device);
     auto loss = [this](const torch::Tensor& x, const torch::Tensor& y) { return model_.forward(x, y); };
     figures_.final_val_loss = fsdp::evaluate_loss(model_.state(), loss, *run_.data, world_, options);
+    // The text behind the validation targets: the same every evaluation.
+    if (!val_bytes_) val_bytes_ = validation_bytes(run_, figures_.eval_sequences).value_or(0);
+    if (*val_bytes_ > 0) {
+      figures_.final_val_bpb =
+          bits_per_byte(*figures_.final_val_loss, figures_.eval_sequences, run_.config.context, *val_bytes_);
+    }
     return figures_.final_val_loss;
   }
 
@@ -275,7 +278,7 @@ class Trainer {
       fsdp::trace::write(trace_path(o_.trace, rank_), rank_);
       if (rank_ == 0) std::cout << "trace written to " << trace_path(o_.trace, 0) << " (one file per rank)\n";
     }
-    if (o_.sample > 0) print_sample(model_, o_, rank_, run_.device);
+    if (o_.sample > 0) print_sample(model_, o_, run_, rank_);
     if (!o_.save_final.empty()) save_final(end);
     figures_.signalled_here = preemption_.signal_here() != 0;
     if (rank_ == 0) print_summary(report_, figures_, end);
@@ -291,15 +294,28 @@ class Trainer {
     if (std::system(command.c_str()) != 0) std::cerr << "fsdp-train: warning: plotting failed: " << command << "\n";
   }
 
+  // --save-format hf: rank 0 streams the saved file into the folder (one tensor at a time), then the tokenizer.
+  std::string spec_file() const { return o_.save_final + ".spec.tmp.safetensors"; }
+  void export_hugging_face() {
+    namespace hf = fsdp::hugging_face;
+    hf::ModelConfig config;
+    config.architecture = o_.model == "llama" ? hf::Architecture::kLlama : hf::Architecture::kGpt2;
+    config.gpt = run_.config;
+    config.llama = run_.llama_config;
+    hf::convert_file_to_hf(spec_file(), config, o_.save_final);
+    std::filesystem::remove(spec_file());
+  }
+
   void save_final(EndFigures& end) {
     const auto start = Clock::now();
     fsdp::memory::reset_peaks();
     const int64_t live_before = fsdp::memory::usage().live_total;
-    fsdp::save_full_state_dict(model_.state(), o_.save_final,
+    fsdp::save_full_state_dict(model_.state(), o_.save_format == "hf" ? spec_file() : o_.save_final,
                                {{"format", "pt"},
                                 {"model", run_.model->model_type()},
                                 {"config", run_.model->describe()},
                                 {"steps", std::to_string(o_.steps)}});
+    if (o_.save_format == "hf" && rank_ == 0) export_hugging_face();
     end.save_final_peak_extra = fsdp::memory::usage().peak_total - live_before;
     end.save_final_s = std::chrono::duration<double>(Clock::now() - start).count();
   }

@@ -2,9 +2,9 @@
 # The main job: set up, build, train a byte-level BPE tokenizer on the
 # built-in corpus and encode the corpus with it (fsdp-data; both cached in
 # data/ after the first run), then train the reference GPT (preset small,
-# 100 steps) with FULL_SHARD on 2 local ranks on those tokens, in the
+# 250 steps) with FULL_SHARD on 2 local ranks on those tokens, in the
 # shuffled order with clipping, a warmup-plus-cosine schedule, and the
-# validation loss (also in bits per byte) every 20 steps; then the trained
+# validation loss (also in bits per byte) every 50 steps; then the trained
 # model writes a sample, decoded to text, and rank 0 prints the summary.
 # Extra arguments go to fsdp-train, e.g.  scripts/main.sh --steps 300
 # (one of the options below given there replaces the default here; --data or
@@ -18,7 +18,7 @@ build="$(build_dir "$kind")"
 vocab="${FSDP_MAIN_VOCAB:-1024}"  # the tokenizer's vocabulary (FSDP_MAIN_VOCAB overrides)
 corpus=data/default_corpus.txt tokenizer="data/tokenizer-$vocab.json" tokens="data/default_corpus-$vocab.bin"
 # Defaults of the main job, each dropped when the caller gives that option.
-declare -A defaults=([--sample]=160 [--lr-schedule]=cosine [--warmup-steps]=25 [--eval-every]=20
+declare -A defaults=([--steps]=250 [--sample]=160 [--lr-schedule]=cosine [--warmup-steps]=25 [--eval-every]=50
                      [--data]="$tokens" [--tokenizer]="$tokenizer")
 for arg in "$@"; do
   option="${arg%%=*}"

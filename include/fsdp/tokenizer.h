@@ -20,14 +20,14 @@ namespace fsdp::text {
 /// A Hugging Face tokenizer.json with a byte-level BPE model: model BPE
 /// (merges as "a b" strings or [a, b] pairs, ignore_merges), pre-tokenizer
 /// ByteLevel or Sequence of Split(Regex) and ByteLevel(use_regex false),
-/// normalizer null (others are refused), added tokens matched literally,
+/// normalizer null or NFC (others are refused), added tokens matched literally,
 /// decoder ByteLevel.
 /// Immutable after construction: encode and decode may run on several
 /// threads at once.
 class Tokenizer {
  public:
   /// Reads the file. Throws std::runtime_error naming the file and what is
-  /// missing or unsupported (another model type, a normalizer, a pre-tokenizer).
+  /// missing or unsupported (another model type, a normalizer other than NFC, a pre-tokenizer).
   explicit Tokenizer(const std::string& tokenizer_json_path);
   /// Frees the tokenizer.
   ~Tokenizer();

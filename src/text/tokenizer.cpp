@@ -17,6 +17,9 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include <unicode/unorm2.h>
+#include <unicode/ustring.h>
+
 #include "text/pretokenizer.h"
 #include "text/utf8.h"
 
@@ -94,6 +97,33 @@ std::string split_pattern(const std::string& path, const json& split) {
   fail(path, "a Split pre-tokenizer's pattern must be Regex or String, found " + pattern.dump());
 }
 
+// `text` in Unicode normalization form C (ICU's, as the NFC normalizer of
+// the `tokenizers` package). Text with no code point from U+0300 on is its
+// own NFC (every character below has NFC_Quick_Check Yes and none composes
+// with what precedes it), so most text is returned as it is.
+std::string_view nfc(std::string_view text, std::string& scratch) {
+  const bool inert = std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0xCC; });
+  if (inert) return text;
+  UErrorCode status = U_ZERO_ERROR;
+  const UNormalizer2* normalizer = unorm2_getNFCInstance(&status);
+  std::u16string utf16(text.size(), u'\0');
+  int32_t length = 0;
+  u_strFromUTF8(reinterpret_cast<UChar*>(utf16.data()), static_cast<int32_t>(utf16.size()), &length, text.data(),
+                static_cast<int32_t>(text.size()), &status);
+  utf16.resize(static_cast<size_t>(length));
+  std::u16string normalized(utf16.size() * 3 + 16, u'\0');
+  const int32_t n = unorm2_normalize(normalizer, reinterpret_cast<const UChar*>(utf16.data()), length,
+                                     reinterpret_cast<UChar*>(normalized.data()), static_cast<int32_t>(normalized.size()),
+                                     &status);
+  scratch.assign(static_cast<size_t>(n) * 3 + 16, '\0');
+  int32_t bytes = 0;
+  u_strToUTF8(scratch.data(), static_cast<int32_t>(scratch.size()), &bytes, reinterpret_cast<const UChar*>(normalized.data()),
+              n, &status);
+  if (U_FAILURE(status)) throw std::runtime_error(std::string("NFC normalization failed: ") + u_errorName(status));
+  scratch.resize(static_cast<size_t>(bytes));
+  return scratch;
+}
+
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -105,6 +135,7 @@ struct Tokenizer::Impl {
   std::array<uint32_t, 256> byte_id{};                 // the token of each single byte, or kNoId
   std::unordered_map<uint64_t, Merge> merges;
   bool ignore_merges = false;
+  bool nfc_normalizer = false;  // normalizer NFC (Qwen's); else none
   std::vector<AddedToken> raw_added, normalized_added;  // matched before / after normalization
   PreTokenizer pre_tokenizer;
   PieceCache cache;
@@ -114,7 +145,7 @@ struct Tokenizer::Impl {
   void read_merges(const json& merges_json);
   void read_added_tokens(const json& added);
   void read_pre_tokenizer(const json& pre);
-  void check_supported(const json& root) const;
+  void check_supported(const json& root);
   void set_token(uint32_t id, const std::string& name, bool added);
 
   void encode_text(std::string_view text, std::vector<uint32_t>& out) const;
@@ -140,11 +171,12 @@ void Tokenizer::Impl::set_token(uint32_t id, const std::string& name, bool added
   }
 }
 
-void Tokenizer::Impl::check_supported(const json& root) const {
+void Tokenizer::Impl::check_supported(const json& root) {
   const json normalizer = root.value("normalizer", json());
-  if (!normalizer.is_null()) {
+  nfc_normalizer = normalizer.is_object() && normalizer.value("type", "") == "NFC";
+  if (!normalizer.is_null() && !nfc_normalizer) {
     fail(path, "unsupported normalizer " + normalizer.value("type", normalizer.dump()) +
-                   " (only null, as in GPT-2's, Llama 3's and Qwen's byte-level tokenizers)");
+                   " (only null, as in GPT-2's and Llama 3's tokenizers, or NFC, as in Qwen's)");
   }
   const json decoder = root.value("decoder", json());
   if (!decoder.is_null() && decoder.value("type", "") != "ByteLevel") {
@@ -273,8 +305,12 @@ void Tokenizer::Impl::encode_text(std::string_view text, std::vector<uint32_t>& 
     else pre_tokenizer.for_each_piece(part, pieces);
   };
   split_added(text, raw_added, [&](std::string_view part, uint32_t id) {
-    if (id != kNoId) out.push_back(id);
-    else split_added(part, normalized_added, normalized_part);
+    if (id != kNoId) {
+      out.push_back(id);
+    } else {
+      std::string scratch;
+      split_added(nfc_normalizer ? nfc(part, scratch) : part, normalized_added, normalized_part);
+    }
   });
 }
 

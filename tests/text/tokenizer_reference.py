@@ -16,15 +16,18 @@ Exits 77 (skip) without tokenizers, unless CI is set.
 """
 import os
 import struct
+import unicodedata
 import subprocess
 import sys
 
 try:
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 except ImportError as e:
     print(f"skipped: this python ({sys.executable}) has no tokenizers package ({e})")
     sys.exit(1 if os.environ.get("CI") else 77)
 
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
@@ -38,12 +41,17 @@ def reference_tokenizers(workdir, texts):
         "llama3": (pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), True),
+        "qwen2-nfc": (pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), False),
     }
     for name, (pre, ignore_merges) in styles.items():
         tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
         tok.pre_tokenizer = pre
+        if name.endswith("-nfc"):
+            tok.normalizer = normalizers.NFC()
         tok.decoder = decoders.ByteLevel()
-        specials = ["<|endoftext|>"] if name.startswith("gpt2") else ["<|begin_of_text|>", "<|endoftext|>", "<|eot_id|>"]
+        specials = ["<|endoftext|>"] if not name.startswith("llama3") else ["<|begin_of_text|>", "<|endoftext|>", "<|eot_id|>"]
         trainer = trainers.BpeTrainer(vocab_size=1500, min_frequency=2, special_tokens=specials,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
         tok.train_from_iterator([open(t, "rb").read().decode("utf-8", errors="replace") for t in texts], trainer)
@@ -93,6 +101,8 @@ def compare(fsdp_data, workdir, name, tokenizer_path, text_file):
         failures.append(f"{label}: the streamed (chunked, 3 threads) ids differ at {first_difference(streamed, expected)}")
     decoded = subprocess.run([fsdp_data, "decode", "--tokenizer", tokenizer_path, os.path.join(workdir, "streamed.bin")],
                              check=True, capture_output=True).stdout
+    if name.endswith("-nfc"):  # decoding gives the normalized text
+        text = unicodedata.normalize("NFC", text)
     if decoded != text.encode("utf-8"):
         failures.append(f"{label}: decode(encode(text)) != text (first byte differing: "
                         f"{first_difference(decoded, text.encode('utf-8'))})")

@@ -304,6 +304,10 @@ class Trainer {
     config.llama = run_.llama_config;
     hf::convert_file_to_hf(spec_file(), config, o_.save_final);
     std::filesystem::remove(spec_file());
+    if (!o_.tokenizer.empty()) {
+      std::filesystem::copy_file(o_.tokenizer, std::filesystem::path(o_.save_final) / "tokenizer.json",
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
   }
 
   void save_final(EndFigures& end) {

@@ -8,7 +8,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/libtorch_kinds.sh
 refs=("torch==$wheel_torch_version" "${python_reference_packages[@]}")
-if .venv/bin/python - "${refs[@]}" <<'PY' 2>/dev/null; then exit 0; fi
+# fetch_assets: the pinned sdists' *.tiktoken files into .venv/assets/ (pip download --no-deps), once.
+fetch_assets() {
+  [ -f .venv/assets/gpt2.tiktoken ] && [ -f .venv/assets/multilingual.tiktoken ] && return 0
+  .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+    -d .venv/assets "${python_reference_assets[@]}"
+  for sdist in .venv/assets/*.tar.gz; do
+    tar -xzf "$sdist" -C .venv/assets --wildcards --no-anchored --strip-components=3 'whisper/assets/*.tiktoken'
+  done
+}
+if .venv/bin/python - "${refs[@]}" <<'PY' 2>/dev/null; then fetch_assets; exit 0; fi
 import sys
 from importlib.metadata import version
 for pin in sys.argv[1:]:
@@ -24,3 +33,4 @@ done
 echo "python_refs: installing ${refs[*]} into .venv/ (a few GB with torch's CUDA libraries)"
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check "${refs[@]}"
+fetch_assets

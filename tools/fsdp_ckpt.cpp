@@ -149,7 +149,8 @@ namespace hf = fsdp::hugging_face;
 hf::ModelConfig recorded_config(const std::string& path) {
   std::string text, model_type;
   if (fs::is_directory(path)) {
-    const auto& extra = fsdp::SavedCheckpoint(path, fsdp::SavedCheckpoint::Verify::kHeadersOnly).info().extra;
+    const fsdp::SavedCheckpoint saved(path, fsdp::SavedCheckpoint::Verify::kHeadersOnly);
+    const auto& extra = saved.info().extra;
     if (extra.count("config")) text = extra.at("config");
   } else {
     const fsdp::safetensors::Reader reader(path);

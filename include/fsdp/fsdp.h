@@ -70,6 +70,9 @@
 #include "fsdp/gpt.h"            // the reference GPT (shared/spec/gpt.md)
 #include "fsdp/grad_utils.h"     // clipping by the global norm, GradScaler, weight decay
 #include "fsdp/host_memory.h"    // host-memory planning and the preflight
+#include "fsdp/hugging_face.h"   // Hugging Face GPT-2 and Llama folders (config.json, model.safetensors) in and out
+#include "fsdp/language_model.h"  // LanguageModel: what the trainer needs of a GPT or a Llama
+#include "fsdp/llama.h"          // the Llama (Hugging Face LlamaForCausalLM's names and semantics)
 #include "fsdp/lr_schedule.h"    // warmup, constant and cosine learning rates
 #include "fsdp/memory.h"         // exact tensor memory by category
 #include "fsdp/memory_plan.h"    // the planner: memory and communication per strategy
@@ -80,6 +83,7 @@
 #include "fsdp/safetensors.h"    // safetensors files, read and written as streams
 #include "fsdp/state_dict.h"     // full and sharded state dicts under the model's names
 #include "fsdp/token_data.h"     // token files and the spec's data orders
+#include "fsdp/tokenizer.h"      // Hugging Face tokenizer.json (byte-level BPE); link fsdp::fsdp_text for it
 #include "fsdp/trace.h"          // Chrome/Perfetto traces of units and collectives
 #include "fsdp/train_step.h"     // TrainStep: one optimizer step of a sharded model
 #include "fsdp/wrap_policy.h"    // which modules become units

@@ -65,4 +65,41 @@ checkpoint="$(ls -d "$work"/ck/step-* | tail -1)"
 "$ckpt" convert "$checkpoint" "$work/from_ckpt" --format hf > /dev/null
 same "$work/trained/model.safetensors" "$work/from_ckpt/model.safetensors"
 "${ref[@]}" compare "$work/from_ckpt" "$work/trained.json"
+[ "$kind" = gpt2 ] || { echo "ok: $kind in and out"; exit 0; }
+
+echo "== 4. GPT-2 as the hub serves it (no transformer. prefix, BF16), and what is refused"
+"$python" - "$work/hf" "$work/hub" <<'PY'
+import json, os, shutil, sys
+from safetensors.torch import load_file, save_file
+src, dst = sys.argv[1], sys.argv[2]
+os.makedirs(dst)
+tensors = {k.removeprefix("transformer."): v for k, v in load_file(f"{src}/model.safetensors").items()}
+tensors.update({f"h.{i}.attn.bias": __import__("torch").ones(1, 1, 32, 32) for i in range(2)})  # old files' buffers
+save_file(tensors, f"{dst}/model.safetensors", metadata={"format": "pt"})
+shutil.copy(f"{src}/config.json", dst)
+save_file({k: v.bfloat16() for k, v in tensors.items()}, f"{dst}/bf16.safetensors", metadata={"format": "pt"})
+config = json.load(open(f"{src}/config.json"))
+for name, change in {"relu": {"activation_function": "relu"}, "eps": {"layer_norm_epsilon": 1e-6},
+                     "untied": {"tie_word_embeddings": False}}.items():
+    os.makedirs(f"{dst}-{name}")
+    shutil.copy(f"{dst}/model.safetensors", f"{dst}-{name}")
+    json.dump({**config, **change}, open(f"{dst}-{name}/config.json", "w"))
+os.makedirs(f"{dst}-sharded")
+shutil.copy(f"{src}/config.json", f"{dst}-sharded")
+open(f"{dst}-sharded/model.safetensors.index.json", "w").write("{}")
+PY
+"$ckpt" logits "$work/hub" --tokens "$tokens" | cmp - "$work/hf.json"
+"$ckpt" logits "$work/hub/bf16.safetensors" --tokens "$tokens" > /dev/null
+expect_error() {  # expect_error MESSAGE COMMAND...: fails unless COMMAND fails saying MESSAGE
+  local message="$1" out; shift
+  if out="$("$@" 2>&1)"; then echo "expected an error: $*"; exit 1; fi
+  grep -qF -- "$message" <<< "$out" || { echo "expected '$message' from $*, got: $out"; exit 1; }
+}
+expect_error '"activation_function" is "relu"' "$ckpt" logits "$work/hub-relu" --tokens 1
+expect_error '"layer_norm_epsilon" is 1e-06' "$ckpt" logits "$work/hub-eps" --tokens 1
+expect_error '"tie_word_embeddings" is false' "$ckpt" logits "$work/hub-untied" --tokens 1
+expect_error 'is a sharded Hugging Face checkpoint' "$ckpt" logits "$work/hub-sharded" --tokens 1
+train=("$build/fsdp-run" -n 1 -- "$build/fsdp-train" --steps 1)
+expect_error "is a GPT-2 model: pass --model gpt" "${train[@]}" --model llama --init-from "$work/hub"
+expect_error "--width 128 contradicts --init-from" "${train[@]}" --init-from "$work/hub" --width 128
 echo "ok: $kind in and out"

@@ -58,6 +58,9 @@ struct ModelConfig {
   Architecture architecture = Architecture::kGpt2;  ///< from "model_type"
   models::GPTConfig gpt;  ///< kGpt2's dimensions (the batch left at its default)
   models::LlamaConfig llama;  ///< kLlama's dimensions (the batch left at its default)
+  /// The config.json this configuration was read from ("" if none): config_json()
+  /// keeps its other fields (token ids, ...) and a larger max_position_embeddings.
+  std::string source_json;
   /// "gpt" or "llama" (LanguageModel::model_type()).
   std::string model_type() const;
   /// The configuration's describe() text.
@@ -70,7 +73,8 @@ struct ModelConfig {
 /// form, untied embeddings, another LayerNorm epsilon, an inner width other
 /// than 4x, rope scaling...).
 ModelConfig read_config(const std::string& config_path);
-/// config.json for `config` (the fields `transformers` reads), as JSON text.
+/// config.json for `config` (the fields `transformers` reads, over those of
+/// its source_json), as JSON text.
 std::string config_json(const ModelConfig& config);
 
 /// The Hugging Face name of one of the model's parameters.

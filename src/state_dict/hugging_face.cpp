@@ -324,16 +324,28 @@ ModelConfig read_config(const std::string& config_path) {
   const json c = read_json(config_path);
   TORCH_CHECK(c.is_object(), "'", config_path, "' is not a JSON object");
   const auto model_type = field<std::string>(c, config_path, "model_type", std::string());
-  if (model_type == "llama") return read_llama_config(c, config_path);
-  TORCH_CHECK(model_type == "gpt2", "'", config_path, "': \"model_type\" is \"", model_type,
-              "\"; expected gpt2 or llama");
-  return read_gpt2_config(c, config_path);
+  TORCH_CHECK(model_type == "gpt2" || model_type == "llama", "'", config_path, "': \"model_type\" is \"",
+              model_type, "\"; expected gpt2 or llama");
+  ModelConfig config = model_type == "llama" ? read_llama_config(c, config_path) : read_gpt2_config(c, config_path);
+  config.source_json = c.dump();
+  return config;
 }
 
 std::string config_json(const ModelConfig& config) {
-  return (config.architecture == Architecture::kGpt2 ? gpt2_config_json(config.gpt) : llama_config_json(config.llama))
-             .dump(2) +
-         "\n";
+  const json ours =
+      config.architecture == Architecture::kGpt2 ? gpt2_config_json(config.gpt) : llama_config_json(config.llama);
+  json merged = config.source_json.empty() ? json::object() : json::parse(config.source_json);
+  for (const auto& [key, value] : ours.items()) {
+    const bool token_id = key == "bos_token_id" || key == "eos_token_id";
+    if (token_id && merged.contains(key)) continue;  // the source's own special tokens
+    if (key == "max_position_embeddings" && merged.contains(key) && merged.at(key).is_number_integer() &&
+        merged.at(key).get<int64_t>() > value.get<int64_t>()) {
+      continue;  // trained on shorter sequences: rotary positions reach as far as before
+    }
+    merged[key] = value;
+  }
+  merged["dtype"] = "float32";  // transformers 5's name of torch_dtype: the weights written are F32
+  return merged.dump(2) + "\n";
 }
 
 std::string ModelConfig::model_type() const { return architecture == Architecture::kGpt2 ? "gpt" : "llama"; }

@@ -302,6 +302,7 @@ class Trainer {
     config.architecture = o_.model == "llama" ? hf::Architecture::kLlama : hf::Architecture::kGpt2;
     config.gpt = run_.config;
     config.llama = run_.llama_config;
+    if (hf::is_model(o_.init_from)) config.source_json = hf::read_config(hf::find_model(o_.init_from).config).source_json;
     hf::convert_file_to_hf(spec_file(), config, o_.save_final);
     std::filesystem::remove(spec_file());
     if (!o_.tokenizer.empty()) {

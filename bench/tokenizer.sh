@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
 # Encode throughput, single-threaded: fsdp-cpp's tokenizer against the
 # `tokenizers` package on the same tokenizer.json and text, alternating, under
-# the measurement lock. Two tokenizers: GPT-2 style (fsdp-data train-tokenizer,
-# vocab 4096) and Llama 3 style (tokenizers' BpeTrainer, vocab 4096); two
-# texts: the built-in corpus and the corpus repeated to ~20 MB.
-#   bench/tokenizer.sh [BUILD_DIR=build]
+# the measurement lock. Tokenizers: GPT-2 style (fsdp-data train-tokenizer,
+# vocab 4096), Llama 3 style (tokenizers' BpeTrainer, vocab 4096), and
+# gpt2-real: GPT-2's real vocabulary (50,257 tokens) from the pinned
+# gpt2.tiktoken (scripts/python_refs.sh; $FSDP_TEST_ASSETS, else .venv/assets/),
+# built as tests/text/tiktoken_reference.py does. Two texts: the built-in
+# corpus, the corpus repeated to ~20 MB, and 20 MB of transformers' sources. Then, on gpt2-real and the 20 MB
+# text, fsdp-data encode's wall time with --threads 1 and 2, alternating.
+#   bench/tokenizer.sh [BUILD_DIR=build [TOKENIZER...=gpt2-style llama3-style gpt2-real]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
+shift || true
+tokenizers=("$@")
+[ ${#tokenizers[@]} -gt 0 ] || tokenizers=(gpt2-style llama3-style gpt2-real)
 python="${FSDP_TEST_PYTHON:-$PWD/.venv/bin/python}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 export RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 corpus=data/default_corpus.txt
 for _ in $(seq 85); do cat "$corpus"; done > "$work/corpus-20mb.txt"
+# 20 MB of varied text (not one text repeated, so caches help less): transformers' Python sources.
+find "$("$python" -c 'import os, transformers; print(os.path.dirname(transformers.__file__))')" -name '*.py' |
+  sort | xargs cat 2>/dev/null | head -c 20000000 > "$work/code-20mb.txt" || true
 "$build/fsdp-data" train-tokenizer --vocab-size 4096 -o "$work/gpt2-style.json" "$corpus" 2>/dev/null
 "$python" - "$corpus" "$work/llama3-style.json" <<'PY'
 import sys
@@ -28,12 +38,28 @@ tok.train([sys.argv[1]], trainers.BpeTrainer(vocab_size=4096, special_tokens=["<
                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
 tok.save(sys.argv[2])
 PY
-for tokenizer in gpt2-style llama3-style; do
-  for text in "$corpus" "$work/corpus-20mb.txt"; do
+wants_gpt2_real() { [[ " ${tokenizers[*]} " == *" gpt2-real "* ]]; }
+wants_gpt2_real && "$python" - "${FSDP_TEST_ASSETS:-.venv/assets}/gpt2.tiktoken" "$work/gpt2-real.json" <<'PY'
+import sys
+sys.path.insert(0, "tests/text")
+from tiktoken_reference import tokenizer_from_tiktoken
+tokenizer_from_tiktoken(sys.argv[1], sys.argv[2])
+PY
+for tokenizer in "${tokenizers[@]}"; do
+  for text in "$corpus" "$work/corpus-20mb.txt" "$work/code-20mb.txt"; do
     echo "# $tokenizer on $(basename "$text") ($(stat -c %s "$text") bytes), chunks of 1000 lines, median of 3"
     for round in 1 2; do  # alternating, twice
       flock /tmp/fsdp-measure.lock "$build/fsdp-bench-tokenizer" "$work/$tokenizer.json" "$text" 1000 3
       flock /tmp/fsdp-measure.lock "$python" bench/tokenizer.py "$work/$tokenizer.json" "$text" 1000 3
     done
+  done
+done
+wants_gpt2_real || exit 0
+echo "# fsdp-data encode, gpt2-real on corpus-20mb.txt: wall seconds by --threads, alternating"
+for round in 1 2 3; do
+  for threads in 1 2; do
+    flock /tmp/fsdp-measure.lock bash -c 'start=$(date +%s.%N)
+      "$0/fsdp-data" encode --tokenizer "$1/gpt2-real.json" --threads "$2" -q -o "$1/out.bin" "$1/corpus-20mb.txt"
+      echo "threads $2: $(awk "BEGIN { print $(date +%s.%N) - $start }") s"' "$build" "$work" "$threads"
   done
 done

@@ -50,8 +50,8 @@ void append_ids(const std::vector<uint32_t>& ids, int width, std::string& out) {
 }
 
 // A cut in `text` before `limit` after which tokenization restarts as if the
-// text went on (for GPT-2's and Llama 3's pre-tokenizer patterns): between an
-// ASCII letter and " word" (the space starts a piece; the chunk starts with
+// text went on (for GPT-2's and Llama 3's pre-tokenizer patterns): between a
+// visible ASCII character and " word" (the space starts a piece; the chunk starts with
 // a space, so add_prefix_space adds none); else after a newline with a
 // visible ASCII character on either side (no piece spans such a newline, no
 // lookahead sees past it). 0 if there is neither.
@@ -61,7 +61,7 @@ size_t chunk_cut(const std::string& text, size_t limit) {
   if (text.size() < 3) return 0;
   const size_t last = std::min(limit, text.size() - 2);
   for (size_t p = last; p >= 1; --p) {
-    if (text[p] == ' ' && letter(text[p - 1]) && letter(text[p + 1])) return p;
+    if (text[p] == ' ' && visible(text[p - 1]) && letter(text[p + 1])) return p;
   }
   for (size_t p = last; p >= 2; --p) {
     if (text[p - 1] == '\n' && visible(text[p - 2]) && visible(text[p])) return p;

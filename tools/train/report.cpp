@@ -317,7 +317,8 @@ void report_step(const ReportContext& c, const RunFigures& figures, const fsdp::
   const TrainOptions& o = c.o;
   if (c.run.log.is_open()) write_log_record(c, figures, result, step, lr, val_loss);
   const int64_t print_every = o.print_every > 0 ? o.print_every : std::max<int64_t>(1, o.steps / 20);
-  if ((step + 1) % print_every != 0 && step != 0 && step + 1 != o.steps && !figures.preempted_after) return;
+  // Every print_every steps, the first and the last, and every evaluation's.
+  if ((step + 1) % print_every != 0 && step != 0 && step + 1 != o.steps && !figures.preempted_after && !val_loss) return;
   const double step_s = result.step_s;
   const double typical = figures.step_times.empty() ? step_s : median(figures.step_times);
   std::cout << "step " << std::setw(5) << step + 1 << "/" << o.steps << " | loss " << std::fixed << std::setprecision(4)

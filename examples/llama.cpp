@@ -25,7 +25,6 @@
 #include <string>
 
 #include "fsdp/fsdp.h"
-#include "fsdp/llama.h"
 
 using fsdp::models::Llama;
 using fsdp::models::LlamaConfig;

@@ -22,6 +22,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -104,6 +105,12 @@ class SavedCheckpoint {
   void verify_file(const std::string& name) const;
   /// Copies elements [from, to) of unit `unit`'s flat `what` into `out`.
   void read_range(size_t unit, const std::string& what, int64_t from, int64_t to, const torch::Tensor& out) const;
+  /// The model's parameters as a full weights file holds them (the model's
+  /// names, fp32, whole shapes), in the order stream_weights() gives them.
+  std::vector<safetensors::TensorSpec> weight_specs() const;
+  /// Hands each parameter of weight_specs() to `take` in turn, whole, with
+  /// one unit's flat parameters in memory at a time (what converters stream).
+  void stream_weights(const std::function<void(const torch::Tensor&)>& take) const;
 
  private:
   std::string path_;

@@ -870,20 +870,27 @@ CheckpointInfo load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimi
   return saved.info();
 }
 
-void convert_to_full(const std::string& checkpoint, const std::string& output) {
-  SavedCheckpoint saved(checkpoint);
-  const nlohmann::json& units = saved.metadata().json.at("units");
-  safetensors::Writer writer(output, expected_files(saved.metadata().json, CheckpointFormat::kFull).at(0).second,
-                             {{"format", "pt"}, {"converted_from", checkpoint}});
-  for (size_t u = 0; u < units.size(); ++u) {  // one unit in memory at a time
+std::vector<safetensors::TensorSpec> SavedCheckpoint::weight_specs() const {
+  return expected_files(metadata_->json, CheckpointFormat::kFull).at(0).second;
+}
+
+void SavedCheckpoint::stream_weights(const std::function<void(const torch::Tensor&)>& take) const {
+  const nlohmann::json& units = metadata_->json.at("units");
+  for (size_t u = 0; u < units.size(); ++u) {
     const int64_t numel = units[u].at("numel").get<int64_t>();
     torch::Tensor full = torch::empty({numel}, torch::kFloat);
-    saved.read_range(u, "param", 0, numel, full);
+    read_range(u, "param", 0, numel, full);
     for (const auto& p : units[u].at("params")) {
       const auto shape = p.at("shape").get<std::vector<int64_t>>();
-      writer.write(full.narrow(0, p.at("offset").get<int64_t>(), numel_of(shape)).view(shape));
+      take(full.narrow(0, p.at("offset").get<int64_t>(), numel_of(shape)).view(shape));
     }
   }
+}
+
+void convert_to_full(const std::string& checkpoint, const std::string& output) {
+  SavedCheckpoint saved(checkpoint);
+  safetensors::Writer writer(output, saved.weight_specs(), {{"format", "pt"}, {"converted_from", checkpoint}});
+  saved.stream_weights([&](const torch::Tensor& weight) { writer.write(weight); });
   writer.commit();
 }
 

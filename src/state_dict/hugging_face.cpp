@@ -447,24 +447,8 @@ void convert_file_to_hf(const std::string& spec_file, const ModelConfig& config,
 
 void convert_checkpoint_to_hf(const std::string& checkpoint, const ModelConfig& config, const std::string& folder) {
   SavedCheckpoint saved(checkpoint);
-  const json& units = saved.metadata().json.at("units");
-  std::vector<safetensors::TensorSpec> specs;
-  for (const auto& unit : units) {
-    for (const auto& p : unit.at("params")) {
-      specs.push_back({p.at("name").get<std::string>(), torch::kFloat, p.at("shape").get<std::vector<int64_t>>()});
-    }
-  }
-  FolderWriter writer(folder, config, specs);
-  for (size_t u = 0; u < units.size(); ++u) {  // one unit in memory at a time
-    const int64_t numel = units[u].at("numel").get<int64_t>();
-    torch::Tensor full = torch::empty({numel}, torch::kFloat);
-    saved.read_range(u, "param", 0, numel, full);
-    for (const auto& p : units[u].at("params")) {
-      const auto shape = p.at("shape").get<std::vector<int64_t>>();
-      const int64_t n = c10::multiply_integers(shape);
-      writer.write(full.narrow(0, p.at("offset").get<int64_t>(), n).view(shape));
-    }
-  }
+  FolderWriter writer(folder, config, saved.weight_specs());
+  saved.stream_weights([&](const torch::Tensor& weight) { writer.write(weight); });  // one unit in memory at a time
   writer.commit();
 }
 

@@ -48,8 +48,16 @@ torch_flags="$({ sed -n 's/^CXX_DEFINES = //p; s/^CXX_INCLUDES = //p' "$flags"
 libs="$(sed -e 's|^[^ ]* ||' -e 's|"\{0,1\}CMakeFiles/fsdp-ckpt\.dir/[^ ]*\.o"\{0,1\}||' -e 's| -o fsdp-ckpt | |' \
             -e "s| libfsdp\.a | $build/libfsdp.a |" "$link")"
 
+# Through the compiler cache where the build folder has one (scripts/setup.sh
+# says why its settings): paths inside the checkout made relative, and the
+# object's folder left out of the hash (-g would put it in), so that every
+# clone on this machine shares the entries.
+compiler=clang++
+if grep -q '^CMAKE_CXX_COMPILER_LAUNCHER:.*ccache' "$build/CMakeCache.txt" && command -v ccache > /dev/null; then
+  compiler="env CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1 CCACHE_SLOPPINESS=time_macros,include_file_mtime,include_file_ctime ccache clang++"
+fi
 build_target() {
-  make -s -j2 -f "$here/fuzz.mk" ROOT="$root" OUT="$out" TORCH_FLAGS="$torch_flags" LIBS="$libs" "$@"
+  make -s -j2 -f "$here/fuzz.mk" ROOT="$root" OUT="$out" TORCH_FLAGS="$torch_flags" LIBS="$libs" CXX="$compiler" "$@"
 }
 
 # Remakes the committed seeds and checkpoint/ (needs fsdp-train and mpirun).
@@ -94,7 +102,7 @@ cp "$here/$corpus"/* "$work"/
 # ASan's default of aborting on a failed allocation stays: an input that
 # makes the library allocate without bound is a finding.
 # The targets write their input files under TMPDIR; one a crash left stays here.
-export TMPDIR="$out/tmp"
+export TMPDIR="$out/tmp-$what"  # its own: two targets may fuzz at once (ctest -j2)
 rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
 status=0
 "$out/${what}_fuzz" -dict="$here/$dict" -max_len="$max_len" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=4096 \

@@ -3,6 +3,13 @@
   reference.py make gpt2|llama DIR     a small randomly initialised model, seeded, saved with save_pretrained
   reference.py compare DIR LOGITS.json  from_pretrained(DIR) (no missing or unexpected keys), its logits for the
                                         JSON's tokens against the JSON's, in float32; prints the max abs difference
+  reference.py same A B                 two safetensors files hold the same tensors, bit for bit
+  reference.py hub DIR OUT              GPT-2 DIR as the hub serves it (no transformer. prefix, old files' attn.bias
+                                        buffers; OUT/bf16.safetensors in BF16), and OUT-relu, -eps, -untied,
+                                        -sharded: configs fsdp-cpp refuses
+Several commands in one run, between "+" (one interpreter start instead of one per command:
+importing torch and transformers is most of each):
+  reference.py compare A A.json + same X Y + ...
 """
 import json
 import os
@@ -59,10 +66,54 @@ def compare(folder, logits_path):
     return 0 if diff <= TOLERANCE else 1
 
 
+def same(a_path, b_path):
+    from safetensors.torch import load_file
+    a, b = load_file(a_path), load_file(b_path)
+    if a.keys() != b.keys():
+        print(f"{a_path} and {b_path} name other tensors: {sorted(a.keys() ^ b.keys())}", file=sys.stderr)
+        return 1
+    bad = [k for k in a if a[k].dtype != b[k].dtype or not a[k].equal(b[k])]
+    if bad:
+        print(f"{a_path} and {b_path} differ: {bad}", file=sys.stderr)
+        return 1
+    print(f"  {len(a)} tensors equal: {a_path.split('/')[-2:]} and {b_path.split('/')[-2:]}")
+    return 0
+
+
+def hub(src, dst):
+    import shutil
+    from safetensors.torch import load_file, save_file
+    os.makedirs(dst)
+    tensors = {k.removeprefix("transformer."): v for k, v in load_file(f"{src}/model.safetensors").items()}
+    tensors.update({f"h.{i}.attn.bias": torch.ones(1, 1, 32, 32) for i in range(2)})  # old files' buffers
+    save_file(tensors, f"{dst}/model.safetensors", metadata={"format": "pt"})
+    shutil.copy(f"{src}/config.json", dst)
+    save_file({k: v.bfloat16() for k, v in tensors.items()}, f"{dst}/bf16.safetensors", metadata={"format": "pt"})
+    with open(f"{src}/config.json") as f:
+        config = json.load(f)
+    for name, change in {"relu": {"activation_function": "relu"}, "eps": {"layer_norm_epsilon": 1e-6},
+                         "untied": {"tie_word_embeddings": False}}.items():
+        os.makedirs(f"{dst}-{name}")
+        shutil.copy(f"{dst}/model.safetensors", f"{dst}-{name}")
+        with open(f"{dst}-{name}/config.json", "w") as f:
+            json.dump({**config, **change}, f)
+    os.makedirs(f"{dst}-sharded")
+    shutil.copy(f"{src}/config.json", f"{dst}-sharded")
+    with open(f"{dst}-sharded/model.safetensors.index.json", "w") as f:
+        f.write("{}")
+
+
+COMMANDS = {"make": (make, 2), "compare": (compare, 2), "same": (same, 2), "hub": (hub, 2)}
+
 if __name__ == "__main__":
-    if sys.argv[1] == "make":
-        make(sys.argv[2], sys.argv[3])
-    elif sys.argv[1] == "compare":
-        sys.exit(compare(sys.argv[2], sys.argv[3]))
-    else:
-        sys.exit(f"unknown command {sys.argv[1]}")
+    args = sys.argv[1:]
+    while args:
+        name, args = args[0], args[1:]
+        if name not in COMMANDS:
+            sys.exit(f"reference.py: unknown command {name} (expected one of {', '.join(COMMANDS)})")
+        function, arity = COMMANDS[name]
+        if len(args) < arity or (len(args) > arity and args[arity] != "+"):
+            sys.exit(f"reference.py: {name} takes {arity} arguments, got {args}")
+        if function(*args[:arity]):
+            sys.exit(1)
+        args = args[arity + 1:]

@@ -19,5 +19,13 @@ foreach(trainer_row ${trainer_rows})
   set_tests_properties(trainer_${case} PROPERTIES TIMEOUT 600 PROCESSORS 2 LABELS mpi SKIP_RETURN_CODE 77)
 endforeach()
 # Labels for the cases that need more than a CPU: a GPU; root (network namespaces).
-set_tests_properties(trainer_gpu PROPERTIES LABELS "mpi;gpu")
+set_tests_properties(trainer_gpu PROPERTIES LABELS "mpi;gpu;libtorch")
 set_tests_properties(trainer_multi-host PROPERTIES LABELS "mpi;hosts")
+# The cases whose outcome can differ between LibTorch versions, beyond the
+# gtests (which all carry the label): the build and the package against this
+# LibTorch, its CUDA module and what a CPU run maps, checkpoints an older
+# build wrote, and the comparisons with PyTorch itself (docs/how-it-works.md,
+# "Which tests run against which LibTorch", says why each).
+foreach(case install libtorch-mismatch cpu-without-cuda checkpoint-compat adamw-bench-aten bench-peers)
+  set_tests_properties(trainer_${case} PROPERTIES LABELS "mpi;libtorch")
+endforeach()

@@ -21,6 +21,8 @@ function_name="case_${case_name//-/_}"
 if declare -F "$function_name" > /dev/null; then
   "$function_name"
 elif [ -f "$here/cases/$case_name.sh" ]; then
+  # A file that does not parse would stop sourcing at once and still pass.
+  bash -n "$here/cases/$case_name.sh" || fail "cases/$case_name.sh does not parse"
   source "$here/cases/$case_name.sh"
 else
   fail "the table names this case, but there is neither a function $function_name nor cases/$case_name.sh"

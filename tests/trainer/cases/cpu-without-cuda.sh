@@ -57,7 +57,7 @@ fi
 # fsdp symbol it needs is one fsdp-train exports (one copy of each class).
 module="$build/libfsdp_cuda.so"
 [ -f "$module" ] || fail "the CUDA configuration built no $module"
-readelf -d "$module" | grep -q 'NEEDED.*\[libtorch_cuda\.so\]' || fail "$module does not need libtorch_cuda.so"
+readelf -d "$module" | grep 'NEEDED.*\[libtorch_cuda\.so\]' > /dev/null || fail "$module does not need libtorch_cuda.so"
 exported=$(nm -D --defined-only "$train" | awk '{print $3}' | sort -u)
 missing=$(nm -u "$module" | awk '{print $2}' | grep '4fsdp' | sort -u | comm -23 - <(echo "$exported"))
 [ -z "$missing" ] || fail "fsdp-train does not export what the module needs: $(c++filt <<<"$missing" | tr '\n' ';')"

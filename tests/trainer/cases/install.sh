@@ -20,7 +20,7 @@ ls "$prefix"/lib*/libfsdp.* >/dev/null 2>&1 || fail "libfsdp is not installed"
 if [ "$(cache FSDP_CUDA)" = ON ]; then
   module=$(ls "$prefix"/lib*/libfsdp_cuda.so 2>/dev/null | head -1)
   [ -n "$module" ] || fail "the CUDA module libfsdp_cuda.so is not installed beside libfsdp"
-  ! ldd "$module" | grep -q 'not found' || fail "the installed module misses libraries: $(ldd "$module" | grep 'not found')"
+  ! ldd "$module" | grep 'not found' > /dev/null || fail "the installed module misses libraries: $(ldd "$module" | grep 'not found')"
 fi
 cmake_dir=$(dirname "$(ls "$prefix"/lib*/cmake/fsdp_cpp/fsdp_cppConfig.cmake 2>/dev/null | head -1)")
 for f in fsdp_cppConfig.cmake fsdp_cppConfigVersion.cmake fsdp_cppTargets.cmake; do

@@ -5,8 +5,7 @@
 # checkpoint formats; through a resume and a reshard (W = 2 -> 1 and 4). The
 # planner's disk figures are the run's. Faults leave the last checkpoint
 # loadable: a corrupted scratch block and a truncated scratch file (clear
-# errors naming the file and the offset), a full disk (refused before
-# training, naming the folder and the bytes), and a rank killed in the middle
+# errors naming the file and the offset), and a rank killed in the middle
 # of a swap. Scratch files never outlive their run, however it ends.
 
 scratch="$work/scratch"
@@ -126,20 +125,7 @@ fault_then_resume truncate 0:3:truncate "fsdp-offload-rank0.bin" "offset"
 fault_then_resume killed 1:3:kill
 no_scratch_left
 
-# A full disk: a 1 MiB tmpfs (as root), else a folder the store is told has
-# 1 MiB free. Refused before the first step, naming the folder and the bytes.
-small="$work/small"
-mkdir -p "$small"
-if mount -t tmpfs -o size=1m tmpfs "$small" 2>/dev/null; then
-  trap 'umount "$small" 2>/dev/null; rm -rf "$work"' EXIT
-  expect_error "offload: the folder '$small' has" "$run" -n 2 -- "$train" "${args[@]}" --offload-optimizer nvme \
-    --offload-dir "$small" --log "$work/full-disk.jsonl"
-  [ ! -s "$work/full-disk.jsonl" ] || fail "a step ran before the full disk was refused"
-  umount "$small"
-  echo "ok: a full tmpfs is refused before training"
-else
-  echo "note: cannot mount a tmpfs here; the full-disk refusal is covered by test_offload's size limit"
-fi
+# A full disk: nvme-full-disk (a tmpfs, which needs root).
 
 # Refusals.
 expect_error "--offload-dir DIR" "$run" -n 1 -- "$train" --preset tiny --steps 1 --offload-optimizer nvme

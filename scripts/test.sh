@@ -37,7 +37,7 @@ skip_reasons() {
 # started and ended, in seconds from the suite's start) for the table at the end.
 suite_start=$SECONDS
 phases=()
-note_phase() { phases+=("$(printf '%-44s %5d s   (%4d s to %4d s)' "$1" $(( $3 - $2 )) $(( $2 - suite_start )) $(( $3 - suite_start )))"); }
+note_phase() { phases+=("$(printf '%-54s %5d s   (%4d s to %4d s)' "$1" $(( $3 - $2 )) $(( $2 - suite_start )) $(( $3 - suite_start )))"); }
 phase() {
   local name="$1" start=$SECONDS rc; shift
   "$@"; rc=$?
@@ -80,6 +80,7 @@ trap 'kill -- -$background_job 2>/dev/null; rm -rf "$background"' EXIT
 await() {
   while [ ! -f "$background/$1.done" ] && kill -0 "$background_job" 2>/dev/null; do sleep 1; done
   [ -f "$background/$1.done" ] || { echo "test.sh: the background step '$1' ended without a status" >&2; exit 1; }
+  local rc start end
   read -r rc start end < "$background/$1.done"
   cat "$background/$1.log"
   note_phase "$2 (in the background)" "$start" "$end"
@@ -88,38 +89,55 @@ await() {
 
 export FSDP_TEST_PYTHON="$PWD/.venv/bin/python"
 passed=0; failed=0; skipped=0; status=0
-for kind in "$default_libtorch_kind" "${others[@]}"; do
+# run_ctest KIND CTEST-ARGS...: one ctest run in KIND's build folder, its
+# summary and skips counted; its log appended to BUILD/ctest.log.
+run_ctest() {
+  local kind="$1" build; shift
   build="$(build_dir "$kind")"
-  if [ "$kind" = "$default_libtorch_kind" ]; then
-    phase "build against the $kind LibTorch" bash scripts/setup.sh "$kind" || exit 1
-    await refs "Python references (.venv/)"
-    select=(); what="every test"
-  else
-    await "build-$kind" "build against the $kind LibTorch"
-    select=(-L '^libtorch$'); what="the tests labelled libtorch"
-  fi
-  echo "== the suite against the $kind LibTorch ($build/): $what"
-  junit="$(cd "$build" && pwd)/ctest-junit.xml"; rm -f "$junit"
-  start=$SECONDS
-  (cd "$build" && ctest --output-on-failure --timeout 900 -j "$(nproc)" --output-junit "$junit" "${select[@]}" "$@") 2>&1 |
-    tee "$build/ctest.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  note_phase "tests against the $kind LibTorch" "$start" "$SECONDS"
-  read -r total f <<<"$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2 \1/p' "$build/ctest.log" | tail -1)"
-  [ -n "${total:-}" ] || { status=1; continue; }
+  local junit; junit="$(cd "$build" && pwd)/ctest-junit.xml"; rm -f "$junit"
+  (cd "$build" && ctest --output-on-failure --timeout 900 -j "$(nproc)" --output-junit "$junit" "$@") 2>&1 |
+    tee "$build/ctest.part.log"
+  local rc="${PIPESTATUS[0]}" total f
+  cat "$build/ctest.part.log" >> "$build/ctest.log"
+  grep -q '^No tests were found' "$build/ctest.part.log" && return  # a selection (with the caller's -R) that holds none
+  [ "$rc" -eq 0 ] || status=1
+  read -r total f <<<"$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2 \1/p' "$build/ctest.part.log" | tail -1)"
+  [ -n "${total:-}" ] || { status=1; return; }
   # ctest counts a skipped test (SKIP_RETURN_CODE) among the passed ones and
   # lists it under "The following tests did not run", marked (Skipped).
-  mapfile -t skips < <(sed -n 's/^[[:space:]]*[0-9]* - \(.*\) (Skipped)$/\1/p' "$build/ctest.log")
+  local skips
+  mapfile -t skips < <(sed -n 's/^[[:space:]]*[0-9]* - \(.*\) (Skipped)$/\1/p' "$build/ctest.part.log")
   if [ ${#skips[@]} -gt 0 ]; then
     echo "skipped against the $kind LibTorch, and why:"
     skip_reasons "$junit"
   fi
   passed=$(( passed + total - f - ${#skips[@]} )); failed=$(( failed + f )); skipped=$(( skipped + ${#skips[@]} ))
+}
+for kind in "$default_libtorch_kind" "${others[@]}"; do
+  build="$(build_dir "$kind")"
+  if [ "$kind" = "$default_libtorch_kind" ]; then
+    phase "build against the $kind LibTorch" bash scripts/setup.sh "$kind" || exit 1
+    : > "$build/ctest.log"
+    start=$SECONDS
+    # What needs no Python first, while the references may still be installing.
+    echo "== the suite against the $kind LibTorch ($build/): every test, first those that need no Python"
+    run_ctest "$kind" -LE '^python$' "$@"
+    await refs "Python references (.venv/)"
+    echo "== the suite against the $kind LibTorch ($build/): the tests that need the Python references"
+    run_ctest "$kind" -L '^python$' "$@"
+  else
+    await "build-$kind" "build against the $kind LibTorch"
+    : > "$build/ctest.log"
+    start=$SECONDS
+    echo "== the suite against the $kind LibTorch ($build/): the tests labelled libtorch"
+    run_ctest "$kind" -L '^libtorch$' "$@"
+  fi
+  note_phase "tests against the $kind LibTorch" "$start" "$SECONDS"
 done
 
 echo "== where the time went (wall time of each phase)"
 printf '  %s\n' "${phases[@]}"
-printf '  %-44s %5d s\n' "in all" $(( SECONDS - suite_start ))
+printf '  %-54s %5d s\n' "in all" $(( SECONDS - suite_start ))
 echo "== the 10 slowest tests"
 for kind in "${libtorch_kinds[@]}"; do
   log="$(build_dir "$kind")/ctest.log"

@@ -29,3 +29,8 @@ set_tests_properties(trainer_multi-host PROPERTIES LABELS "mpi;hosts")
 foreach(case install libtorch-mismatch cpu-without-cuda checkpoint-compat adamw-bench-aten bench-peers)
   set_tests_properties(trainer_${case} PROPERTIES LABELS "mpi;libtorch")
 endforeach()
+# The cases that need the Python references (.venv/: torch, transformers),
+# which scripts/test.sh runs once those are installed.
+foreach(case gpu-check bench-peers libtorch-mismatch)
+  set_property(TEST trainer_${case} APPEND PROPERTY LABELS python)
+endforeach()

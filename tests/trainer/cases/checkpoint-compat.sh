@@ -47,6 +47,7 @@ for fixture in sharded full; do
   [ -f "$expected" ] || fail "no losses recorded for LibTorch $version in $fixtures/$fixture (add them from a run of 04d839d)"
   [ "$(jq -r .first_step "$work/$fixture.json")" = 3 ] || fail "$fixture: did not resume at step 3"
   jq -c '[.step,.loss]' "$work/$fixture.jsonl" > "$work/$fixture.losses"
-  diff "$expected" "$work/$fixture.losses" || fail "$fixture: the resumed losses differ from 04d839d's"
+  diff "$expected" "$work/$fixture.losses" ||
+    fail "$fixture: the resumed losses differ from 04d839d's in $(basename "$expected") (this CPU: bf16 $(cpu_bf16_isa), BLAS kernel $(blas_kernel); a kind of CPU that rounds otherwise needs 04d839d's own losses there: tests/fixtures/checkpoint-04d839d/README.md)"
   echo "ok: $fixture checkpoint of 04d839d resumed; steps 4-6 equal its run's bit for bit (LibTorch $version, $(basename "$expected"))"
 done

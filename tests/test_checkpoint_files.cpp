@@ -20,6 +20,9 @@
 #include "state_dict/checkpoint_json.h"
 #include "test_helpers.h"
 
+// tests/fixtures/ of this checkout (fixtures_path.cpp).
+const char* fsdp_test_fixtures();
+
 using fsdp::models::GPTConfig;
 using fsdp::models::GPT;
 using fsdp::testing::le64;
@@ -164,7 +167,7 @@ TEST(Checksum, WrittenFilesCarryXxh3OfEveryByteAndNameIt) {
 // algorithm (FNV-1a everywhere, named nowhere).
 TEST(Checksum, CheckpointsFromBeforeXxh3StayReadableAndVerifiable) {
   namespace fs = std::filesystem;
-  const fs::path fixture = fs::path(FSDP_TEST_FIXTURES) / "checkpoint-fnv1a64" / "step-2";
+  const fs::path fixture = fs::path(fsdp_test_fixtures()) / "checkpoint-fnv1a64" / "step-2";
   nlohmann::json meta = nlohmann::json::parse(read_bytes((fixture / "metadata.json").string()));
   ASSERT_FALSE(meta.contains("checksum_algorithm")) << "the fixture must stay as written before XXH3";
   fsdp::SavedCheckpoint saved(fixture.string());  // every file verified
@@ -222,7 +225,7 @@ TEST(Checksum, AnUnknownAlgorithmIsRefusedNamingTheFileAndTheAlgorithms) {
   const fs::path copy = "/tmp/fsdp_test_algorithm/step-2";
   fs::remove_all(copy.parent_path());
   fs::create_directories(copy.parent_path());
-  fs::copy(fs::path(FSDP_TEST_FIXTURES) / "checkpoint-fnv1a64" / "step-2", copy, fs::copy_options::recursive);
+  fs::copy(fs::path(fsdp_test_fixtures()) / "checkpoint-fnv1a64" / "step-2", copy, fs::copy_options::recursive);
   nlohmann::json meta = nlohmann::json::parse(read_bytes((copy / "metadata.json").string()));
   meta["checksum_algorithm"] = "sha256";
   write_bytes((copy / "metadata.json").string(), meta.dump(2));

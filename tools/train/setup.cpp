@@ -228,7 +228,7 @@ fsdp::LrSchedule make_schedule(const TrainOptions& o) {
 }
 
 std::unique_ptr<fsdp::models::TokenData> make_data(const TrainOptions& o, const Run& run) {
-  std::string data_path = o.data.empty() ? std::string(FSDP_DEFAULT_CORPUS) : o.data;
+  std::string data_path = o.data.empty() ? std::string(default_corpus_path()) : o.data;
   TORCH_CHECK(!o.data.empty() || std::ifstream(data_path).good(), "the built-in default corpus '", data_path,
               "' is missing: run scripts/setup.sh, or pass --data FILE");
   return std::make_unique<fsdp::models::TokenData>(data_path, run.config.context, run.config.vocab,

@@ -53,6 +53,10 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world);
 // OMP_NUM_THREADS, else the cores shared among the ranks.
 int default_threads(int world);
 
+// The built-in corpus (data/default_corpus.txt of the checkout this was built
+// in): what the trainer reads when no --data is given.
+const char* default_corpus_path();
+
 // The element count of each unit the run's wrap policy makes, root first
 // (what the planner's estimates take).
 std::vector<int64_t> planned_unit_numels(Run& run);

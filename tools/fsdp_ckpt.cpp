@@ -19,6 +19,7 @@
 #include "fsdp/state_dict.h"
 #include "fsdp/safetensors.h"
 #include "state_dict/checkpoint_json.h"  // metadata.json in full (src/, not installed)
+#include "tool_support.h"
 
 namespace {
 
@@ -185,10 +186,25 @@ void convert_weights(const std::string& in, const std::string& out, const std::s
 void print_logits(const std::string& path, const std::string& tokens_text) {
   std::vector<int64_t> tokens;
   std::stringstream in(tokens_text);
-  for (std::string item; std::getline(in, item, ',');) tokens.push_back(std::stoll(item));
+  for (std::string item; std::getline(in, item, ',');) {
+    size_t used = 0;
+    int64_t id = -1;
+    try {
+      id = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TORCH_CHECK(used > 0 && used == item.size() && id >= 0, "--tokens: '", item,
+                "' is not a token id (a whole number >= 0) in '", tokens_text, "'");
+    tokens.push_back(id);
+  }
   TORCH_CHECK(!tokens.empty(), "--tokens: expected comma-separated token ids, got '", tokens_text, "'");
   const bool is_hf = hf::is_model(path);
   const hf::ModelConfig config = is_hf ? hf::read_config(hf::find_model(path).config) : recorded_config(path);
+  const int64_t vocab = config.architecture == fsdp::hugging_face::Architecture::kGpt2 ? config.gpt.vocab : config.llama.vocab;
+  for (const int64_t id : tokens) {
+    TORCH_CHECK(id < vocab, "--tokens: id ", id, " is outside the model's vocabulary of ", vocab);
+  }
   const auto model = config.new_model();
   is_hf ? hf::load_weights(*model, hf::find_model(path), config.architecture) : fsdp::load_full_weights(*model, path);
   torch::NoGradGuard no_grad;
@@ -229,7 +245,7 @@ int main(int argc, char** argv) {
   auto* logits = app.add_subcommand("logits", "the next-token logits of a token sequence, as JSON");
   logits->add_option("model", path, "a Hugging Face model, or a .safetensors file of ours")->required();
   logits->add_option("--tokens", tokens, "comma-separated token ids, such as 1,2,3")->required();
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = fsdp_tools::parse_command_line(app, argc, argv)) return *status;
   try {
     if (inspect->parsed()) {
       fs::is_directory(path) ? inspect_directory(path) : inspect_file(path);
@@ -242,7 +258,7 @@ int main(int argc, char** argv) {
     }
   } catch (const std::exception& e) {
     std::cerr << "fsdp-ckpt: error: " << fsdp::error_message(e) << "\n";
-    return 1;
+    return fsdp_tools::kExitError;
   }
-  return 0;
+  return fsdp_tools::kExitOk;
 }

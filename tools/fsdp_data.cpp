@@ -19,11 +19,19 @@
 #include <vector>
 
 #include "fsdp/tokenizer.h"
+#include "tool_support.h"
 
 namespace {
 
 using fsdp::text::Tokenizer;
 using Clock = std::chrono::steady_clock;
+
+// A tokenizer.json, its warnings printed (ids given to two tokens, say).
+Tokenizer load_tokenizer(const std::string& path) {
+  Tokenizer tokenizer(path);
+  for (const std::string& warning : tokenizer.warnings()) std::cerr << "fsdp-data: warning: " << warning << "\n";
+  return tokenizer;
+}
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -91,6 +99,7 @@ class ChunkReader {
         pending_.clear();
       }
       fill();
+      if (in_.bad()) throw std::runtime_error("cannot read '" + files_[file_] + "': " + std::strerror(errno));
       const bool at_end = in_.eof();
       if (at_end && pending_.size() <= chunk_) {
         chunk.swap(pending_);
@@ -179,7 +188,8 @@ void encode_batch(const Tokenizer& tokenizer, const std::vector<std::string>& ch
 }
 
 int encode(const EncodeOptions& o) {
-  const Tokenizer tokenizer(o.tokenizer);
+  for (const auto& f : o.files) fsdp_tools::require_regular_file(f, "the text file");
+  const Tokenizer tokenizer = load_tokenizer(o.tokenizer);
   const int width = o.print_ids ? 0 : token_width(o.output);
   if (width) check_width(o.output, width, tokenizer.vocab_size());
   std::optional<uint32_t> eot;
@@ -187,11 +197,8 @@ int encode(const EncodeOptions& o) {
     eot = tokenizer.token_id(o.eot_token);
     if (!eot) throw std::runtime_error("--append-eot: the tokenizer has no token '" + o.eot_token + "'");
   }
-  std::ofstream out;
-  if (width) {
-    out.open(o.output, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error("cannot write '" + o.output + "': " + std::strerror(errno));
-  }
+  std::optional<fsdp_tools::OutputFile> out;  // renamed into place once every file is encoded
+  if (width) out.emplace(o.output);
   const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   ChunkReader reader(o.files, o.chunk_bytes);
   Progress progress(total_bytes(o.files), o.quiet);
@@ -219,13 +226,13 @@ int encode(const EncodeOptions& o) {
       } else {
         bytes.clear();
         append_ids(ids[i], width, bytes);
-        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        out->stream().write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
       }
     }
     progress.report(reader.bytes_read(), tokens, false);
   }
   progress.report(reader.bytes_read(), tokens, true);
-  if (width && !out.flush()) throw std::runtime_error("cannot write '" + o.output + "': " + std::strerror(errno));
+  if (out) out->commit();
   return 0;
 }
 
@@ -233,12 +240,14 @@ int encode(const EncodeOptions& o) {
 template <typename Visit>
 void for_each_token(const std::string& path, Visit visit) {
   const int width = token_width(path);
+  fsdp_tools::require_regular_file(path, "the token file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
   std::vector<unsigned char> block(size_t{1} << 20);
   uint64_t index = 0;
   while (in) {
     in.read(reinterpret_cast<char*>(block.data()), static_cast<std::streamsize>(block.size()));
+    if (in.bad()) throw std::runtime_error("cannot read '" + path + "': " + std::strerror(errno));
     const size_t got = static_cast<size_t>(in.gcount());
     if (got % width) throw std::runtime_error("token file '" + path + "' does not hold whole " + std::to_string(width) + "-byte ids");
     for (size_t i = 0; i < got; i += width) {
@@ -250,7 +259,7 @@ void for_each_token(const std::string& path, Visit visit) {
 }
 
 int decode(const std::string& tokenizer_path, const std::string& path) {
-  const Tokenizer tokenizer(tokenizer_path);
+  const Tokenizer tokenizer = load_tokenizer(tokenizer_path);
   std::string out;
   for_each_token(path, [&](uint64_t, uint32_t id) {
     out += tokenizer.token_bytes(id);
@@ -277,7 +286,7 @@ int inspect(const std::string& path, const std::string& tokenizer_path, int top,
   for (const auto& [id, n] : counts) by_count.emplace_back(n, id);
   std::sort(by_count.begin(), by_count.end(), [](auto& a, auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
   std::optional<Tokenizer> tokenizer;
-  if (!tokenizer_path.empty()) tokenizer.emplace(tokenizer_path);
+  if (!tokenizer_path.empty()) tokenizer.emplace(load_tokenizer(tokenizer_path));
   const auto shown = [&](uint32_t id) {
     if (!tokenizer || id >= tokenizer->vocab_size()) return std::string();
     return " " + CLI::detail::to_string(std::quoted(tokenizer->token_bytes(id)));
@@ -304,10 +313,15 @@ int main(int argc, char** argv) {
   int64_t vocab_size = 4096, min_frequency = 2;
   std::vector<std::string> special{"<|endoftext|>"};
   int threads = 0;
-  train->add_option("--vocab-size", vocab_size, "tokens in all: 256 bytes, special tokens, merges")->capture_default_str();
-  train->add_option("--min-frequency", min_frequency, "merge only pairs seen at least this often")->capture_default_str();
+  train->add_option("--vocab-size", vocab_size, "tokens in all: 256 bytes, special tokens, merges")
+      ->check(fsdp_tools::positive())
+      ->capture_default_str();
+  train->add_option("--min-frequency", min_frequency, "merge only pairs seen at least this often")
+      ->check(fsdp_tools::positive())
+      ->capture_default_str();
   train->add_option("--special", special, "special tokens, ids 0.. in order")->capture_default_str();
   train->add_option("--threads", threads, "word-counting threads, for files over 1 MiB (0: one per core)")
+      ->check(fsdp_tools::non_negative())
       ->capture_default_str();
   train->add_option("-o,--output", output, "the tokenizer.json to write")->required();
   train->add_option("files", files, "text files (UTF-8; invalid bytes read as U+FFFD)")->required();
@@ -315,11 +329,15 @@ int main(int argc, char** argv) {
   EncodeOptions eo;
   enc->add_option("--tokenizer", eo.tokenizer, "tokenizer.json")->required();
   enc->add_option("-o,--output", eo.output, "token file: NAME.bin (uint16, nanoGPT's) or NAME.u32 (uint32)");
-  enc->add_option("--threads", eo.threads, "encoding threads (0: one per core)")->capture_default_str();
+  enc->add_option("--threads", eo.threads, "encoding threads (0: one per core)")
+      ->check(fsdp_tools::non_negative())
+      ->capture_default_str();
   enc->add_flag("--append-eot", eo.append_eot, "append the end-of-text token after each file");
   enc->add_option("--eot-token", eo.eot_token, "the end-of-text token")->capture_default_str();
   enc->add_flag("--print-ids", eo.print_ids, "print the ids, one a line, instead of writing a file");
-  enc->add_option("--chunk-bytes", eo.chunk_bytes, "bytes per chunk a thread encodes")->capture_default_str();
+  enc->add_option("--chunk-bytes", eo.chunk_bytes, "bytes per chunk a thread encodes (at most 1 GiB: a thread holds a few)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 30))
+      ->capture_default_str();
   enc->add_flag("-q,--quiet", eo.quiet, "no progress on stderr");
   enc->add_option("files", eo.files, "text files")->required();
   auto* dec = app.add_subcommand("decode", "write a token file's text to stdout");
@@ -330,9 +348,13 @@ int main(int argc, char** argv) {
   int top = 10, first = 32;
   insp->add_option("file", path, "token file (.bin or .u32)")->required();
   insp->add_option("--tokenizer", tokenizer_path, "tokenizer.json, to show tokens as text");
-  insp->add_option("--top", top, "how many of the most frequent ids")->capture_default_str();
-  insp->add_option("--first", first, "how many ids from the start")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  insp->add_option("--top", top, "how many of the most frequent ids")
+      ->check(fsdp_tools::non_negative())
+      ->capture_default_str();
+  insp->add_option("--first", first, "how many ids from the start")
+      ->check(fsdp_tools::non_negative())
+      ->capture_default_str();
+  if (const auto status = fsdp_tools::parse_command_line(app, argc, argv)) return *status;
   try {
     if (train->parsed()) {
       const auto options = fsdp::text::BpeTrainerOptions().vocab_size(vocab_size).min_frequency(min_frequency);
@@ -347,6 +369,6 @@ int main(int argc, char** argv) {
     return inspect(path, tokenizer_path, top, first);
   } catch (const std::exception& e) {
     std::cerr << "fsdp-data: error: " << e.what() << "\n";
-    return 1;
+    return fsdp_tools::kExitError;
   }
 }

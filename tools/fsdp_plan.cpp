@@ -29,6 +29,7 @@
 #include "offload/disk_store.h"
 #include "fsdp/memory_plan.h"
 #include "fsdp/train_step.h"
+#include "tool_support.h"
 
 namespace {
 
@@ -76,6 +77,7 @@ struct Cluster {
                               r.at("all_to_all_cross_host").get<double>(), c.value("overlap", 0.0)};
   }
   static Cluster load(const std::string& path) {
+    fsdp_tools::require_regular_file(path, "the cluster description");
     std::ifstream in(path);
     TORCH_CHECK(in, "cannot open the cluster description '", path, "'");
     nlohmann::json j;
@@ -514,16 +516,25 @@ struct PlanInputs {
 
 void add_plan_options(CLI::App& app, PlanInputs& in) {
   app.add_option("--preset", in.preset, "a reference GPT preset: tiny, small, medium, large, xl");
-  app.add_option("--params", in.params, "or a model of this many parameters (with --layers; e.g. 70e9)");
-  app.add_option("--layers", in.layers, "blocks (one unit each; with --preset: overrides the preset's)");
+  app.add_option("--params", in.params, "or a model of this many parameters (with --layers; e.g. 70e9)")
+      ->check(fsdp_tools::positive());
+  app.add_option("--layers", in.layers, "blocks (one unit each; with --preset: overrides the preset's)")
+      ->check(fsdp_tools::positive());
   app.add_option("--width", in.width, "hidden width (with --params: the activation estimate, default from the count; "
-                                      "with --preset: overrides the preset's)");
-  app.add_option("--vocab", in.vocab, "vocabulary (default: the preset's, else 32000)");
-  app.add_option("--context", in.context, "sequence length (default: the preset's, else 4096)");
-  app.add_option("--heads", in.heads, "attention heads (default: the preset's, else width / 128)");
-  app.add_option("--batch", in.batch, "sequences per rank (default: the preset's, else 1)");
-  app.add_option("--world", in.world, "ranks")->capture_default_str();
-  app.add_option("--nodes", in.nodes, "nodes (hybrid strategies shard inside a node)")->capture_default_str();
+                                      "with --preset: overrides the preset's)")
+      ->check(fsdp_tools::positive());
+  app.add_option("--vocab", in.vocab, "vocabulary (default: the preset's, else 32000)")
+      ->check(fsdp_tools::positive());
+  app.add_option("--context", in.context, "sequence length (default: the preset's, else 4096)")
+      ->check(fsdp_tools::positive());
+  app.add_option("--heads", in.heads, "attention heads (default: the preset's, else width / 128)")
+      ->check(fsdp_tools::positive());
+  app.add_option("--batch", in.batch, "sequences per rank (default: the preset's, else 1)")
+      ->check(fsdp_tools::positive());
+  app.add_option("--world", in.world, "ranks")->check(fsdp_tools::positive())->capture_default_str();
+  app.add_option("--nodes", in.nodes, "nodes (hybrid strategies shard inside a node)")
+      ->check(fsdp_tools::positive())
+      ->capture_default_str();
   app.add_option("--strategy", in.strategy, "one strategy, or all")->capture_default_str();
   app.add_option("--param-dtype", in.param_dtype, "fp32, bf16, fp16")->capture_default_str();
   app.add_option("--reduce-dtype", in.reduce_dtype, "default: the param dtype");
@@ -539,8 +550,10 @@ void add_plan_options(CLI::App& app, PlanInputs& in) {
   app.add_option("--clip-grad-norm", in.clip_grad_norm,
                  "as fsdp-train's (0: off): with --offload nvme, a run that clips steps after backward, with every "
                  "gradient in memory; one that does not steps each unit during backward")
+      ->check(fsdp_tools::non_negative())
       ->capture_default_str();
   app.add_option("--offload-read-ahead", in.offload_read_ahead, "as fsdp-train's: parameter shards read ahead (units)")
+      ->check(fsdp_tools::non_negative())
       ->capture_default_str();
   app.add_flag("--offload-step-after-backward", in.offload_step_after_backward, "as fsdp-train's");
   app.add_option("--ckpt-async", in.ckpt_async,
@@ -549,7 +562,8 @@ void add_plan_options(CLI::App& app, PlanInputs& in) {
       ->capture_default_str();
   app.add_option("--budget", in.budget,
                  "per-rank bytes for model state plus gathered parameters: the strategy fsdp-train --strategy auto "
-                 "--memory-budget picks (the first that fits, from least to most communication)");
+                 "--memory-budget picks (the first that fits, from least to most communication)")
+      ->check(fsdp_tools::positive());
   app.add_option("--gather-quantization", in.gather_quantization,
                  "ZeRO++ qwZ: none or int8 (parameters gathered as int8 blocks with an fp32 scale each)")
       ->capture_default_str();
@@ -559,6 +573,7 @@ void add_plan_options(CLI::App& app, PlanInputs& in) {
                  "ZeRO++ qgZ: none or int8 (reduce-scatter inside the host, then an int8 all-to-all across hosts)")
       ->capture_default_str();
   app.add_option("--quantization-block", in.quantization_block, "elements per quantization block (one fp32 scale each)")
+      ->check(fsdp_tools::positive())
       ->capture_default_str();
   app.add_option("--cluster", in.cluster_path, "cluster JSON (fsdp-plan calibrate writes one): estimate step time");
   app.add_flag("--seed-accounting", in.seed_accounting,
@@ -981,12 +996,12 @@ int main(int argc, char** argv) {
   calibrate_cmd->add_option("--ranks-per-node", calibration.ranks_per_node,
                             "with --preset: also time the collectives a step runs at its largest unit's size, with "
                             "hosts of this many consecutive ranks (collectives: counted bytes per second)");
-  calibrate_cmd->add_option("--reps", calibration.reps, "repetitions of each collective")->capture_default_str();
+  calibrate_cmd->add_option("--reps", calibration.reps, "repetitions of each collective")->check(fsdp_tools::positive())->capture_default_str();
   calibrate_cmd->add_option("--offload-dir", disk_dir,
                             "also measure the disk there: each rank writes and reads back --disk-mib MiB at once, "
                             "through the engine offloading would use (disk_write_bandwidth, disk_read_bandwidth)");
-  calibrate_cmd->add_option("--disk-mib", disk_mib, "MiB per rank for the disk measurement")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  calibrate_cmd->add_option("--disk-mib", disk_mib, "MiB per rank for the disk measurement")->check(fsdp_tools::positive())->capture_default_str();
+  if (const auto status = fsdp_tools::parse_command_line(app, argc, argv)) return *status;
   if (calibrate_cmd->parsed()) {
     return reporting_errors([&] {
       TORCH_CHECK(disk_mib > 0, "--disk-mib must be positive, got ", disk_mib);

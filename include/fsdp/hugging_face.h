@@ -61,6 +61,11 @@ struct ModelConfig {
   /// The config.json this configuration was read from ("" if none): config_json()
   /// keeps its other fields (token ids, ...) and a larger max_position_embeddings.
   std::string source_json;
+  /// What config.json sets that the model does not do, and that is read and
+  /// ignored rather than refused: a non-zero dropout rate (GPT-2's
+  /// attn_pdrop, embd_pdrop, resid_pdrop; Llama's attention_dropout). One
+  /// sentence each, naming the file and the field; fsdp-train prints them.
+  std::vector<std::string> ignored;
   /// "gpt" or "llama" (LanguageModel::model_type()).
   std::string model_type() const;
   /// The configuration's describe() text.

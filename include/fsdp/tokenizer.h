@@ -17,6 +17,11 @@
 
 namespace fsdp::text {
 
+/// The ids a tokenizer.json may give are below this (2^24 = 16,777,216, 64
+/// times the largest vocabularies on the hub): the id tables are indexed by
+/// id, so a larger one would be what they allocate.
+constexpr uint64_t kMaxTokenIds = uint64_t{1} << 24;
+
 /// A Hugging Face tokenizer.json with a byte-level BPE model: model BPE
 /// (merges as "a b" strings or [a, b] pairs, ignore_merges), pre-tokenizer
 /// ByteLevel or Sequence of Split(Regex) and ByteLevel(use_regex false),
@@ -27,7 +32,8 @@ namespace fsdp::text {
 class Tokenizer {
  public:
   /// Reads the file. Throws std::runtime_error naming the file and what is
-  /// missing or unsupported (another model type, a normalizer other than NFC, a pre-tokenizer).
+  /// missing or unsupported (another model type, a normalizer other than NFC, a pre-tokenizer),
+  /// or an id that is not a whole number below kMaxTokenIds.
   explicit Tokenizer(const std::string& tokenizer_json_path);
   /// Frees the tokenizer.
   ~Tokenizer();
@@ -52,6 +58,11 @@ class Tokenizer {
   std::optional<uint32_t> token_id(const std::string& token) const;
   /// The file this tokenizer was read from.
   const std::string& path() const;
+  /// What the file holds that reads but may surprise, one sentence each
+  /// naming the file: ids given to more than one token (the `tokenizers`
+  /// package accepts those too, but decode then gives the last token of
+  /// each). Empty for a clean file; the tools print these as warnings.
+  const std::vector<std::string>& warnings() const;
 
   /// The implementation (src/text/tokenizer.cpp).
   struct Impl;

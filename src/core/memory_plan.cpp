@@ -1,6 +1,7 @@
 #include "fsdp/memory_plan.h"
 
 #include "core/host_groups.h"
+#include "fsdp/host_memory.h"
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
@@ -208,7 +209,41 @@ StrategyChoice choose_strategy(const std::vector<int64_t>& unit_numels, int worl
   return choice;
 }
 
+namespace {
+
+// The shape's counts as the planner multiplies them, checked before any is
+// computed in 64 bits or listed: dimensions positive; its parameters' and
+// activations' bytes (with room for the factors the estimates apply) within
+// int64; its list of units no more than this host can hold. A shape beyond
+// these overflowed into negative sizes, or listed two billion units until
+// the kernel's OOM killer ended fsdp-plan.
+void check_shape(const TransformerShape& s) {
+  TORCH_CHECK(s.vocab > 0 && s.context > 0 && s.layers > 0 && s.heads > 0 && s.width > 0 && s.batch > 0,
+              "every dimension of the planned model must be positive, got vocab ", s.vocab, ", context ", s.context,
+              ", layers ", s.layers, ", heads ", s.heads, ", width ", s.width, ", batch ", s.batch);
+  const long double V = s.vocab, T = s.context, L = s.layers, H = s.heads, C = s.width, B = s.batch;
+  const long double params = V * C + T * C + 2 * C + L * (12 * C * C + 17 * C);
+  // Activations: per block's token its width many times over and its heads'
+  // scores; the logits and their gradient.
+  const long double activations = B * T * (L * (64 * C + 16 * H * T) + 16 * V);
+  const long double limit = static_cast<long double>(int64_t{1} << 62);
+  TORCH_CHECK(params * 64 < limit && activations < limit, "the planned model (vocab ", s.vocab, ", context ", s.context,
+              ", layers ", s.layers, ", heads ", s.heads, ", width ", s.width, ", batch ", s.batch, ") has ",
+              static_cast<double>(params), " parameters and ", static_cast<double>(activations),
+              " bytes of activations: beyond what 64-bit byte counts hold");
+  const int64_t units = (s.sublayer_units ? 2 : 1) * s.layers + 1;
+  // The planner keeps a few lists of one int64 per unit: 16 is a bound.
+  const int64_t list_bytes = units * static_cast<int64_t>(sizeof(int64_t)) * 16;
+  const int64_t available = host_memory_available();
+  TORCH_CHECK(list_bytes <= available, "the planned model has ", units, " units (layers ", s.layers,
+              "): the planner's lists of them alone take ", format_mib(list_bytes), ", beyond this host's ",
+              format_mib(available), " available");
+}
+
+}  // namespace
+
 std::vector<int64_t> TransformerShape::unit_numels() const {
+  check_shape(*this);
   const int64_t C = width;
   std::vector<int64_t> numels = {vocab * C + context * C + 2 * C};  // wte (tied with the head), wpe, ln_f
   for (int64_t i = 0; i < layers; ++i) {

@@ -33,16 +33,20 @@ TokenData::TokenData(const std::string& path, int64_t context, int64_t vocab, To
     : path_(path), context_(context), options_(options) {
   const double f = options.val_fraction();
   TORCH_CHECK(f >= 0.0 && f < 1.0, "the validation fraction must be in [0, 1), got ", f);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a named pipe would otherwise block the open until a writer came.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   TORCH_CHECK(fd >= 0, "cannot open data file '", path, "': ", std::strerror(errno));
   struct stat info {};
   const int stat_rc = ::fstat(fd, &info);
   const int stat_errno = errno;
-  const size_t file_bytes = stat_rc == 0 ? static_cast<size_t>(info.st_size) : 0;
+  const bool regular = stat_rc == 0 && S_ISREG(info.st_mode);
+  const size_t file_bytes = regular ? static_cast<size_t>(info.st_size) : 0;
   void* map = file_bytes > 0 ? ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
   const int map_errno = errno;
   ::close(fd);  // the mapping keeps the file
   TORCH_CHECK(stat_rc == 0, "cannot stat data file '", path, "': ", std::strerror(stat_errno));
+  TORCH_CHECK(regular, "data file '", path, "' is ", S_ISDIR(info.st_mode) ? "a directory" : "not a regular file",
+              ", expected a file of text or token ids");
   TORCH_CHECK(map != MAP_FAILED, "cannot map data file '", path, "' (", file_bytes, " bytes): ",
               std::strerror(map_errno));
   if (map) mapping_ = std::shared_ptr<const void>(map, [file_bytes](const void* p) { ::munmap(const_cast<void*>(p), file_bytes); });

@@ -49,7 +49,14 @@ class BackgroundHasher {
 
 }  // namespace
 
+void require_regular_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return;
+  TORCH_CHECK(false, "'", path, "' is ", S_ISDIR(st.st_mode) ? "a directory" : "not a regular file", ", expected a file");
+}
+
 File::File(const std::string& path, int flags) : path_(path) {
+  if ((flags & O_ACCMODE) == O_RDONLY) require_regular_file(path);
   do {
     fd_ = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
   } while (fd_ < 0 && errno == EINTR);

@@ -30,10 +30,17 @@ namespace fsdp::file_io {
 // disk's block size, as O_DIRECT requires.
 constexpr size_t kBlockBytes = size_t{8} << 20;
 
+// Throws "'path' is a directory (or: not a regular file), expected a file"
+// for a path that exists and is not a regular file (or a link to one), before
+// anything opens it: a named pipe would block the open. A missing path is
+// left to the open's own error.
+void require_regular_file(const std::string& path);
+
 // An open file descriptor, closed when dropped.
 class File {
  public:
-  // flags as for open(2); throws "cannot open 'path': why".
+  // flags as for open(2); throws "cannot open 'path': why", and, opened
+  // for reading, require_regular_file's refusal.
   File(const std::string& path, int flags);
   ~File();
   File(const File&) = delete;

@@ -14,6 +14,7 @@
 #include "fsdp/checkpoint.h"
 #include "fsdp/wrap_policy.h"
 #include "state_dict/checkpoint_json.h"
+#include "state_dict/file_io.h"
 
 namespace fsdp::hugging_face {
 namespace {
@@ -35,6 +36,7 @@ fs::path folder_of(const std::string& path) {
 }
 
 json read_json(const std::string& path) {
+  file_io::require_regular_file(path);  // a named pipe would block the open; a directory read as bad JSON
   std::ifstream in(path);
   TORCH_CHECK(in, "cannot open '", path, "' for reading");
   try {
@@ -57,6 +59,20 @@ T field(const json& config, const std::string& path, const char* name, std::opti
   } catch (const std::exception&) {
     TORCH_CHECK(false, "'", path, "': \"", name, "\" is ", config.at(name).dump(), ", of the wrong type");
     throw;
+  }
+}
+
+// Dropout the model does not have: a non-zero rate is read, and said to be
+// ignored (GPT-2's own config.json sets 0.1 for each), not refused.
+void note_ignored_dropout(const json& c, const std::string& path, std::initializer_list<const char*> names,
+                          ModelConfig& config) {
+  for (const char* name : names) {
+    const double rate = field<double>(c, path, name, 0.0);
+    if (rate != 0.0) {
+      std::ostringstream note;
+      note << "'" << path << "': \"" << name << "\" " << rate << " is ignored: the model trains without dropout";
+      config.ignored.push_back(note.str());
+    }
   }
 }
 
@@ -87,6 +103,7 @@ ModelConfig read_gpt2_config(const json& c, const std::string& path) {
               "': \"scale_attn_by_inverse_layer_idx\" is true; the model does not scale attention by layer");
   TORCH_CHECK(!field<bool>(c, path, "add_cross_attention", false), "'", path,
               "': \"add_cross_attention\" is true; the model is a decoder only");
+  note_ignored_dropout(c, path, {"attn_pdrop", "embd_pdrop", "resid_pdrop"}, config);
   g.validate();
   return config;
 }
@@ -191,6 +208,7 @@ ModelConfig read_llama_config(const json& c, const std::string& path) {
   const int64_t head_dim = field<int64_t>(c, path, "head_dim", l.width / std::max<int64_t>(l.heads, 1));
   TORCH_CHECK(head_dim * l.heads == l.width, "'", path, "': \"head_dim\" is ", head_dim,
               "; the model's is hidden_size / num_attention_heads = ", l.width / std::max<int64_t>(l.heads, 1));
+  note_ignored_dropout(c, path, {"attention_dropout"}, config);
   l.validate();
   return config;
 }

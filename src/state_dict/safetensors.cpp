@@ -47,6 +47,7 @@ torch::ScalarType scalar_type(const std::string& code) {
 }
 
 Reader::Reader(const std::string& path) : path_(path) {
+  file_io::require_regular_file(path);
   std::FILE* f = std::fopen(path.c_str(), "rb");
   TORCH_CHECK(f, "cannot open '", path, "': ", std::strerror(errno));
   std::string json_text;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <queue>
 #include <sstream>
@@ -73,6 +74,14 @@ WordCounts count_words(const std::vector<std::string>& files, const std::vector<
   const size_t workers = threads > 0 ? threads : std::max(1u, std::thread::hardware_concurrency());
   WordCounts counts;
   for (const std::string& file : files) {
+    // A directory opens, and reads as nothing (an empty tokenizer); a named pipe blocks.
+    const auto status = std::filesystem::status(file);
+    if (std::filesystem::is_directory(status)) {
+      throw std::runtime_error("train_bpe: the text file '" + file + "' is a directory, expected a file");
+    }
+    if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+      throw std::runtime_error("train_bpe: the text file '" + file + "' is not a regular file");
+    }
     std::ifstream in(file, std::ios::binary);
     if (!in) throw std::runtime_error("train_bpe: cannot open the text file '" + file + "'");
     std::stringstream buffer;
@@ -224,10 +233,16 @@ void Trainer::write(const std::string& path) const {
   root["model"] = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
                    {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
                    {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", vocab}, {"merges", merges}};
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  // Written beside, then renamed: a failed write leaves no half a tokenizer.
+  const std::string temporary = path + ".tmp";
+  std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
   if (!out) throw std::runtime_error("train_bpe: cannot write '" + path + "'");
   out << root.dump(2) << "\n";
-  if (!out.flush()) throw std::runtime_error("train_bpe: cannot write '" + path + "'");
+  out.close();
+  if (!out || std::rename(temporary.c_str(), path.c_str()) != 0) {
+    std::remove(temporary.c_str());
+    throw std::runtime_error("train_bpe: cannot write '" + path + "'");
+  }
 }
 
 }  // namespace
@@ -239,6 +254,10 @@ void train_bpe(const std::vector<std::string>& files, const std::string& tokeniz
     throw std::runtime_error("train_bpe: vocab_size " + std::to_string(options.vocab_size()) +
                              " is below 256 bytes + " + std::to_string(options.special_tokens().size()) +
                              " special tokens = " + std::to_string(minimum));
+  }
+  if (static_cast<uint64_t>(options.vocab_size()) > kMaxTokenIds) {
+    throw std::runtime_error("train_bpe: vocab_size " + std::to_string(options.vocab_size()) + " is above " +
+                             std::to_string(kMaxTokenIds) + ", the most ids a tokenizer.json is read with");
   }
   if (files.empty()) throw std::runtime_error("train_bpe: no text files given");
   const auto start = std::chrono::steady_clock::now();

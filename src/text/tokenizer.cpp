@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <array>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <mutex>
 #include <queue>
+#include <set>
 #include <shared_mutex>
 #include <sstream>
 #include <stdexcept>
@@ -139,6 +141,9 @@ struct Tokenizer::Impl {
   std::vector<AddedToken> raw_added, normalized_added;  // matched before / after normalization
   PreTokenizer pre_tokenizer;
   PieceCache cache;
+  std::vector<std::string> warnings;  // what reads, but may surprise (Tokenizer::warnings)
+  std::set<uint32_t> shared_ids;      // ids given to two different tokens
+  std::string first_shared;           // the first of them, described
 
   void read(const json& root);
   void read_model(const json& model);
@@ -155,7 +160,28 @@ struct Tokenizer::Impl {
                    const std::function<void(std::string_view, uint32_t)>& emit) const;
 };
 
+// The id of a vocab or added-token entry: a whole number in [0, kMaxTokenIds).
+// The tables are indexed by id, so an id is what they allocate: checked
+// before, with the file and the entry named (an id of 2^31 once asked for
+// 64 GiB and ended in std::bad_alloc).
+namespace {
+uint32_t entry_id(const std::string& path, const std::string& entry, const json& id) {
+  if (!id.is_number_unsigned()) fail(path, entry + " has id " + id.dump() + ", expected a whole number >= 0");
+  const uint64_t value = id.get<uint64_t>();
+  if (value >= kMaxTokenIds) {
+    fail(path, entry + " has id " + std::to_string(value) + ", expected an id below " + std::to_string(kMaxTokenIds));
+  }
+  return static_cast<uint32_t>(value);
+}
+}  // namespace
+
 void Tokenizer::Impl::set_token(uint32_t id, const std::string& name, bool added) {
+  if (id < names.size() && !names[id].empty() && names[id] != name) {
+    // As the `tokenizers` package, read, not refused; but decode gives the
+    // last token of the id, so the text no longer comes back.
+    if (shared_ids.empty()) first_shared = "id " + std::to_string(id) + " ('" + names[id] + "' and '" + name + "')";
+    shared_ids.insert(id);
+  }
   if (id >= names.size()) {
     names.resize(id + 1);
     bytes.resize(id + 1);
@@ -190,6 +216,12 @@ void Tokenizer::Impl::read(const json& root) {
   read_model(root.at("model"));
   read_added_tokens(root.value("added_tokens", json::array()));
   read_pre_tokenizer(root.value("pre_tokenizer", json()));
+  if (!shared_ids.empty()) {
+    const size_t n = shared_ids.size();
+    warnings.push_back("tokenizer '" + path + "': " + std::to_string(n) + " id" + (n > 1 ? "s are" : " is") +
+                       " given to more than one token, the first " + first_shared +
+                       ": decode gives the last token of each, so text using the others does not decode back");
+  }
 }
 
 void Tokenizer::Impl::read_model(const json& model) {
@@ -205,8 +237,7 @@ void Tokenizer::Impl::read_model(const json& model) {
   ignore_merges = model.value("ignore_merges", false);
   if (!model.contains("vocab") || !model.at("vocab").is_object()) fail(path, "the BPE model has no vocab object");
   for (const auto& [name, id] : model.at("vocab").items()) {
-    if (!id.is_number_unsigned()) fail(path, "vocab entry '" + name + "' has id " + id.dump() + ", expected an id >= 0");
-    set_token(id.get<uint32_t>(), name, false);
+    set_token(entry_id(path, "vocab entry '" + name + "'", id), name, false);
   }
   byte_id.fill(kNoId);
   for (uint32_t b = 0; b < 256; ++b) {
@@ -248,7 +279,7 @@ void Tokenizer::Impl::read_added_tokens(const json& added) {
       if (t.value(flag, false)) fail(path, "added token '" + content + "' has " + flag + " = true (unsupported)");
     }
     if (content.empty()) fail(path, "an added token has empty content");
-    const auto id = t.at("id").get<uint32_t>();
+    const uint32_t id = entry_id(path, "added token '" + content + "'", t.at("id"));
     set_token(id, content, true);
     (t.value("normalized", !t.value("special", false)) ? normalized_added : raw_added).push_back({content, id});
   }
@@ -272,7 +303,12 @@ void Tokenizer::Impl::read_pre_tokenizer(const json& pre) {
       fail(path, "unsupported Split pre-tokenizer (behavior " + behavior + ", invert " +
                      json_text(pre.value("invert", json())) + "): only Isolated, not inverted");
     }
-    pre_tokenizer.add_split(split_pattern(path, pre));
+    try {
+      pre_tokenizer.add_split(split_pattern(path, pre));
+    } catch (const std::runtime_error& e) {  // Oniguruma's refusal of the pattern (found by tokenizer_fuzz)
+      if (std::string(e.what()).rfind("tokenizer '", 0) == 0) throw;
+      fail(path, std::string("a Split pre-tokenizer's pattern: ") + e.what());
+    }
   } else {
     fail(path, "unsupported pre-tokenizer '" + type + "' (ByteLevel, Split or a Sequence of them)");
   }
@@ -396,6 +432,12 @@ void Tokenizer::Impl::merge_word(std::vector<uint32_t>& symbols) const {
 
 Tokenizer::Tokenizer(const std::string& tokenizer_json_path) : impl_(std::make_unique<Impl>()) {
   impl_->path = tokenizer_json_path;
+  // A directory would read as bad JSON, a named pipe block the open.
+  const auto status = std::filesystem::status(tokenizer_json_path);
+  if (std::filesystem::is_directory(status)) fail(tokenizer_json_path, "is a directory, expected a tokenizer.json file");
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    fail(tokenizer_json_path, "is not a regular file");
+  }
   std::ifstream in(tokenizer_json_path, std::ios::binary);
   if (!in) fail(tokenizer_json_path, "cannot open the file");
   json root;
@@ -446,5 +488,7 @@ std::optional<uint32_t> Tokenizer::token_id(const std::string& token) const {
 }
 
 const std::string& Tokenizer::path() const { return impl_->path; }
+
+const std::vector<std::string>& Tokenizer::warnings() const { return impl_->warnings; }
 
 }  // namespace fsdp::text

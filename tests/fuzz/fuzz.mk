@@ -17,15 +17,25 @@ HEADER := $(call obj,src/state_dict/safetensors_header)
 SAFETENSORS := $(call obj,src/state_dict/safetensors) $(call obj,src/state_dict/checksum) \
   $(call obj,src/state_dict/file_io) $(HEADER)
 
+# The tokenizer reader is libfsdp_text's, without LibTorch: its own sources
+# and their libraries (Oniguruma's regexes, ICU's normalization).
+TEXT := $(call obj,src/text/tokenizer) $(call obj,src/text/pretokenizer) $(call obj,src/text/utf8)
+TEXT_LIBS := -lonig -licuuc -lpthread
+
 header: $(OUT)/header_fuzz
 reader: $(OUT)/reader_fuzz
 metadata: $(OUT)/metadata_fuzz
-all: header reader metadata
-.PHONY: header reader metadata all
+tokenizer: $(OUT)/tokenizer_fuzz
+config: $(OUT)/config_fuzz
+all: header reader metadata tokenizer config
+.PHONY: header reader metadata tokenizer config all
 
 $(OUT)/header_fuzz: $(call obj,tests/fuzz/header_fuzz) $(HEADER)
 $(OUT)/reader_fuzz: $(call obj,tests/fuzz/reader_fuzz) $(SAFETENSORS)
 $(OUT)/metadata_fuzz: $(call obj,tests/fuzz/metadata_fuzz) $(call obj,src/state_dict/checkpoint) $(SAFETENSORS)
+$(OUT)/config_fuzz: $(call obj,tests/fuzz/config_fuzz) $(call obj,src/state_dict/hugging_face) $(SAFETENSORS)
+$(OUT)/tokenizer_fuzz: $(call obj,tests/fuzz/tokenizer_fuzz) $(TEXT)
+	$(CXX) $(SANITIZE) -fsanitize=fuzzer $^ $(TEXT_LIBS) -o $@
 $(OUT)/%_fuzz:
 	$(CXX) $(SANITIZE) -fsanitize=fuzzer $^ $(LIBS) -o $@
 

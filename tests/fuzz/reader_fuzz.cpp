@@ -16,34 +16,18 @@
 #include <string>
 
 #include "fsdp/safetensors.h"
+#include "input_file.h"
 
 namespace {
 
 using fsdp::safetensors::Reader;
 
-// A file of this process's own (several fuzzers may run at once), removed
-// at exit.
-struct InputFile {
-  std::string path;
-  InputFile() {
-    const char* dir = std::getenv("TMPDIR");
-    path = std::string(dir && *dir ? dir : "/tmp") + "/fsdp_reader_fuzz_" + std::to_string(::getpid()) + ".safetensors";
-  }
-  ~InputFile() { std::remove(path.c_str()); }
-};
-
-const std::string& input_path() {
-  static const InputFile file;
-  return file.path;
+const fsdp_fuzz::InputFile& input() {
+  static const fsdp_fuzz::InputFile file("reader_fuzz.safetensors");
+  return file;
 }
-
-void write_input(const uint8_t* data, size_t size) {
-  std::FILE* f = std::fopen(input_path().c_str(), "wb");
-  if (!f || std::fwrite(data, 1, size, f) != size || std::fclose(f) != 0) {
-    std::perror(input_path().c_str());
-    std::abort();
-  }
-}
+const std::string& input_path() { return input().path(); }
+void write_input(const uint8_t* data, size_t size) { input().write(data, size); }
 
 // Oracle: a check that no c10::Error may answer.
 void expect(bool ok, const char* what) {

@@ -4,7 +4,7 @@
 # for a bounded time from its seed corpus. Fails on any crash, sanitizer
 # report, exception other than c10::Error, or input slower than 10 s.
 #
-#   tests/fuzz/run.sh BUILD_DIR build             build the three targets
+#   tests/fuzz/run.sh BUILD_DIR build             build the five targets
 #   tests/fuzz/run.sh BUILD_DIR TARGET SECONDS    build TARGET if needed, fuzz it
 #   tests/fuzz/run.sh BUILD_DIR seeds             remake the committed seeds
 #
@@ -16,8 +16,15 @@
 #   metadata  a checkpoint's metadata.json, next to a real checkpoint's data
 #             files (checkpoint/): list_checkpoints, SavedCheckpoint,
 #             read_range and convert_to_full
+#   tokenizer a tokenizer.json read by fsdp::text::Tokenizer, then a text of
+#             every byte encoded and decoded
+#   config    a Hugging Face config.json read by hugging_face::read_config,
+#             written back by config_json and read again
 # Seeds: corpus-safetensors/ (header, reader) and corpus-metadata/
 # (metadata), made by "seeds" (make_seeds.cpp and a short fsdp-train run);
+# corpus-tokenizer/ (fsdp-data's own tokenizer, compact, and as Llama 3's
+# and Qwen's pre-tokenizer and normalizer spell theirs) and corpus-config/
+# (GPT-2's and a Llama's config.json), written by hand;
 # the regress_* ones are inputs that crashed the library before its fix.
 # Checksums: checkpoint/ and the metadata seeds were written before XXH3
 # (FNV-1a, no algorithm named), as was corpus-safetensors/fnv1a64_*, kept so
@@ -89,7 +96,9 @@ case "$what" in
   # Inputs a little larger than the largest seed: small inputs run fast.
   header | reader) corpus=corpus-safetensors dict=safetensors.dict max_len=1024 ;;
   metadata) corpus=corpus-metadata dict=metadata.dict max_len=4096 ;;
-  *) echo "fuzz: unknown target '$what' (expected build, header, reader or metadata)" >&2; exit 2 ;;
+  tokenizer) corpus=corpus-tokenizer dict=tokenizer.dict max_len=8192 ;;
+  config) corpus=corpus-config dict=config.dict max_len=2048 ;;
+  *) echo "fuzz: unknown target '$what' (expected build, header, reader, metadata, tokenizer or config)" >&2; exit 2 ;;
 esac
 seconds="${3:?seconds to fuzz}"
 build_target "$what"

@@ -17,6 +17,7 @@
 #include "train/options.h"
 #include "train/setup.h"
 #include "train/train.h"
+#include "tool_support.h"
 
 namespace {
 
@@ -55,10 +56,10 @@ int main(int argc, char** argv) {
   fsdp_train::add_options(app, o);
   try {
     app.parse(argc, argv);
+    fsdp_tools::check_integers_fit(app);
   } catch (const CLI::ParseError& e) {
     // Every rank parses the same arguments, so every rank leaves here alike.
-    if (world->rank() == 0) return app.exit(e);
-    return e.get_exit_code();
+    return fsdp_tools::parse_error_status(app, e, world->rank() == 0);
   }
   if (!o.plot.empty() && o.log.empty()) o.log = (std::filesystem::path(o.plot) / "log.jsonl").string();
   torch::set_num_threads(o.threads > 0 ? o.threads : fsdp_train::default_threads(world->size()));

@@ -159,6 +159,21 @@ void print_zero_plus_plus(const ReportContext& c) {
   std::cout << "\n";
 }
 
+// Where the model's shape came from: --init-from's config.json, or the
+// preset with the options that override it.
+std::string shape_source(const TrainOptions& o) {
+  if (!o.init_from.empty() && fsdp::hugging_face::is_model(o.init_from)) {
+    return "shape from " + fsdp::hugging_face::find_model(o.init_from).config;
+  }
+  std::string overrides;
+  for (const auto& [flag, value] : {std::pair<const char*, std::optional<int64_t>>{"--vocab", o.vocab},
+                                    {"--context", o.context}, {"--layers", o.layers}, {"--heads", o.heads},
+                                    {"--width", o.width}, {"--kv-heads", o.kv_heads}}) {
+    if (value) overrides += std::string(overrides.empty() ? " with " : ", ") + flag + " " + std::to_string(*value);
+  }
+  return "preset " + o.preset + overrides;
+}
+
 }  // namespace
 
 void print_banner(const ReportContext& c) {
@@ -168,7 +183,7 @@ void print_banner(const ReportContext& c) {
   const fsdp::FsdpState& state = c.state;
   const int W = c.world_size;
   const bool scaling = c.train_step.scaler() != nullptr, skip_sync = c.train_step.syncs_only_last_micro_step();
-  std::cout << "fsdp-train: " << (o.model == "llama" ? "Llama " : "GPT ") << o.preset << " ("
+  std::cout << "fsdp-train: " << (o.model == "llama" ? "Llama" : "GPT") << ", " << shape_source(o) << " ("
             << run.model->describe() << "), " << c.predicted.num_params
             << " parameters\n"
             << "  " << fsdp::strategy_name(run.fsdp_options.strategy()) << " over " << W << " rank(s)";

@@ -128,8 +128,4 @@ void write_summary(const ReportContext& c, const RunFigures& figures, const EndF
 // Rank 0: the end-of-run printout.
 void print_summary(const ReportContext& c, const RunFigures& figures, const EndFigures& end);
 
-// The documented exit statuses of a preempted run (README: Preemption).
-constexpr int kExitPreemptedSaved = 75;    // a checkpoint of the last step is in --ckpt-dir: requeue with --resume
-constexpr int kExitPreemptedUnsaved = 76;  // no --ckpt-dir: nothing was saved
-
 }  // namespace fsdp_train

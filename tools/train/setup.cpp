@@ -4,6 +4,7 @@
 #include "train/setup.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
@@ -184,6 +185,13 @@ void preflight(const TrainOptions& o, Run& run, int world) {
 
 // The options that are single numbers or names, checked before anything is built.
 void check_values(const TrainOptions& o, int world) {
+  // inf passes the comparisons below, and trains to a NaN loss; nan fails them with a misleading message.
+  for (const auto& [flag, value] : {std::pair<const char*, double>{"--lr", o.lr}, {"--min-lr", o.min_lr.value_or(0)},
+                                    {"--clip-grad-norm", o.clip_grad_norm}, {"--weight-decay", o.weight_decay},
+                                    {"--temperature", o.temperature}, {"--val-fraction", o.val_fraction},
+                                    {"--collective-timeout", o.collective_timeout}}) {
+    TORCH_CHECK(std::isfinite(value), flag, " must be a finite number, got ", value);
+  }
   TORCH_CHECK(o.model == "gpt" || o.model == "llama", "--model must be gpt or llama, got '", o.model, "'");
   TORCH_CHECK(o.model == "llama" || !o.kv_heads, "--kv-heads needs --model llama (the GPT's heads each have their own)");
   TORCH_CHECK(o.steps > 0, "--steps must be positive, got ", o.steps);
@@ -248,6 +256,7 @@ void apply_hugging_face_config(const TrainOptions& o, Run& run) {
   TORCH_CHECK(hf_config.model_type() == o.model, "--init-from '", o.init_from, "' is a ",
               hf_config.architecture == hf::Architecture::kGpt2 ? "GPT-2" : "Llama", " model: pass --model ",
               hf_config.model_type());
+  run.warnings.insert(run.warnings.end(), hf_config.ignored.begin(), hf_config.ignored.end());
   const bool llama = o.model == "llama";
   const auto& l = hf_config.llama;
   const auto& g = hf_config.gpt;
@@ -310,12 +319,20 @@ void choose_device(const TrainOptions& o, const fsdp::ProcessGroupPtr& world, Ru
 }
 
 // --trace's folder, --plot's gnuplot and folder, rank 0's --log.
+// A file the run writes after training: its directory must be there now,
+// so that no training is lost to a mistyped path at the end.
+void check_output_directory(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  const auto dir = std::filesystem::path(path).parent_path();
+  if (dir.empty() || std::filesystem::is_directory(dir)) return;
+  TORCH_CHECK(!std::filesystem::exists(dir), flag, ": '", dir.string(), "' is not a directory");
+  TORCH_CHECK(false, flag, ": the directory '", dir.string(), "' does not exist");
+}
+
 void prepare_outputs(const TrainOptions& o, Run& run, int rank) {
-  if (!o.trace.empty()) {
-    const auto dir = std::filesystem::path(trace_path(o.trace, rank)).parent_path();
-    TORCH_CHECK(dir.empty() || std::filesystem::is_directory(dir), "--trace: the directory '", dir.string(),
-                "' does not exist");
-  }
+  if (!o.trace.empty()) check_output_directory("--trace", trace_path(o.trace, rank));
+  check_output_directory("--summary", o.summary);
+  check_output_directory("--save-final", o.save_final);
   if (!o.plot.empty()) {
     TORCH_CHECK(std::system("command -v gnuplot > /dev/null 2>&1") == 0,
                 "--plot needs gnuplot (Debian: apt-get install gnuplot-nox)");
@@ -375,6 +392,9 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   if (o.strategy == "auto") run.fsdp_options.strategy(pick_strategy(o, run, world->size()));
   run.fsdp_options.cpu_offload(o.offload == "cpu");
   prepare_outputs(o, run, world->rank());
+  if (world->rank() == 0) {
+    for (const std::string& warning : run.warnings) std::cerr << "fsdp-train: warning: " << warning << "\n";
+  }
   return run;
 }
 

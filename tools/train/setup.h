@@ -44,6 +44,10 @@ struct Run {
   std::string backend = "mpi";                   // --backend, resolved
   int64_t ram_predicted = 0;                     // the preflight's host memory per rank (0: not checked)
   fsdp::ProcessGroupPtr group;                   // what the model is sharded over (world, or NCCL over it)
+  // What the inputs hold that reads but the user should hear of (a
+  // tokenizer's shared ids, config.json's ignored dropout): rank 0 prints
+  // them at the end of prepare.
+  std::vector<std::string> warnings;
 };
 
 // Checks the options and builds the run (collective only with --device cuda).

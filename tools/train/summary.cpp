@@ -13,6 +13,7 @@
 
 #include "fsdp/host_memory.h"
 #include "train/report.h"
+#include "tool_support.h"
 #include "train/report_util.h"
 
 namespace fsdp_train {
@@ -342,7 +343,7 @@ void print_outputs(const ReportContext& c, const RunFigures& figures, const EndF
                                      : ", checkpoint " +
                                            (std::filesystem::path(o.ckpt_dir) / ("step-" + std::to_string(after))).string() +
                                            " saved: resume with --resume")
-              << "; exit status " << (o.ckpt_dir.empty() ? kExitPreemptedUnsaved : kExitPreemptedSaved) << "\n";
+              << "; exit status " << (o.ckpt_dir.empty() ? fsdp_tools::kExitPreemptedUnsaved : fsdp_tools::kExitPreempted) << "\n";
   }
 }
 

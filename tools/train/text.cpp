@@ -26,6 +26,7 @@ void apply_tokenizer(const TrainOptions& o, Run& run) {
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "--tokenizer: ", e.what());
   }
+  run.warnings.insert(run.warnings.end(), run.tokenizer->warnings().begin(), run.tokenizer->warnings().end());
   if (!o.vocab) run.config.vocab = run.tokenizer->vocab_size();
 }
 

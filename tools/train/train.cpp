@@ -4,6 +4,7 @@
 #include "train/train.h"
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -18,6 +19,7 @@
 #include "fsdp/trace.h"
 #include "fsdp/train_step.h"
 #include "train/report.h"
+#include "tool_support.h"
 #include "train/text.h"
 
 namespace fsdp_train {
@@ -232,6 +234,21 @@ class Trainer {
     return figures_.final_val_loss;
   }
 
+  // A non-finite loss or gradient norm ends the run before anything of its
+  // step is saved, so the newest checkpoint stays the last good one. Both
+  // figures are the same on every rank, so every rank stops here alike.
+  // Under loss scaling, a step skipped for an inf or NaN is by design
+  // (result.stepped false), and the run goes on.
+  void check_finite(const fsdp::StepResult& result, int64_t step, double lr) const {
+    if (!result.stepped) return;
+    const bool loss_finite = std::isfinite(result.loss);
+    if (loss_finite && (!result.grad_norm || std::isfinite(*result.grad_norm))) return;
+    const double value = loss_finite ? *result.grad_norm : result.loss;
+    TORCH_CHECK(false, "step ", step + 1, ": ", loss_finite ? "the gradient norm" : "the loss", " is ", value,
+                ", not a finite number (learning rate ", lr, "); the run stops before saving this step",
+                checkpoints_ ? ", and the newest checkpoint in --ckpt-dir is from before it" : "");
+  }
+
   // The loop: a step, the evaluation and checkpoint when due, the ranks'
   // agreement on a preemption, the step's report.
   void loop() {
@@ -248,6 +265,7 @@ class Trainer {
         auto [x, y] = run_.data->batch(step, micro, rank_, W, A, batch);
         return model_.forward(x.to(run_.device, /*non_blocking=*/true), y.to(run_.device, /*non_blocking=*/true));
       });
+      check_finite(result, step, lr);
       figures_.record(result, model_.state().cross_host_comm_stats(), step, o_.steps, rank_);
       const std::optional<double> val_loss = maybe_evaluate(step);
       if (checkpoints_) published(checkpoints_->poll());
@@ -283,7 +301,7 @@ class Trainer {
     figures_.signalled_here = preemption_.signal_here() != 0;
     if (rank_ == 0) print_summary(report_, figures_, end);
     if (!figures_.preempted_after) return 0;
-    return o_.ckpt_dir.empty() ? kExitPreemptedUnsaved : kExitPreemptedSaved;
+    return o_.ckpt_dir.empty() ? fsdp_tools::kExitPreemptedUnsaved : fsdp_tools::kExitPreempted;
   }
 
   void plot() {

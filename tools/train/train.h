@@ -9,8 +9,8 @@
 
 namespace fsdp_train {
 
-// Trains the prepared run; returns the process's exit status (0, or the
-// preemption's kExitPreempted*).
+// Trains the prepared run; returns the process's exit status (0, or a
+// preemption's fsdp_tools::kExitPreempted or kExitPreemptedUnsaved, tool_support.h).
 int train(const TrainOptions& o, Run& run, const fsdp::ProcessGroupPtr& world, const fsdp::Preemption& preemption);
 
 }  // namespace fsdp_train

@@ -1,0 +1,133 @@
+# The bad-input table: row TOOL STATUS TEXT COMMAND... (run.sh says what a
+# row asserts). The fixtures (run.sh): text.txt, tok.json and tokens.bin
+# are good; dir*, fifo*, empty.txt, odd.bin (3 bytes), not-json.json,
+# garbage.safetensors, truncated.safetensors and the tok-*.json that lie
+# about their ids are not; missing* names nothing. Outputs go to out/. An
+# unreadable file is not a row: these tests run as root, who reads anything;
+# an unwritable output is one under a regular file (text.txt/...).
+
+# ---- fsdp-data ----
+# A directory or a pipe where a file is read: refused by name, where a
+# directory once hung encode (at 90 % CPU, with an empty output left).
+row fsdp-data 1 "the text file 'dir' is a directory" "$data" encode --tokenizer tok.json -o out/t.bin dir
+row fsdp-data 1 "the text file 'fifo' is not a regular file" "$data" encode --tokenizer tok.json -o out/t.bin fifo
+row fsdp-data 1 "the text file 'missing.txt' does not exist" "$data" encode --tokenizer tok.json -o out/t.bin text.txt missing.txt
+row fsdp-data 1 "the output 'dir.bin' is a directory" "$data" encode --tokenizer tok.json -o dir.bin text.txt
+row fsdp-data 1 "cannot write 'text.txt/t.bin'" "$data" encode --tokenizer tok.json -o text.txt/t.bin text.txt
+row fsdp-data 1 "expected a name ending in .bin" "$data" encode --tokenizer tok.json -o out/t.txt text.txt
+row fsdp-data 1 "--chunk-bytes: Value 0 not in range" "$data" encode --tokenizer tok.json --chunk-bytes 0 -o out/t.bin text.txt
+row fsdp-data 1 "--chunk-bytes: Value 99999999999 not in range" "$data" encode --tokenizer tok.json --chunk-bytes 99999999999 -o out/t.bin text.txt
+row fsdp-data 1 "--threads: expected a number >= 0, got -1" "$data" encode --tokenizer tok.json --threads -1 -o out/t.bin text.txt
+row fsdp-data 1 "--tokenizer is required" "$data" encode -o out/t.bin text.txt
+row fsdp-data 1 "--bogus" "$data" encode --bogus --tokenizer tok.json -o out/t.bin text.txt
+# The tokenizer.json: missing, not a file, not JSON, ids that would size
+# its tables (2^31 - 1 and 4e9 once ended in std::bad_alloc, naming neither
+# the file nor the entry).
+row fsdp-data 1 "tokenizer 'missing.json': cannot open" "$data" encode --tokenizer missing.json -o out/t.bin text.txt
+row fsdp-data 1 "tokenizer 'dir.json': is a directory" "$data" encode --tokenizer dir.json -o out/t.bin text.txt
+row fsdp-data 1 "tokenizer 'fifo.json': is not a regular file" "$data" decode --tokenizer fifo.json tokens.bin
+row fsdp-data 1 "tokenizer 'not-json.json': not valid JSON" "$data" decode --tokenizer not-json.json tokens.bin
+row fsdp-data 1 "has id 2147483647, expected an id below 16777216" "$data" encode --tokenizer tok-id-2e31.json -o out/t.bin text.txt
+row fsdp-data 1 "has id 4000000000, expected an id below 16777216" "$data" decode --tokenizer tok-id-4e9.json tokens.bin
+row fsdp-data 1 "has id 1.5, expected a whole number >= 0" "$data" inspect --tokenizer tok-id-float.json tokens.bin
+# One id given to two tokens reads (as `tokenizers` reads it), with a warning.
+row fsdp-data 0 "warning: tokenizer 'tok-dup.json': 1 id is given to more than one token" "$data" decode --tokenizer tok-dup.json tokens.bin
+# Token files: a directory named *.bin once read as "0 tokens", exit 0.
+row fsdp-data 1 "the token file 'dir.bin' is a directory" "$data" inspect dir.bin
+row fsdp-data 1 "the token file 'dir.bin' is a directory" "$data" decode --tokenizer tok.json dir.bin
+row fsdp-data 1 "the token file 'fifo.bin' is not a regular file" "$data" inspect fifo.bin
+row fsdp-data 1 "the token file 'missing.bin' does not exist" "$data" inspect missing.bin
+row fsdp-data 1 "token file 'odd.bin' does not hold whole 2-byte ids" "$data" inspect odd.bin
+row fsdp-data 1 "--top: expected a number >= 0, got -3" "$data" inspect --top -3 tokens.bin
+# train-tokenizer: a directory once made an empty tokenizer.
+row fsdp-data 1 "the text file 'dir' is a directory" "$data" train-tokenizer --vocab-size 300 -o out/t.json dir
+row fsdp-data 1 "the text file 'fifo' is not a regular file" "$data" train-tokenizer --vocab-size 300 -o out/t.json fifo
+row fsdp-data 1 "cannot open the text file 'missing.txt'" "$data" train-tokenizer --vocab-size 300 -o out/t.json missing.txt
+row fsdp-data 1 "cannot write 'text.txt/t.json'" "$data" train-tokenizer --vocab-size 300 -o text.txt/t.json text.txt
+row fsdp-data 1 "--vocab-size: expected a positive number, got 0" "$data" train-tokenizer --vocab-size 0 -o out/t.json text.txt
+row fsdp-data 1 "vocab_size 100 is below 256 bytes + 1 special tokens" "$data" train-tokenizer --vocab-size 100 -o out/t.json text.txt
+row fsdp-data 1 "--vocab-size: expected a number that fits in 64 bits" "$data" train-tokenizer --vocab-size 99999999999999999999 -o out/t.json text.txt
+row fsdp-data 1 "vocab_size 99999999 is above 16777216" "$data" train-tokenizer --vocab-size 99999999 -o out/t.json text.txt
+row fsdp-data 1 "A subcommand is required" "$data"
+
+# ---- fsdp-plan ----
+# Every number is checked by its name (0 and negatives were ignored, and the
+# preset's table printed); sizes before anything is allocated (two billion
+# layers once listed units until the OOM killer came); no overflow.
+row fsdp-plan 1 "--layers: expected a positive number, got 0" "$plan" --preset small --layers 0
+row fsdp-plan 1 "--width: expected a positive number, got -5" "$plan" --preset small --width -5
+row fsdp-plan 1 "--params: expected a positive number, got inf" "$plan" --params inf --layers 4
+row fsdp-plan 1 "--params: expected a positive number, got -1" "$plan" --params -1 --layers 4
+row fsdp-plan 1 "--world: expected a positive number, got 0" "$plan" --preset small --world 0
+row fsdp-plan 1 "--world" "$plan" --preset small --world two
+row fsdp-plan 1 "--budget: expected a positive number, got nan" "$plan" --preset small --budget nan
+row fsdp-plan 1 "--clip-grad-norm: expected a number >= 0, got -1" "$plan" --preset small --clip-grad-norm -1
+row fsdp-plan 1 "--context: expected a number that fits in 64 bits" "$plan" --preset small --context 99999999999999999999
+row fsdp-plan 1 "units (layers 2000000000)" "$plan" --preset xl --layers 2000000000
+row fsdp-plan 1 "beyond what 64-bit byte counts hold" "$plan" --preset small --width 1000000000
+row fsdp-plan 1 "unknown preset 'enormous'" "$plan" --preset enormous
+row fsdp-plan 1 "the cluster description 'dir.json' is a directory" "$plan" --preset small --cluster dir.json
+row fsdp-plan 1 "the cluster description 'fifo.json' is not a regular file" "$plan" --preset small --cluster fifo.json
+row fsdp-plan 1 "the cluster description 'missing.json' does not exist" "$plan" --preset small --cluster missing.json
+row fsdp-plan 1 "'not-json.json': expected {flops" "$plan" --preset small --cluster not-json.json
+row fsdp-plan 1 "--bogus" "$plan" --preset small --bogus
+
+# ---- fsdp-ckpt ----
+row fsdp-ckpt 1 "missing.safetensors" "$ckpt" inspect missing.safetensors
+row fsdp-ckpt 1 "'fifo.safetensors' is not a regular file" "$ckpt" inspect fifo.safetensors
+row fsdp-ckpt 1 "garbage.safetensors" "$ckpt" verify garbage.safetensors
+row fsdp-ckpt 1 "truncated.safetensors" "$ckpt" verify truncated.safetensors
+row fsdp-ckpt 1 "dir" "$ckpt" verify dir
+row fsdp-ckpt 1 "garbage.safetensors" "$ckpt" convert garbage.safetensors out/weights.safetensors
+row fsdp-ckpt 1 "--tokens: 'abc' is not a token id" "$ckpt" logits whole.safetensors --tokens 1,abc
+row fsdp-ckpt 1 "--tokens: '-2' is not a token id" "$ckpt" logits whole.safetensors --tokens 1,-2
+row fsdp-ckpt 1 "--tokens is required" "$ckpt" logits whole.safetensors
+row fsdp-ckpt 1 "A subcommand is required" "$ckpt"
+row fsdp-ckpt 1 "--bogus" "$ckpt" inspect --bogus whole.safetensors
+
+# ---- fsdp-train (through fsdp-run, as users start it) ----
+# With every output it writes asked for, in out/: a refused run writes none.
+fsdp_train=("$run" -n 1 -- "$train" --log out/log.jsonl --summary out/summary.json --save-final out/final.safetensors)
+# Numbers: finite (inf passed the checks, and trained to a NaN loss, exit 0).
+row fsdp-train 1 "--lr must be a finite number, got inf" "${fsdp_train[@]}" --preset tiny --lr inf
+row fsdp-train 1 "--lr must be a finite number, got nan" "${fsdp_train[@]}" --preset tiny --lr nan
+row fsdp-train 1 "--clip-grad-norm must be a finite number, got inf" "${fsdp_train[@]}" --preset tiny --clip-grad-norm inf
+row fsdp-train 1 "--steps: expected a number that fits in 64 bits" "${fsdp_train[@]}" --preset tiny --steps 99999999999999999999
+row fsdp-train 1 "--bogus" "${fsdp_train[@]}" --bogus
+# A loss that is no longer finite stops the run, naming the step, before
+# that step is saved: the newest checkpoint is the last good one.
+nan_keeps_the_last_good_checkpoint() {
+  "$run" -n 1 -- "$train" --preset tiny --steps 4 --lr 1e300 --ckpt-dir ckpt --ckpt-every 1 --log out/never.jsonl
+  local status=$? newest
+  rm -f out/never.jsonl  # the log of the steps before is the run's record (written as it goes)
+  newest=$(ls ckpt | sort -V | tail -1)
+  rm -rf ckpt
+  [ "$newest" = step-1 ] || { echo "the newest checkpoint is '$newest', expected step-1"; return 99; }
+  return $status
+}
+row fsdp-train 1 "step 2: the loss is" nan_keeps_the_last_good_checkpoint
+# Files that are not files.
+row fsdp-train 1 "data file 'dir' is a directory" "${fsdp_train[@]}" --preset tiny --data dir
+row fsdp-train 1 "data file 'fifo' is not a regular file" "${fsdp_train[@]}" --preset tiny --data fifo
+row fsdp-train 1 "--tokenizer" "${fsdp_train[@]}" --preset tiny --data tokens.bin --tokenizer dir.json
+row fsdp-train 1 "tokenizer 'fifo.json': is not a regular file" "${fsdp_train[@]}" --preset tiny --data tokens.bin --tokenizer fifo.json
+row fsdp-train 1 "has id 2147483647, expected an id below 16777216" "${fsdp_train[@]}" --preset tiny --data tokens.bin --tokenizer tok-id-2e31.json
+row fsdp-train 1 "'fifo.safetensors' is not a regular file" "${fsdp_train[@]}" --preset tiny --init-from fifo.safetensors
+row fsdp-train 1 "truncated.safetensors" "${fsdp_train[@]}" --preset tiny --init-from truncated.safetensors
+row fsdp-train 1 "cannot open the log file 'text.txt/log.jsonl'" "$run" -n 1 -- "$train" --preset tiny --log text.txt/log.jsonl
+row fsdp-train 1 "--summary: 'text.txt' is not a directory" "$run" -n 1 -- "$train" --preset tiny --steps 1 --summary text.txt/summary.json
+row fsdp-train 1 "--save-final: 'text.txt' is not a directory" "$run" -n 1 -- "$train" --preset tiny --steps 1 --save-final text.txt/final.safetensors
+# Sizes before anything is allocated.
+row fsdp-train 1 "units (layers 2000000000)" "${fsdp_train[@]}" --preset tiny --layers 2000000000
+
+# ---- fsdp-run ----
+row fsdp-run 1 "-n needs a positive number of ranks, got '0'" "$run" -n 0 -- true
+row fsdp-run 1 "-n needs a positive number of ranks, got 'two'" "$run" -n two -- true
+row fsdp-run 1 "--threads needs a positive number, got '0'" "$run" -n 1 --threads 0 -- true
+row fsdp-run 1 "unknown option '--bogus'" "$run" --bogus -n 1 -- true
+row fsdp-run 1 "no program given after --" "$run" -n 1 --
+row fsdp-run 1 "cannot read the hostfile 'missing.hosts'" "$run" --hostfile missing.hosts -- true
+row fsdp-run 0 "usage: fsdp-run" "$run" --help
+# SIGTERM to the launcher's whole process group (a scheduler's preemption):
+# the ranks' 75 is the job's (it was mpirun's 1, mpirun being signalled too).
+row fsdp-run 75 "rank 1 stopping: preempted" signal_group TERM 2 "$run" -n 2 -- bash rank75.sh

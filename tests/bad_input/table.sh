@@ -94,6 +94,7 @@ row fsdp-train 1 "--lr must be a finite number, got nan" "${fsdp_train[@]}" --pr
 row fsdp-train 1 "--clip-grad-norm must be a finite number, got inf" "${fsdp_train[@]}" --preset tiny --clip-grad-norm inf
 row fsdp-train 1 "--steps: expected a number that fits in 64 bits" "${fsdp_train[@]}" --preset tiny --steps 99999999999999999999
 row fsdp-train 1 "--bogus" "${fsdp_train[@]}" --bogus
+row fsdp-train 1 "--threads must be >= 0, got -1" "${fsdp_train[@]}" --preset tiny --threads -1
 # A loss that is no longer finite stops the run, naming the step, before
 # that step is saved: the newest checkpoint is the last good one.
 nan_keeps_the_last_good_checkpoint() {

@@ -192,6 +192,14 @@ void check_values(const TrainOptions& o, int world) {
                                     {"--collective-timeout", o.collective_timeout}}) {
     TORCH_CHECK(std::isfinite(value), flag, " must be a finite number, got ", value);
   }
+  // Counts whose 0 means "the default": a negative one was silently the default.
+  for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--threads", o.threads},
+                                    {"--print-every", o.print_every}, {"--warmup-steps", o.warmup_steps},
+                                    {"--ranks-per-node", o.ranks_per_node}, {"--memory-budget", o.memory_budget},
+                                    {"--offload-read-ahead", o.offload_read_ahead}}) {
+    TORCH_CHECK(value >= 0, flag, " must be >= 0, got ", value);
+  }
+  TORCH_CHECK(o.collective_timeout >= 0, "--collective-timeout must be >= 0 (0: the default), got ", o.collective_timeout);
   TORCH_CHECK(o.model == "gpt" || o.model == "llama", "--model must be gpt or llama, got '", o.model, "'");
   TORCH_CHECK(o.model == "llama" || !o.kv_heads, "--kv-heads needs --model llama (the GPT's heads each have their own)");
   TORCH_CHECK(o.steps > 0, "--steps must be positive, got ", o.steps);

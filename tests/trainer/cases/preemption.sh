@@ -7,8 +7,14 @@
 # many tasks that MPI sees as worlds of one are refused; so is a checkpoint
 # folder that a rank cannot see.
 
-common=(--preset tiny --steps 300)
-train_run straight 2 "${common[@]}"
+# The runs a signal stops get far more steps than they will take: the
+# test's own shell shares the two cores with two busy ranks and may wait
+# seconds for a slice, and a signal that comes after the last step stops
+# nothing (300 tiny steps take 2 s on a fast CPU; a USR1 once came after
+# the last one). The straight run they are compared with runs afterwards,
+# to a little past the latest stop; the schedule is constant and the data
+# order does not depend on --steps, which resumes_exactly checks too.
+long=(--preset tiny --steps 5000)
 
 # start NAME ARGS...: the trainer in the background ($pid: fsdp-run's), its log $work/NAME.jsonl.
 start() {
@@ -32,46 +38,57 @@ finish() {
   wait "$pid" || rc=$?
   [ "$rc" -eq "$2" ] || { cat "$work/$1.out"; fail "$1: exit status $rc, expected $2"; }
 }
-# resumes_exactly NAME: the run's checkpoint at its last step resumes to the straight run's losses.
+# stopped_at NAME: the step after which the run NAME was preempted (checked to have its checkpoint).
+stopped_at() {
+  local at; at=$(jq -r .preempted_after_step "$work/$1.json")
+  [ "$at" != null ] && [ "$at" -lt 5000 ] || fail "$1: preempted_after_step is $at"
+  [ -f "$work/ck-$1/step-$at/metadata.json" ] || fail "$1: no checkpoint of step $at"
+  require_step_numbers "$work/$1.jsonl" 1 "$at"
+  echo "$at"
+}
+# resumes_exactly NAME: the run's checkpoint at its last step resumes to the
+# straight run's losses ($end steps), and its own steps were the straight run's.
 resumes_exactly() {
-  local name="$1" at
-  at=$(jq -r .preempted_after_step "$work/$name.json")
-  [ "$at" != null ] && [ "$at" -lt 300 ] || fail "$name: preempted_after_step is $at"
-  [ -f "$work/ck-$name/step-$at/metadata.json" ] || fail "$name: no checkpoint of step $at"
-  require_step_numbers "$work/$name.jsonl" 1 "$at"
-  train_run "$name-resumed" 2 "${common[@]}" --ckpt-dir "$work/ck-$name" --resume
+  local name="$1" at; at=$(stopped_at "$name") || exit 1
+  log_steps "$work/straight.jsonl" 1 "$at" > "$work/straight-head.jsonl"
+  same_losses "$work/$name.jsonl" "$work/straight-head.jsonl" "$at"
+  train_run "$name-resumed" 2 --preset tiny --steps "$end" --ckpt-dir "$work/ck-$name" --resume
   json_is "$work/$name-resumed.json" .first_step "$at"
-  log_steps "$work/$name-resumed.jsonl" $(( at + 1 )) 300 > "$work/$name-tail.jsonl"
-  log_steps "$work/straight.jsonl" $(( at + 1 )) 300 > "$work/straight-tail.jsonl"
-  same_losses "$work/$name-tail.jsonl" "$work/straight-tail.jsonl" $(( 300 - at ))
+  log_steps "$work/$name-resumed.jsonl" $(( at + 1 )) "$end" > "$work/$name-tail.jsonl"
+  log_steps "$work/straight.jsonl" $(( at + 1 )) "$end" > "$work/straight-tail.jsonl"
+  same_losses "$work/$name-tail.jsonl" "$work/straight-tail.jsonl" $(( end - at ))
   echo "ok: $name stopped after step $at with a checkpoint that resumes exactly"
 }
 
 # SIGTERM to the launcher.
-start term "${common[@]}" --ckpt-dir "$work/ck-term" --ckpt-every 1000
+start term "${long[@]}" --ckpt-dir "$work/ck-term" --ckpt-every 1000
 wait_for_step term 5
 kill -TERM "$pid"
 finish term 75
 grep -q "preempted .* checkpoint $work/ck-term/step-" "$work/term.out" || { cat "$work/term.out"; fail "no preemption line"; }
-resumes_exactly term
 
 # SIGUSR1 to one rank only: the others learn it at the step boundary.
-start usr1 "${common[@]}" --ckpt-dir "$work/ck-usr1" --ckpt-every 1000
+start usr1 "${long[@]}" --ckpt-dir "$work/ck-usr1" --ckpt-every 1000
 wait_for_step usr1 5
 victim=$(rank_pids "$pid" fsdp-train | tail -1)
 [ -n "$victim" ] || fail "no rank found under fsdp-run"
 kill -USR1 "$victim"
 finish usr1 75
-resumes_exactly usr1
 
 # A signal in the middle of rank 1's first save (step 3): the save completes and is the checkpoint.
-FSDP_TEST_SIGNAL_IN_SAVE=1:1 start in-save "${common[@]}" --ckpt-dir "$work/ck-in-save" --ckpt-every 3
+FSDP_TEST_SIGNAL_IN_SAVE=1:1 start in-save "${long[@]}" --ckpt-dir "$work/ck-in-save" --ckpt-every 3
 finish in-save 75
 json_is "$work/in-save.json" .preempted_after_step 3
-resumes_exactly in-save
+
+# The straight run, to 20 steps past the latest stop; each stopped run resumes to it exactly.
+at_term=$(stopped_at term) || exit 1
+at_usr1=$(stopped_at usr1) || exit 1
+end=$(( (at_term > at_usr1 ? at_term : at_usr1) + 20 ))
+train_run straight 2 --preset tiny --steps "$end"
+for name in term usr1 in-save; do resumes_exactly "$name"; done
 
 # Without --ckpt-dir: exit 76, nothing saved.
-start unsaved "${common[@]}"
+start unsaved "${long[@]}"
 wait_for_step unsaved 5
 kill -TERM "$pid"
 finish unsaved 76

@@ -14,7 +14,8 @@
 # the last one). The straight run they are compared with runs afterwards,
 # to a little past the latest stop; the schedule is constant and the data
 # order does not depend on --steps, which resumes_exactly checks too.
-long=(--preset tiny --steps 5000)
+long_steps=5000
+long=(--preset tiny --steps "$long_steps")
 
 # start NAME ARGS...: the trainer in the background ($pid: fsdp-run's), its log $work/NAME.jsonl.
 start() {
@@ -41,15 +42,16 @@ finish() {
 # stopped_at NAME: the step after which the run NAME was preempted (checked to have its checkpoint).
 stopped_at() {
   local at; at=$(jq -r .preempted_after_step "$work/$1.json")
-  [ "$at" != null ] && [ "$at" -lt 5000 ] || fail "$1: preempted_after_step is $at"
+  [ "$at" != null ] && [ "$at" -lt "$long_steps" ] || fail "$1: preempted_after_step is $at"
   [ -f "$work/ck-$1/step-$at/metadata.json" ] || fail "$1: no checkpoint of step $at"
   require_step_numbers "$work/$1.jsonl" 1 "$at"
   echo "$at"
 }
-# resumes_exactly NAME: the run's checkpoint at its last step resumes to the
-# straight run's losses ($end steps), and its own steps were the straight run's.
+# resumes_exactly NAME AT: the run's checkpoint at its last step (AT, from
+# stopped_at) resumes to the straight run's losses ($end steps), and its own
+# steps were the straight run's.
 resumes_exactly() {
-  local name="$1" at; at=$(stopped_at "$name") || exit 1
+  local name="$1" at="$2"
   log_steps "$work/straight.jsonl" 1 "$at" > "$work/straight-head.jsonl"
   same_losses "$work/$name.jsonl" "$work/straight-head.jsonl" "$at"
   train_run "$name-resumed" 2 --preset tiny --steps "$end" --ckpt-dir "$work/ck-$name" --resume
@@ -83,9 +85,12 @@ json_is "$work/in-save.json" .preempted_after_step 3
 # The straight run, to 20 steps past the latest stop; each stopped run resumes to it exactly.
 at_term=$(stopped_at term) || exit 1
 at_usr1=$(stopped_at usr1) || exit 1
+at_in_save=$(stopped_at in-save) || exit 1
 end=$(( (at_term > at_usr1 ? at_term : at_usr1) + 20 ))
 train_run straight 2 --preset tiny --steps "$end"
-for name in term usr1 in-save; do resumes_exactly "$name"; done
+resumes_exactly term "$at_term"
+resumes_exactly usr1 "$at_usr1"
+resumes_exactly in-save "$at_in_save"
 
 # Without --ckpt-dir: exit 76, nothing saved.
 start unsaved "${long[@]}"

@@ -1,6 +1,6 @@
 # The CUDA module (the build's only; not installed as CMake code): what of
 # the CUDA configuration needs CUDA's libraries, apart from libfsdp, which
-# loads it when a run asks for a GPU (src/core/cuda_module.h says why).
+# loads it when a run asks for a GPU (src/comm/cuda_module.h says why).
 
 # fsdp_add_cuda_module(): call with the target fsdp made, after
 # fsdp_find_nccl(). Makes the target fsdp_cuda (libfsdp_cuda.so in the build
@@ -8,7 +8,7 @@
 function(fsdp_add_cuda_module)
   # A MODULE: only ever dlopen()ed, never linked.
   add_library(fsdp_cuda MODULE src/comm/nccl_process_group.cpp src/core/device_memory_cuda.cpp
-                               src/core/cuda_module_entry.cpp)
+                               src/comm/cuda_module_entry.cpp)
   set_target_properties(fsdp_cuda PROPERTIES LIBRARY_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}")
   target_include_directories(fsdp_cuda PRIVATE "${CMAKE_SOURCE_DIR}/include" "${CMAKE_SOURCE_DIR}/src"
                                                "${FSDP_NCCL_INCLUDE_DIR}")
@@ -34,12 +34,12 @@ function(fsdp_add_cuda_module)
     set(FSDP_BUILD_ID "${PROJECT_VERSION}-${id}" CACHE INTERNAL "this build folder's identity (the CUDA module's check)")
   endif()
   file(RELATIVE_PATH relative "${CMAKE_INSTALL_FULL_BINDIR}" "${CMAKE_INSTALL_FULL_LIBDIR}")
-  target_sources(fsdp PRIVATE src/core/cuda_module.cpp)
+  target_sources(fsdp PRIVATE src/comm/cuda_module.cpp)
   # Without the precompiled header: its own definitions, and it includes
   # ATen's CUDA hooks interface.
-  set_source_files_properties(src/core/cuda_module.cpp PROPERTIES SKIP_PRECOMPILE_HEADERS ON COMPILE_DEFINITIONS
+  set_source_files_properties(src/comm/cuda_module.cpp PROPERTIES SKIP_PRECOMPILE_HEADERS ON COMPILE_DEFINITIONS
     "FSDP_CUDA_MODULE_BUILD_PATH=\"${CMAKE_BINARY_DIR}/libfsdp_cuda.so\";FSDP_CUDA_MODULE_INSTALL_PATH=\"${CMAKE_INSTALL_FULL_LIBDIR}/libfsdp_cuda.so\";FSDP_CUDA_MODULE_RELATIVE_DIR=\"${relative}\";FSDP_CUDA_MODULE_BUILD_ID=\"${FSDP_BUILD_ID}\"")
-  set_source_files_properties(src/core/cuda_module_entry.cpp PROPERTIES COMPILE_DEFINITIONS
+  set_source_files_properties(src/comm/cuda_module_entry.cpp PROPERTIES COMPILE_DEFINITIONS
     "FSDP_CUDA_MODULE_BUILD_ID=\"${FSDP_BUILD_ID}\"")
   # Built with libfsdp, so that every program that can load it finds it
   # built (gpu_check.sh builds only the targets it runs).

@@ -85,7 +85,7 @@ endfunction()
 # compile settings: linking libtorch would load libtorch_cuda, libc10_cuda and
 # the CUDA runtime into every CPU run (about 200 MiB resident), and the CUDA
 # configuration loads those with its module when a run asks for a GPU
-# (src/core/cuda_module.h). A program that makes CUDA tensors itself, before
+# (src/comm/cuda_module.h). A program that makes CUDA tensors itself, before
 # fsdp-cpp has loaded the module, links torch_cuda itself. Elsewhere
 # (Debian's CPU-only LibTorch): TORCH_LIBRARIES, as LibTorch's config lists it.
 function(fsdp_libtorch_cpu target)

@@ -476,7 +476,7 @@ check_configure() {
 }
 # check_build TARGET...: the checks' targets (the trainer, the launcher's
 # probe and the GPU tests' binary), not the whole tree. The CUDA module
-# (libfsdp_cuda.so, which --device cuda loads: src/core/cuda_module.h) is
+# (libfsdp_cuda.so, which --device cuda loads: src/comm/cuda_module.h) is
 # built with libfsdp, so with any of them; the line says whether it is there.
 check_build() {
   local log="$logs/build.log" t0=$EPOCHREALTIME lim; lim=$(limit 360)

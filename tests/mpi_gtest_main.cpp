@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   // the reason, and 77, which ctest reports as skipped.
   // Counted first, before any test seeds: on a machine with a GPU this loads
   // the CUDA module, which must come before anything asks LibTorch about CUDA
-  // (src/core/cuda_module.h).
+  // (src/comm/cuda_module.h).
   const int gpus = fsdp::cuda_device_count();
   if (const char* needs = std::getenv("FSDP_TEST_NEEDS_GPU"); needs && std::string(needs) == "1" && gpus == 0) {
     std::cout << "skipped: " << (fsdp::cuda_build() ? "no GPU visible to this process" : "a build without CUDA (FSDP_CUDA)")

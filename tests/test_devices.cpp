@@ -12,7 +12,7 @@
 #include <iostream>
 #include <filesystem>
 
-#include "core/device_context.h"
+#include "base/device_context.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"

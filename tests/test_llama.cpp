@@ -9,6 +9,7 @@
 #include <cmath>
 #include <map>
 
+#include "fsdp/gpt.h"
 #include "fsdp/llama.h"
 #include "fsdp/wrap_policy.h"
 #include "test_helpers.h"
@@ -177,4 +178,32 @@ TEST(LlamaModel, WrapPoliciesMakeAUnitPerDecoderLayerOrSublayer) {
   Llama model(small_config());
   EXPECT_EQ(fsdp::plan_units(*model, fsdp::module_type_policy<LlamaDecoderLayerImpl>()).size(), 3u);
   EXPECT_EQ(fsdp::plan_units(*model, fsdp::module_type_policy<LlamaAttentionImpl, LlamaMLPImpl>()).size(), 5u);
+}
+
+// The planner's description (plan_description, what fsdp-plan and the
+// preflight plan before any tensor exists) is the model fully_shard shards:
+// the same units of the same sizes, for either wrap; the reference GPT's too.
+TEST(LlamaModel, PlanDescriptionHasTheModelsUnits) {
+  using namespace fsdp::models;
+  auto numels = [](torch::nn::Module& model, const fsdp::WrapPolicy& policy) {
+    std::vector<int64_t> units;
+    for (const auto& plan : fsdp::plan_units(model, policy)) {
+      int64_t n = 0;
+      for (const auto& p : plan.params) n += p.second.numel();
+      units.push_back(n);
+    }
+    return units;
+  };
+  Llama llama(small_config());
+  const fsdp::ModelDescription d = llama->plan_description();
+  EXPECT_EQ(d.layer_units, numels(*llama, fsdp::module_type_policy<LlamaDecoderLayerImpl>()));
+  EXPECT_EQ(d.sublayer_units, numels(*llama, fsdp::module_type_policy<LlamaAttentionImpl, LlamaMLPImpl>()));
+  EXPECT_EQ(d.num_parameters(), llama->num_parameters());
+  EXPECT_EQ(d.shape.extra_layer_activations, 9);
+  GPT gpt(GPTConfig::preset("tiny"));
+  const fsdp::ModelDescription g = gpt->plan_description();
+  EXPECT_EQ(g.layer_units, numels(*gpt, fsdp::module_type_policy<BlockImpl>()));
+  EXPECT_EQ(g.sublayer_units, numels(*gpt, fsdp::module_type_policy<AttentionImpl, MLPImpl>()));
+  EXPECT_EQ(g.num_parameters(), gpt->num_parameters());
+  EXPECT_EQ(g.shape.extra_layer_activations, 0);
 }

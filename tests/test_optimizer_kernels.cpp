@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/compat.h"
+#include "base/compat.h"
 #include "core/grad_utils_internal.h"
 #include "fsdp/fused_adamw.h"
 #include "fsdp/grad_utils.h"

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/memory_plan.h"
+#include "fsdp/run_plan.h"
 
 #include <string>
 #include <vector>
@@ -188,4 +189,36 @@ TEST(Planner, DiskOffloadSteppingInBackward) {
   EXPECT_FALSE(fsdp::nvme_steps_in_backward(true, ShardingStrategy::kFullShard, false, true));
   EXPECT_FALSE(fsdp::nvme_steps_in_backward(true, ShardingStrategy::kNoShard, false, false));
   EXPECT_FALSE(fsdp::nvme_steps_in_backward(true, ShardingStrategy::kZero1, false, false));
+}
+
+// plan_run puts the estimates together as a run has them: a Llama layer's
+// activations beyond the GPT block's (9 M C elements a layer, one layer's
+// when checkpointed) and a run-ahead gather's buffer (the largest unit but
+// the root, padded), on top of estimate_step_peak's own figures.
+TEST(Planner, RunPlanAddsTheModelsActivationsAndTheRunAhead) {
+  fsdp::ModelDescription gpt;
+  gpt.shape = fsdp::TransformerShape{64, 16, 2, 2, 8, 2};
+  gpt.layer_units = gpt.shape.unit_numels();
+  fsdp::ModelDescription llama = gpt;
+  llama.shape.extra_layer_activations = 9;
+  fsdp::RunSettings settings;
+  settings.world = 2;
+  const auto plain = fsdp::FullyShardOptions();
+  const auto checkpointed = fsdp::FullyShardOptions().activation_checkpointing(true);
+  const int64_t M = 2 * 16, C = 8, fp32 = 4;
+
+  const fsdp::RunPlan base = fsdp::plan_run(gpt, false, plain, settings);
+  EXPECT_EQ(base.peak.total(), fsdp::estimate_step_peak(gpt.shape, ShardingStrategy::kFullShard, 2, 2,
+                                                        fsdp::MixedPrecision(), true, false, gpt.layer_units)
+                                   .total());
+  EXPECT_EQ(base.step_peak, base.peak.total());
+  EXPECT_EQ(base.shard_group, 2);
+  EXPECT_EQ(fsdp::plan_run(llama, false, plain, settings).peak.activations - base.peak.activations, 2 * 9 * M * C * fp32);
+  EXPECT_EQ(fsdp::plan_run(llama, false, checkpointed, settings).peak.activations -
+                fsdp::plan_run(gpt, false, checkpointed, settings).peak.activations,
+            9 * M * C * fp32);
+  settings.gathers_run_ahead = true;
+  const int64_t padded_block = (gpt.layer_units[1] + 1) / 2 * 2;
+  EXPECT_EQ(fsdp::plan_run(gpt, false, plain, settings).peak.gathered - base.peak.gathered, padded_block * fp32);
+  EXPECT_THROW(fsdp::plan_run(gpt, true, plain, settings), c10::Error);  // no sublayer units described
 }

@@ -236,9 +236,8 @@ TEST(Preemption, OneRanksSignalStopsEveryRank) {
 
 fsdp::HostMemoryRun small_run() {
   fsdp::HostMemoryRun run;
-  const auto c = fsdp::models::GPTConfig::preset("small");
-  run.shape = fsdp::TransformerShape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch, false};
-  run.world = 2;
+  run.model = fsdp::models::GPTConfig::preset("small").plan_description();
+  run.settings.world = 2;
   run.ranks_here = 2;
   return run;
 }
@@ -276,7 +275,7 @@ TEST(HostMemory, PreflightRefusesWhatDoesNotFit) {
   const auto variants = fsdp::host_memory_variants(run, plain);
   EXPECT_EQ(variants.size(), 5u);  // fp32 and sharded: the parameters' disk offload too
   fsdp::HostMemoryRun replicated = run;
-  replicated.strategy = fsdp::ShardingStrategy::kNoShard;
+  replicated.options.strategy(fsdp::ShardingStrategy::kNoShard);
   EXPECT_EQ(fsdp::host_memory_variants(replicated, plain).size(), 4u);
 }
 

@@ -26,9 +26,12 @@
 #include "fsdp/comm.h"
 #include "fsdp/error.h"
 #include "fsdp/gpt.h"
+#include "fsdp/host_memory.h"
 #include "offload/disk_store.h"
 #include "fsdp/memory_plan.h"
+#include "fsdp/run_plan.h"
 #include "fsdp/train_step.h"
+#include "shared_flags.h"
 #include "tool_support.h"
 
 namespace {
@@ -120,6 +123,8 @@ struct Plan {
   int64_t quantized_gather_buffers = 0;
   // --ckpt-async: a save's staging copy, beside the steps until written.
   std::optional<fsdp::CheckpointStaging> staging;
+  // The host memory fsdp-train's preflight asks of a rank for this run (fsdp::host_memory_needed).
+  int64_t preflight = 0;
 };
 
 nlohmann::json nvme_json(const Plan& plan, const std::optional<double>& io_s) {
@@ -229,6 +234,7 @@ nlohmann::json plan_json(const Plan& plan, int world, int per_node) {
           {"step_peak_bytes", plan.peak.total()},
           {"device_total_bytes", plan.device()},
           {"host_bytes", plan.host},
+          {"preflight_bytes", plan.preflight},
           {"comm_bytes", comm_json(plan.comm)},
           {"checkpoint_staging", plan.staging ? nlohmann::json({{"rank0_bytes", plan.staging->rank0},
                                                                  {"per_rank_bytes", plan.staging->per_rank}})
@@ -487,11 +493,10 @@ int calibrate(int* argc, char*** argv, const CalibrateOptions& options) {
   return 0;
 }
 
-// What fsdp-plan was asked, as its command line gives it.
-struct PlanInputs {
-  std::string preset;
+// What fsdp-plan was asked, as its command line gives it; the model's and
+// ZeRO++'s flags are fsdp-train's (shared_flags.h).
+struct PlanInputs : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags {
   double params = 0;
-  int64_t layers = 0, width = 0, vocab = 0, context = 0, heads = 0, batch = 0;
   int world = 2, nodes = 1;
   std::string strategy = "all", param_dtype = "fp32", reduce_dtype, cluster_path, offload = "none", wrap = "block";
   std::string ckpt_async = "none";  // fsdp-train --ckpt-async with this --ckpt-format
@@ -499,37 +504,15 @@ struct PlanInputs {
   double clip_grad_norm = 1.0;
   int offload_read_ahead = 2;
   bool offload_step_after_backward = false;
-  bool checkpointing = false, prefetch = true, seed_accounting = false, json = false;
+  bool checkpointing = false, prefetch = true, seed_accounting = false, json = false, sharded_init = false;
   double budget = 0;
-  // ZeRO++ (fsdp-train's flags of the same names).
-  std::string gather_quantization = "none", gradient_quantization = "none";
-  bool secondary_partition = false;
-  int64_t quantization_block = fsdp::ZeroPlusPlus().quantization_block();
-  fsdp::ZeroPlusPlus zero_plus_plus() const {
-    return fsdp::ZeroPlusPlus()
-        .gather_quantization(fsdp::parse_quantization(gather_quantization))
-        .secondary_partition(secondary_partition)
-        .gradient_quantization(fsdp::parse_quantization(gradient_quantization))
-        .quantization_block(quantization_block);
-  }
 };
 
 void add_plan_options(CLI::App& app, PlanInputs& in) {
-  app.add_option("--preset", in.preset, "a reference GPT preset: tiny, small, medium, large, xl");
-  app.add_option("--params", in.params, "or a model of this many parameters (with --layers; e.g. 70e9)")
-      ->check(fsdp_tools::positive());
-  app.add_option("--layers", in.layers, "blocks (one unit each; with --preset: overrides the preset's)")
-      ->check(fsdp_tools::positive());
-  app.add_option("--width", in.width, "hidden width (with --params: the activation estimate, default from the count; "
-                                      "with --preset: overrides the preset's)")
-      ->check(fsdp_tools::positive());
-  app.add_option("--vocab", in.vocab, "vocabulary (default: the preset's, else 32000)")
-      ->check(fsdp_tools::positive());
-  app.add_option("--context", in.context, "sequence length (default: the preset's, else 4096)")
-      ->check(fsdp_tools::positive());
-  app.add_option("--heads", in.heads, "attention heads (default: the preset's, else width / 128)")
-      ->check(fsdp_tools::positive());
-  app.add_option("--batch", in.batch, "sequences per rank (default: the preset's, else 1)")
+  fsdp_tools::add_model_flags(app, in, " (the model fsdp-train --preset trains); or give --params");
+  app.add_option("--params", in.params,
+                 "or a reference GPT of this many parameters (with --layers; e.g. 70e9): --width defaults from the "
+                 "count, --vocab to 32000, --context to 4096, --heads to width / 128, --batch to 1")
       ->check(fsdp_tools::positive());
   app.add_option("--world", in.world, "ranks")->check(fsdp_tools::positive())->capture_default_str();
   app.add_option("--nodes", in.nodes, "nodes (hybrid strategies shard inside a node)")
@@ -539,6 +522,8 @@ void add_plan_options(CLI::App& app, PlanInputs& in) {
   app.add_option("--param-dtype", in.param_dtype, "fp32, bf16, fp16")->capture_default_str();
   app.add_option("--reduce-dtype", in.reduce_dtype, "default: the param dtype");
   app.add_flag("--activation-checkpointing", in.checkpointing, "recompute units in backward");
+  app.add_flag("--sharded-init", in.sharded_init,
+               "as fsdp-train's: no whole model built on every rank first (the preflight's construction term)");
   app.add_option("--wrap", in.wrap, "block (a unit per block) or sublayer (per attention and per MLP)")
       ->capture_default_str();
   app.add_flag("!--no-prefetch", in.prefetch, "no unit gathered ahead (default: one)");
@@ -564,17 +549,7 @@ void add_plan_options(CLI::App& app, PlanInputs& in) {
                  "per-rank bytes for model state plus gathered parameters: the strategy fsdp-train --strategy auto "
                  "--memory-budget picks (the first that fits, from least to most communication)")
       ->check(fsdp_tools::positive());
-  app.add_option("--gather-quantization", in.gather_quantization,
-                 "ZeRO++ qwZ: none or int8 (parameters gathered as int8 blocks with an fp32 scale each)")
-      ->capture_default_str();
-  app.add_flag("--secondary-partition", in.secondary_partition,
-               "ZeRO++ hpZ (full_shard): keep the host's slice after forward; backward gathers inside the host");
-  app.add_option("--gradient-quantization", in.gradient_quantization,
-                 "ZeRO++ qgZ: none or int8 (reduce-scatter inside the host, then an int8 all-to-all across hosts)")
-      ->capture_default_str();
-  app.add_option("--quantization-block", in.quantization_block, "elements per quantization block (one fp32 scale each)")
-      ->check(fsdp_tools::positive())
-      ->capture_default_str();
+  fsdp_tools::add_zero_plus_plus_flags(app, in);
   app.add_option("--cluster", in.cluster_path, "cluster JSON (fsdp-plan calibrate writes one): estimate step time");
   app.add_flag("--seed-accounting", in.seed_accounting,
                "also print the textbook DDP-versus-FSDP table, with the optimizer state at 4 B per parameter "
@@ -584,6 +559,9 @@ void add_plan_options(CLI::App& app, PlanInputs& in) {
 
 void check_inputs(const PlanInputs& in) {
   TORCH_CHECK(in.preset.empty() != (in.params == 0), "give --preset or --params (with --layers), not both");
+  fsdp_tools::check_model_flags(in);
+  TORCH_CHECK(in.model == "gpt" || in.params == 0, "--params plans the reference GPT's blocks; --model ", in.model,
+              " needs --preset");
   TORCH_CHECK(in.world > 0 && in.nodes > 0 && in.world % in.nodes == 0, "--world must be a positive multiple of --nodes");
   TORCH_CHECK(in.offload == "none" || in.offload == "cpu" || in.offload == "nvme" || in.offload == "nvme-optimizer",
               "--offload must be none, cpu, nvme or nvme-optimizer, got '", in.offload, "'");
@@ -596,53 +574,56 @@ void check_inputs(const PlanInputs& in) {
               "--memory-budget does; it cannot be combined with --offload ", in.offload);
 }
 
-// The model planned: its shape and its units' element counts, root first.
+// The model planned: its description (the one fsdp-train plans with), and
+// the shape and units' element counts of the wrap asked for, root first.
 struct PlannedModel {
+  fsdp::ModelDescription description;
   fsdp::TransformerShape shape;
   std::vector<int64_t> units;
   int64_t total_params = 0, largest_unit = 0;
 };
 
-fsdp::TransformerShape model_shape(const PlanInputs& in) {
-  fsdp::TransformerShape shape;
-  if (!in.preset.empty()) {
-    const auto c = fsdp::models::GPTConfig::preset(in.preset);
-    shape = {c.vocab, c.context, c.layers, c.heads, c.width, c.batch};
-    // The preset's shape with fsdp-train's overrides (vocab, context,
-    // heads and batch follow below for both kinds of model).
-    if (in.layers > 0) shape.layers = in.layers;
-    if (in.width > 0) shape.width = in.width;
-  } else {
-    TORCH_CHECK(in.layers > 0, "--params needs --layers");
-    shape.layers = in.layers;
-    shape.vocab = in.vocab > 0 ? in.vocab : 32000;
-    // 12 C^2 per block dominates: C from the parameter count unless given.
-    shape.width = in.width > 0 ? in.width : static_cast<int64_t>(std::sqrt(in.params / (12.0 * in.layers)));
-    shape.context = in.context > 0 ? in.context : 4096;
-    shape.heads = in.heads > 0 ? in.heads : std::max<int64_t>(1, shape.width / 128);
-    shape.batch = 1;
+// --params: a reference GPT of that many parameters, its blocks taking what
+// the embeddings leave, its dimensions defaulted from the count.
+fsdp::ModelDescription describe_by_count(const PlanInputs& in, bool sublayer) {
+  TORCH_CHECK(in.layers, "--params needs --layers");
+  fsdp::ModelDescription d;
+  fsdp::TransformerShape& shape = d.shape;
+  shape.layers = *in.layers;
+  shape.vocab = in.vocab.value_or(32000);
+  // 12 C^2 per block dominates: C from the parameter count unless given.
+  shape.width = in.width.value_or(static_cast<int64_t>(std::sqrt(in.params / (12.0 * shape.layers))));
+  shape.context = in.context.value_or(4096);
+  shape.heads = in.heads.value_or(std::max<int64_t>(1, shape.width / 128));
+  shape.batch = in.batch.value_or(1);
+  fsdp::TransformerShape wrapped = shape;
+  wrapped.sublayer_units = sublayer;
+  std::vector<int64_t> units = wrapped.unit_numels();
+  // Exactly the count asked for: the blocks take what the embeddings leave.
+  const double block = (in.params - static_cast<double>(units[0])) / static_cast<double>(shape.layers);
+  TORCH_CHECK(block > 0, "--params ", in.params, " is smaller than the embeddings alone");
+  for (size_t u = 1; u < units.size(); ++u) {
+    // Per sublayer: attention 4 C^2 and MLP 8 C^2 of a block's 12 C^2.
+    const double share = !sublayer ? 1.0 : (u % 2 == 1 ? 1.0 / 3 : 2.0 / 3);
+    units[u] = static_cast<int64_t>(block * share);
   }
-  if (in.vocab > 0) shape.vocab = in.vocab;
-  if (in.context > 0) shape.context = in.context;
-  if (in.heads > 0) shape.heads = in.heads;
-  if (in.batch > 0) shape.batch = in.batch;
-  shape.sublayer_units = in.wrap == "sublayer";
-  return shape;
+  (sublayer ? d.sublayer_units : d.layer_units) = std::move(units);
+  return d;
 }
 
 PlannedModel plan_model(const PlanInputs& in) {
+  const bool sublayer = in.wrap == "sublayer";
   PlannedModel m;
-  m.shape = model_shape(in);
-  m.units = m.shape.unit_numels();
-  if (in.params > 0) {  // exactly the count asked for: the blocks take what the embeddings leave
-    const double block = (in.params - static_cast<double>(m.units[0])) / static_cast<double>(in.layers);
-    TORCH_CHECK(block > 0, "--params ", in.params, " is smaller than the embeddings alone");
-    for (size_t u = 1; u < m.units.size(); ++u) {
-      // Per sublayer: attention 4 C^2 and MLP 8 C^2 of a block's 12 C^2.
-      const double share = !m.shape.sublayer_units ? 1.0 : (u % 2 == 1 ? 1.0 / 3 : 2.0 / 3);
-      m.units[u] = static_cast<int64_t>(block * share);
-    }
+  if (in.preset.empty()) {
+    m.description = describe_by_count(in, sublayer);
+  } else {
+    const fsdp::models::GPTConfig gpt = fsdp_tools::gpt_config(in);
+    m.description =
+        in.model == "llama" ? fsdp_tools::llama_config(in, gpt).plan_description() : gpt.plan_description();
   }
+  m.shape = m.description.shape;
+  m.shape.sublayer_units = sublayer;
+  m.units = m.description.units(sublayer);
   for (int64_t n : m.units) m.total_params += n;
   m.largest_unit = *std::max_element(m.units.begin() + 1, m.units.end());
   return m;
@@ -696,32 +677,52 @@ std::vector<fsdp::ShardingStrategy> strategies_asked(const PlanInputs& in) {
   return strategies;
 }
 
-Plan plan_strategy(const Report& r, fsdp::ShardingStrategy s) {
-  const auto& units = r.model.units;
-  const fsdp::ZeroPlusPlus z = r.in.zero_plus_plus();
-  Plan plan{s,
-            fsdp::estimate_step_peak(r.model.shape, s, r.in.world, r.per_node, r.mp, r.in.prefetch, r.in.checkpointing,
-                                     units, z),
-            fsdp::estimate_comm_per_step(units, s, r.in.world, r.per_node, r.mp, z)};
-  // What the options add to the memory, against the same strategy without them.
-  const fsdp::StepPeak plain = fsdp::estimate_step_peak(r.model.shape, s, r.in.world, r.per_node, r.mp, r.in.prefetch,
-                                                        r.in.checkpointing, units);
-  plan.quantized_gather_buffers = plan.peak.gathered - plain.gathered;
-  // Offload keeps fp32 masters, gradient shards and optimizer state in host memory (ZeRO-Offload's split).
-  if (r.in.offload == "cpu") plan.host = plan.peak.state.total();
+// fully_shard's options and the run's settings for strategy `s`, as
+// fsdp-train sets them from the same flags (the run's plan: fsdp::plan_run).
+fsdp::FullyShardOptions plan_options(const Report& r, fsdp::ShardingStrategy s, bool with_zero_plus_plus) {
+  auto options = fsdp::FullyShardOptions()
+                     .strategy(s)
+                     .mixed_precision(r.mp)
+                     .backward_prefetch(r.in.prefetch ? fsdp::BackwardPrefetch::kPre : fsdp::BackwardPrefetch::kNone)
+                     .activation_checkpointing(r.in.checkpointing)
+                     .zero_plus_plus(with_zero_plus_plus ? r.in.zero_plus_plus() : fsdp::ZeroPlusPlus());
   if (r.in.offload.rfind("nvme", 0) == 0) {
     // Parameters go to disk only where the strategy shards them.
-    const bool params_too = r.in.offload == "nvme" && !fsdp::keeps_params_unsharded(s);
-    const bool in_backward =
-        fsdp::nvme_steps_in_backward(!r.in.offload_step_after_backward, s, r.in.clip_grad_norm > 0,
-                                     fsdp::scales_loss(fsdp::TrainStepOptions(), r.mp));
-    plan.nvme = fsdp::estimate_nvme_offload(units, s, r.in.world, r.per_node, r.mp, true, params_too, 1,
-                                            int64_t{1} << 20, in_backward, r.in.offload_read_ahead);
-    plan.nvme_peak = fsdp::peak_with_nvme_offload(plan.peak, *plan.nvme);
+    options.nvme_offload(fsdp::NvmeOffloadOptions("")
+                             .optimizer_state(true)
+                             .params(r.in.offload == "nvme" && !fsdp::keeps_params_unsharded(s))
+                             .read_ahead(r.in.offload_read_ahead)
+                             .step_in_backward(!r.in.offload_step_after_backward));
   }
-  if (r.in.ckpt_async != "none") {
-    plan.staging = fsdp::estimate_checkpoint_staging(units, s, r.in.world, r.per_node, r.in.ckpt_async == "full");
+  return options;
+}
+
+fsdp::RunSettings plan_settings(const Report& r) {
+  fsdp::RunSettings settings;
+  settings.world = r.in.world;
+  settings.ranks_per_node = r.per_node;
+  settings.clips_gradients = r.in.clip_grad_norm > 0;
+  settings.scales_loss = fsdp::scales_loss(fsdp::TrainStepOptions(), r.mp);
+  settings.async_checkpoint = r.in.ckpt_async != "none";
+  settings.full_checkpoint = r.in.ckpt_async == "full";
+  return settings;
+}
+
+Plan plan_strategy(const Report& r, fsdp::ShardingStrategy s) {
+  const bool sublayer = r.in.wrap == "sublayer";
+  const fsdp::RunPlan run = fsdp::plan_run(r.model.description, sublayer, plan_options(r, s, true), plan_settings(r));
+  Plan plan{s, run.peak, run.comm};
+  // What the options add to the memory, against the same strategy without them.
+  const fsdp::RunPlan plain = fsdp::plan_run(r.model.description, sublayer, plan_options(r, s, false), plan_settings(r));
+  plan.quantized_gather_buffers = plan.peak.gathered - plain.peak.gathered;
+  // Offload keeps fp32 masters, gradient shards and optimizer state in host memory (ZeRO-Offload's split).
+  if (r.in.offload == "cpu") plan.host = plan.peak.state.total();
+  if (run.nvme) {
+    plan.nvme = run.nvme;
+    plan.nvme_peak = run.step_peak;
   }
+  if (r.in.ckpt_async != "none") plan.staging = run.staging;
+  plan.preflight = fsdp::host_memory_needed(run, r.in.sharded_init);
   return plan;
 }
 
@@ -744,8 +745,8 @@ Report make_report(const PlanInputs& in) {
   r.compute = r.cluster ? (in.checkpointing ? 8.0 : 6.0) * r.model.total_params *
                               static_cast<double>(r.model.shape.batch * r.model.shape.context) / r.cluster->flops
                         : 0.0;
-  if (r.cluster && !in.preset.empty() && r.cluster->model_step_preset == in.preset && in.layers == 0 &&
-      in.width == 0 && in.batch == 0 && in.context == 0 && in.vocab == 0 && in.heads == 0) {
+  if (r.cluster && !in.preset.empty() && r.cluster->model_step_preset == in.preset && !in.layers && !in.width &&
+      !in.batch && !in.context && !in.vocab && !in.heads && in.model == "gpt") {
     r.compute = r.cluster->model_step_s * (in.checkpointing ? 8.0 / 6.0 : 1.0);
   }
   r.disk_measured = r.cluster && r.cluster->disk_read_bandwidth > 0 && r.cluster->disk_write_bandwidth > 0;
@@ -767,7 +768,8 @@ nlohmann::json inputs_json(const Report& r) {
   const PlanInputs& in = r.in;
   const fsdp::TransformerShape& shape = r.model.shape;
   const nlohmann::json null_json(nullptr);
-  return {{"preset", in.preset.empty() ? null_json : nlohmann::json(in.preset)},
+  return {{"model", in.model},
+          {"preset", in.preset.empty() ? null_json : nlohmann::json(in.preset)},
           {"params", in.params > 0 ? nlohmann::json(in.params) : null_json},
           {"layers", shape.layers},
           {"width", shape.width},
@@ -910,10 +912,10 @@ void print_recommendation(const Report& r) {
   // The same text fsdp-train --strategy auto prints.
   std::cout << "--budget (" << gib(r.recommendation->budget) << " per rank): " << r.recommendation->reason << "\n";
   if (!r.recommendation->choice) return;
-  const auto chosen = fsdp::estimate_step_peak(r.model.shape, r.recommendation->choice->strategy, r.in.world,
-                                               r.per_node, r.mp, r.in.prefetch, r.in.checkpointing, r.model.units);
+  const fsdp::RunPlan chosen = fsdp::plan_run(r.model.description, r.in.wrap == "sublayer",
+                                              plan_options(r, r.recommendation->choice->strategy, false), plan_settings(r));
   std::cout << "  (on top of the budget: prefetch's unit ahead, activations and backward's buffers; "
-            << fsdp::strategy_name(r.recommendation->choice->strategy) << "'s step peak is " << gib(chosen.total())
+            << fsdp::strategy_name(r.recommendation->choice->strategy) << "'s step peak is " << gib(chosen.peak.total())
             << ")\n";
 }
 

@@ -73,7 +73,7 @@ std::string save_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer
 /// the same message, before any state is changed.
 CheckpointInfo load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& path);
 
-struct CheckpointMetadata;  // metadata.json parsed: the library's own (src/state_dict/checkpoint_json.h)
+struct CheckpointMetadata;  // metadata.json parsed: the library's own, not installed
 /// A saved checkpoint, opened without any process group: its metadata, every
 /// file checked on opening (present, listed with its checksum, exactly the
 /// tensors the layout describes, and its bytes matching its checksum), and
@@ -94,7 +94,7 @@ class SavedCheckpoint {
   ~SavedCheckpoint();
   /// The step, world size, strategy, optimizer and extra it records.
   const CheckpointInfo& info() const { return info_; }
-  /// metadata.json in full, parsed (its fields: src/state_dict/checkpoint_json.h).
+  /// metadata.json in full, parsed (its fields: docs/checkpoints.md).
   const CheckpointMetadata& metadata() const { return *metadata_; }
   /// The checkpoint's layout.
   CheckpointFormat format() const { return format_; }

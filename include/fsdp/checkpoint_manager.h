@@ -171,7 +171,7 @@ struct CheckpointSave {
 };
 
 namespace detail {
-/// A staged checkpoint and its background write (src/state_dict/staged_checkpoint.h).
+/// A staged checkpoint and its background write (the library's own, not installed).
 class StagedCheckpoint;
 }  // namespace detail
 

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// Process groups: the collectives FSDP needs, asynchronous, behind one
-/// interface. The MPI backend is in src/comm/mpi_process_group.cpp.
+/// interface. MpiEnvironment::world() gives the MPI backend's, make_nccl_process_group NCCL's.
 
 #include <c10/core/Stream.h>
 #include <torch/types.h>
@@ -134,7 +134,7 @@ class ProcessGroup {
   /// (NCCL, a group of one on a device); std::nullopt for host groups. A caller that
   /// makes it current before all_gather, and itself orders it after whatever
   /// the gather reads and overwrites, spares the gather its wait for all the
-  /// compute queued so far (FSDP2's forward order: src/core/gather_order.h).
+  /// compute queued so far (FSDP2's forward order).
   virtual std::optional<c10::Stream> gather_stream() const { return std::nullopt; }
 
   /// How long wait() waits for a collective before it gives up (seconds).

@@ -4,7 +4,7 @@
 ///
 /// Every header it includes is installed and is the library's public API; the
 /// engine's own (flat parameters, the offload stores, kernels, LibTorch
-/// version shims) live in src/ and are not installed.
+/// version shims) are the library's own and are not installed.
 
 /// \mainpage fsdp-cpp: fully sharded data parallel training for LibTorch's C++ frontend
 ///
@@ -54,7 +54,7 @@
 /// \namespace fsdp::safetensors
 /// safetensors files, read with every offset checked and written as streams.
 /// \namespace fsdp::offload
-/// Disk offload's options and its read-only view (the machinery is in src/offload).
+/// Disk offload's options and its read-only view (the machinery is the library's own).
 /// \namespace fsdp::trace
 /// Chrome/Perfetto traces of units, collectives and the caller's own spans.
 
@@ -80,6 +80,7 @@
 #include "fsdp/optimizer_state.h"  // the optimizers whose state can be sharded
 #include "fsdp/options.h"        // FullyShardOptions, strategies, mixed precision
 #include "fsdp/preemption.h"     // SIGTERM/SIGUSR1 as a collective stop at step boundaries
+#include "fsdp/run_plan.h"       // one run's plan: its peak, traffic, disk offload and staging
 #include "fsdp/safetensors.h"    // safetensors files, read and written as streams
 #include "fsdp/state_dict.h"     // full and sharded state dicts under the model's names
 #include "fsdp/token_data.h"     // token files and the spec's data orders

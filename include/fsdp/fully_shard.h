@@ -35,13 +35,13 @@
 
 namespace fsdp {
 
-class Unit;  // one unit's parameters and lifecycle: the engine's own (src/core/unit.h)
-struct FlatParamConfig;  // the engine's own (src/core/flat_param.h)
-class DeviceContext;     // the device and its streams: the engine's own (src/core/device_context.h)
-class GatherOrder;       // the gathers' order on a device: the engine's own (src/core/gather_order.h)
+class Unit;  // one unit's parameters and lifecycle: the engine's own, not installed
+struct FlatParamConfig;  // the engine's own, not installed
+class DeviceContext;     // the device and its streams: the engine's own, not installed
+class GatherOrder;       // the gathers' order on a device: the engine's own, not installed
 class TrainStep;         // fsdp/train_step.h
 namespace offload {
-class ShardOffload;  // where the shards live between uses: the engine's own (src/offload/shard_offload.h)
+class ShardOffload;  // where the shards live between uses: the engine's own, not installed
 }
 namespace detail {
 class UnitForwardScope;
@@ -73,7 +73,7 @@ class FsdpState {
   /// \copydoc offload()
   const DeviceContext& device_context() const { return *device_context_; }
   /// Whether the units' gathers run ahead of the compute on the shard group's
-  /// gather stream (a device, no offload: src/core/gather_order.h). Such a
+  /// gather stream (a device, no offload). Such a
   /// run holds one resharded unit's buffer more than the prefetch limit says
   /// (as FSDP2 holds the previous all-gather's output).
   bool gathers_run_ahead() const { return gather_order_ != nullptr; }

@@ -28,6 +28,9 @@ struct GPTConfig {
   void validate() const;
   /// "vocab 256, context 32, layers 2, heads 4, width 64, batch 4".
   std::string describe() const;
+  /// The planner's description (run_plan.h): the TransformerShape of these
+  /// dimensions, whose units the planner's formula gives.
+  ModelDescription plan_description() const;
 };
 
 /// Causal multi-head self-attention (GPT-2's names: c_attn, c_proj).
@@ -128,6 +131,8 @@ class GPTImpl : public LanguageModel {
   int64_t context() const override { return config_.context; }  ///< config().context
   std::string model_type() const override { return "gpt"; }  ///< "gpt"
   std::string describe() const override { return config_.describe(); }  ///< config().describe()
+  /// config().plan_description()
+  ModelDescription plan_description() const override { return config_.plan_description(); }
 
   Transformer transformer{nullptr};  ///< embeddings, blocks and the final norm
   TiedLMHead lm_head{nullptr};  ///< its weight IS transformer.wte.weight

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fsdp/memory_plan.h"
+#include "fsdp/run_plan.h"
 
 namespace fsdp {
 
@@ -30,24 +31,18 @@ int ranks_on_this_host(int world_size);
 std::string format_mib(int64_t bytes);
 
 /// The run the host memory is planned for (what does not change between the
-/// variants the preflight offers).
+/// variants the preflight offers): the model, fully_shard's options and the
+/// run's settings, as plan_run takes them.
 struct HostMemoryRun {
-  TransformerShape shape;  ///< its sublayer_units is taken from HostMemorySettings
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;  ///< the run's
-  int world = 1;           ///< ranks in all
-  int ranks_here = 1;      ///< ranks on this host (ranks_on_this_host)
-  int ranks_per_node = 0;  ///< hybrid strategies' node size (0: this host's ranks, as fully_shard's split)
-  MixedPrecision mixed_precision;  ///< the run's dtypes
-  bool prefetch = true;      ///< forward or backward prefetch on
-  int64_t micro_steps = 1;   ///< gradient accumulation
-  ZeroPlusPlus zero_plus_plus;  ///< ZeRO++'s options (the secondary partition's slices)
-  /// Asynchronous checkpoints: a save's staging copy stays beside the steps
-  /// (estimate_checkpoint_staging), in the format of full_checkpoint.
-  bool async_checkpoint = false;
-  bool full_checkpoint = false;  ///< the checkpoints' format is full (rank 0 stages the gathered model)
-  /// Disk offload steps each unit during backward (nvme_steps_in_backward).
-  bool nvme_step_in_backward = false;
-  int nvme_read_ahead = 2;  ///< NvmeOffloadOptions::read_ahead
+  ModelDescription model;     ///< the model's description (its config's plan_description())
+  /// fully_shard's options: their strategy, precision, prefetch, ZeRO++ and
+  /// disk offload's own options (HostMemorySettings sets activation
+  /// checkpointing and what goes to disk).
+  FullyShardOptions options;
+  /// The run's settings; ranks_per_node 0: the ranks of this host where they
+  /// divide the world (as fully_shard's split), else the world.
+  RunSettings settings;
+  int ranks_here = 1;  ///< ranks on this host (ranks_on_this_host)
 };
 
 /// The settings that change a rank's host memory.
@@ -63,12 +58,17 @@ struct HostMemorySettings {
 /// (measured 180-250 MiB).
 constexpr int64_t kHostRuntimeBytes = int64_t{256} << 20;
 
-/// Per rank: the planner's step peak (with disk offload also the host block
-/// cache's limit, reserved bytes that RSS shows; with asynchronous
-/// checkpoints also a rank's staging copy, CheckpointStaging::per_rank), or,
-/// without sharded initialization, the whole model each rank builds first
-/// and flattens, whichever is larger; plus kHostRuntimeBytes.
+/// Per rank: the plan's step peak (RunPlan::step_peak; with disk offload also
+/// the host block cache's limit, reserved bytes that RSS shows; with
+/// asynchronous checkpoints also a rank's staging copy,
+/// CheckpointStaging::per_rank), or, without sharded initialization, the
+/// whole model each rank builds first and flattens, whichever is larger;
+/// plus kHostRuntimeBytes.
+int64_t host_memory_needed(const RunPlan& plan, bool sharded_init);
+/// The same for the run with `settings`: host_memory_needed of its plan_run.
 int64_t host_memory_needed(const HostMemoryRun& run, const HostMemorySettings& settings);
+/// The plan the preflight checks: `run` with `settings` applied.
+RunPlan plan_host_memory_run(const HostMemoryRun& run, const HostMemorySettings& settings);
 
 /// A change of settings the preflight offers, named by fsdp-train's options.
 struct HostMemoryVariant {

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "fsdp/run_plan.h"
+
 namespace fsdp::models {
 
 /// A next-token language model over token ids 0 ... vocab() - 1.
@@ -35,6 +37,9 @@ class LanguageModel : public torch::nn::Module {
   virtual std::string model_type() const = 0;
   /// Its configuration in words (the config's describe()).
   virtual std::string describe() const = 0;
+  /// What the planner needs of it (the config's plan_description()): its
+  /// shape, its units' sizes, its activations beyond the reference GPT's.
+  virtual ModelDescription plan_description() const = 0;
 };
 
 }  // namespace fsdp::models

@@ -185,6 +185,11 @@ struct TransformerShape {
   /// One unit per attention and one per MLP instead of one per block (the
   /// trainer's `--wrap sublayer`); the norms then belong to the root.
   bool sublayer_units = false;
+  /// The activation elements a layer keeps beyond the reference GPT block's,
+  /// per token and per width element, in the param dtype: 0 for the GPT, 9
+  /// for a Llama decoder layer (models::LlamaConfig::plan_shape says why).
+  /// A checkpointed run keeps them for the one layer being recomputed.
+  int64_t extra_layer_activations = 0;
   /// The units fully_shard makes: the root (the embeddings and the final
   /// norm) first, then each block's (or attention's and MLP's).
   std::vector<int64_t> unit_numels() const;

@@ -5,7 +5,7 @@
 /// What a user sets and sees of disk offload (FullyShardOptions::nvme_offload):
 /// the scratch files' folder and I/O engine, and a read-only view of a model's
 /// offload (FsdpState::nvme_offload()). The machinery behind it (the disk
-/// store, the per-unit placement of shards) is the engine's own, in src/offload.
+/// store, the per-unit placement of shards) is the engine's own, not installed.
 
 #include <torch/arg.h>
 

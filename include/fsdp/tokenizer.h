@@ -64,7 +64,7 @@ class Tokenizer {
   /// each). Empty for a clean file; the tools print these as warnings.
   const std::vector<std::string>& warnings() const;
 
-  /// The implementation (src/text/tokenizer.cpp).
+  /// The implementation (the library's own).
   struct Impl;
 
  private:

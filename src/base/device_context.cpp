@@ -1,6 +1,6 @@
 // The model's device context: its device and the copy stream.
 
-#include "core/device_context.h"
+#include "base/device_context.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>

@@ -1,4 +1,4 @@
-#include "state_dict/file_io.h"
+#include "base/file_io.h"
 
 #include <c10/util/Exception.h>
 #include <fcntl.h>

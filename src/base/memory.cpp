@@ -17,7 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/compat.h"
+#include "base/compat.h"
 
 namespace fsdp::memory {
 namespace {

@@ -1,7 +1,7 @@
 // fsdp::parallel::for_each_chunk on OpenMP (this file alone is built with
 // -fopenmp, and includes no LibTorch header: see parallel.h).
 
-#include "core/parallel.h"
+#include "base/parallel.h"
 
 #include <omp.h>
 

@@ -4,7 +4,7 @@
 // needs nothing from it, and a machine without an NVIDIA driver has no GPU
 // to count.
 
-#include "core/cuda_module.h"
+#include "comm/cuda_module.h"
 
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>

@@ -1,7 +1,7 @@
-// The CUDA module's entry point (core/cuda_module.h): the one symbol the
+// The CUDA module's entry point (comm/cuda_module.h): the one symbol the
 // loader looks up, with the build the module comes from.
 
-#include "core/cuda_module.h"
+#include "comm/cuda_module.h"
 
 #ifndef FSDP_CUDA_MODULE_BUILD_ID
 #error "FSDP_CUDA_MODULE_BUILD_ID is not defined (CMakeLists.txt sets it for this file)"

@@ -1,5 +1,5 @@
 // The NCCL backend (the CUDA configuration; built into the CUDA module,
-// core/cuda_module.h). Collectives are raw NCCL calls on the group's own
+// comm/cuda_module.h). Collectives are raw NCCL calls on the group's own
 // streams; the host never waits for them except in barrier(). Ordering is by CUDA events:
 //   issue:  the collective's stream waits for the caller's current (compute)
 //           stream, so the buffers' producers have run; a caller whose
@@ -37,7 +37,7 @@
 
 #include "comm/all_to_all_check.h"
 #include "comm/collective_watchdog.h"
-#include "core/cuda_module.h"
+#include "comm/cuda_module.h"
 #include "fsdp/comm.h"
 
 namespace fsdp {
@@ -492,7 +492,7 @@ class NcclProcessGroup final : public ProcessGroup {
 }  // namespace
 
 // The CUDA module's side of fsdp::make_nccl_process_group and
-// fsdp::cuda_device_count (core/cuda_module.h).
+// fsdp::cuda_device_count (comm/cuda_module.h).
 namespace cuda_module::in_module {
 
 ProcessGroupPtr make_nccl_process_group(const ProcessGroupPtr& bootstrap, c10::Device device) {

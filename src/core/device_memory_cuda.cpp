@@ -1,10 +1,10 @@
 // Device memory figures from the CUDA caching allocator (the CUDA
-// configuration; built into the CUDA module, core/cuda_module.h: the module's
+// configuration; built into the CUDA module, comm/cuda_module.h: the module's
 // side of fsdp::memory::device_usage and reset_device_peaks).
 
 #include <c10/cuda/CUDACachingAllocator.h>
 
-#include "core/cuda_module.h"
+#include "comm/cuda_module.h"
 
 namespace fsdp::cuda_module::in_module {
 

@@ -8,10 +8,10 @@
 #include <optional>
 
 #include "comm/quantize.h"
-#include "core/compat.h"
+#include "base/compat.h"
 #include "core/gather_order.h"
 #include "fsdp/memory.h"
-#include "offload/shard_offload.h"
+#include "core/shard_offload.h"
 
 namespace fsdp {
 

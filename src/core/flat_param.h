@@ -17,12 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "core/shard_offload.h"
 #include "fsdp/comm.h"
 #include "fsdp/options.h"
 
 namespace fsdp {
 namespace offload {
-class ShardOffload;  // offload/shard_offload.h
+class ShardOffload;  // core/shard_offload.h
 }
 class GatherOrder;  // core/gather_order.h
 
@@ -80,8 +81,13 @@ class FlatParam {
   int shard_group_size() const { return config_.shard_group ? config_.shard_group->size() : 1; }
   int shard_rank() const { return config_.shard_group ? config_.shard_group->rank() : 0; }
   const FlatParamConfig& config() const { return config_; }
-  // The unit's position in FsdpState::units() (what its offload keys it by).
+  // The unit's position in FsdpState::units() (its place in the orders units run in).
   size_t unit_index() const { return config_.unit_index; }
+  // What the model's offload keeps of this unit (core/shard_offload.h), or
+  // null before it made any. The placement's, not the parameter's: it may
+  // change where the FlatParam is const (a fetch, a ResidentScope).
+  offload::UnitOffloadState* offload_state() const { return offload_state_.get(); }
+  void set_offload_state(std::unique_ptr<offload::UnitOffloadState> state) const { offload_state_ = std::move(state); }
   // Where the parameters compute (the shard is on the host with cpu_offload).
   c10::Device device() const { return unsharded_.device(); }
   // The local shard: an fp32 leaf that optimizers step. Padding stays zero.
@@ -189,6 +195,7 @@ class FlatParam {
   torch::Tensor secondary_;
   int64_t secondary_version_ = -1;
   int quantized_reduce_stage_ = 0;
+  mutable std::unique_ptr<offload::UnitOffloadState> offload_state_;
 };
 
 }  // namespace fsdp

@@ -6,11 +6,11 @@
 #include "fsdp/memory.h"
 #include "fsdp/memory_plan.h"
 #include "fsdp/trace.h"
-#include "core/device_context.h"
+#include "base/device_context.h"
 #include "core/gather_order.h"
 #include "core/host_groups.h"
 #include "core/unit.h"
-#include "offload/shard_offload.h"
+#include "core/shard_offload.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/engine.h>

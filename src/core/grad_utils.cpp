@@ -1,6 +1,6 @@
 #include "fsdp/grad_utils.h"
 #include "core/grad_utils_internal.h"
-#include "core/device_context.h"
+#include "base/device_context.h"
 
 #include <ATen/Parallel.h>
 
@@ -9,8 +9,8 @@
 #include <vector>
 #include <unordered_map>
 
-#include "parallel.h"
-#include "unit.h"
+#include "base/parallel.h"
+#include "core/unit.h"
 
 namespace fsdp {
 namespace {

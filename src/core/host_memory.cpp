@@ -21,14 +21,6 @@ int64_t nvme_block_cache(const std::vector<int64_t>& unit_numels, int shard_grou
   return host_block_cache_limit(largest, true);
 }
 
-// The shard group's size: hybrid without ranks_per_node shards over the
-// host's ranks (where they divide the world).
-int planned_shard_group(const HostMemoryRun& run) {
-  int node_ranks = run.ranks_per_node;
-  if (node_ranks == 0) node_ranks = run.world % run.ranks_here == 0 ? run.ranks_here : run.world;
-  return shard_group_size(run.strategy, run.world, node_ranks);
-}
-
 }  // namespace
 
 int64_t host_memory_available() {
@@ -61,42 +53,44 @@ std::string format_mib(int64_t bytes) {
   return s.str();
 }
 
-int64_t host_memory_needed(const HostMemoryRun& run, const HostMemorySettings& settings) {
-  const int per_node = planned_shard_group(run);
-  TransformerShape shape = run.shape;
-  shape.sublayer_units = settings.sublayer_units;
-  const auto units = shape.unit_numels();
-  const int64_t params = std::accumulate(units.begin(), units.end(), int64_t{0});
-  const StepPeak peak = estimate_step_peak(shape, run.strategy, run.world, per_node, run.mixed_precision, run.prefetch,
-                                           settings.activation_checkpointing, {}, run.zero_plus_plus);
-  const bool nvme = settings.nvme_optimizer || settings.nvme_params;
-  int64_t step = peak.total();
-  if (nvme) {
-    step = peak_with_nvme_offload(peak, estimate_nvme_offload(units, run.strategy, run.world, per_node,
-                                                              run.mixed_precision, settings.nvme_optimizer,
-                                                              settings.nvme_params, run.micro_steps, int64_t{1} << 20,
-                                                              run.nvme_step_in_backward, run.nvme_read_ahead)) +
-           nvme_block_cache(units, per_node);
+RunPlan plan_host_memory_run(const HostMemoryRun& run, const HostMemorySettings& settings) {
+  FullyShardOptions options = run.options;
+  options.activation_checkpointing(settings.activation_checkpointing);
+  if (settings.nvme_optimizer || settings.nvme_params) {
+    NvmeOffloadOptions nvme = options.nvme_offload().value_or(NvmeOffloadOptions(""));
+    options.nvme_offload(nvme.optimizer_state(settings.nvme_optimizer).params(settings.nvme_params));
+  } else {
+    options.nvme_offload(std::nullopt);
   }
+  RunSettings run_settings = run.settings;
+  if (run_settings.ranks_per_node == 0) {
+    run_settings.ranks_per_node = run_settings.world % run.ranks_here == 0 ? run.ranks_here : run_settings.world;
+  }
+  return plan_run(run.model, settings.sublayer_units, options, run_settings);
+}
+
+int64_t host_memory_needed(const RunPlan& plan, bool sharded_init) {
+  const std::vector<int64_t>& units = plan.unit_numels;
+  const int64_t params = std::accumulate(units.begin(), units.end(), int64_t{0});
+  int64_t step = plan.step_peak;
+  if (plan.nvme) step += nvme_block_cache(units, plan.shard_group);
   // Building the whole model on every rank, then flattening its largest
   // unit; sharded, every unit's fp32 shard exists before it is offloaded.
-  const int64_t construction = settings.sharded_init ? (nvme ? peak.state.params : 0)
-                                                     : 4 * (params + *std::max_element(units.begin(), units.end()));
-  if (run.async_checkpoint) {  // a staging copy beside every step until its background write ends
-    step += estimate_checkpoint_staging(units, run.strategy, run.world, per_node, run.full_checkpoint).per_rank;
-  }
+  const int64_t construction = sharded_init ? (plan.nvme ? plan.peak.state.params : 0)
+                                            : 4 * (params + *std::max_element(units.begin(), units.end()));
+  step += plan.staging.per_rank;  // a staging copy beside every step until its background write ends
   return std::max(step, construction) + kHostRuntimeBytes;
+}
+
+int64_t host_memory_needed(const HostMemoryRun& run, const HostMemorySettings& settings) {
+  return host_memory_needed(plan_host_memory_run(run, settings), settings.sharded_init);
 }
 
 namespace {
 // What rank 0 stages beyond the other ranks (asynchronous checkpoints of the
 // full format: the whole model gathered), on top of ranks_here times the need.
 int64_t rank0_staging_extra(const HostMemoryRun& run, const HostMemorySettings& settings) {
-  if (!run.async_checkpoint) return 0;
-  TransformerShape shape = run.shape;
-  shape.sublayer_units = settings.sublayer_units;
-  const CheckpointStaging staging = estimate_checkpoint_staging(shape.unit_numels(), run.strategy, run.world,
-                                                                planned_shard_group(run), run.full_checkpoint);
+  const CheckpointStaging staging = plan_host_memory_run(run, settings).staging;
   return staging.rank0 - staging.per_rank;
 }
 }  // namespace
@@ -109,8 +103,8 @@ std::vector<HostMemoryVariant> host_memory_variants(const HostMemoryRun& run, co
       {"--sharded-init --activation-checkpointing", {true, sublayer, true, nvme_optimizer, nvme_params}},
       {"--sharded-init --activation-checkpointing --wrap sublayer", {true, true, true, nvme_optimizer, nvme_params}},
       {"--sharded-init --activation-checkpointing --offload-optimizer nvme", {true, sublayer, true, true, nvme_params}}};
-  const bool shardable = !keeps_params_unsharded(run.strategy);
-  if (shardable && (run.mixed_precision.param_dtype() == torch::kFloat || nvme_optimizer)) {
+  const bool shardable = !keeps_params_unsharded(run.options.strategy());
+  if (shardable && (run.options.mixed_precision().param_dtype() == torch::kFloat || nvme_optimizer)) {
     variants.push_back({"--sharded-init --activation-checkpointing --offload-optimizer nvme --offload-params nvme",
                         {true, sublayer, true, true, true}});
   }
@@ -133,7 +127,7 @@ int64_t preflight_host_memory(const HostMemoryRun& run, const HostMemorySettings
   }
   TORCH_CHECK(false, "preflight: this run needs about ", format_mib(needed), " per rank on the host (the planner's step peak",
               settings.sharded_init ? "" : " or the whole model each rank builds first", ", plus ",
-              format_mib(kHostRuntimeBytes), " of runtime", run.async_checkpoint ? ", and the asynchronous checkpoints' staging" : "",
+              format_mib(kHostRuntimeBytes), " of runtime", run.settings.async_checkpoint ? ", and the asynchronous checkpoints' staging" : "",
               "), ", ranks_here, " rank(s) here: ", format_mib(needed * ranks_here + extra),
               ", but the host has ", format_mib(available), " available. With other settings:", alternatives.str(),
               any ? "" : "\n  none fits: fewer ranks on this host, a smaller --batch or --context, or bf16 parameters",

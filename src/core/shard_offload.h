@@ -39,6 +39,15 @@ struct GatherInput {
   std::unique_ptr<c10::StreamGuard> stream;
 };
 
+// What a placement keeps of one unit between uses (CPU offload's pinned
+// gradient buffer and the copy in flight, disk offload's slots in the
+// scratch file): hung on the unit's FlatParam (FlatParam::offload_state),
+// so that no placement keeps per-unit state beside the units, by index.
+class UnitOffloadState {
+ public:
+  virtual ~UnitOffloadState() = default;
+};
+
 class ShardOffload {
  public:
   virtual ~ShardOffload() = default;

@@ -6,11 +6,11 @@
 #include <chrono>
 #include <unordered_set>
 
-#include "core/compat.h"
-#include "core/device_context.h"
+#include "base/compat.h"
+#include "base/device_context.h"
 #include "fsdp/optimizer_state.h"
 #include "fsdp/trace.h"
-#include "offload/shard_offload.h"
+#include "core/shard_offload.h"
 
 namespace fsdp {
 namespace {

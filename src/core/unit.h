@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/compat.h"
+#include "base/compat.h"
 #include "core/flat_param.h"
 #include "fsdp/fully_shard.h"
 

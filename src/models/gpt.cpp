@@ -42,6 +42,16 @@ std::string GPTConfig::describe() const {
   return s.str();
 }
 
+ModelDescription GPTConfig::plan_description() const {
+  ModelDescription d;
+  d.shape = TransformerShape{vocab, context, layers, heads, width, batch};
+  d.layer_units = d.shape.unit_numels();
+  TransformerShape sublayer = d.shape;
+  sublayer.sublayer_units = true;
+  d.sublayer_units = sublayer.unit_numels();
+  return d;
+}
+
 AttentionImpl::AttentionImpl(const GPTConfig& c) : heads_(c.heads) {
   c_attn = register_module("c_attn", torch::nn::Linear(c.width, 3 * c.width));
   c_proj = register_module("c_proj", torch::nn::Linear(c.width, c.width));

@@ -78,6 +78,23 @@ std::string LlamaConfig::describe() const {
   return s.str();
 }
 
+ModelDescription LlamaConfig::plan_description() const {
+  validate();
+  ModelDescription d;
+  d.shape = TransformerShape{vocab, context, layers, heads, width, batch};
+  d.shape.extra_layer_activations = 9;
+  const int64_t C = width, kv = kv_heads * head_dim();
+  const int64_t attention = 2 * C * C + 2 * C * kv, mlp = 3 * C * hidden, norms = 2 * C;
+  d.layer_units.assign(1, 2 * vocab * C + C);  // embed_tokens, lm_head, norm
+  d.layer_units.insert(d.layer_units.end(), layers, attention + mlp + norms);
+  d.sublayer_units.assign(1, 2 * vocab * C + C + layers * norms);
+  for (int64_t i = 0; i < layers; ++i) {
+    d.sublayer_units.push_back(attention);
+    d.sublayer_units.push_back(mlp);
+  }
+  return d;
+}
+
 LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t width, double eps) : eps(eps) {
   weight = register_parameter("weight", torch::ones({width}));
 }

@@ -1,5 +1,5 @@
 #include "offload/disk_store.h"
-#include "state_dict/file_io.h"
+#include "base/file_io.h"
 
 #include <fcntl.h>
 #include <libaio.h>

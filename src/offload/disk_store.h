@@ -37,7 +37,7 @@
 #include <vector>
 
 namespace fsdp::file_io {
-class File;  // src/state_dict/file_io.h
+class File;  // src/base/file_io.h
 }
 
 namespace fsdp::offload {

@@ -19,11 +19,11 @@
 #include "core/unit.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/fused_adamw.h"
-#include "core/device_context.h"
+#include "base/device_context.h"
 #include "core/grad_utils_internal.h"
 #include "fsdp/memory.h"
 #include "fsdp/optimizer_state.h"
-#include "state_dict/fault_injection.h"
+#include "base/fault_injection.h"
 
 namespace fsdp::detail {
 
@@ -60,7 +60,7 @@ namespace fsdp::offload {
 using memory::Category;
 using memory::MemoryCategoryScope;
 
-struct NvmeOffload::UnitSlots {
+struct NvmeOffload::UnitSlots : UnitOffloadState {
   int64_t numel = 0;  // the shard's elements
   // Slots in the store; -1 where the tensor is not offloaded.
   int master = -1, compute = -1, exp_avg = -1, exp_avg_sq = -1;
@@ -73,7 +73,22 @@ struct NvmeOffload::UnitSlots {
   torch::Tensor compute_out;
   // Versions when brought in by a ResidentScope: what changed is written back.
   int64_t master_version = -1, exp_avg_version = -1, exp_avg_sq_version = -1;
+  // Step in backward: the unit stepped in this backward; its state's reads,
+  // issued at its gather (read_state) and not yet waited for.
+  bool stepped_in_backward = false;
+  std::optional<Futures> state_reads;
 };
+
+NvmeOffload::UnitSlots& NvmeOffload::slots_of(const FlatParam& flat) {
+  TORCH_CHECK(flat.offload_state(), "fsdp: unit ", flat.unit_index(), " has no disk offload state (attach() makes it)");
+  return static_cast<UnitSlots&>(*flat.offload_state());
+}
+
+NvmeOffload::UnitSlots& NvmeOffload::unit_slots(size_t unit) const {
+  return slots_of(state_->units()[unit]->flat_param());
+}
+
+size_t NvmeOffload::num_units() const { return state_ ? state_->num_units() : 0; }
 
 struct NvmeOffload::Moments {
   torch::Tensor exp_avg, exp_avg_sq;  // the optimizer's own tensors
@@ -128,10 +143,9 @@ void NvmeOffload::attach(FsdpState& state) {
     slot_bytes.push_back(bytes);
     return static_cast<int>(slot_bytes.size() - 1);
   };
-  units_.resize(state.num_units());
-  stepped_in_backward_.assign(units_.size(), false);
-  for (size_t u = 0; u < units_.size(); ++u) {
-    UnitSlots& slots = units_[u];
+  for (size_t u = 0; u < num_units(); ++u) {
+    state.units()[u]->flat_param().set_offload_state(std::make_unique<UnitSlots>());
+    UnitSlots& slots = unit_slots(u);
     slots.numel = state.units()[u]->flat_param().shard_numel();
     if (slots.numel == 0) continue;
     const int64_t fp32_bytes = slots.numel * 4;
@@ -148,8 +162,8 @@ void NvmeOffload::attach(FsdpState& state) {
 
   // Everything offloaded leaves memory now, a unit at a time.
   torch::NoGradGuard no_grad;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    UnitSlots& slots = units_[u];
+  for (size_t u = 0; u < num_units(); ++u) {
+    UnitSlots& slots = unit_slots(u);
     if (slots.numel == 0) continue;
     FlatParam& flat = state.units()[u]->flat_param();
     if (offload_master_ && !fp32 && !options_.params()) {
@@ -165,7 +179,10 @@ void NvmeOffload::attach(FsdpState& state) {
 NvmeOffload::~NvmeOffload() {
   // Nothing the store still reads into or writes from may go before it.
   discard_read_ahead();
-  for (auto& [unit, reads] : state_reads_) drain(reads);
+  for (size_t u = 0; u < num_units(); ++u) {  // the units outlive this (FsdpState's offload_ goes first)
+    const FlatParam& flat = state_->units()[u]->flat_param();
+    if (flat.offload_state() && slots_of(flat).state_reads) drain(*slots_of(flat).state_reads);
+  }
   for (auto& [unit, writes] : writes_behind_) drain(writes);
 }
 
@@ -192,7 +209,7 @@ GatherInput NvmeOffload::fetch(const FlatParam& flat) {
   // Until attach() (the units' first gathers, while they are built) the
   // shards are in memory still.
   const size_t unit = flat.unit_index();
-  if (unit >= units_.size() || units_[unit].numel == 0 || !(offload_master_ || options_.params())) {
+  if (!flat.offload_state() || slots_of(flat).numel == 0 || !(offload_master_ || options_.params())) {
     return ShardOffload::fetch(flat);
   }
   GatherInput input;
@@ -222,7 +239,7 @@ void NvmeOffload::release(const FlatParam& flat, torch::optim::Optimizer* optimi
 }
 
 std::optional<NvmeOffload::Moments> NvmeOffload::moments_of(size_t unit, torch::optim::Optimizer* optimizer) const {
-  if (!optimizer || !options_.optimizer_state() || units_[unit].numel == 0) return std::nullopt;
+  if (!optimizer || !options_.optimizer_state() || unit_slots(unit).numel == 0) return std::nullopt;
   if (!dynamic_cast<torch::optim::AdamW*>(optimizer) && !dynamic_cast<torch::optim::Adam*>(optimizer)) return std::nullopt;
   OptimizerState optimizer_state(*optimizer);
   const torch::Tensor& shard = state_->units()[unit]->flat_param().shard();
@@ -261,7 +278,7 @@ NvmeOffload::Futures NvmeOffload::issue_reads(size_t unit, torch::optim::Optimiz
 }
 
 void NvmeOffload::issue_reads_into(size_t unit, torch::optim::Optimizer* optimizer, Futures& futures) {
-  UnitSlots& slots = units_[unit];
+  UnitSlots& slots = unit_slots(unit);
   if (slots.numel == 0) return;
   torch::NoGradGuard no_grad;
   const torch::Tensor& shard = state_->units()[unit]->flat_param().shard();
@@ -284,7 +301,7 @@ void NvmeOffload::issue_reads_into(size_t unit, torch::optim::Optimizer* optimiz
 }
 
 NvmeOffload::Futures NvmeOffload::issue_writes(size_t unit, torch::optim::Optimizer* optimizer, bool only_changed) {
-  UnitSlots& slots = units_[unit];
+  UnitSlots& slots = unit_slots(unit);
   Futures futures;
   if (slots.numel == 0) return futures;
   torch::NoGradGuard no_grad;
@@ -320,7 +337,7 @@ NvmeOffload::Futures NvmeOffload::issue_writes(size_t unit, torch::optim::Optimi
 }
 
 void NvmeOffload::free_unit(size_t unit, torch::optim::Optimizer* optimizer) {
-  UnitSlots& slots = units_[unit];
+  UnitSlots& slots = unit_slots(unit);
   if (slots.numel == 0) return;
   torch::NoGradGuard no_grad;
   slots.compute_out = torch::Tensor();
@@ -340,7 +357,7 @@ void NvmeOffload::bring_in(size_t unit, torch::optim::Optimizer* optimizer) {
   discard_read_ahead();
   Futures reads = issue_reads(unit, optimizer);
   wait(reads);
-  UnitSlots& slots = units_[unit];
+  UnitSlots& slots = unit_slots(unit);
   if (slots.numel == 0) return;
   slots.master_version = state_->units()[unit]->flat_param().shard()._version();
   if (auto moments = moments_of(unit, optimizer)) {
@@ -356,7 +373,7 @@ void NvmeOffload::send_out(size_t unit, torch::optim::Optimizer* optimizer) {
 }
 
 NvmeOffload::Futures NvmeOffload::read_compute(size_t unit, torch::Tensor& into) {
-  const UnitSlots& slots = units_[unit];
+  const UnitSlots& slots = unit_slots(unit);
   const bool from_master = slots.compute < 0;  // fp32 parameters: the master is what is gathered
   TORCH_CHECK(from_master ? slots.master_on_disk : slots.compute_on_disk, "NvmeOffload: the parameters of unit ", unit,
               " are not on disk");
@@ -365,7 +382,7 @@ NvmeOffload::Futures NvmeOffload::read_compute(size_t unit, torch::Tensor& into)
 }
 
 torch::Tensor NvmeOffload::compute_shard(size_t unit) {
-  UnitSlots& slots = units_[unit];
+  UnitSlots& slots = unit_slots(unit);
   torch::NoGradGuard no_grad;
   const torch::Tensor& shard = state_->units()[unit]->flat_param().shard();
   if (slots.compute_copy.defined()) return slots.compute_copy;
@@ -374,7 +391,7 @@ torch::Tensor NvmeOffload::compute_shard(size_t unit) {
   // Stepping in backward with fp32 parameters, the master this gather sends
   // is the one the step updates: read once, with the unit's moments.
   if (backward_optimizer_ && slots.compute < 0) read_state(unit);
-  if (auto pending = state_reads_.find(unit); pending != state_reads_.end()) wait(pending->second);
+  if (slots.state_reads) wait(*slots.state_reads);
   torch::Tensor values;
   if (in_memory(shard, slots.numel)) {
     MemoryCategoryScope scope(Category::kUnshardedBuffer);
@@ -406,8 +423,9 @@ void NvmeOffload::read_ahead_after(size_t position, size_t unit) {
   for (; ahead_.size() < depth && next < fetch_order_last_.size(); ++next) {
     const size_t u = fetch_order_last_[next];
     // A unit whose state a step in backward reads brings its master with it.
-    const bool read_with_state = backward_optimizer_ && units_[u].compute < 0;
-    if (units_[u].numel == 0 || read_with_state || in_memory(state_->units()[u]->flat_param().shard(), units_[u].numel)) {
+    const UnitSlots& slots = unit_slots(u);
+    const bool read_with_state = backward_optimizer_ && slots.compute < 0;
+    if (slots.numel == 0 || read_with_state || in_memory(state_->units()[u]->flat_param().shard(), slots.numel)) {
       break;  // keep the queue in fetch order: no gaps
     }
     Ahead ahead;
@@ -446,7 +464,7 @@ bool NvmeOffload::begin_step_in_backward(torch::optim::Optimizer& optimizer, dou
   backward_optimizer_ = fused;
   backward_decay_ = matrix_weight_decay;
   backward_options_ = options_of(optimizer);
-  stepped_in_backward_.assign(units_.size(), false);
+  for (size_t u = 0; u < num_units(); ++u) unit_slots(u).stepped_in_backward = false;
   grad_order_this_.clear();
   // The first units to get their gradient: their state is read while backward starts.
   for (size_t i = 0; i < grad_order_last_.size() && i < static_cast<size_t>(options_.read_ahead()); ++i) {
@@ -456,9 +474,10 @@ bool NvmeOffload::begin_step_in_backward(torch::optim::Optimizer& optimizer, dou
 }
 
 void NvmeOffload::read_state(size_t unit) {
-  if (units_[unit].numel == 0 || stepped_in_backward_[unit] || state_reads_.count(unit)) return;
+  UnitSlots& slots = unit_slots(unit);
+  if (slots.numel == 0 || slots.stepped_in_backward || slots.state_reads) return;
   Futures reads;
-  if (units_[unit].compute < 0) {
+  if (slots.compute < 0) {
     // fp32 parameters: a master read ahead for the gather (issued before
     // this backward began) becomes the shard the step updates.
     const auto ahead = std::find_if(ahead_.begin(), ahead_.end(), [unit](const Ahead& a) { return a.unit == unit; });
@@ -471,13 +490,13 @@ void NvmeOffload::read_state(size_t unit) {
   }
   Futures more = issue_reads(unit, backward_optimizer_);
   reads.insert(reads.end(), more.begin(), more.end());
-  state_reads_.emplace(unit, std::move(reads));
+  slots.state_reads = std::move(reads);
 }
 
 void NvmeOffload::accept_gradient(FlatParam& flat, torch::Tensor reduced) {
   ShardOffload::accept_gradient(flat, std::move(reduced));
   const size_t unit = flat.unit_index();
-  if (!backward_optimizer_ || unit >= units_.size() || units_[unit].numel == 0) return;
+  if (!backward_optimizer_ || !flat.offload_state() || slots_of(flat).numel == 0) return;
   if (!backward_options_.count(flat.shard().unsafeGetTensorImpl())) return;  // not the optimizer's: left to step()
   step_now(unit);
 }
@@ -493,13 +512,15 @@ void NvmeOffload::step_now(size_t unit) {
     }
   }
   read_state(unit);
-  Futures reads = std::move(state_reads_.at(unit));
-  state_reads_.erase(unit);
+  UnitSlots& slots = unit_slots(unit);
+  TORCH_CHECK(slots.state_reads, "fsdp: unit ", unit, " stepped twice in one backward");
+  Futures reads = std::move(*slots.state_reads);
+  slots.state_reads.reset();
   wait(reads);
   update(unit, *backward_optimizer_, backward_options_, backward_decay_);
   torch::NoGradGuard no_grad;
   state_->units()[unit]->flat_param().shard().mutable_grad() = torch::Tensor();  // the point: freed at once
-  stepped_in_backward_[unit] = true;
+  slots.stepped_in_backward = true;
   writes_behind_.emplace_back(unit, issue_writes(unit, backward_optimizer_, /*only_changed=*/false));
   if (position == 0) detail::maybe_fault_offload_for_test(state_->group()->rank(), steps_ + 1, store_->reachable_path(), true);
   retire_writes(1);
@@ -518,11 +539,14 @@ void NvmeOffload::finish_backward() {
   if (!backward_optimizer_) return;
   retire_writes(0);
   // State read for a unit that got no gradient: back out (nothing changed).
-  for (auto& [unit, reads] : state_reads_) {
+  for (size_t u = 0; u < num_units(); ++u) {
+    UnitSlots& slots = unit_slots(u);
+    if (!slots.state_reads) continue;
+    Futures reads = std::move(*slots.state_reads);
+    slots.state_reads.reset();
     wait(reads);
-    free_unit(unit, backward_optimizer_);
+    free_unit(u, backward_optimizer_);
   }
-  state_reads_.clear();
   grad_order_last_ = std::move(grad_order_this_);
   grad_order_this_.clear();
   backward_optimizer_ = nullptr;
@@ -537,15 +561,16 @@ void NvmeOffload::step(FsdpState& /*state: the one attached*/, torch::optim::Opt
   discard_read_ahead();  // the step rewrites every unit
   fetch_order_last_ = std::move(fetch_order_this_);
   fetch_order_this_.clear();
-  const std::vector<bool> stepped = std::exchange(stepped_in_backward_, std::vector<bool>(units_.size(), false));
+  std::vector<bool> stepped(num_units(), false);
+  for (size_t u = 0; u < num_units(); ++u) stepped[u] = std::exchange(unit_slots(u).stepped_in_backward, false);
   last_step_in_backward_ = std::any_of(stepped.begin(), stepped.end(), [](bool b) { return b; });
 
   const OptionsOf options = options_of(optimizer);
   std::vector<size_t> order;
-  for (size_t u = 0; u < units_.size(); ++u) {
+  for (size_t u = 0; u < num_units(); ++u) {
     FlatParam& flat = state_->units()[u]->flat_param();
     const auto found = options.find(flat.shard().unsafeGetTensorImpl());
-    if (units_[u].numel == 0 || found == options.end() || stepped[u]) continue;
+    if (slots_of(flat).numel == 0 || found == options.end() || stepped[u]) continue;
     if (flat.shard().grad().defined()) {
       order.push_back(u);
     } else if (matrix_weight_decay > 0) {

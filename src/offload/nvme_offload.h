@@ -1,7 +1,7 @@
 #pragma once
 // Disk offload of a sharded model's state (DeepSpeed's ZeRO-Infinity): what
 // FullyShardOptions::nvme_offload asks for, the model's ShardOffload (the
-// seam in offload/shard_offload.h). Not installed.
+// seam in core/shard_offload.h). Not installed.
 // Each rank keeps its offloaded tensors in one DiskStore (a scratch file in
 // the offload folder), one slot per tensor per unit:
 //   master      the fp32 shard (what the optimizer steps), when it is offloaded
@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "offload/disk_store.h"
-#include "offload/shard_offload.h"
+#include "core/shard_offload.h"
 #include "fsdp/options.h"
 
 namespace fsdp {
@@ -102,6 +102,12 @@ class NvmeOffload final : public ShardOffload {
   struct Moments;
   using Futures = std::vector<std::shared_future<void>>;
 
+  // What this placement keeps of a unit (UnitSlots, on its FlatParam: made
+  // by attach()), by the unit's FlatParam or its position in FsdpState::units().
+  static UnitSlots& slots_of(const FlatParam& flat);
+  UnitSlots& unit_slots(size_t unit) const;
+  size_t num_units() const;
+
   // The optimizer's moments of `unit` when it has state for its shard.
   std::optional<Moments> moments_of(size_t unit, torch::optim::Optimizer* optimizer) const;
   // Issues the reads of whatever of `unit` is offloaded and out of memory,
@@ -140,7 +146,6 @@ class NvmeOffload final : public ShardOffload {
   NvmeOffloadOptions options_;
   bool offload_master_ = false;
   torch::ScalarType param_dtype_ = torch::kFloat;
-  std::vector<UnitSlots> units_;
   std::unique_ptr<DiskStore> store_;
   std::atomic<int64_t> wait_ns_{0};
   int64_t steps_ = 0;  // optimizer steps taken through step()
@@ -161,11 +166,9 @@ class NvmeOffload final : public ShardOffload {
   FusedAdamW* backward_optimizer_ = nullptr;
   double backward_decay_ = 0;
   OptionsOf backward_options_;
-  std::unordered_map<size_t, Futures> state_reads_;
   // The order gradients arrived in, in the last step and in this one: the
   // next units' state is read while this one steps and the next computes.
   std::vector<size_t> grad_order_last_, grad_order_this_;
-  std::vector<bool> stepped_in_backward_;
   std::deque<std::pair<size_t, Futures>> writes_behind_;
   bool last_step_in_backward_ = false;
 };

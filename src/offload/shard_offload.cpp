@@ -3,16 +3,17 @@
 // device on the model's copy stream), the choice between them and disk
 // offload, and ResidentScope over all three.
 
-#include "offload/shard_offload.h"
+#include "core/shard_offload.h"
 
 #include <array>
 #include <exception>
 #include <optional>
 #include <iostream>
+#include <utility>
 #include <vector>
 
-#include "core/compat.h"
-#include "core/device_context.h"
+#include "base/compat.h"
+#include "base/device_context.h"
 #include "core/unit.h"
 #include "fsdp/grad_utils.h"
 #include "fsdp/memory.h"
@@ -71,6 +72,9 @@ class CpuOffload final : public ShardOffload {
   }
   const char* where() const override { return "pinned host memory"; }
 
+  // The units, whose HostUnitState this placement reaches through them.
+  void attach(FsdpState& state) override { state_ = &state; }
+
   torch::Tensor make_shard(const torch::Tensor& slice) const override {
     // Pinned, so that the copies to and from the GPU are asynchronous.
     torch::Tensor shard = pinned_if_device(slice.numel(), memory::Category::kParameterShard);
@@ -124,16 +128,16 @@ class CpuOffload final : public ShardOffload {
       pending->host.copy_(pending->device, /*non_blocking=*/true);
     }
     pending->copied = context_.record_on_copy_stream();
-    pending_of(flat) = std::move(pending);
+    state_of(flat).pending = std::move(pending);
   }
 
   bool gradient_pending(const FlatParam& flat) const override {
-    return flat.unit_index() < pending_.size() && pending_[flat.unit_index()] != nullptr;
+    return flat.offload_state() && state_of(flat).pending != nullptr;
   }
 
   void finish_gradient(FlatParam& flat) override {
     TORCH_CHECK(gradient_pending(flat), "FlatParam: no gradient copy to the host in flight");
-    std::unique_ptr<PendingHostGradient> pending = std::move(pending_of(flat));
+    std::unique_ptr<PendingHostGradient> pending = std::move(state_of(flat).pending);
     compat::synchronize_event(*pending->copied);
     pending->device.reset();  // the copy has read it
     torch::NoGradGuard no_grad;
@@ -149,7 +153,9 @@ class CpuOffload final : public ShardOffload {
 
   // TrainStep zeroed the gradients in place: each unit's next one may land
   // in its gradient instead of being added to it.
-  void gradients_zeroed() override { zeroed_.assign(zeroed_.size(), true); }
+  void gradients_zeroed() override {
+    for_each_unit_state([](HostUnitState& unit) { unit.zeroed = true; });
+  }
 
   // The host steps the shards next, so no copy of them may still be
   // reading (an unused prefetch's) when it writes.
@@ -168,19 +174,33 @@ class CpuOffload final : public ShardOffload {
     torch::Tensor host, device;
     std::optional<c10::Event> copied;
   };
-  std::unique_ptr<PendingHostGradient>& pending_of(const FlatParam& flat) {
-    if (pending_.size() <= flat.unit_index()) pending_.resize(flat.unit_index() + 1);
-    return pending_[flat.unit_index()];
+  // What this placement keeps of a unit (on its FlatParam): its pinned
+  // gradient buffer, the copy in flight, and whether its gradient was zeroed
+  // in place (gradients_zeroed()) since the last one landed.
+  struct HostUnitState : UnitOffloadState {
+    std::unique_ptr<PendingHostGradient> pending;
+    torch::Tensor gradient_buffer;
+    bool zeroed = false;
+  };
+  static HostUnitState& state_of(const FlatParam& flat) {
+    if (!flat.offload_state()) flat.set_offload_state(std::make_unique<HostUnitState>());
+    return static_cast<HostUnitState&>(*flat.offload_state());
+  }
+  // Calls f on the state of every unit that has one (none before attach()).
+  template <class F>
+  void for_each_unit_state(F f) {
+    if (!state_) return;
+    for (const auto& unit : state_->units()) {
+      if (unit->flat_param().offload_state()) f(state_of(unit->flat_param()));
+    }
   }
 
   Landing landing_of(const FlatParam& flat) {
-    const size_t u = flat.unit_index();
-    if (zeroed_.size() <= u) zeroed_.resize(u + 1, false);
-    const bool zeroed = zeroed_[u];
-    zeroed_[u] = false;
+    HostUnitState& unit = state_of(flat);
+    const bool zeroed = std::exchange(unit.zeroed, false);
     const torch::Tensor& grad = flat.shard().grad();
     if (!grad.defined()) return Landing::kBecomesGradient;
-    if (zeroed && u < gradient_buffers_.size() && grad.is_same(gradient_buffers_[u])) return Landing::kInGradient;
+    if (zeroed && unit.gradient_buffer.defined() && grad.is_same(unit.gradient_buffer)) return Landing::kInGradient;
     return Landing::kAdd;
   }
 
@@ -189,19 +209,18 @@ class CpuOffload final : public ShardOffload {
   // waits (on the device) for their copies first, which have had a unit's
   // backward to run in.
   void release_copied_sources() {
-    for (auto& pending : pending_) {
-      if (!pending || !pending->device.defined()) continue;
-      pending->copied->block(context_.compute_stream());
-      pending->device = torch::Tensor();
-    }
+    for_each_unit_state([this](HostUnitState& unit) {
+      if (!unit.pending || !unit.pending->device.defined()) return;
+      unit.pending->copied->block(context_.compute_stream());
+      unit.pending->device = torch::Tensor();
+    });
   }
 
   // The unit's pinned gradient buffer: made once and kept (so the pinned
   // memory is the same every step and counted exactly), reused when a
   // gradient was dropped (zero_grad with set_to_none).
   const torch::Tensor& gradient_buffer_of(const FlatParam& flat) {
-    if (gradient_buffers_.size() <= flat.unit_index()) gradient_buffers_.resize(flat.unit_index() + 1);
-    torch::Tensor& buffer = gradient_buffers_[flat.unit_index()];
+    torch::Tensor& buffer = state_of(flat).gradient_buffer;
     if (!buffer.defined()) buffer = pinned_if_device(flat.shard_numel(), memory::Category::kGradientShard);
     return buffer;
   }
@@ -224,9 +243,7 @@ class CpuOffload final : public ShardOffload {
   }
 
   const DeviceContext& context_;
-  std::vector<std::unique_ptr<PendingHostGradient>> pending_;  // by unit index
-  std::vector<torch::Tensor> gradient_buffers_;                // by unit index
-  std::vector<bool> zeroed_;                                   // by unit index: gradients_zeroed() since its last one
+  FsdpState* state_ = nullptr;  // set by attach()
   mutable std::array<int64_t, memory::kNumCategories> pinned_bytes_{};  // counted by count_host_bytes
 };
 

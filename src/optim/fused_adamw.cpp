@@ -18,9 +18,9 @@
 #define FSDP_HAS_ATEN_FUSED_ADAMW 0
 #endif
 
-#include "core/parallel.h"
-#include "core/compat.h"
-#include "core/device_context.h"
+#include "base/parallel.h"
+#include "base/compat.h"
+#include "base/device_context.h"
 #include "optim/adamw_kernel.h"
 
 namespace fsdp {

@@ -7,7 +7,7 @@
 #include <memory>
 #include <typeinfo>
 
-#include "core/compat.h"
+#include "base/compat.h"
 #include "fsdp/memory.h"
 
 namespace fsdp {

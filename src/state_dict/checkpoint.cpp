@@ -21,11 +21,11 @@
 #include <thread>
 
 #include "fsdp/error.h"
-#include "core/device_context.h"
-#include "offload/shard_offload.h"
+#include "base/device_context.h"
+#include "core/shard_offload.h"
 #include "fsdp/optimizer_state.h"
 #include "fsdp/state_dict.h"
-#include "state_dict/fault_injection.h"
+#include "base/fault_injection.h"
 #include "state_dict/staged_checkpoint.h"
 
 namespace fsdp {

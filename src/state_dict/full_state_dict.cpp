@@ -1,6 +1,6 @@
 #include "fsdp/state_dict.h"
 #include "core/unit.h"
-#include "state_dict/fault_injection.h"
+#include "base/fault_injection.h"
 
 #include <algorithm>
 #include <csignal>
@@ -9,10 +9,10 @@
 #include <set>
 #include <utility>
 
-#include "core/compat.h"
+#include "base/compat.h"
 #include "fsdp/error.h"
 #include "fsdp/memory.h"
-#include "offload/shard_offload.h"
+#include "core/shard_offload.h"
 #include "fsdp/optimizer_state.h"
 #include "fsdp/safetensors.h"
 

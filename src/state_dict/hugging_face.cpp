@@ -14,7 +14,7 @@
 #include "fsdp/checkpoint.h"
 #include "fsdp/wrap_policy.h"
 #include "state_dict/checkpoint_json.h"
-#include "state_dict/file_io.h"
+#include "base/file_io.h"
 
 namespace fsdp::hugging_face {
 namespace {

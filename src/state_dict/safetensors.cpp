@@ -9,7 +9,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "state_dict/file_io.h"
+#include "base/file_io.h"
 
 namespace fsdp::safetensors {
 namespace {

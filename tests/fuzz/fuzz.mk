@@ -14,8 +14,8 @@ CXXFLAGS := -g -O1 -w $(SANITIZE) -fsanitize=fuzzer-no-link -MMD -MP \
 
 obj = $(OUT)/obj/$(1).o
 HEADER := $(call obj,src/state_dict/safetensors_header)
-SAFETENSORS := $(call obj,src/state_dict/safetensors) $(call obj,src/state_dict/checksum) \
-  $(call obj,src/state_dict/file_io) $(HEADER)
+SAFETENSORS := $(call obj,src/state_dict/safetensors) $(call obj,src/base/checksum) \
+  $(call obj,src/base/file_io) $(HEADER)
 
 # The tokenizer reader is libfsdp_text's, without LibTorch: its own sources
 # and their libraries (Oniguruma's regexes, ICU's normalization).

@@ -7,18 +7,7 @@ namespace {
 
 // The model, the optimizer, the device.
 void add_model_options(CLI::App& app, TrainOptions& o) {
-  app.add_option("--model", o.model,
-                 "gpt (the reference GPT, fsdp/gpt.h) or llama (Hugging Face's LlamaForCausalLM, fsdp/llama.h)")
-      ->capture_default_str();
-  app.add_option("--preset", o.preset, "tiny, small, medium, large or xl")->capture_default_str();
-  app.add_option("--vocab", o.vocab, "override the preset's vocabulary size");
-  app.add_option("--context", o.context, "override the preset's context length");
-  app.add_option("--layers", o.layers, "override the preset's number of layers");
-  app.add_option("--heads", o.heads, "override the preset's number of heads");
-  app.add_option("--width", o.width, "override the preset's width");
-  app.add_option("--batch", o.batch, "sequences per rank per step (default: the preset's)");
-  app.add_option("--kv-heads", o.kv_heads,
-                 "--model llama: key-value heads, dividing --heads (default: the preset's, or --heads when that is given)");
+  fsdp_tools::add_model_flags(app, o, "");
   app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
   app.add_option("--adamw", o.adamw, "fused (fsdp::FusedAdamW: one vectorized, multi-threaded pass) or torch "
@@ -125,25 +114,6 @@ void add_parallel_options(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
 }
 
-// ZeRO++'s quantized and hierarchical collectives (fsdp::ZeroPlusPlus).
-void add_zero_plus_plus_options(CLI::App& app, TrainOptions& o) {
-  app.add_option("--gather-quantization", o.gather_quantization,
-                 "none, or int8: all-gather parameters as int8 blocks with a scale each, dequantized on arrival "
-                 "(ZeRO++'s qwZ; sharded strategies)")
-      ->capture_default_str();
-  app.add_flag("--secondary-partition", o.secondary_partition,
-               "keep each host's slice of a unit's parameters from forward to backward, so that backward's "
-               "all-gather stays inside the host (ZeRO++'s hpZ; full_shard)");
-  app.add_option("--gradient-quantization", o.gradient_quantization,
-                 "none, or int8: reduce gradients inside the host, then exchange int8 blocks across hosts and sum "
-                 "them in fp32 (ZeRO++'s qgZ; full_shard and shard_grad_op)")
-      ->capture_default_str();
-  app.add_option("--quantization-block", o.quantization_block,
-                 "elements per int8 block (each with its own fp32 scale) of --gather-quantization and "
-                 "--gradient-quantization")
-      ->capture_default_str();
-}
-
 // Checkpoints, prefetch, memory, and what is written after training.
 void add_output_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--ckpt-dir", o.ckpt_dir, "directory of checkpoints (step-N sub-directories)");
@@ -193,7 +163,7 @@ void add_options(CLI::App& app, TrainOptions& o) {
   add_offload_options(app, o);
   add_data_options(app, o);
   add_parallel_options(app, o);
-  add_zero_plus_plus_options(app, o);
+  fsdp_tools::add_zero_plus_plus_flags(app, o);
   add_output_options(app, o);
 }
 

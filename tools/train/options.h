@@ -8,15 +8,15 @@
 #include <string>
 
 #include "fsdp/options.h"
+#include "shared_flags.h"
 
 namespace fsdp_train {
 
 // The command line as given (validated by prepare(), setup.h).
-struct TrainOptions {
-  std::string model = "gpt";  // gpt or llama
-  std::string preset = "small";
-  std::optional<int64_t> vocab, context, layers, heads, width, batch;
-  std::optional<int64_t> kv_heads;  // --model llama
+// The model's flags (--model, --preset, the shape, --kv-heads) and ZeRO++'s
+// are the ones fsdp-plan takes too (shared_flags.h).
+struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags {
+  TrainOptions() { preset = "small"; }
   int64_t steps = 100;
   double lr = 1e-3;
   uint64_t seed = 1337;
@@ -34,10 +34,6 @@ struct TrainOptions {
   int64_t print_every = 0;
   std::string strategy = "full_shard";
   int ranks_per_node = 0;
-  std::string gather_quantization = "none";    // ZeRO++'s qwZ
-  bool secondary_partition = false;           // ZeRO++'s hpZ
-  std::string gradient_quantization = "none";  // ZeRO++'s qgZ
-  int64_t quantization_block = fsdp::ZeroPlusPlus().quantization_block();
   int64_t memory_budget = 0;
   std::string param_dtype = "fp32";
   std::string reduce_dtype;

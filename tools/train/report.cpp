@@ -47,51 +47,23 @@ int ranks_per_host(const Run& run, const fsdp::FsdpState& state, int world) {
 
 }  // namespace
 
-Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState& state, const NvmeReport& nvme,
-                    std::vector<int64_t> unit_numels, int64_t num_params, int world) {
+Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState& state, int64_t num_params,
+                    int world) {
+  const fsdp::RunPlan plan = fsdp::plan_run(run.model->plan_description(), o.wrap == "sublayer", run.fsdp_options,
+                                            run_settings(o, run, world, ranks_per_host(run, state, world),
+                                                         state.gathers_run_ahead()));
   Predictions p;
-  const auto& c = run.config;
-  const auto& mp = run.fsdp_options.mixed_precision();
-  const fsdp::ShardingStrategy strategy = run.fsdp_options.strategy();
   p.num_params = num_params;
-  p.unit_numels = std::move(unit_numels);
-  p.shard_group_size = state.shard_group() ? state.shard_group()->size() : 1;
-  p.state = fsdp::estimate_model_state(p.unit_numels, strategy, world, p.shard_group_size, mp);
-  p.peak = fsdp::estimate_step_peak(
-      fsdp::TransformerShape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch, o.wrap == "sublayer"}, strategy,
-      world, ranks_per_host(run, state, world), mp, o.forward_prefetch || o.backward_prefetch != "none",
-      o.activation_checkpointing, p.unit_numels, run.fsdp_options.zero_plus_plus());
-  if (o.model == "llama") {
-    // The planner's activations are a GPT block's; a Llama decoder layer
-    // keeps about 9 M C elements more (RMSNorm's fp32 steps, the rotary
-    // halves, the repeated kv heads, SwiGLU's three hidden-wide tensors):
-    // measured 9.2, 9.0 and 10.6 M C on small, medium and tiny at W = 2.
-    const int64_t layer_extra =
-        9 * c.batch * c.context * c.width * static_cast<int64_t>(c10::elementSize(mp.param_dtype()));
-    p.peak.activations += o.activation_checkpointing ? layer_extra : c.layers * layer_extra;
-  }
-  if (state.gathers_run_ahead() && !fsdp::keeps_params_unsharded(strategy)) {
-    // The gathers' order on a device holds the previous resharded unit's
-    // buffer while the next gather runs: one more unit, the largest but the root's.
-    int64_t largest = 0;
-    const int64_t K = p.shard_group_size;
-    for (size_t u = 1; u < p.unit_numels.size(); ++u) largest = std::max(largest, (p.unit_numels[u] + K - 1) / K * K);
-    p.peak.gathered += largest * static_cast<int64_t>(c10::elementSize(mp.param_dtype()));
-  }
-  if (nvme.on) {
-    p.nvme = fsdp::estimate_nvme_offload(p.unit_numels, strategy, world, p.shard_group_size, mp, nvme.optimizer_state,
-                                         nvme.params, o.grad_accum, int64_t{1} << 20,
-                                         nvme_steps_in_backward(o, run.fsdp_options), o.offload_read_ahead);
-  }
-  p.peak_bytes = p.nvme ? fsdp::peak_with_nvme_offload(p.peak, *p.nvme) : p.peak.total();
-  p.tokens_per_step = c.batch * c.context * world * o.grad_accum;
-  p.ranks_per_node = ranks_per_host(run, state, world);
-  p.comm = fsdp::estimate_comm_per_step(p.unit_numels, strategy, world, p.ranks_per_node, mp,
-                                        run.fsdp_options.zero_plus_plus());
-  if (o.ckpt_async && !o.ckpt_dir.empty()) {
-    p.checkpoint_staging = fsdp::estimate_checkpoint_staging(p.unit_numels, strategy, world, p.shard_group_size,
-                                                             run.ckpt_format == fsdp::CheckpointFormat::kFull).rank0;
-  }
+  p.unit_numels = plan.unit_numels;
+  p.shard_group_size = plan.shard_group;
+  p.state = plan.peak.state;
+  p.peak = plan.peak;
+  p.nvme = plan.nvme;
+  p.peak_bytes = plan.step_peak;
+  p.tokens_per_step = run.config.batch * run.config.context * world * o.grad_accum;
+  p.ranks_per_node = plan.ranks_per_node;
+  p.comm = plan.comm;
+  p.checkpoint_staging = plan.staging.rank0;
   return p;
 }
 

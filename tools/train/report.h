@@ -47,8 +47,9 @@ struct Predictions {
   // until its background write ends (0 without).
   int64_t checkpoint_staging = 0;
 };
-Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState& state, const NvmeReport& nvme,
-                    std::vector<int64_t> unit_numels, int64_t num_params, int world);
+// The run's plan (fsdp::plan_run, as the preflight and fsdp-plan make it), for the report.
+Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState& state, int64_t num_params,
+                    int world);
 
 // The figures of the steps so far.
 struct RunFigures {

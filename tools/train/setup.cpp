@@ -23,32 +23,6 @@
 namespace fsdp_train {
 namespace {
 
-fsdp::models::GPTConfig make_config(const TrainOptions& o) {
-  auto c = fsdp::models::GPTConfig::preset(o.preset);
-  if (o.vocab) c.vocab = *o.vocab;
-  if (o.context) c.context = *o.context;
-  if (o.layers) c.layers = *o.layers;
-  if (o.heads) c.heads = *o.heads;
-  if (o.width) c.width = *o.width;
-  if (o.batch) c.batch = *o.batch;
-  c.validate();
-  return c;
-}
-
-// --model llama: the Llama preset with the shape options (`gpt`: the
-// preset, the options, --tokenizer's vocabulary), --kv-heads, and the SwiGLU
-// width of an overridden width.
-fsdp::models::LlamaConfig make_llama_config(const TrainOptions& o, const fsdp::models::GPTConfig& shape) {
-  auto c = fsdp::models::LlamaConfig::preset(o.preset);
-  c.vocab = shape.vocab, c.context = shape.context, c.layers = shape.layers, c.heads = shape.heads;
-  c.width = shape.width, c.batch = shape.batch;
-  if (o.heads) c.kv_heads = c.heads;  // plain multi-head attention unless --kv-heads says otherwise
-  if (o.kv_heads) c.kv_heads = *o.kv_heads;
-  if (o.width) c.hidden = fsdp::models::LlamaConfig::default_hidden(c.width);
-  c.validate();
-  return c;
-}
-
 // A new model of --model's kind (its weights not yet initialized).
 std::shared_ptr<fsdp::models::LanguageModel> new_model(const TrainOptions& o, const Run& run) {
   if (o.model == "llama") return fsdp::models::Llama(run.llama_config).ptr();
@@ -102,25 +76,6 @@ void set_nvme_offload(const TrainOptions& o, fsdp::FullyShardOptions& options) {
                                       .engine(fsdp::offload::parse_io_engine(o.offload_engine))));
 }
 
-// --gather-quantization, --secondary-partition, --gradient-quantization,
-// --quantization-block: where each applies is the library's to refuse, with
-// its reason (fully_shard, on every rank alike).
-fsdp::ZeroPlusPlus make_zero_plus_plus(const TrainOptions& o) {
-  TORCH_CHECK(o.quantization_block > 0, "--quantization-block must be positive, got ", o.quantization_block);
-  auto quantization = [](const std::string& flag, const std::string& value) {
-    try {
-      return fsdp::parse_quantization(value);
-    } catch (const c10::Error& e) {
-      TORCH_CHECK(false, flag, ": ", fsdp::error_message(e));
-    }
-  };
-  return fsdp::ZeroPlusPlus()
-      .gather_quantization(quantization("--gather-quantization", o.gather_quantization))
-      .secondary_partition(o.secondary_partition)
-      .gradient_quantization(quantization("--gradient-quantization", o.gradient_quantization))
-      .quantization_block(o.quantization_block);
-}
-
 fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
   fsdp::MixedPrecision mp;
   mp.param_dtype(fsdp::parse_dtype(o.param_dtype));
@@ -135,7 +90,7 @@ fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
                      .limit_all_gathers(!o.no_limit_all_gathers)
                      .cache_host_blocks(!o.no_block_cache)
                      .activation_checkpointing(o.activation_checkpointing)
-                     .zero_plus_plus(make_zero_plus_plus(o));
+                     .zero_plus_plus(o.zero_plus_plus());
   TORCH_CHECK(o.prefetch_depth >= 1, "--prefetch-depth must be at least 1, got ", o.prefetch_depth);
   if (o.strategy != "auto") options.strategy(fsdp::parse_strategy(o.strategy));
   set_nvme_offload(o, options);
@@ -148,38 +103,30 @@ fsdp::ShardingStrategy pick_strategy(const TrainOptions& o, Run& run, int world)
   TORCH_CHECK(o.memory_budget > 0,
               "--strategy auto needs --memory-budget BYTES (per-rank model state plus gathered parameters)");
   const fsdp::StrategyChoice choice =
-      fsdp::choose_strategy(planned_unit_numels(run), world, run.fsdp_options.ranks_per_node(),
+      fsdp::choose_strategy(model_description(o, run).units(o.wrap == "sublayer"), world,
+                            run.fsdp_options.ranks_per_node(),
                             run.fsdp_options.mixed_precision(), o.memory_budget);
   run.strategy_reason = choice.reason;
   return choice.strategy;
 }
 
 // The preflight (fsdp/host_memory.h) of this run on the CPU: a GPU run's
-// host memory is not the step's peak.
+// host memory is not the step's peak. Before the model is built: its
+// config's description is what the plan needs.
 void preflight(const TrainOptions& o, Run& run, int world) {
   if (o.no_preflight || o.device != "cpu") return;
-  const auto& c = run.config;
-  const auto& options = run.fsdp_options;
   fsdp::HostMemoryRun plan;
-  plan.shape = fsdp::TransformerShape{c.vocab, c.context, c.layers, c.heads, c.width, c.batch, false};
-  plan.strategy = o.strategy == "auto" ? fsdp::ShardingStrategy::kFullShard : fsdp::parse_strategy(o.strategy);
-  plan.world = world;
+  plan.model = model_description(o, run);
+  plan.options = run.fsdp_options;
+  if (o.strategy == "auto") plan.options.strategy(fsdp::ShardingStrategy::kFullShard);
   plan.ranks_here = fsdp::ranks_on_this_host(world);
-  plan.ranks_per_node = options.ranks_per_node();
-  plan.mixed_precision = options.mixed_precision();
-  plan.prefetch = options.forward_prefetch() || options.backward_prefetch() != fsdp::BackwardPrefetch::kNone;
-  plan.micro_steps = o.grad_accum;
-  plan.zero_plus_plus = options.zero_plus_plus();
+  plan.settings = run_settings(o, run, world, run.fsdp_options.ranks_per_node(), false);
   fsdp::HostMemorySettings settings;
   settings.activation_checkpointing = o.activation_checkpointing;
   settings.sublayer_units = o.wrap == "sublayer";
   settings.sharded_init = o.sharded_init;
   settings.nvme_optimizer = o.offload_optimizer == "nvme";
   settings.nvme_params = o.offload_params == "nvme";
-  plan.nvme_step_in_backward = nvme_steps_in_backward(o, options);
-  plan.nvme_read_ahead = o.offload_read_ahead;
-  plan.async_checkpoint = o.ckpt_async && !o.ckpt_dir.empty();
-  plan.full_checkpoint = o.ckpt_format == "full";
   run.ram_predicted = fsdp::preflight_host_memory(plan, settings, fsdp::host_memory_available());
 }
 
@@ -200,8 +147,7 @@ void check_values(const TrainOptions& o, int world) {
     TORCH_CHECK(value >= 0, flag, " must be >= 0, got ", value);
   }
   TORCH_CHECK(o.collective_timeout >= 0, "--collective-timeout must be >= 0 (0: the default), got ", o.collective_timeout);
-  TORCH_CHECK(o.model == "gpt" || o.model == "llama", "--model must be gpt or llama, got '", o.model, "'");
-  TORCH_CHECK(o.model == "llama" || !o.kv_heads, "--kv-heads needs --model llama (the GPT's heads each have their own)");
+  fsdp_tools::check_model_flags(o);
   TORCH_CHECK(o.steps > 0, "--steps must be positive, got ", o.steps);
   TORCH_CHECK(o.lr > 0, "--lr must be positive, got ", o.lr);
   TORCH_CHECK(o.grad_accum > 0, "--grad-accum must be positive, got ", o.grad_accum);
@@ -364,14 +310,22 @@ int default_threads(int world) {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world);
 }
 
-std::vector<int64_t> planned_unit_numels(Run& run) {
-  std::vector<int64_t> numels;
-  for (const auto& plan : fsdp::plan_units(*run.model, run.fsdp_options.wrap_policy())) {
-    int64_t n = 0;
-    for (const auto& p : plan.params) n += p.second.numel();
-    numels.push_back(n);
-  }
-  return numels;
+fsdp::ModelDescription model_description(const TrainOptions& o, const Run& run) {
+  return o.model == "llama" ? run.llama_config.plan_description() : run.config.plan_description();
+}
+
+fsdp::RunSettings run_settings(const TrainOptions& o, const Run& run, int world, int ranks_per_node,
+                               bool gathers_run_ahead) {
+  fsdp::RunSettings settings;
+  settings.world = world;
+  settings.ranks_per_node = ranks_per_node;
+  settings.micro_steps = o.grad_accum;
+  settings.clips_gradients = o.clip_grad_norm > 0;
+  settings.scales_loss = fsdp::scales_loss(fsdp::TrainStepOptions(), run.fsdp_options.mixed_precision());
+  settings.gathers_run_ahead = gathers_run_ahead;
+  settings.async_checkpoint = o.ckpt_async && !o.ckpt_dir.empty();
+  settings.full_checkpoint = o.ckpt_format == "full";
+  return settings;
 }
 
 std::string trace_path(const std::string& path, int rank) {
@@ -382,10 +336,10 @@ std::string trace_path(const std::string& path, int rank) {
 
 Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   Run run;
-  run.config = make_config(o);
+  run.config = fsdp_tools::gpt_config(o);
   apply_tokenizer(o, run);
   check_values(o, world->size());
-  if (o.model == "llama") run.llama_config = make_llama_config(o, run.config);
+  if (o.model == "llama") run.llama_config = fsdp_tools::llama_config(o, run.config);
   apply_hugging_face_config(o, run);
   check_tokenizer_fits(o, run);
   run.schedule = make_schedule(o);
@@ -394,7 +348,7 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   preflight(o, run, world->size());
   run.data = make_data(o, run);
   // Before the model's seed: --device cuda loads the CUDA module, which must
-  // come before anything asks LibTorch about CUDA (src/core/cuda_module.h).
+  // come before anything asks LibTorch about CUDA (src/comm/cuda_module.h).
   choose_device(o, world, run);
   make_model(o, run);
   if (o.strategy == "auto") run.fsdp_options.strategy(pick_strategy(o, run, world->size()));
@@ -404,11 +358,6 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
     for (const std::string& warning : run.warnings) std::cerr << "fsdp-train: warning: " << warning << "\n";
   }
   return run;
-}
-
-bool nvme_steps_in_backward(const TrainOptions& o, const fsdp::FullyShardOptions& options) {
-  return fsdp::nvme_steps_in_backward(!o.offload_step_after_backward, options.strategy(), o.clip_grad_norm > 0,
-                                      fsdp::scales_loss(fsdp::TrainStepOptions(), options.mixed_precision()));
 }
 
 }  // namespace fsdp_train

@@ -14,6 +14,7 @@
 #include "fsdp/gpt.h"
 #include "fsdp/llama.h"
 #include "fsdp/lr_schedule.h"
+#include "fsdp/run_plan.h"
 #include "fsdp/token_data.h"
 #include "fsdp/tokenizer.h"
 #include "train/options.h"
@@ -61,13 +62,15 @@ int default_threads(int world);
 // in): what the trainer reads when no --data is given.
 const char* default_corpus_path();
 
-// The element count of each unit the run's wrap policy makes, root first
-// (what the planner's estimates take).
-std::vector<int64_t> planned_unit_numels(Run& run);
+// What the planner takes of the run's model (its config's description),
+// before the model is built.
+fsdp::ModelDescription model_description(const TrainOptions& o, const Run& run);
 
-// Whether the run's disk offload steps each unit during backward
-// (fsdp::nvme_steps_in_backward with the trainer's clipping and loss scaling).
-bool nvme_steps_in_backward(const TrainOptions& o, const fsdp::FullyShardOptions& options);
+// The run's settings for its plan (fsdp::plan_run), beside fully_shard's
+// options: the world and its hosts, accumulation, clipping and loss scaling,
+// the asynchronous checkpoints; `gathers_run_ahead` as the sharded state says.
+fsdp::RunSettings run_settings(const TrainOptions& o, const Run& run, int world, int ranks_per_node,
+                               bool gathers_run_ahead);
 
 // --trace FILE.json: rank r writes FILE.rank<r>.json.
 std::string trace_path(const std::string& path, int rank);

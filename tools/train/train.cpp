@@ -114,7 +114,6 @@ class Trainer {
         preemption_(preemption),
         rank_(world->rank()),
         num_params_(run.model->num_parameters()),
-        unit_numels_(planned_unit_numels(run)),
         model_(shard_model(o, run)),
         construction_peak_(fsdp::memory::usage().peak_total),  // building and sharding: this rank's peak so far
         optimizer_(make_optimizer(o, model_)),
@@ -127,7 +126,7 @@ class Trainer {
                         .clip_grad_norm(o.clip_grad_norm)
                         .weight_decay(o.weight_decay)),
         nvme_(nvme_report(model_.state())),
-        predicted_(predict(o, run, model_.state(), nvme_, unit_numels_, num_params_, world->size())),
+        predicted_(predict(o, run, model_.state(), num_params_, world->size())),
         report_{o, run, model_.state(), train_step_, predicted_, nvme_, world->size()},
         checkpointed_(o, run, train_step_.scaler()) {
     predicted_.construction_peak = construction_peak_;
@@ -158,7 +157,6 @@ class Trainer {
   const fsdp::Preemption& preemption_;
   int rank_;
   int64_t num_params_;
-  std::vector<int64_t> unit_numels_;
   Model model_;
   int64_t construction_peak_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;

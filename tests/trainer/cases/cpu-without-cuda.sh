@@ -1,7 +1,7 @@
 # A CPU run maps no CUDA library. In the CUDA configuration (a PyPI wheel's
 # LibTorch), the tools link LibTorch's CPU libraries alone, and what needs
 # CUDA is the module libfsdp_cuda.so, loaded when a run asks for a GPU
-# (src/core/cuda_module.h): here, a running rank's /proc/PID/maps holds
+# (src/comm/cuda_module.h): here, a running rank's /proc/PID/maps holds
 # libtorch_cpu and none of libtorch_cuda, libc10_cuda, libnccl, libcuda, nor
 # libcudart unless libtorch_cpu itself needs it (the wheel's does). The module is built, needs only what the program exports, and
 # loads on a machine without a GPU; --device cuda without one is refused as

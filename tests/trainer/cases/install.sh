@@ -15,7 +15,7 @@ for f in bin/fsdp-train bin/fsdp-ckpt bin/fsdp-plan bin/fsdp-run bin/fsdp-plot; 
   [ -x "$prefix/$f" ] || fail "$f is not installed (or not executable)"
 done
 ls "$prefix"/lib*/libfsdp.* >/dev/null 2>&1 || fail "libfsdp is not installed"
-# The CUDA configuration's module, beside libfsdp (src/core/cuda_module.cpp
+# The CUDA configuration's module, beside libfsdp (src/comm/cuda_module.cpp
 # looks there from the installed tools), finding its libraries from there.
 if [ "$(cache FSDP_CUDA)" = ON ]; then
   module=$(ls "$prefix"/lib*/libfsdp_cuda.so 2>/dev/null | head -1)

@@ -2,7 +2,8 @@
 # into parameters, gradients and optimizer state as the allocator counts
 # them; the peak within 8%, the README's figure (measured: within 5.6%, the
 # worst being tiny, full_shard), and equal to the trainer's own
-# prediction; the textbook 70B table; a recommendation for a budget; a
+# prediction; the host memory the trainer's preflight asked for equal to
+# fsdp-plan's (one plan, fsdp::plan_run, for all three; a Llama too); the textbook 70B table; a recommendation for a budget; a
 # calibrated step-time estimate. Medium runs at batch 1 (two steps, the
 # second with the optimizer state and prefetch in place, in ~10 s); large is
 # not run.
@@ -10,7 +11,7 @@ plan="$build/fsdp-plan"
 
 for cfg in "tiny 2 full_shard" "tiny 4 zero1" "small 2 no_shard" "small 2 full_shard --activation-checkpointing" \
            "small 2 full_shard --activation-checkpointing --wrap sublayer" "tiny 2 zero1 --param-dtype bf16" \
-           "medium 2 full_shard --batch 1"; do
+           "medium 2 full_shard --batch 1" "small 2 full_shard --model llama --activation-checkpointing"; do
   read -r preset world strategy extra <<<"$cfg"
   train_run s "$world" --preset "$preset" --steps 2 --strategy "$strategy" $extra
   "$plan" --preset "$preset" --world "$world" --strategy "$strategy" $extra --json > "$work/plan.json" ||
@@ -28,6 +29,8 @@ for cfg in "tiny 2 full_shard" "tiny 4 zero1" "small 2 no_shard" "small 2 full_s
       | $m.peak_tensor_bytes_predicted == $p
       and (($p - ($m.peak_tensor_bytes | max)) / ($m.peak_tensor_bytes | max) | fabs) < 0.08' "$work/plan.json" >/dev/null ||
     fail "$cfg: peak measured $(jq -c .peak_tensor_bytes "$work/s.json"), trainer predicted $(jq .peak_tensor_bytes_predicted "$work/s.json"), planned $(jq .strategies[0].device_total_bytes "$work/plan.json")"
+  jq -e --slurpfile s "$work/s.json" '.strategies[0].preflight_bytes == $s[0].ram_bytes_predicted' "$work/plan.json" >/dev/null ||
+    fail "$cfg: the trainer's preflight asked for $(jq .ram_bytes_predicted "$work/s.json") B a rank, fsdp-plan plans $(jq .strategies[0].preflight_bytes "$work/plan.json")"
   echo "ok: $cfg: model state $(jq '.strategies[0].model_state_bytes' "$work/plan.json") B as planned;" \
        "peak $(jq '.peak_tensor_bytes | max' "$work/s.json") B measured, $(jq .strategies[0].device_total_bytes "$work/plan.json") B planned"
 done

@@ -1,0 +1,126 @@
+// The flags fsdp-train and fsdp-plan share, bound once: the model's
+// (--model, --preset, the shape's overrides, --kv-heads) and ZeRO++'s, with
+// the model configs and options they make, so that the two tools plan one
+// run alike. Header only (both tools include LibTorch already).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "fsdp/gpt.h"
+#include "fsdp/llama.h"
+#include "fsdp/error.h"
+#include "fsdp/options.h"
+#include "fsdp/run_plan.h"
+#include "tool_support.h"
+
+namespace fsdp_tools {
+
+// The command line's model, as given.
+struct ModelFlags {
+  std::string model = "gpt";  // gpt or llama
+  std::string preset;         // tiny, small, medium, large or xl
+  std::optional<int64_t> vocab, context, layers, heads, width, batch;
+  std::optional<int64_t> kv_heads;  // --model llama
+};
+
+// Binds the flags; `preset_help` says what the tool does without --preset.
+inline void add_model_flags(CLI::App& app, ModelFlags& f, const std::string& preset_help) {
+  app.add_option("--model", f.model,
+                 "gpt (the reference GPT, fsdp/gpt.h) or llama (Hugging Face's LlamaForCausalLM, fsdp/llama.h)")
+      ->capture_default_str();
+  CLI::Option* preset = app.add_option("--preset", f.preset, "tiny, small, medium, large or xl" + preset_help);
+  if (!f.preset.empty()) preset->capture_default_str();
+  app.add_option("--vocab", f.vocab, "override the preset's vocabulary size")->check(positive());
+  app.add_option("--context", f.context, "override the preset's context length")->check(positive());
+  app.add_option("--layers", f.layers, "override the preset's number of layers (blocks, one unit each)")
+      ->check(positive());
+  app.add_option("--heads", f.heads, "override the preset's number of heads")->check(positive());
+  app.add_option("--width", f.width, "override the preset's width")->check(positive());
+  app.add_option("--batch", f.batch, "sequences per rank per step (default: the preset's)")->check(positive());
+  app.add_option("--kv-heads", f.kv_heads,
+                 "--model llama: key-value heads, dividing --heads (default: the preset's, or --heads when that is given)")
+      ->check(positive());
+}
+
+// Refuses a model kind the tools do not know, and --kv-heads without a Llama.
+inline void check_model_flags(const ModelFlags& f) {
+  TORCH_CHECK(f.model == "gpt" || f.model == "llama", "--model must be gpt or llama, got '", f.model, "'");
+  TORCH_CHECK(f.model == "llama" || !f.kv_heads, "--kv-heads needs --model llama (the GPT's heads each have their own)");
+}
+
+// The preset's GPT with the shape's overrides.
+inline fsdp::models::GPTConfig gpt_config(const ModelFlags& f) {
+  auto c = fsdp::models::GPTConfig::preset(f.preset);
+  if (f.vocab) c.vocab = *f.vocab;
+  if (f.context) c.context = *f.context;
+  if (f.layers) c.layers = *f.layers;
+  if (f.heads) c.heads = *f.heads;
+  if (f.width) c.width = *f.width;
+  if (f.batch) c.batch = *f.batch;
+  c.validate();
+  return c;
+}
+
+// --model llama: the Llama preset with `shape`'s dimensions (gpt_config's,
+// or with a tokenizer's vocabulary), --kv-heads, and the SwiGLU width of an
+// overridden width.
+inline fsdp::models::LlamaConfig llama_config(const ModelFlags& f, const fsdp::models::GPTConfig& shape) {
+  auto c = fsdp::models::LlamaConfig::preset(f.preset);
+  c.vocab = shape.vocab, c.context = shape.context, c.layers = shape.layers, c.heads = shape.heads;
+  c.width = shape.width, c.batch = shape.batch;
+  if (f.heads) c.kv_heads = c.heads;  // plain multi-head attention unless --kv-heads says otherwise
+  if (f.kv_heads) c.kv_heads = *f.kv_heads;
+  if (f.width) c.hidden = fsdp::models::LlamaConfig::default_hidden(c.width);
+  c.validate();
+  return c;
+}
+
+// ZeRO++'s quantized and hierarchical collectives (fsdp::ZeroPlusPlus), as given.
+struct ZeroPlusPlusFlags {
+  std::string gather_quantization = "none";    // qwZ
+  bool secondary_partition = false;           // hpZ
+  std::string gradient_quantization = "none";  // qgZ
+  int64_t quantization_block = fsdp::ZeroPlusPlus().quantization_block();
+
+  // The options, each value refused by its flag's name; where each applies
+  // is the library's to refuse, with its reason (fully_shard, on every rank alike).
+  fsdp::ZeroPlusPlus zero_plus_plus() const {
+    TORCH_CHECK(quantization_block > 0, "--quantization-block must be positive, got ", quantization_block);
+    auto quantization = [](const std::string& flag, const std::string& value) {
+      try {
+        return fsdp::parse_quantization(value);
+      } catch (const c10::Error& e) {
+        TORCH_CHECK(false, flag, ": ", fsdp::error_message(e));
+      }
+    };
+    return fsdp::ZeroPlusPlus()
+        .gather_quantization(quantization("--gather-quantization", gather_quantization))
+        .secondary_partition(secondary_partition)
+        .gradient_quantization(quantization("--gradient-quantization", gradient_quantization))
+        .quantization_block(quantization_block);
+  }
+};
+
+inline void add_zero_plus_plus_flags(CLI::App& app, ZeroPlusPlusFlags& f) {
+  app.add_option("--gather-quantization", f.gather_quantization,
+                 "none, or int8: all-gather parameters as int8 blocks with a scale each, dequantized on arrival "
+                 "(ZeRO++'s qwZ; sharded strategies)")
+      ->capture_default_str();
+  app.add_flag("--secondary-partition", f.secondary_partition,
+               "keep each host's slice of a unit's parameters from forward to backward, so that backward's "
+               "all-gather stays inside the host (ZeRO++'s hpZ; full_shard)");
+  app.add_option("--gradient-quantization", f.gradient_quantization,
+                 "none, or int8: reduce gradients inside the host, then exchange int8 blocks across hosts and sum "
+                 "them in fp32 (ZeRO++'s qgZ; full_shard and shard_grad_op)")
+      ->capture_default_str();
+  app.add_option("--quantization-block", f.quantization_block,
+                 "elements per int8 block (each with its own fp32 scale) of --gather-quantization and "
+                 "--gradient-quantization")
+      ->capture_default_str();
+}
+
+}  // namespace fsdp_tools

@@ -222,3 +222,39 @@ TEST(Planner, RunPlanAddsTheModelsActivationsAndTheRunAhead) {
   EXPECT_EQ(fsdp::plan_run(gpt, false, plain, settings).peak.gathered - base.peak.gathered, padded_block * fp32);
   EXPECT_THROW(fsdp::plan_run(gpt, true, plain, settings), c10::Error);  // no sublayer units described
 }
+
+// The step-time model: with collectives measured for the plan's world and
+// hosts, each kind's bytes over its rate, less the measured overlap; for
+// another world, ring collectives over the links, hidden behind compute but
+// the first unit's gather.
+TEST(Planner, StepTimeFromMeasuredCollectivesOrRings) {
+  fsdp::ModelDescription gpt;
+  gpt.shape = fsdp::TransformerShape{64, 16, 2, 2, 8, 2};
+  gpt.layer_units = gpt.shape.unit_numels();
+  fsdp::RunSettings settings;
+  settings.world = kWorld;
+  settings.ranks_per_node = kHostRanks;
+  const fsdp::RunPlan plan = fsdp::plan_run(gpt, false, fsdp::FullyShardOptions(), settings);
+  fsdp::ClusterDescription cluster;
+  cluster.flops = 1e12;
+  cluster.intra_bandwidth = cluster.inter_bandwidth = 1e6;
+  fsdp::ClusterDescription::MeasuredCollectives rates;
+  rates.world = kWorld;
+  rates.ranks_per_node = kHostRanks;
+  rates.all_gather_world = rates.all_gather_world_int8 = rates.reduce_scatter_world = rates.all_gather_host =
+      rates.reduce_scatter_host = rates.all_reduce_cross_host = rates.all_to_all_cross_host = 1e6;
+  rates.overlap = 0.5;
+  cluster.collectives = rates;
+  // full_shard over 2 hosts: every byte crosses hosts, at 1e6 B/s.
+  const double comm = static_cast<double>(plan.comm.total()) / 1e6, compute = comm * 2;
+  const fsdp::StepTime measured = fsdp::estimate_step_time(plan, cluster, compute);
+  EXPECT_DOUBLE_EQ(measured.comm, comm);
+  EXPECT_DOUBLE_EQ(measured.step, compute + comm - 0.5 * comm);
+  EXPECT_DOUBLE_EQ(measured.efficiency, compute / measured.step);
+  settings.world = 2;  // not what was measured: the ring model, whose communication hides behind compute
+  const fsdp::RunPlan two = fsdp::plan_run(gpt, false, fsdp::FullyShardOptions(), settings);
+  const fsdp::StepTime ring = fsdp::estimate_step_time(two, cluster, 1e3);
+  EXPECT_GT(ring.comm, 0);
+  EXPECT_GT(ring.step, 1e3);  // the first unit's gather is not hidden
+  EXPECT_LT(ring.step, 1e3 + ring.comm);
+}

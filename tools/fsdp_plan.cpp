@@ -48,23 +48,15 @@ std::string gib(double bytes) {
   return s.str();
 }
 
-// A cluster: devices per node, each device's FLOP/s, and per-link bandwidth
-// (bytes/s) and latency (s) inside a node and across nodes.
-struct Cluster {
-  double flops = 0, intra_bandwidth = 0, intra_latency = 0, inter_bandwidth = 0, inter_latency = 0;
+// A cluster: the step-time model's description (fsdp::ClusterDescription:
+// each device's FLOP/s, per-link bandwidth and latency inside a node and
+// across nodes, the collectives measured), and what else calibrate measures.
+struct Cluster : fsdp::ClusterDescription {
   // fsdp-plan calibrate --offload-dir: the host's disk, all its ranks at once (bytes/s; 0: not measured).
   double disk_read_bandwidth = 0, disk_write_bandwidth = 0;
   // fsdp-plan calibrate --preset: one forward and backward of that preset's model, all ranks at once.
   std::string model_step_preset;
   double model_step_s = 0;
-  // fsdp-plan calibrate --preset --ranks-per-node: the step's collectives, measured (counted bytes per second).
-  struct Collectives {
-    int world = 0, ranks_per_node = 0;
-    double all_gather_world = 0, all_gather_world_int8 = 0, reduce_scatter_world = 0, all_gather_host = 0,
-           reduce_scatter_host = 0, all_reduce_cross_host = 0, all_to_all_cross_host = 0;
-    double overlap = 0;  // the share of the shorter of compute and communication that hides behind the other
-  };
-  std::optional<Collectives> collectives;
   void load_measured(const nlohmann::json& j) {
     if (j.contains("model_step")) {
       model_step_preset = j["model_step"].at("preset").get<std::string>();
@@ -73,7 +65,7 @@ struct Cluster {
     if (!j.contains("collectives")) return;
     const auto& c = j["collectives"];
     const auto& r = c.at("bytes_per_s");
-    collectives = Collectives{c.at("world").get<int>(), c.at("ranks_per_node").get<int>(),
+    collectives = MeasuredCollectives{c.at("world").get<int>(), c.at("ranks_per_node").get<int>(),
                               r.at("all_gather_world").get<double>(), r.at("all_gather_world_int8").get<double>(),
                               r.at("reduce_scatter_world").get<double>(), r.at("all_gather_host").get<double>(),
                               r.at("reduce_scatter_host").get<double>(), r.at("all_reduce_cross_host").get<double>(),
@@ -86,9 +78,12 @@ struct Cluster {
     nlohmann::json j;
     try {
       in >> j;
-      Cluster c{j.at("flops").get<double>(), j.at("intra_node_bandwidth").get<double>(),
-                j.at("intra_node_latency").get<double>(), j.at("inter_node_bandwidth").get<double>(),
-                j.at("inter_node_latency").get<double>()};
+      Cluster c;
+      c.flops = j.at("flops").get<double>();
+      c.intra_bandwidth = j.at("intra_node_bandwidth").get<double>();
+      c.intra_latency = j.at("intra_node_latency").get<double>();
+      c.inter_bandwidth = j.at("inter_node_bandwidth").get<double>();
+      c.inter_latency = j.at("inter_node_latency").get<double>();
       TORCH_CHECK(c.flops > 0 && c.intra_bandwidth > 0 && c.inter_bandwidth > 0, "values must be positive");
       c.disk_read_bandwidth = j.value("disk_read_bandwidth", 0.0);
       c.disk_write_bandwidth = j.value("disk_write_bandwidth", 0.0);
@@ -101,17 +96,10 @@ struct Cluster {
   }
 };
 
-// Ring collectives over k ranks: an all-gather or reduce-scatter of a full
-// buffer of `bytes` moves (k-1)/k of it over each link, in k-1 steps; an
-// all-reduce twice that.
-double ring_seconds(double bytes, int k, double bandwidth, double latency, double passes) {
-  if (k <= 1) return 0.0;
-  return passes * ((k - 1.0) / k * bytes / bandwidth + (k - 1) * latency);
-}
-
 // One strategy's figures, per rank.
 struct Plan {
   fsdp::ShardingStrategy strategy;
+  fsdp::RunPlan run;  // the run's plan the figures below come from
   fsdp::StepPeak peak;
   fsdp::CommBytes comm;
   int64_t host = 0;  // with --offload cpu: the model state, in host memory
@@ -137,77 +125,6 @@ nlohmann::json nvme_json(const Plan& plan, const std::optional<double>& io_s) {
           {"read_bytes_per_step", n.read_per_step},
           {"written_bytes_per_step", n.written_per_step},
           {"io_s_per_step", io_s ? nlohmann::json(*io_s) : nlohmann::json(nullptr)}};
-}
-
-// Step time on a cluster: compute, and communication overlapped with it
-// except the first unit's gather.
-struct StepTime {
-  double comm = 0, step = 0, efficiency = 0;
-};
-
-// With the step's collectives measured on these hosts (fsdp-plan calibrate
-// --preset --ranks-per-node, the same world and hosts): each collective's
-// counted bytes over its measured rate, summed (one communication thread
-// runs them in turn), and the step is compute plus communication less the
-// measured overlap of the shorter one (of the communication, what the
-// engine issues ahead or leaves in flight: not the hybrids' all-reduce,
-// waited for where it is issued). The measured rates carry what the
-// counters leave out: OpenMPI's algorithms (4 ranks on 2 hosts: recursive
-// doubling for the all-gather, which sends the whole buffer across each way
-// where a ring sends 3/4 of it; MPI_Reduce_scatter_block as a reduce to
-// rank 0 and a scatter, which sends the whole buffer across twice into rank
-// 0's host), both ranks of a host sharing its link, and TCP under the cap.
-std::optional<StepTime> measured_step_time(const Plan& plan, const Cluster& c, double compute,
-                                           const fsdp::ZeroPlusPlus& z, int world, int nodes) {
-  if (!c.collectives || c.collectives->world != world || c.collectives->ranks_per_node != world / nodes || nodes < 2 ||
-      fsdp::keeps_params_unsharded(plan.strategy)) {
-    return std::nullopt;
-  }
-  const Cluster::Collectives& r = *c.collectives;
-  const fsdp::CommBytes& b = plan.comm;
-  StepTime t;
-  double blocking = 0;  // communication the engine waits on in place: nothing hides it
-  if (fsdp::is_hybrid(plan.strategy)) {
-    // The shard's all-reduce across hosts runs when a unit's reduction is
-    // finished, and backward waits for it there (FlatParam's finish).
-    blocking = b.all_reduce / r.all_reduce_cross_host;
-    t.comm = b.all_gather / r.all_gather_host + b.reduce_scatter / r.reduce_scatter_host + blocking;
-  } else {
-    const bool qgz = z.gradient_quantization() != fsdp::Quantization::kNone;
-    const double rs_world = qgz ? 0.0 : static_cast<double>(b.reduce_scatter);
-    const double rs_host = qgz ? static_cast<double>(b.reduce_scatter) : 0.0;
-    const double gather_world = static_cast<double>(b.cross_host - b.all_to_all) - rs_world;
-    const double gather_host = static_cast<double>(b.all_gather) - gather_world;
-    const double world_rate =
-        z.gather_quantization() != fsdp::Quantization::kNone ? r.all_gather_world_int8 : r.all_gather_world;
-    t.comm = gather_world / world_rate + gather_host / r.all_gather_host + rs_world / r.reduce_scatter_world +
-             rs_host / r.reduce_scatter_host + b.all_to_all / r.all_to_all_cross_host;
-  }
-  t.step = compute + t.comm - r.overlap * std::min(compute, t.comm - blocking);
-  t.efficiency = compute / t.step;
-  return t;
-}
-
-StepTime step_time(const Plan& plan, const Cluster& c, double compute, int world, int nodes, int64_t n_units) {
-  const int per_node = world / nodes;
-  const int64_t K = fsdp::shard_group_size(plan.strategy, world, per_node);
-  const bool across_nodes = K > per_node || (!fsdp::is_hybrid(plan.strategy) && nodes > 1);
-  const double bw = across_nodes ? c.inter_bandwidth : c.intra_bandwidth;
-  const double lat = across_nodes ? c.inter_latency : c.intra_latency;
-  StepTime t;
-  t.comm = ring_seconds(plan.comm.all_gather, K, bw, lat / n_units, 1.0) +
-           ring_seconds(plan.comm.reduce_scatter, K, bw, lat / n_units, 1.0);
-  if (plan.strategy == fsdp::ShardingStrategy::kNoShard || plan.strategy == fsdp::ShardingStrategy::kZero1) {
-    t.comm += ring_seconds(plan.comm.all_reduce, world, nodes > 1 ? c.inter_bandwidth : c.intra_bandwidth,
-                           nodes > 1 ? c.inter_latency : c.intra_latency, 2.0);
-  } else if (plan.comm.all_reduce > 0) {
-    t.comm += ring_seconds(plan.comm.all_reduce, nodes, c.inter_bandwidth, c.inter_latency, 2.0);
-  }
-  const double first_gather =
-      ring_seconds(static_cast<double>(plan.comm.all_gather) / std::max<int64_t>(1, n_units), K, bw, lat, 1.0);
-  t.step = std::max(compute, t.comm) + (plan.comm.all_gather > 0 ? first_gather : 0.0);
-  t.efficiency = compute / t.step;
-  return t;
 }
 
 nlohmann::json comm_json(const fsdp::CommBytes& comm) {
@@ -645,10 +562,7 @@ struct Report {
     if (!plan.nvme || !disk_measured) return std::nullopt;
     return plan.nvme->io_seconds(cluster->disk_read_bandwidth / per_node, cluster->disk_write_bandwidth / per_node);
   }
-  StepTime time_of(const Plan& plan) const {
-    if (auto t = measured_step_time(plan, *cluster, compute, in.zero_plus_plus(), in.world, in.nodes)) return *t;
-    return step_time(plan, *cluster, compute, in.world, in.nodes, static_cast<int64_t>(model.units.size()));
-  }
+  fsdp::StepTime time_of(const Plan& plan) const { return fsdp::estimate_step_time(plan.run, *cluster, compute); }
 };
 
 // With ZeRO++'s options, "all" means the strategies that accept them; one
@@ -711,7 +625,7 @@ fsdp::RunSettings plan_settings(const Report& r) {
 Plan plan_strategy(const Report& r, fsdp::ShardingStrategy s) {
   const bool sublayer = r.in.wrap == "sublayer";
   const fsdp::RunPlan run = fsdp::plan_run(r.model.description, sublayer, plan_options(r, s, true), plan_settings(r));
-  Plan plan{s, run.peak, run.comm};
+  Plan plan{s, run, run.peak, run.comm};
   // What the options add to the memory, against the same strategy without them.
   const fsdp::RunPlan plain = fsdp::plan_run(r.model.description, sublayer, plan_options(r, s, false), plan_settings(r));
   plan.quantized_gather_buffers = plan.peak.gathered - plain.peak.gathered;
@@ -800,7 +714,7 @@ nlohmann::json cluster_json(const Report& r) {
   if (!r.cluster) return nullptr;
   nlohmann::json times = nlohmann::json::array();
   for (const auto& plan : r.plans) {
-    const StepTime t = r.time_of(plan);
+    const fsdp::StepTime t = r.time_of(plan);
     times.push_back({{"strategy", fsdp::strategy_name(plan.strategy)},
                      {"comm_s", t.comm},
                      {"step_s", t.step},
@@ -923,7 +837,7 @@ void print_cluster_times(const Report& r) {
   std::cout << "step time per rank on the cluster (compute " << std::setprecision(3) << r.compute
             << " s; communication overlapped with it, except the first unit's gather):\n";
   for (const auto& plan : r.plans) {
-    const StepTime t = r.time_of(plan);
+    const fsdp::StepTime t = r.time_of(plan);
     std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << " comm "
               << std::setprecision(3) << t.comm << " s, step " << t.step << " s, scaling efficiency "
               << std::setprecision(0) << std::fixed << 100.0 * t.efficiency << "%\n"

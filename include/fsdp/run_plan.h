@@ -57,6 +57,8 @@ struct RunSettings {
 /// A run's plan, per rank (plan_run).
 struct RunPlan {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;  ///< the options' strategy
+  ZeroPlusPlus zero_plus_plus;  ///< the options' ZeRO++ collectives
+  int world = 1;                ///< ranks in all
   std::vector<int64_t> unit_numels;  ///< the units planned, the root first
   int ranks_per_node = 1;  ///< ranks a host, as planned (the world on one host)
   int shard_group = 1;     ///< the shard group's size (shard_group_size)
@@ -80,5 +82,49 @@ struct RunPlan {
 /// (check_zero_plus_plus_plan, a hybrid's node size).
 RunPlan plan_run(const ModelDescription& model, bool sublayer, const FullyShardOptions& options,
                  const RunSettings& settings);
+
+/// A cluster, for the step-time model (estimate_step_time): what `fsdp-plan
+/// --cluster` reads, and `fsdp-plan calibrate` measures.
+struct ClusterDescription {
+  double flops = 0;  ///< one device's FLOP/s
+  /// A link's bandwidth (bytes/s) and latency (s), inside a node and across nodes.
+  ///@{
+  double intra_bandwidth = 0, intra_latency = 0, inter_bandwidth = 0, inter_latency = 0;
+  ///@}
+  /// The step's collectives as measured on these hosts (counted bytes per
+  /// second of each kind), and how much of the shorter of compute and
+  /// communication hid behind the other.
+  struct MeasuredCollectives {
+    int world = 0;           ///< the ranks they were measured on
+    int ranks_per_node = 0;  ///< of which a host held this many
+    /// Counted bytes per second: over the world, inside a host, across hosts.
+    ///@{
+    double all_gather_world = 0, all_gather_world_int8 = 0, reduce_scatter_world = 0, all_gather_host = 0,
+           reduce_scatter_host = 0, all_reduce_cross_host = 0, all_to_all_cross_host = 0;
+    ///@}
+    double overlap = 0;  ///< 0 to 1: the share of the shorter of compute and communication hidden behind the other
+  };
+  std::optional<MeasuredCollectives> collectives;  ///< measured rates, when calibrated for the hosts
+};
+
+/// A step's time on a cluster (estimate_step_time), in seconds.
+struct StepTime {
+  double comm = 0;        ///< the step's communication
+  double step = 0;        ///< the whole step
+  double efficiency = 0;  ///< compute / step: 0 to 1
+};
+
+/// The step time of `plan` on `cluster`, whose step computes for
+/// `compute_seconds`. With collectives measured for the plan's world and
+/// hosts (two hosts or more, a sharded strategy): each collective's bytes
+/// over its measured rate, summed (one communication thread runs them in
+/// turn), and the step is compute plus communication less the measured
+/// overlap of the shorter one (the hybrids' all-reduce across hosts, waited
+/// for where it is issued, hides behind nothing). Otherwise ring collectives
+/// over the links (an all-gather or reduce-scatter of a full buffer of B
+/// bytes over k ranks moves (k - 1) / k B over each link in k - 1 steps, an
+/// all-reduce twice that), overlapped with compute except the first unit's
+/// gather.
+StepTime estimate_step_time(const RunPlan& plan, const ClusterDescription& cluster, double compute_seconds);
 
 }  // namespace fsdp

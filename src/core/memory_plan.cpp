@@ -57,8 +57,8 @@ namespace {
 // The hosts a plan spans: world / ranks_per_node, one host for 0.
 int64_t host_count(int world, int ranks_per_node) {
   if (ranks_per_node <= 0) return 1;
-  TORCH_CHECK(world % ranks_per_node == 0, "ranks_per_node must divide the world size: ", world, " ranks cannot form ",
-              "hosts of ", ranks_per_node);
+  TORCH_CHECK(world % ranks_per_node == 0, world, " ranks cannot form hosts of ", ranks_per_node,
+              " ranks (ranks_per_node must divide the world size)");
   return world / ranks_per_node;
 }
 

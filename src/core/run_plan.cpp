@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 namespace fsdp {
 
@@ -23,6 +24,8 @@ RunPlan plan_run(const ModelDescription& model, bool sublayer, const FullyShardO
   TORCH_CHECK(!model.units(sublayer).empty(), "plan_run: the model describes no ", sublayer ? "sublayer" : "layer",
               " units");
   plan.strategy = strategy;
+  plan.zero_plus_plus = options.zero_plus_plus();
+  plan.world = world;
   plan.unit_numels = model.units(sublayer);
   plan.ranks_per_node = settings.ranks_per_node > 0 ? settings.ranks_per_node : world;
   plan.shard_group = shard_group_size(strategy, world, plan.ranks_per_node);
@@ -52,6 +55,86 @@ RunPlan plan_run(const ModelDescription& model, bool sublayer, const FullyShardO
     plan.staging = estimate_checkpoint_staging(units, strategy, world, plan.shard_group, settings.full_checkpoint);
   }
   return plan;
+}
+
+namespace {
+
+// Ring collectives over k ranks: an all-gather or reduce-scatter of a full
+// buffer of `bytes` moves (k-1)/k of it over each link, in k-1 steps; an
+// all-reduce twice that.
+double ring_seconds(double bytes, int64_t k, double bandwidth, double latency, double passes) {
+  if (k <= 1) return 0.0;
+  return passes * ((k - 1.0) / k * bytes / bandwidth + (k - 1) * latency);
+}
+
+// With the step's collectives measured on these hosts (fsdp-plan calibrate
+// --preset --ranks-per-node, the same world and hosts). The measured rates
+// carry what the counters leave out: OpenMPI's algorithms (4 ranks on 2
+// hosts: recursive doubling for the all-gather, which sends the whole buffer
+// across each way where a ring sends 3/4 of it; MPI_Reduce_scatter_block as
+// a reduce to rank 0 and a scatter, which sends the whole buffer across
+// twice into rank 0's host), both ranks of a host sharing its link, and TCP
+// under the cap.
+std::optional<StepTime> measured_step_time(const RunPlan& plan, const ClusterDescription& c, double compute) {
+  const int nodes = plan.world / plan.ranks_per_node;
+  if (!c.collectives || c.collectives->world != plan.world || c.collectives->ranks_per_node != plan.ranks_per_node ||
+      nodes < 2 || keeps_params_unsharded(plan.strategy)) {
+    return std::nullopt;
+  }
+  const ClusterDescription::MeasuredCollectives& r = *c.collectives;
+  const CommBytes& b = plan.comm;
+  const ZeroPlusPlus& z = plan.zero_plus_plus;
+  StepTime t;
+  double blocking = 0;  // communication the engine waits on in place: nothing hides it
+  if (is_hybrid(plan.strategy)) {
+    // The shard's all-reduce across hosts runs when a unit's reduction is
+    // finished, and backward waits for it there (FlatParam's finish).
+    blocking = b.all_reduce / r.all_reduce_cross_host;
+    t.comm = b.all_gather / r.all_gather_host + b.reduce_scatter / r.reduce_scatter_host + blocking;
+  } else {
+    const bool qgz = z.gradient_quantization() != Quantization::kNone;
+    const double rs_world = qgz ? 0.0 : static_cast<double>(b.reduce_scatter);
+    const double rs_host = qgz ? static_cast<double>(b.reduce_scatter) : 0.0;
+    const double gather_world = static_cast<double>(b.cross_host - b.all_to_all) - rs_world;
+    const double gather_host = static_cast<double>(b.all_gather) - gather_world;
+    const double world_rate = z.gather_quantization() != Quantization::kNone ? r.all_gather_world_int8 : r.all_gather_world;
+    t.comm = gather_world / world_rate + gather_host / r.all_gather_host + rs_world / r.reduce_scatter_world +
+             rs_host / r.reduce_scatter_host + b.all_to_all / r.all_to_all_cross_host;
+  }
+  t.step = compute + t.comm - r.overlap * std::min(compute, t.comm - blocking);
+  t.efficiency = compute / t.step;
+  return t;
+}
+
+// Ring collectives over the links, overlapped with compute but the first unit's gather.
+StepTime ring_step_time(const RunPlan& plan, const ClusterDescription& c, double compute) {
+  const int world = plan.world, per_node = plan.ranks_per_node, nodes = world / per_node;
+  const int64_t n_units = static_cast<int64_t>(plan.unit_numels.size());
+  const int64_t K = shard_group_size(plan.strategy, world, per_node);
+  const bool across_nodes = K > per_node || (!is_hybrid(plan.strategy) && nodes > 1);
+  const double bw = across_nodes ? c.inter_bandwidth : c.intra_bandwidth;
+  const double lat = across_nodes ? c.inter_latency : c.intra_latency;
+  StepTime t;
+  t.comm = ring_seconds(plan.comm.all_gather, K, bw, lat / n_units, 1.0) +
+           ring_seconds(plan.comm.reduce_scatter, K, bw, lat / n_units, 1.0);
+  if (plan.strategy == ShardingStrategy::kNoShard || plan.strategy == ShardingStrategy::kZero1) {
+    t.comm += ring_seconds(plan.comm.all_reduce, world, nodes > 1 ? c.inter_bandwidth : c.intra_bandwidth,
+                           nodes > 1 ? c.inter_latency : c.intra_latency, 2.0);
+  } else if (plan.comm.all_reduce > 0) {
+    t.comm += ring_seconds(plan.comm.all_reduce, nodes, c.inter_bandwidth, c.inter_latency, 2.0);
+  }
+  const double first_gather =
+      ring_seconds(static_cast<double>(plan.comm.all_gather) / std::max<int64_t>(1, n_units), K, bw, lat, 1.0);
+  t.step = std::max(compute, t.comm) + (plan.comm.all_gather > 0 ? first_gather : 0.0);
+  t.efficiency = compute / t.step;
+  return t;
+}
+
+}  // namespace
+
+StepTime estimate_step_time(const RunPlan& plan, const ClusterDescription& cluster, double compute_seconds) {
+  if (auto measured = measured_step_time(plan, cluster, compute_seconds)) return *measured;
+  return ring_step_time(plan, cluster, compute_seconds);
 }
 
 }  // namespace fsdp

@@ -8,8 +8,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "fsdp/checkpoint.h"
 #include "fsdp/wrap_policy.h"
@@ -54,8 +56,20 @@ T field(const json& config, const std::string& path, const char* name, std::opti
     TORCH_CHECK(fallback, "'", path, "' has no \"", name, "\"");
     return *fallback;
   }
+  const json& value = config.at(name);
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    // nlohmann converts a float (2.2e92) or a too-large unsigned to an integer
+    // unchecked: a count must be written as a whole number that fits.
+    TORCH_CHECK(value.is_number_integer() &&
+                    (!value.is_number_unsigned() ||
+                     value.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())) &&
+                    (value.is_number_unsigned() || (value.get<int64_t>() >= std::numeric_limits<T>::min() &&
+                                                    value.get<int64_t>() <= std::numeric_limits<T>::max())),
+                "'", path, "': \"", name, "\" is ", value.dump(), ", expected a whole number that fits in ",
+                8 * sizeof(T), " bits");
+  }
   try {
-    return config.at(name).get<T>();
+    return value.get<T>();
   } catch (const std::exception&) {
     TORCH_CHECK(false, "'", path, "': \"", name, "\" is ", config.at(name).dump(), ", of the wrong type");
     throw;

@@ -96,18 +96,13 @@ struct Cluster : fsdp::ClusterDescription {
   }
 };
 
-// One strategy's figures, per rank.
+// One strategy's figures, per rank: its run's plan (with --offload nvme its
+// nvme, and the host's peak with it, step_peak), and what fsdp-plan adds.
 struct Plan {
-  fsdp::ShardingStrategy strategy;
-  fsdp::RunPlan run;  // the run's plan the figures below come from
-  fsdp::StepPeak peak;
-  fsdp::CommBytes comm;
+  fsdp::RunPlan run;
   int64_t host = 0;  // with --offload cpu: the model state, in host memory
-  int64_t device() const { return peak.total() - host; }
-  // With --offload nvme: what goes to disk, and the host's peak with it.
-  std::optional<fsdp::NvmeOffloadPlan> nvme;
-  int64_t nvme_peak = 0;
-  // ZeRO++: qwZ's packed buffers of a gather in flight (in peak.gathered).
+  int64_t device() const { return run.peak.total() - host; }
+  // ZeRO++: qwZ's packed buffers of a gather in flight (in run.peak.gathered).
   int64_t quantized_gather_buffers = 0;
   // --ckpt-async: a save's staging copy, beside the steps until written.
   std::optional<fsdp::CheckpointStaging> staging;
@@ -116,9 +111,9 @@ struct Plan {
 };
 
 nlohmann::json nvme_json(const Plan& plan, const std::optional<double>& io_s) {
-  if (!plan.nvme) return nullptr;
-  const fsdp::NvmeOffloadPlan& n = *plan.nvme;
-  return {{"ram_peak_bytes", plan.nvme_peak},
+  if (!plan.run.nvme) return nullptr;
+  const fsdp::NvmeOffloadPlan& n = *plan.run.nvme;
+  return {{"ram_peak_bytes", plan.run.step_peak},
           {"resident_model_state_bytes", n.resident.total()},
           {"offloaded_bytes", n.offloaded},
           {"file_bytes", n.file_bytes},
@@ -134,25 +129,25 @@ nlohmann::json comm_json(const fsdp::CommBytes& comm) {
           {"total", comm.total()}};
 }
 
-nlohmann::json plan_json(const Plan& plan, int world, int per_node) {
-  const auto& st = plan.peak.state;
-  return {{"strategy", fsdp::strategy_name(plan.strategy)},
-          {"shard_group_size", fsdp::shard_group_size(plan.strategy, world, per_node)},
+nlohmann::json plan_json(const Plan& plan) {
+  const auto& st = plan.run.peak.state;
+  return {{"strategy", fsdp::strategy_name(plan.run.strategy)},
+          {"shard_group_size", plan.run.shard_group},
           {"params_bytes", st.params},
           {"grads_bytes", st.grads},
           {"optimizer_bytes", st.optimizer},
           {"model_state_bytes", st.total()},
           {"needed_bytes", st.total_with_gathered()},
-          {"gathered_bytes", plan.peak.gathered},
-          {"activations_bytes", plan.peak.activations},
-          {"backward_transient_bytes", plan.peak.backward_transient},
-          {"secondary_partition_bytes", plan.peak.secondary_partition},
+          {"gathered_bytes", plan.run.peak.gathered},
+          {"activations_bytes", plan.run.peak.activations},
+          {"backward_transient_bytes", plan.run.peak.backward_transient},
+          {"secondary_partition_bytes", plan.run.peak.secondary_partition},
           {"quantized_gather_buffer_bytes", plan.quantized_gather_buffers},
-          {"step_peak_bytes", plan.peak.total()},
+          {"step_peak_bytes", plan.run.peak.total()},
           {"device_total_bytes", plan.device()},
           {"host_bytes", plan.host},
           {"preflight_bytes", plan.preflight},
-          {"comm_bytes", comm_json(plan.comm)},
+          {"comm_bytes", comm_json(plan.run.comm)},
           {"checkpoint_staging", plan.staging ? nlohmann::json({{"rank0_bytes", plan.staging->rank0},
                                                                  {"per_rank_bytes", plan.staging->per_rank}})
                                               : nlohmann::json(nullptr)}};
@@ -559,8 +554,8 @@ struct Report {
   bool disk_measured = false;
   // The host's bandwidth, shared by its ranks, all of which swap at once.
   std::optional<double> io_seconds(const Plan& plan) const {
-    if (!plan.nvme || !disk_measured) return std::nullopt;
-    return plan.nvme->io_seconds(cluster->disk_read_bandwidth / per_node, cluster->disk_write_bandwidth / per_node);
+    if (!plan.run.nvme || !disk_measured) return std::nullopt;
+    return plan.run.nvme->io_seconds(cluster->disk_read_bandwidth / per_node, cluster->disk_write_bandwidth / per_node);
   }
   fsdp::StepTime time_of(const Plan& plan) const { return fsdp::estimate_step_time(plan.run, *cluster, compute); }
 };
@@ -625,16 +620,12 @@ fsdp::RunSettings plan_settings(const Report& r) {
 Plan plan_strategy(const Report& r, fsdp::ShardingStrategy s) {
   const bool sublayer = r.in.wrap == "sublayer";
   const fsdp::RunPlan run = fsdp::plan_run(r.model.description, sublayer, plan_options(r, s, true), plan_settings(r));
-  Plan plan{s, run, run.peak, run.comm};
+  Plan plan{run};
   // What the options add to the memory, against the same strategy without them.
   const fsdp::RunPlan plain = fsdp::plan_run(r.model.description, sublayer, plan_options(r, s, false), plan_settings(r));
-  plan.quantized_gather_buffers = plan.peak.gathered - plain.peak.gathered;
+  plan.quantized_gather_buffers = plan.run.peak.gathered - plain.peak.gathered;
   // Offload keeps fp32 masters, gradient shards and optimizer state in host memory (ZeRO-Offload's split).
-  if (r.in.offload == "cpu") plan.host = plan.peak.state.total();
-  if (run.nvme) {
-    plan.nvme = run.nvme;
-    plan.nvme_peak = run.step_peak;
-  }
+  if (r.in.offload == "cpu") plan.host = plan.run.peak.state.total();
   if (r.in.ckpt_async != "none") plan.staging = run.staging;
   plan.preflight = fsdp::host_memory_needed(run, r.in.sharded_init);
   return plan;
@@ -715,7 +706,7 @@ nlohmann::json cluster_json(const Report& r) {
   nlohmann::json times = nlohmann::json::array();
   for (const auto& plan : r.plans) {
     const fsdp::StepTime t = r.time_of(plan);
-    times.push_back({{"strategy", fsdp::strategy_name(plan.strategy)},
+    times.push_back({{"strategy", fsdp::strategy_name(plan.run.strategy)},
                      {"comm_s", t.comm},
                      {"step_s", t.step},
                      {"scaling_efficiency", t.efficiency}});
@@ -737,7 +728,7 @@ void print_json(const Report& r) {
                   {"largest_unit_numel", r.model.largest_unit}};
   out["strategies"] = nlohmann::json::array();
   for (const auto& plan : r.plans) {
-    out["strategies"].push_back(plan_json(plan, r.in.world, r.per_node));
+    out["strategies"].push_back(plan_json(plan));
     out["strategies"].back()["nvme"] = nvme_json(plan, r.io_seconds(plan));
   }
   out["recommendation"] = r.recommendation ? recommendation_json(*r.recommendation) : nlohmann::json(nullptr);
@@ -774,12 +765,12 @@ void print_strategy_table(const Report& r) {
   for (int i = 1; i < 10; ++i) std::cout << std::right << std::setw(i >= 5 ? 15 : 12) << columns[i];
   std::cout << "\n";
   for (const auto& plan : r.plans) {
-    const auto& st = plan.peak.state;
-    std::cout << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << std::right << std::setw(12)
+    const auto& st = plan.run.peak.state;
+    std::cout << std::left << std::setw(20) << fsdp::strategy_name(plan.run.strategy) << std::right << std::setw(12)
               << gib(st.params) << std::setw(12) << gib(st.grads) << std::setw(12) << gib(st.optimizer)
-              << std::setw(12) << gib(plan.peak.gathered) << std::setw(15) << gib(plan.peak.activations)
-              << std::setw(15) << gib(plan.peak.backward_transient) << std::setw(15) << gib(plan.device())
-              << std::setw(15) << gib(plan.host) << std::setw(15) << gib(plan.comm.total()) << "\n";
+              << std::setw(12) << gib(plan.run.peak.gathered) << std::setw(15) << gib(plan.run.peak.activations)
+              << std::setw(15) << gib(plan.run.peak.backward_transient) << std::setw(15) << gib(plan.device())
+              << std::setw(15) << gib(plan.host) << std::setw(15) << gib(plan.run.comm.total()) << "\n";
   }
 }
 
@@ -795,12 +786,12 @@ void print_nvme_table(const Report& r) {
   for (int i = 1; i < 8; ++i) std::cout << std::right << std::setw(15) << columns[i];
   std::cout << "\n";
   for (const auto& plan : r.plans) {
-    const fsdp::NvmeOffloadPlan& n = *plan.nvme;
+    const fsdp::NvmeOffloadPlan& n = *plan.run.nvme;
     const std::optional<double> io = r.io_seconds(plan);
     std::ostringstream io_text;
     if (io) io_text << std::fixed << std::setprecision(2) << *io << " s";
-    std::cout << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << std::right << std::setw(15)
-              << gib(plan.nvme_peak) << std::setw(15) << gib(n.resident.total()) << std::setw(15) << gib(n.offloaded)
+    std::cout << std::left << std::setw(20) << fsdp::strategy_name(plan.run.strategy) << std::right << std::setw(15)
+              << gib(plan.run.step_peak) << std::setw(15) << gib(n.resident.total()) << std::setw(15) << gib(n.offloaded)
               << std::setw(15) << gib(n.file_bytes) << std::setw(15) << gib(n.read_per_step) << std::setw(15)
               << gib(n.written_per_step) << std::setw(15) << (io ? io_text.str() : "-") << "\n";
   }
@@ -838,7 +829,7 @@ void print_cluster_times(const Report& r) {
             << " s; communication overlapped with it, except the first unit's gather):\n";
   for (const auto& plan : r.plans) {
     const fsdp::StepTime t = r.time_of(plan);
-    std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << " comm "
+    std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.run.strategy) << " comm "
               << std::setprecision(3) << t.comm << " s, step " << t.step << " s, scaling efficiency "
               << std::setprecision(0) << std::fixed << 100.0 * t.efficiency << "%\n"
               << std::defaultfloat;
@@ -855,9 +846,9 @@ void print_hosts_table(const Report& r) {
             << fsdp::quantization_name(z.gradient_quantization()) << ", blocks of " << z.quantization_block()
             << "):\n";
   for (const auto& plan : r.plans) {
-    std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << std::right
-              << " across hosts " << plan.comm.cross_host << " B, inside a host " << plan.comm.inside_host()
-              << " B; secondary partition " << gib(plan.peak.secondary_partition) << ", quantized gather buffers "
+    std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.run.strategy) << std::right
+              << " across hosts " << plan.run.comm.cross_host << " B, inside a host " << plan.run.comm.inside_host()
+              << " B; secondary partition " << gib(plan.run.peak.secondary_partition) << ", quantized gather buffers "
               << gib(plan.quantized_gather_buffers) << "\n";
   }
 }
@@ -867,7 +858,7 @@ void print_staging(const Report& r) {
   std::cout << "with --ckpt-async (" << r.in.ckpt_async << " format), host memory a save's staging copy holds beside "
             << "the steps until its background write ends:\n";
   for (const auto& plan : r.plans) {
-    std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.strategy) << std::right << " rank 0 "
+    std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.run.strategy) << std::right << " rank 0 "
               << gib(plan.staging->rank0) << ", each other rank " << gib(plan.staging->per_rank) << "\n";
   }
 }
@@ -878,7 +869,7 @@ void print_text(const Report& r) {
   if (r.in.offload.rfind("nvme", 0) == 0) print_nvme_table(r);
   if (r.in.ckpt_async != "none") print_staging(r);
   std::cout << "  (model state in bytes, as a run of fsdp-train measures it:";
-  for (const auto& plan : r.plans) std::cout << " " << fsdp::strategy_name(plan.strategy) << " " << plan.peak.state.total();
+  for (const auto& plan : r.plans) std::cout << " " << fsdp::strategy_name(plan.run.strategy) << " " << plan.run.peak.state.total();
   std::cout << ")\n";
   if (r.in.seed_accounting) print_seed_accounting(r);
   if (r.recommendation) print_recommendation(r);

@@ -87,11 +87,16 @@ int64_t host_memory_needed(const HostMemoryRun& run, const HostMemorySettings& s
 }
 
 namespace {
-// What rank 0 stages beyond the other ranks (asynchronous checkpoints of the
-// full format: the whole model gathered), on top of ranks_here times the need.
-int64_t rank0_staging_extra(const HostMemoryRun& run, const HostMemorySettings& settings) {
-  const CheckpointStaging staging = plan_host_memory_run(run, settings).staging;
-  return staging.rank0 - staging.per_rank;
+// One rank's need (host_memory_needed) and what this host needs for all its
+// ranks: ranks_here times the need, and what rank 0 stages beyond the others
+// (asynchronous checkpoints of the full format: the whole model gathered).
+struct HostNeed {
+  int64_t per_rank = 0, host = 0;
+};
+HostNeed host_need(const HostMemoryRun& run, const HostMemorySettings& settings) {
+  const RunPlan plan = plan_host_memory_run(run, settings);
+  const int64_t per_rank = host_memory_needed(plan, settings.sharded_init);
+  return {per_rank, per_rank * run.ranks_here + plan.staging.rank0 - plan.staging.per_rank};
 }
 }  // namespace
 
@@ -112,23 +117,22 @@ std::vector<HostMemoryVariant> host_memory_variants(const HostMemoryRun& run, co
 }
 
 int64_t preflight_host_memory(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t available) {
-  const int64_t needed = host_memory_needed(run, settings);
+  const HostNeed need = host_need(run, settings);
+  const int64_t needed = need.per_rank;
   const int ranks_here = run.ranks_here;
-  const int64_t extra = rank0_staging_extra(run, settings);
-  if (needed * ranks_here + extra <= available) return needed;
+  if (need.host <= available) return needed;
   std::ostringstream alternatives;
   bool any = false;
   for (const auto& v : host_memory_variants(run, settings)) {
-    const int64_t n = host_memory_needed(run, v.settings);
-    const int64_t host = n * ranks_here + rank0_staging_extra(run, v.settings);
-    alternatives << "\n  " << v.flags << ": " << format_mib(n) << " per rank, " << format_mib(host)
-                 << (host <= available ? " (fits)" : " (does not fit)");
-    any = any || host <= available;
+    const HostNeed n = host_need(run, v.settings);
+    alternatives << "\n  " << v.flags << ": " << format_mib(n.per_rank) << " per rank, " << format_mib(n.host)
+                 << (n.host <= available ? " (fits)" : " (does not fit)");
+    any = any || n.host <= available;
   }
   TORCH_CHECK(false, "preflight: this run needs about ", format_mib(needed), " per rank on the host (the planner's step peak",
               settings.sharded_init ? "" : " or the whole model each rank builds first", ", plus ",
               format_mib(kHostRuntimeBytes), " of runtime", run.settings.async_checkpoint ? ", and the asynchronous checkpoints' staging" : "",
-              "), ", ranks_here, " rank(s) here: ", format_mib(needed * ranks_here + extra),
+              "), ", ranks_here, " rank(s) here: ", format_mib(need.host),
               ", but the host has ", format_mib(available), " available. With other settings:", alternatives.str(),
               any ? "" : "\n  none fits: fewer ranks on this host, a smaller --batch or --context, or bf16 parameters",
               "\n(fsdp-plan gives the whole table; --no-preflight runs anyway)");

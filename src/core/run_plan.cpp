@@ -110,7 +110,7 @@ std::optional<StepTime> measured_step_time(const RunPlan& plan, const ClusterDes
 StepTime ring_step_time(const RunPlan& plan, const ClusterDescription& c, double compute) {
   const int world = plan.world, per_node = plan.ranks_per_node, nodes = world / per_node;
   const int64_t n_units = static_cast<int64_t>(plan.unit_numels.size());
-  const int64_t K = shard_group_size(plan.strategy, world, per_node);
+  const int64_t K = plan.shard_group;
   const bool across_nodes = K > per_node || (!is_hybrid(plan.strategy) && nodes > 1);
   const double bw = across_nodes ? c.inter_bandwidth : c.intra_bandwidth;
   const double lat = across_nodes ? c.inter_latency : c.intra_latency;

@@ -147,7 +147,7 @@ namespace hf = fsdp::hugging_face;
 
 // The model configuration a checkpoint or a weight file of ours records
 // ("config": describe()'s text; "model": gpt or llama, else told by the text).
-hf::ModelConfig recorded_config(const std::string& path) {
+fsdp::models::ModelConfig recorded_config(const std::string& path) {
   std::string text, model_type;
   if (fs::is_directory(path)) {
     const fsdp::SavedCheckpoint saved(path, fsdp::SavedCheckpoint::Verify::kHeadersOnly);
@@ -160,7 +160,7 @@ hf::ModelConfig recorded_config(const std::string& path) {
   }
   TORCH_CHECK(!text.empty(), "'", path, "' records no model configuration (\"config\"); fsdp-train writes it");
   if (model_type.empty()) model_type = text.find("kv_heads") != std::string::npos ? "llama" : "gpt";
-  return hf::parse_description(model_type, text);
+  return fsdp::models::ModelConfig::parse(fsdp::models::parse_model_kind(model_type), text);
 }
 
 // IN (a checkpoint, a weight file of ours, a Hugging Face model) to OUT in `format`.
@@ -168,7 +168,8 @@ void convert_weights(const std::string& in, const std::string& out, const std::s
   TORCH_CHECK(format == "spec" || format == "hf", "--format must be spec or hf, got '", format, "'");
   if (format == "hf") {
     TORCH_CHECK(!hf::is_model(in), "'", in, "' is a Hugging Face model already");
-    const hf::ModelConfig config = recorded_config(in);
+    hf::HubConfig config;
+    config.model = recorded_config(in);
     fs::is_directory(in) ? hf::convert_checkpoint_to_hf(in, config, out) : hf::convert_file_to_hf(in, config, out);
     std::cout << "wrote " << out << " (model.safetensors " << fs::file_size(fs::path(out) / "model.safetensors")
               << " B, config.json)\n";
@@ -200,13 +201,14 @@ void print_logits(const std::string& path, const std::string& tokens_text) {
   }
   TORCH_CHECK(!tokens.empty(), "--tokens: expected comma-separated token ids, got '", tokens_text, "'");
   const bool is_hf = hf::is_model(path);
-  const hf::ModelConfig config = is_hf ? hf::read_config(hf::find_model(path).config) : recorded_config(path);
-  const int64_t vocab = config.architecture == fsdp::hugging_face::Architecture::kGpt2 ? config.gpt.vocab : config.llama.vocab;
+  const fsdp::models::ModelConfig config =
+      is_hf ? hf::read_config(hf::find_model(path).config).model : recorded_config(path);
+  const int64_t vocab = config.shape().vocab;
   for (const int64_t id : tokens) {
     TORCH_CHECK(id < vocab, "--tokens: id ", id, " is outside the model's vocabulary of ", vocab);
   }
   const auto model = config.new_model();
-  is_hf ? hf::load_weights(*model, hf::find_model(path), config.architecture) : fsdp::load_full_weights(*model, path);
+  is_hf ? hf::load_weights(*model, hf::find_model(path), config.kind()) : fsdp::load_full_weights(*model, path);
   torch::NoGradGuard no_grad;
   const torch::Tensor logits = model->logits(torch::tensor(tokens).view({1, -1}))[0].contiguous();
   const float* data = logits.data_ptr<float>();

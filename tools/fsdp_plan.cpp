@@ -472,7 +472,7 @@ void add_plan_options(CLI::App& app, PlanInputs& in) {
 void check_inputs(const PlanInputs& in) {
   TORCH_CHECK(in.preset.empty() != (in.params == 0), "give --preset or --params (with --layers), not both");
   fsdp_tools::check_model_flags(in);
-  TORCH_CHECK(in.model == "gpt" || in.params == 0, "--params plans the reference GPT's blocks; --model ", in.model,
+  TORCH_CHECK(in.kind() == fsdp::models::ModelKind::kGpt || in.params == 0, "--params plans the reference GPT's blocks; --model ", in.model,
               " needs --preset");
   TORCH_CHECK(in.world > 0 && in.nodes > 0 && in.world % in.nodes == 0, "--world must be a positive multiple of --nodes");
   TORCH_CHECK(in.offload == "none" || in.offload == "cpu" || in.offload == "nvme" || in.offload == "nvme-optimizer",
@@ -529,9 +529,7 @@ PlannedModel plan_model(const PlanInputs& in) {
   if (in.preset.empty()) {
     m.description = describe_by_count(in, sublayer);
   } else {
-    const fsdp::models::GPTConfig gpt = fsdp_tools::gpt_config(in);
-    m.description =
-        in.model == "llama" ? fsdp_tools::llama_config(in, gpt).plan_description() : gpt.plan_description();
+    m.description = fsdp_tools::model_config(in, fsdp_tools::gpt_config(in)).plan_description();
   }
   m.shape = m.description.shape;
   m.shape.sublayer_units = sublayer;
@@ -651,7 +649,8 @@ Report make_report(const PlanInputs& in) {
                               static_cast<double>(r.model.shape.batch * r.model.shape.context) / r.cluster->flops
                         : 0.0;
   if (r.cluster && !in.preset.empty() && r.cluster->model_step_preset == in.preset && !in.layers && !in.width &&
-      !in.batch && !in.context && !in.vocab && !in.heads && in.model == "gpt") {
+      !in.batch && !in.context && !in.vocab && !in.heads &&
+      in.kind() == fsdp::models::ModelKind::kGpt) {
     r.compute = r.cluster->model_step_s * (in.checkpointing ? 8.0 / 6.0 : 1.0);
   }
   r.disk_measured = r.cluster && r.cluster->disk_read_bandwidth > 0 && r.cluster->disk_write_bandwidth > 0;

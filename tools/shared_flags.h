@@ -10,8 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "fsdp/gpt.h"
-#include "fsdp/llama.h"
+#include "fsdp/model_config.h"
 #include "fsdp/error.h"
 #include "fsdp/options.h"
 #include "fsdp/run_plan.h"
@@ -25,6 +24,15 @@ struct ModelFlags {
   std::string preset;         // tiny, small, medium, large or xl
   std::optional<int64_t> vocab, context, layers, heads, width, batch;
   std::optional<int64_t> kv_heads;  // --model llama
+
+  // --model's family; throws naming the flag and the names it takes.
+  fsdp::models::ModelKind kind() const {
+    try {
+      return fsdp::models::parse_model_kind(model);
+    } catch (const c10::Error&) {
+      TORCH_CHECK(false, "--model must be gpt or llama, got '", model, "'");
+    }
+  }
 };
 
 // Binds the flags; `preset_help` says what the tool does without --preset.
@@ -48,8 +56,8 @@ inline void add_model_flags(CLI::App& app, ModelFlags& f, const std::string& pre
 
 // Refuses a model kind the tools do not know, and --kv-heads without a Llama.
 inline void check_model_flags(const ModelFlags& f) {
-  TORCH_CHECK(f.model == "gpt" || f.model == "llama", "--model must be gpt or llama, got '", f.model, "'");
-  TORCH_CHECK(f.model == "llama" || !f.kv_heads, "--kv-heads needs --model llama (the GPT's heads each have their own)");
+  TORCH_CHECK(f.kind() == fsdp::models::ModelKind::kLlama || !f.kv_heads,
+              "--kv-heads needs --model llama (the GPT's heads each have their own)");
 }
 
 // The preset's GPT with the shape's overrides.
@@ -77,6 +85,12 @@ inline fsdp::models::LlamaConfig llama_config(const ModelFlags& f, const fsdp::m
   if (f.width) c.hidden = fsdp::models::LlamaConfig::default_hidden(c.width);
   c.validate();
   return c;
+}
+
+// --model's configuration over `shape` (gpt_config's, or with a tokenizer's vocabulary).
+inline fsdp::models::ModelConfig model_config(const ModelFlags& f, const fsdp::models::GPTConfig& shape) {
+  if (f.kind() == fsdp::models::ModelKind::kLlama) return llama_config(f, shape);
+  return shape;
 }
 
 // ZeRO++'s quantized and hierarchical collectives (fsdp::ZeroPlusPlus), as given.

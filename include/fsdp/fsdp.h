@@ -76,6 +76,7 @@
 #include "fsdp/lr_schedule.h"    // warmup, constant and cosine learning rates
 #include "fsdp/memory.h"         // exact tensor memory by category
 #include "fsdp/memory_plan.h"    // the planner: memory and communication per strategy
+#include "fsdp/model_config.h"   // ModelConfig: one model's configuration, of any family
 #include "fsdp/offload.h"        // disk offload: its options and a read-only view
 #include "fsdp/optimizer_state.h"  // the optimizers whose state can be sharded
 #include "fsdp/options.h"        // FullyShardOptions, strategies, mixed precision

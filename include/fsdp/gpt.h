@@ -129,7 +129,7 @@ class GPTImpl : public LanguageModel {
   const GPTConfig& config() const { return config_; }
   int64_t vocab() const override { return config_.vocab; }  ///< config().vocab
   int64_t context() const override { return config_.context; }  ///< config().context
-  std::string model_type() const override { return "gpt"; }  ///< "gpt"
+  ModelKind kind() const override { return ModelKind::kGpt; }  ///< ModelKind::kGpt
   std::string describe() const override { return config_.describe(); }  ///< config().describe()
   /// config().plan_description()
   ModelDescription plan_description() const override { return config_.plan_description(); }

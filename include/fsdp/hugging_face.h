@@ -9,14 +9,16 @@
 /// file with config.json beside it. Sharded folders (model.safetensors.index.json)
 /// are refused, naming the file.
 ///
-/// GPT-2 (GPT2LMHeadModel): the spec's GPT has GPT-2's names, under the
-/// `transformer.` prefix (files downloaded from the hub name them without it:
-/// both are read); GPT-2's Conv1D layers keep their weights as [in, out], the
-/// spec's Linear as [out, in]; the head is tied to the token embedding, so
-/// model.safetensors holds no lm_head.weight.
-///
-/// Llama (LlamaForCausalLM): the model (llama.h) has Hugging Face's names
-/// and layout already; its head is untied. Rope scaling is refused.
+/// Each model family (models::ModelKind) has one adapter beside its model
+/// (src/models/*_hugging_face.cpp) that maps its config.json, its names and
+/// its layouts:
+/// - GPT-2 (GPT2LMHeadModel): the spec's GPT has GPT-2's names, under the
+///   `transformer.` prefix (files downloaded from the hub name them without
+///   it: both are read); GPT-2's Conv1D layers keep their weights as
+///   [in, out], the spec's Linear as [out, in]; the head is tied to the token
+///   embedding, so model.safetensors holds no lm_head.weight.
+/// - Llama (LlamaForCausalLM): the model (llama.h) has Hugging Face's names
+///   and layout already; its head is untied. Rope scaling is refused.
 
 #include <torch/torch.h>
 
@@ -26,18 +28,10 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/gpt.h"
-#include "fsdp/language_model.h"
-#include "fsdp/llama.h"
+#include "fsdp/model_config.h"
 #include "fsdp/safetensors.h"
 
 namespace fsdp::hugging_face {
-
-/// The model families this layer maps.
-enum class Architecture {
-  kGpt2,   ///< GPT2LMHeadModel: the spec's GPT
-  kLlama,  ///< LlamaForCausalLM: models::Llama
-};
 
 /// A Hugging Face model's two files.
 struct ModelFiles {
@@ -54,10 +48,8 @@ bool is_model(const std::string& path);
 ModelFiles find_model(const std::string& path);
 
 /// What config.json describes.
-struct ModelConfig {
-  Architecture architecture = Architecture::kGpt2;  ///< from "model_type"
-  models::GPTConfig gpt;  ///< kGpt2's dimensions (the batch left at its default)
-  models::LlamaConfig llama;  ///< kLlama's dimensions (the batch left at its default)
+struct HubConfig {
+  models::ModelConfig model;  ///< the model's family and dimensions (the batch left at its default)
   /// The config.json this configuration was read from ("" if none): config_json()
   /// keeps its other fields (token ids, ...) and a larger max_position_embeddings.
   std::string source_json;
@@ -66,37 +58,31 @@ struct ModelConfig {
   /// attn_pdrop, embd_pdrop, resid_pdrop; Llama's attention_dropout). One
   /// sentence each, naming the file and the field; fsdp-train prints them.
   std::vector<std::string> ignored;
-  /// "gpt" or "llama" (LanguageModel::model_type()).
-  std::string model_type() const;
-  /// The configuration's describe() text.
-  std::string describe() const;
-  /// A new model of this configuration (its weights not initialized).
-  std::shared_ptr<models::LanguageModel> new_model() const;
 };
 /// Reads config.json; throws, naming the field, for an architecture or a
 /// setting the model does not have (an activation other than GELU's tanh
 /// form, untied embeddings, another LayerNorm epsilon, an inner width other
 /// than 4x, rope scaling...).
-ModelConfig read_config(const std::string& config_path);
+HubConfig read_config(const std::string& config_path);
 /// config.json for `config` (the fields `transformers` reads, over those of
 /// its source_json), as JSON text.
-std::string config_json(const ModelConfig& config);
+std::string config_json(const HubConfig& config);
 
 /// The Hugging Face name of one of the model's parameters.
-std::string to_hf_name(Architecture architecture, const std::string& name);
+std::string to_hf_name(models::ModelKind kind, const std::string& name);
 /// The model's name of a tensor of a Hugging Face file; std::nullopt for the
 /// ones the model does not keep (GPT-2's attention mask buffers, its tied
 /// lm_head.weight).
-std::optional<std::string> from_hf_name(Architecture architecture, const std::string& hf_name);
+std::optional<std::string> from_hf_name(models::ModelKind kind, const std::string& hf_name);
 /// Whether the parameter is stored transposed in Hugging Face files (GPT-2's Conv1D weights).
-bool is_transposed(Architecture architecture, const std::string& name);
+bool is_transposed(models::ModelKind kind, const std::string& name);
 
 /// Loads a Hugging Face model's weights into an unsharded module built for
 /// its configuration (before fully_shard), converting F32, BF16 or F16 to the
 /// module's dtype. Every parameter must be in the file with its shape; a
 /// tensor the model does not know is refused. Throws naming the file and the
 /// tensor; the module is changed only if all is well.
-void load_weights(torch::nn::Module& module, const ModelFiles& files, Architecture architecture);
+void load_weights(torch::nn::Module& module, const ModelFiles& files, models::ModelKind kind);
 
 /// A Hugging Face folder written as a stream: the model's tensors in, under
 /// its own names and layout, in the order given; model.safetensors (Hugging
@@ -105,7 +91,7 @@ class FolderWriter {
  public:
   /// Creates `folder` if need be and starts model.safetensors for these
   /// tensors (the model's names; GPT-2's tied lm_head.weight, if listed, is skipped).
-  FolderWriter(const std::string& folder, const ModelConfig& config, const std::vector<safetensors::TensorSpec>& tensors);
+  FolderWriter(const std::string& folder, const HubConfig& config, const std::vector<safetensors::TensorSpec>& tensors);
   /// The next tensor in the order given, under the model's layout (float; written as F32).
   void write(const torch::Tensor& tensor);
   /// After the last tensor: commits model.safetensors, then writes config.json.
@@ -113,7 +99,7 @@ class FolderWriter {
 
  private:
   std::string folder_;
-  ModelConfig config_;
+  HubConfig config_;
   std::vector<std::string> names_;  // the model's names, in order
   size_t next_ = 0;
   std::optional<safetensors::Writer> writer_;
@@ -121,16 +107,13 @@ class FolderWriter {
 
 /// A model file of the spec's names (fsdp-train --save-final, fsdp-ckpt
 /// convert) as a Hugging Face folder, one tensor in memory at a time.
-void convert_file_to_hf(const std::string& spec_file, const ModelConfig& config, const std::string& folder);
+void convert_file_to_hf(const std::string& spec_file, const HubConfig& config, const std::string& folder);
 /// A checkpoint (either format) as a Hugging Face folder, one unit in memory at a time.
-void convert_checkpoint_to_hf(const std::string& checkpoint, const ModelConfig& config, const std::string& folder);
+void convert_checkpoint_to_hf(const std::string& checkpoint, const HubConfig& config, const std::string& folder);
 /// A Hugging Face model as one safetensors file of the spec's names and
 /// layout (fp32), one tensor in memory at a time; its metadata carries the
-/// configuration ("config": GPTConfig::describe()).
+/// configuration ("model": models::model_kind_name, "config":
+/// models::ModelConfig::describe()).
 void convert_hf_to_file(const std::string& hf_path, const std::string& spec_file);
-
-/// The "model" ("gpt", "llama") and "config" (describe()'s text) that our
-/// weight files and checkpoints record, read back.
-ModelConfig parse_description(const std::string& model_type, const std::string& text);
 
 }  // namespace fsdp::hugging_face

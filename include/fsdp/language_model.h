@@ -13,6 +13,16 @@
 
 namespace fsdp::models {
 
+/// The model families: what fsdp-train's --model names, and what weight
+/// files and checkpoints record as their "model". Each has one config type
+/// (model_config.h) and one Hugging Face adapter.
+enum class ModelKind {
+  kGpt,    ///< "gpt": the reference GPT (gpt.h), Hugging Face's GPT-2
+  kLlama,  ///< "llama": the Llama (llama.h), Hugging Face's Llama
+};
+const char* model_kind_name(ModelKind kind);  ///< "gpt", "llama"
+ModelKind parse_model_kind(const std::string& name);  ///< throws, listing the names
+
 /// A next-token language model over token ids 0 ... vocab() - 1.
 class LanguageModel : public torch::nn::Module {
  public:
@@ -33,8 +43,10 @@ class LanguageModel : public torch::nn::Module {
   virtual int64_t vocab() const = 0;
   /// The longest sequence it takes (its training context).
   virtual int64_t context() const = 0;
-  /// "gpt" or "llama": what fsdp-train's --model calls it.
-  virtual std::string model_type() const = 0;
+  /// Its family.
+  virtual ModelKind kind() const = 0;
+  /// "gpt" or "llama": model_kind_name(kind()), what fsdp-train's --model calls it.
+  std::string model_type() const { return model_kind_name(kind()); }
   /// Its configuration in words (the config's describe()).
   virtual std::string describe() const = 0;
   /// What the planner needs of it (the config's plan_description()): its

@@ -30,9 +30,8 @@ enum class LrScheduleKind {
   kConstant,  ///< the peak learning rate to the end
   kCosine     ///< a cosine decay from the peak to min_lr at the last step
 };
-LrScheduleKind parse_lr_schedule(const std::string& name);  ///< "constant" or "cosine"
-/// "constant" or "cosine".
-const char* lr_schedule_name(LrScheduleKind kind);
+const char* lr_schedule_name(LrScheduleKind kind);  ///< "constant", "cosine"
+LrScheduleKind parse_lr_schedule(const std::string& name);  ///< throws, listing the names
 
 /// The learning rate of every step (see lr_at()); setters chain, as in fsdp/lr_schedule.h's example.
 struct LrSchedule {

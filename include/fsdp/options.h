@@ -59,10 +59,9 @@ struct MixedPrecision {
   TORCH_ARG(std::optional<torch::ScalarType>, buffer_dtype) = std::nullopt;
 };
 
-/// "fp32", "bf16" or "fp16" (also "float32", "bfloat16", "float16").
+const char* dtype_name(torch::ScalarType type);  ///< "fp32", "bf16", "fp16"
+/// Also takes "float32", "bfloat16", "float16"; throws, listing the names.
 torch::ScalarType parse_dtype(const std::string& name);
-/// "fp32", "bf16" or "fp16" (parse_dtype's short names).
-const char* dtype_name(torch::ScalarType type);
 
 /// When backward issues the next unit's all-gather (PyTorch's BackwardPrefetch).
 enum class BackwardPrefetch {

@@ -18,9 +18,8 @@ enum class DataOrder {
   kShuffled     ///< each sequence's start is splitmix64 of its global index
 };
 
-DataOrder parse_data_order(const std::string& name);  ///< "sequential" or "shuffled"
-/// "sequential" or "shuffled".
-const char* data_order_name(DataOrder order);
+const char* data_order_name(DataOrder order);  ///< "sequential", "shuffled"
+DataOrder parse_data_order(const std::string& name);  ///< throws, listing the names
 
 /// The spec's splitmix64 (all arithmetic mod 2^64).
 uint64_t splitmix64(uint64_t z);

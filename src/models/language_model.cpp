@@ -7,6 +7,21 @@
 
 namespace fsdp::models {
 
+const char* model_kind_name(ModelKind kind) {
+  switch (kind) {
+    case ModelKind::kGpt: return "gpt";
+    case ModelKind::kLlama: return "llama";
+  }
+  TORCH_CHECK(false, "unknown model kind ", static_cast<int>(kind));
+}
+
+ModelKind parse_model_kind(const std::string& name) {
+  for (ModelKind kind : {ModelKind::kGpt, ModelKind::kLlama}) {
+    if (name == model_kind_name(kind)) return kind;
+  }
+  TORCH_CHECK(false, "unknown model '", name, "': expected gpt or llama");
+}
+
 void LanguageModel::init_weights(uint64_t seed) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(seed);

@@ -31,13 +31,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const fsdp_fuzz::InputFile input("config.json");
   input.write(data, size);
   try {
-    const hf::ModelConfig config = hf::read_config(input.path());
-    const std::string description = config.describe();
+    const hf::HubConfig config = hf::read_config(input.path());
+    const std::string description = config.model.describe();
     // What the trainer's export writes, read back: the same model.
     const std::string text = hf::config_json(config);
     input.write(reinterpret_cast<const uint8_t*>(text.data()), text.size());
-    const hf::ModelConfig again = hf::read_config(input.path());
-    expect(again.describe() == description, "config_json wrote a config.json that reads back as another model");
+    const hf::HubConfig again = hf::read_config(input.path());
+    expect(again.model.describe() == description, "config_json wrote a config.json that reads back as another model");
   } catch (const c10::Error&) {
     // A refusal is the expected outcome for malformed input.
   }

@@ -33,7 +33,10 @@ all: header reader metadata tokenizer config
 $(OUT)/header_fuzz: $(call obj,tests/fuzz/header_fuzz) $(HEADER)
 $(OUT)/reader_fuzz: $(call obj,tests/fuzz/reader_fuzz) $(SAFETENSORS)
 $(OUT)/metadata_fuzz: $(call obj,tests/fuzz/metadata_fuzz) $(call obj,src/state_dict/checkpoint) $(SAFETENSORS)
-$(OUT)/config_fuzz: $(call obj,tests/fuzz/config_fuzz) $(call obj,src/state_dict/hugging_face) $(SAFETENSORS)
+HF_ADAPTERS := $(call obj,src/models/hugging_face_adapter) $(call obj,src/models/gpt_hugging_face) \
+  $(call obj,src/models/llama_hugging_face)
+$(OUT)/config_fuzz: $(call obj,tests/fuzz/config_fuzz) $(call obj,src/state_dict/hugging_face) $(HF_ADAPTERS) \
+  $(SAFETENSORS)
 $(OUT)/tokenizer_fuzz: $(call obj,tests/fuzz/tokenizer_fuzz) $(TEXT)
 	$(CXX) $(SANITIZE) -fsanitize=fuzzer $^ $(TEXT_LIBS) -o $@
 $(OUT)/%_fuzz:

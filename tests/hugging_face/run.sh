@@ -75,6 +75,6 @@ expect_error '"layer_norm_epsilon" is 1e-06' "$ckpt" logits "$work/hub-eps" --to
 expect_error '"tie_word_embeddings" is false' "$ckpt" logits "$work/hub-untied" --tokens 1
 expect_error 'is a sharded Hugging Face checkpoint' "$ckpt" logits "$work/hub-sharded" --tokens 1
 train=("$build/fsdp-run" -n 1 -- "$build/fsdp-train" --steps 1)
-expect_error "is a GPT-2 model: pass --model gpt" "${train[@]}" --model llama --init-from "$work/hub"
+expect_error "holds a gpt model: pass --model gpt" "${train[@]}" --model llama --init-from "$work/hub"
 expect_error "--width 128 contradicts --init-from" "${train[@]}" --init-from "$work/hub" --width 128
 echo "ok: $kind in and out"

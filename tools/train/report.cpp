@@ -60,7 +60,8 @@ Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState
   p.peak = plan.peak;
   p.nvme = plan.nvme;
   p.peak_bytes = plan.step_peak;
-  p.tokens_per_step = run.config.batch * run.config.context * world * o.grad_accum;
+  const fsdp::TransformerShape shape = run.model_config.shape();
+  p.tokens_per_step = shape.batch * shape.context * world * o.grad_accum;
   p.ranks_per_node = plan.ranks_per_node;
   p.comm = plan.comm;
   p.checkpoint_staging = plan.staging.rank0;
@@ -146,6 +147,15 @@ std::string shape_source(const TrainOptions& o) {
   return "preset " + o.preset + overrides;
 }
 
+// The family's name in the banner.
+const char* family_title(fsdp::models::ModelKind kind) {
+  switch (kind) {
+    case fsdp::models::ModelKind::kGpt: return "GPT";
+    case fsdp::models::ModelKind::kLlama: return "Llama";
+  }
+  return "?";
+}
+
 }  // namespace
 
 void print_banner(const ReportContext& c) {
@@ -155,7 +165,7 @@ void print_banner(const ReportContext& c) {
   const fsdp::FsdpState& state = c.state;
   const int W = c.world_size;
   const bool scaling = c.train_step.scaler() != nullptr, skip_sync = c.train_step.syncs_only_last_micro_step();
-  std::cout << "fsdp-train: " << (o.model == "llama" ? "Llama" : "GPT") << ", " << shape_source(o) << " ("
+  std::cout << "fsdp-train: " << family_title(run.model_config.kind()) << ", " << shape_source(o) << " ("
             << run.model->describe() << "), " << c.predicted.num_params
             << " parameters\n"
             << "  " << fsdp::strategy_name(run.fsdp_options.strategy()) << " over " << W << " rank(s)";

@@ -23,12 +23,6 @@
 namespace fsdp_train {
 namespace {
 
-// A new model of --model's kind (its weights not yet initialized).
-std::shared_ptr<fsdp::models::LanguageModel> new_model(const TrainOptions& o, const Run& run) {
-  if (o.model == "llama") return fsdp::models::Llama(run.llama_config).ptr();
-  return fsdp::models::GPT(run.config).ptr();
-}
-
 int ranks_per_node(const TrainOptions& o) {
   if (o.ranks_per_node > 0) return o.ranks_per_node;
   const char* env = std::getenv("FSDP_RANKS_PER_NODE");  // set by fsdp-run --ranks-per-node
@@ -37,17 +31,9 @@ int ranks_per_node(const TrainOptions& o) {
 
 // --wrap: a unit per transformer block (decoder layer), or one per attention
 // and per MLP (half the largest gathered buffer, twice the collectives).
-fsdp::WrapPolicy make_wrap_policy(const std::string& model, const std::string& wrap) {
-  using namespace fsdp::models;
-  const bool llama = model == "llama";
-  if (wrap == "block") {
-    return llama ? fsdp::module_type_policy<LlamaDecoderLayerImpl>() : fsdp::module_type_policy<BlockImpl>();
-  }
-  if (wrap == "sublayer") {
-    return llama ? fsdp::module_type_policy<LlamaAttentionImpl, LlamaMLPImpl>()
-                 : fsdp::module_type_policy<AttentionImpl, MLPImpl>();
-  }
-  TORCH_CHECK(false, "--wrap must be block or sublayer, got '", wrap, "'");
+fsdp::WrapPolicy make_wrap_policy(const fsdp::models::ModelConfig& model, const std::string& wrap) {
+  TORCH_CHECK(wrap == "block" || wrap == "sublayer", "--wrap must be block or sublayer, got '", wrap, "'");
+  return model.wrap_policy(wrap == "sublayer");
 }
 
 bool uses_nvme(const TrainOptions& o) { return o.offload_optimizer == "nvme" || o.offload_params == "nvme"; }
@@ -76,12 +62,12 @@ void set_nvme_offload(const TrainOptions& o, fsdp::FullyShardOptions& options) {
                                       .engine(fsdp::offload::parse_io_engine(o.offload_engine))));
 }
 
-fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o) {
+fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o, const Run& run) {
   fsdp::MixedPrecision mp;
   mp.param_dtype(fsdp::parse_dtype(o.param_dtype));
   if (!o.reduce_dtype.empty()) mp.reduce_dtype(fsdp::parse_dtype(o.reduce_dtype));
   auto options = fsdp::FullyShardOptions()
-                     .wrap_policy(make_wrap_policy(o.model, o.wrap))
+                     .wrap_policy(make_wrap_policy(run.model_config, o.wrap))
                      .mixed_precision(mp)
                      .ranks_per_node(ranks_per_node(o))
                      .forward_prefetch(o.forward_prefetch)
@@ -103,7 +89,7 @@ fsdp::ShardingStrategy pick_strategy(const TrainOptions& o, Run& run, int world)
   TORCH_CHECK(o.memory_budget > 0,
               "--strategy auto needs --memory-budget BYTES (per-rank model state plus gathered parameters)");
   const fsdp::StrategyChoice choice =
-      fsdp::choose_strategy(model_description(o, run).units(o.wrap == "sublayer"), world,
+      fsdp::choose_strategy(run.model_config.plan_description().units(o.wrap == "sublayer"), world,
                             run.fsdp_options.ranks_per_node(),
                             run.fsdp_options.mixed_precision(), o.memory_budget);
   run.strategy_reason = choice.reason;
@@ -116,7 +102,7 @@ fsdp::ShardingStrategy pick_strategy(const TrainOptions& o, Run& run, int world)
 void preflight(const TrainOptions& o, Run& run, int world) {
   if (o.no_preflight || o.device != "cpu") return;
   fsdp::HostMemoryRun plan;
-  plan.model = model_description(o, run);
+  plan.model = run.model_config.plan_description();
   plan.options = run.fsdp_options;
   if (o.strategy == "auto") plan.options.strategy(fsdp::ShardingStrategy::kFullShard);
   plan.ranks_here = fsdp::ranks_on_this_host(world);
@@ -193,7 +179,8 @@ std::unique_ptr<fsdp::models::TokenData> make_data(const TrainOptions& o, const 
   std::string data_path = o.data.empty() ? std::string(default_corpus_path()) : o.data;
   TORCH_CHECK(!o.data.empty() || std::ifstream(data_path).good(), "the built-in default corpus '", data_path,
               "' is missing: run scripts/setup.sh, or pass --data FILE");
-  return std::make_unique<fsdp::models::TokenData>(data_path, run.config.context, run.config.vocab,
+  const fsdp::TransformerShape shape = run.model_config.shape();
+  return std::make_unique<fsdp::models::TokenData>(data_path, shape.context, shape.vocab,
                                                    fsdp::models::TokenDataOptions()
                                                        .order(fsdp::models::parse_data_order(o.data_order))
                                                        .seed(o.data_seed)
@@ -206,30 +193,27 @@ std::unique_ptr<fsdp::models::TokenData> make_data(const TrainOptions& o, const 
 void apply_hugging_face_config(const TrainOptions& o, Run& run) {
   if (!fsdp::hugging_face::is_model(o.init_from)) return;
   namespace hf = fsdp::hugging_face;
-  const hf::ModelConfig hf_config = hf::read_config(hf::find_model(o.init_from).config);
-  TORCH_CHECK(hf_config.model_type() == o.model, "--init-from '", o.init_from, "' is a ",
-              hf_config.architecture == hf::Architecture::kGpt2 ? "GPT-2" : "Llama", " model: pass --model ",
-              hf_config.model_type());
-  run.warnings.insert(run.warnings.end(), hf_config.ignored.begin(), hf_config.ignored.end());
-  const bool llama = o.model == "llama";
-  const auto& l = hf_config.llama;
-  const auto& g = hf_config.gpt;
-  auto take = [&](const char* flag, const std::optional<int64_t>& given, int64_t value, int64_t& into) {
+  const hf::HubConfig hub = hf::read_config(hf::find_model(o.init_from).config);
+  const fsdp::models::ModelKind kind = hub.model.kind();
+  TORCH_CHECK(kind == o.kind(), "--init-from '", o.init_from, "' holds a ", fsdp::models::model_kind_name(kind),
+              " model: pass --model ", fsdp::models::model_kind_name(kind));
+  run.warnings.insert(run.warnings.end(), hub.ignored.begin(), hub.ignored.end());
+  const fsdp::TransformerShape shape = hub.model.shape();
+  auto check = [&](const char* flag, const std::optional<int64_t>& given, int64_t value) {
     TORCH_CHECK(!given || *given == value, "--", flag, " ", given.value_or(0), " contradicts --init-from '",
                 o.init_from, "', whose config.json says ", value, " (leave --", flag, " out)");
-    into = value;
   };
-  take("vocab", o.vocab, llama ? l.vocab : g.vocab, run.config.vocab);
-  take("layers", o.layers, llama ? l.layers : g.layers, run.config.layers);
-  take("heads", o.heads, llama ? l.heads : g.heads, run.config.heads);
-  take("width", o.width, llama ? l.width : g.width, run.config.width);
-  if (!llama) take("context", o.context, g.context, run.config.context);
-  if (!llama) return;
-  auto& c = run.llama_config;
-  const int64_t context = o.context ? *o.context : l.context;
-  take("kv-heads", o.kv_heads, l.kv_heads, c.kv_heads);
-  c.vocab = l.vocab, c.layers = l.layers, c.heads = l.heads, c.width = l.width, c.hidden = l.hidden;
-  c.rope_theta = l.rope_theta, c.norm_eps = l.norm_eps, c.context = run.config.context = context;
+  check("vocab", o.vocab, shape.vocab);
+  check("layers", o.layers, shape.layers);
+  check("heads", o.heads, shape.heads);
+  check("width", o.width, shape.width);
+  const bool learned_positions = kind == fsdp::models::ModelKind::kGpt;
+  if (learned_positions) check("context", o.context, shape.context);
+  if (kind == fsdp::models::ModelKind::kLlama) check("kv-heads", o.kv_heads, hub.model.llama().kv_heads);
+  const fsdp::TransformerShape ours = run.model_config.shape();
+  run.model_config = hub.model;
+  run.model_config.set_batch(ours.batch);
+  if (!learned_positions) run.model_config.set_context(o.context ? *o.context : shape.context);
 }
 
 // The whole model on every rank (initialized), or its shapes only for
@@ -238,16 +222,16 @@ void make_model(const TrainOptions& o, Run& run) {
   fsdp::memory::reset_peaks();
   if (o.sharded_init) {
     fsdp::memory::DeferredInit deferred;  // shapes only: fully_shard initializes unit by unit
-    run.model = new_model(o, run);
+    run.model = run.model_config.new_model();
   } else {
-    run.model = new_model(o, run);
+    run.model = run.model_config.new_model();
     run.model->init_weights(o.seed);
   }
   if (!o.init_from.empty()) {
     const auto start = std::chrono::steady_clock::now();
     if (fsdp::hugging_face::is_model(o.init_from)) {
       const auto files = fsdp::hugging_face::find_model(o.init_from);
-      fsdp::hugging_face::load_weights(*run.model, files, fsdp::hugging_face::read_config(files.config).architecture);
+      fsdp::hugging_face::load_weights(*run.model, files, run.model_config.kind());
     } else {
       fsdp::load_full_weights(*run.model, o.init_from);
     }
@@ -310,10 +294,6 @@ int default_threads(int world) {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world);
 }
 
-fsdp::ModelDescription model_description(const TrainOptions& o, const Run& run) {
-  return o.model == "llama" ? run.llama_config.plan_description() : run.config.plan_description();
-}
-
 fsdp::RunSettings run_settings(const TrainOptions& o, const Run& run, int world, int ranks_per_node,
                                bool gathers_run_ahead) {
   fsdp::RunSettings settings;
@@ -336,15 +316,16 @@ std::string trace_path(const std::string& path, int rank) {
 
 Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   Run run;
-  run.config = fsdp_tools::gpt_config(o);
+  fsdp::models::GPTConfig shape = fsdp_tools::gpt_config(o);
   apply_tokenizer(o, run);
+  if (run.tokenizer && !o.vocab) shape.vocab = run.tokenizer->vocab_size();
   check_values(o, world->size());
-  if (o.model == "llama") run.llama_config = fsdp_tools::llama_config(o, run.config);
+  run.model_config = fsdp_tools::model_config(o, shape);
   apply_hugging_face_config(o, run);
   check_tokenizer_fits(o, run);
   run.schedule = make_schedule(o);
   run.ckpt_format = fsdp::parse_checkpoint_format(o.ckpt_format);
-  run.fsdp_options = make_fsdp_options(o);
+  run.fsdp_options = make_fsdp_options(o, run);
   preflight(o, run, world->size());
   run.data = make_data(o, run);
   // Before the model's seed: --device cuda loads the CUDA module, which must

@@ -11,8 +11,7 @@
 #include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
 #include "fsdp/fully_shard.h"
-#include "fsdp/gpt.h"
-#include "fsdp/llama.h"
+#include "fsdp/model_config.h"
 #include "fsdp/lr_schedule.h"
 #include "fsdp/run_plan.h"
 #include "fsdp/token_data.h"
@@ -23,10 +22,9 @@ namespace fsdp_train {
 
 // Everything a run needs, built and checked.
 struct Run {
-  // The shape options over the preset; with --model llama its vocab,
-  // context, layers, heads, width and batch, which llama_config has too.
-  fsdp::models::GPTConfig config;
-  fsdp::models::LlamaConfig llama_config;  // --model llama
+  // --model's configuration: the shape options over the preset, a
+  // tokenizer's vocabulary, or --init-from's config.json.
+  fsdp::models::ModelConfig model_config;
   std::unique_ptr<fsdp::models::TokenData> data;
   std::shared_ptr<const fsdp::text::Tokenizer> tokenizer;  // --tokenizer (null: none)
   std::shared_ptr<fsdp::models::LanguageModel> model;  // --model: a GPT or a Llama
@@ -61,10 +59,6 @@ int default_threads(int world);
 // The built-in corpus (data/default_corpus.txt of the checkout this was built
 // in): what the trainer reads when no --data is given.
 const char* default_corpus_path();
-
-// What the planner takes of the run's model (its config's description),
-// before the model is built.
-fsdp::ModelDescription model_description(const TrainOptions& o, const Run& run);
 
 // The run's settings for its plan (fsdp::plan_run), beside fully_shard's
 // options: the world and its hosts, accumulation, clipping and loss scaling,

@@ -27,13 +27,12 @@ void apply_tokenizer(const TrainOptions& o, Run& run) {
     TORCH_CHECK(false, "--tokenizer: ", e.what());
   }
   run.warnings.insert(run.warnings.end(), run.tokenizer->warnings().begin(), run.tokenizer->warnings().end());
-  if (!o.vocab) run.config.vocab = run.tokenizer->vocab_size();
 }
 
 void check_tokenizer_fits(const TrainOptions& o, const Run& run) {
   if (!run.tokenizer) return;
   const int64_t needed = run.tokenizer->vocab_size();
-  const int64_t vocab = o.model == "llama" ? run.llama_config.vocab : run.config.vocab;
+  const int64_t vocab = run.model_config.shape().vocab;
   TORCH_CHECK(vocab >= needed, "the model's vocabulary (", vocab, o.vocab ? ", --vocab" : ", from --init-from",
               ") is smaller than the tokenizer's (", needed, " ids in '", o.tokenizer, "')");
 }
@@ -43,7 +42,7 @@ std::vector<int64_t> encode_prompt(const Run& run, const std::string& prompt) {
   if (run.tokenizer) {
     for (uint32_t id : run.tokenizer->encode(prompt)) tokens.push_back(id);
   } else {
-    for (unsigned char ch : prompt) tokens.push_back(static_cast<int64_t>(ch) % run.config.vocab);
+    for (unsigned char ch : prompt) tokens.push_back(static_cast<int64_t>(ch) % run.model_config.shape().vocab);
   }
   return tokens;
 }
@@ -59,7 +58,7 @@ std::string decode_sample(const Run& run, const std::vector<int64_t>& tokens) {
     return run.tokenizer->decode(ids);
   }
   std::string text;
-  if (run.config.vocab <= 256) {
+  if (run.model_config.shape().vocab <= 256) {
     for (int64_t t : tokens) text += static_cast<char>(t);
     return text;
   }

@@ -219,7 +219,7 @@ class Trainer {
     if (o_.eval_every == 0 || ((step + 1) % o_.eval_every != 0 && step + 1 != o_.steps)) return std::nullopt;
     const auto options = fsdp::EvaluationOptions()
                              .sequences(figures_.eval_sequences)
-                             .batch(run_.config.batch)
+                             .batch(run_.model_config.shape().batch)
                              .device(run_.device);
     auto loss = [this](const torch::Tensor& x, const torch::Tensor& y) { return model_.forward(x, y); };
     figures_.final_val_loss = fsdp::evaluate_loss(model_.state(), loss, *run_.data, world_, options);
@@ -227,7 +227,7 @@ class Trainer {
     if (!val_bytes_) val_bytes_ = validation_bytes(run_, figures_.eval_sequences).value_or(0);
     if (*val_bytes_ > 0) {
       figures_.final_val_bpb =
-          bits_per_byte(*figures_.final_val_loss, figures_.eval_sequences, run_.config.context, *val_bytes_);
+          bits_per_byte(*figures_.final_val_loss, figures_.eval_sequences, run_.model_config.shape().context, *val_bytes_);
     }
     return figures_.final_val_loss;
   }
@@ -251,7 +251,7 @@ class Trainer {
   // agreement on a preemption, the step's report.
   void loop() {
     const int W = world_->size();
-    const int64_t A = o_.grad_accum, batch = run_.config.batch;
+    const int64_t A = o_.grad_accum, batch = run_.model_config.shape().batch;
     for (int64_t step = figures_.first_step; step < o_.steps; ++step) {
       fsdp::trace::Span step_span("step " + std::to_string(step + 1), "step");
       const double lr = run_.schedule.lr_at(step);
@@ -314,10 +314,8 @@ class Trainer {
   std::string spec_file() const { return o_.save_final + ".spec.tmp.safetensors"; }
   void export_hugging_face() {
     namespace hf = fsdp::hugging_face;
-    hf::ModelConfig config;
-    config.architecture = o_.model == "llama" ? hf::Architecture::kLlama : hf::Architecture::kGpt2;
-    config.gpt = run_.config;
-    config.llama = run_.llama_config;
+    hf::HubConfig config;
+    config.model = run_.model_config;
     if (hf::is_model(o_.init_from)) config.source_json = hf::read_config(hf::find_model(o_.init_from).config).source_json;
     hf::convert_file_to_hf(spec_file(), config, o_.save_final);
     std::filesystem::remove(spec_file());

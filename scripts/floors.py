@@ -36,6 +36,7 @@ PUBLIC_HEADER_FLOORS = {
     "comm.h": "comm",
     "offload.h": "core",
     "state_dict.h": "state_dict",
+    "checkpoint.h": "state_dict",  # checkpoint_{schema,save,load}.cpp
     "fsdp.h": "tools",  # the umbrella header includes everything; only programs include it
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

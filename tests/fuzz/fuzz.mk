@@ -16,6 +16,9 @@ obj = $(OUT)/obj/$(1).o
 HEADER := $(call obj,src/state_dict/safetensors_header)
 SAFETENSORS := $(call obj,src/state_dict/safetensors) $(call obj,src/base/checksum) \
   $(call obj,src/base/file_io) $(HEADER)
+# The checkpoint code (metadata.json's checks, saving, reading back).
+CHECKPOINT := $(call obj,src/state_dict/checkpoint_schema) $(call obj,src/state_dict/checkpoint_save) \
+  $(call obj,src/state_dict/checkpoint_load)
 
 # The tokenizer reader is libfsdp_text's, without LibTorch: its own sources
 # and their libraries (Oniguruma's regexes, ICU's normalization).
@@ -32,7 +35,7 @@ all: header reader metadata tokenizer config
 
 $(OUT)/header_fuzz: $(call obj,tests/fuzz/header_fuzz) $(HEADER)
 $(OUT)/reader_fuzz: $(call obj,tests/fuzz/reader_fuzz) $(SAFETENSORS)
-$(OUT)/metadata_fuzz: $(call obj,tests/fuzz/metadata_fuzz) $(call obj,src/state_dict/checkpoint) $(SAFETENSORS)
+$(OUT)/metadata_fuzz: $(call obj,tests/fuzz/metadata_fuzz) $(CHECKPOINT) $(SAFETENSORS)
 HF_ADAPTERS := $(call obj,src/models/hugging_face_adapter) $(call obj,src/models/gpt_hugging_face) \
   $(call obj,src/models/llama_hugging_face)
 $(OUT)/config_fuzz: $(call obj,tests/fuzz/config_fuzz) $(call obj,src/state_dict/hugging_face) $(HF_ADAPTERS) \

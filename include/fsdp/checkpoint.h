@@ -38,7 +38,7 @@ enum class CheckpointFormat {
   kSharded,  ///< every shard in its own file, written by its rank
   kFull,     ///< model.safetensors and optimizer.safetensors, written by rank 0
 };
-std::string checkpoint_format_name(CheckpointFormat format);      ///< "sharded", "full"
+const char* checkpoint_format_name(CheckpointFormat format);      ///< "sharded", "full"
 CheckpointFormat parse_checkpoint_format(const std::string& name);  ///< throws listing the choices
 
 /// What metadata.json's "extra" holds beside the tensors: by key, each value

@@ -253,7 +253,7 @@ void throw_first_rank_error(const ProcessGroupPtr& group, const std::string& err
 
 using detail::fsync_path;
 
-std::string checkpoint_format_name(CheckpointFormat format) {
+const char* checkpoint_format_name(CheckpointFormat format) {
   return format == CheckpointFormat::kSharded ? "sharded" : "full";
 }
 

@@ -93,6 +93,44 @@ inline fsdp::models::ModelConfig model_config(const ModelFlags& f, const fsdp::m
   return shape;
 }
 
+// The run's settings both tools take, with fsdp-train's names, defaults and
+// help: precision, units, recompute, initialization, clipping, and the disk
+// offload's step.
+struct RunFlags {
+  std::string param_dtype = "fp32";
+  std::string reduce_dtype;  // "": the param dtype
+  std::string wrap = "block";
+  bool activation_checkpointing = false;
+  bool sharded_init = false;
+  double clip_grad_norm = 1.0;  // nanoGPT's default
+  int offload_read_ahead = 2;   // parameter shards read ahead of their gather (units)
+  bool offload_step_after_backward = false;  // the optimizer as a phase after backward, not during it
+};
+
+inline void add_run_flags(CLI::App& app, RunFlags& f) {
+  app.add_option("--param-dtype", f.param_dtype, "fp32, bf16 or fp16: the dtype gathered and computed with")
+      ->capture_default_str();
+  app.add_option("--reduce-dtype", f.reduce_dtype, "fp32, bf16 or fp16: the dtype gradients are reduced in "
+                                                   "(default: the param dtype)");
+  app.add_option("--wrap", f.wrap, "block (a unit per transformer block) or sublayer (per attention and per MLP)")
+      ->capture_default_str();
+  app.add_flag("--activation-checkpointing", f.activation_checkpointing,
+               "recompute each block's forward in backward instead of keeping its activations");
+  app.add_flag("--sharded-init", f.sharded_init,
+               "build the model without memory for its weights and initialize it unit by unit while sharding "
+               "(the same weights as the default initialization)");
+  app.add_option("--clip-grad-norm", f.clip_grad_norm, "clip the global gradient norm to this (0: off)")
+      ->check(non_negative())
+      ->capture_default_str();
+  app.add_option("--offload-read-ahead", f.offload_read_ahead,
+                 "nvme offload: parameter shards read ahead of their all-gather, in units (each costs one shard of memory)")
+      ->check(non_negative())
+      ->capture_default_str();
+  app.add_flag("--offload-step-after-backward", f.offload_step_after_backward,
+               "nvme offload: step the optimizer after backward, with every gradient in memory until then, instead of "
+               "each unit as soon as its gradient is reduced (what clipping and loss scaling do anyway)");
+}
+
 // ZeRO++'s quantized and hierarchical collectives (fsdp::ZeroPlusPlus), as given.
 struct ZeroPlusPlusFlags {
   std::string gather_quantization = "none";    // qwZ

@@ -91,7 +91,7 @@ fsdp_train=("$run" -n 1 -- "$train" --log out/log.jsonl --summary out/summary.js
 # Numbers: finite (inf passed the checks, and trained to a NaN loss, exit 0).
 row fsdp-train 1 "--lr must be a finite number, got inf" "${fsdp_train[@]}" --preset tiny --lr inf
 row fsdp-train 1 "--lr must be a finite number, got nan" "${fsdp_train[@]}" --preset tiny --lr nan
-row fsdp-train 1 "--clip-grad-norm must be a finite number, got inf" "${fsdp_train[@]}" --preset tiny --clip-grad-norm inf
+row fsdp-train 1 "--clip-grad-norm: expected a number >= 0, got inf" "${fsdp_train[@]}" --preset tiny --clip-grad-norm inf
 row fsdp-train 1 "--steps: expected a number that fits in 64 bits" "${fsdp_train[@]}" --preset tiny --steps 99999999999999999999
 row fsdp-train 1 "--bogus" "${fsdp_train[@]}" --bogus
 row fsdp-train 1 "--threads must be >= 0, got -1" "${fsdp_train[@]}" --preset tiny --threads -1

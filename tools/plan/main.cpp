@@ -47,28 +47,13 @@ void add_plan_options(CLI::App& app, PlanInputs& in) {
       ->check(fsdp_tools::positive())
       ->capture_default_str();
   app.add_option("--strategy", in.strategy, "one strategy, or all")->capture_default_str();
-  app.add_option("--param-dtype", in.param_dtype, "fp32, bf16, fp16")->capture_default_str();
-  app.add_option("--reduce-dtype", in.reduce_dtype, "default: the param dtype");
-  app.add_flag("--activation-checkpointing", in.checkpointing, "recompute units in backward");
-  app.add_flag("--sharded-init", in.sharded_init,
-               "as fsdp-train's: no whole model built on every rank first (the preflight's construction term)");
-  app.add_option("--wrap", in.wrap, "block (a unit per block) or sublayer (per attention and per MLP)")
-      ->capture_default_str();
+  fsdp_tools::add_run_flags(app, in);
   app.add_flag("!--no-prefetch", in.prefetch, "no unit gathered ahead (default: one)");
   app.add_option("--offload", in.offload,
                  "none; cpu: fp32 masters, gradients and optimizer state in host memory; nvme: the optimizer state "
                  "and (sharded strategies) the parameters on disk, as fsdp-train --offload-optimizer nvme "
                  "--offload-params nvme; nvme-optimizer: the optimizer state only")
       ->capture_default_str();
-  app.add_option("--clip-grad-norm", in.clip_grad_norm,
-                 "as fsdp-train's (0: off): with --offload nvme, a run that clips steps after backward, with every "
-                 "gradient in memory; one that does not steps each unit during backward")
-      ->check(fsdp_tools::non_negative())
-      ->capture_default_str();
-  app.add_option("--offload-read-ahead", in.offload_read_ahead, "as fsdp-train's: parameter shards read ahead (units)")
-      ->check(fsdp_tools::non_negative())
-      ->capture_default_str();
-  app.add_flag("--offload-step-after-backward", in.offload_step_after_backward, "as fsdp-train's");
   app.add_option("--ckpt-async", in.ckpt_async,
                  "none; sharded or full: the host memory of fsdp-train --ckpt-async --ckpt-format FORMAT's staging copy "
                  "(held beside the steps while a save writes in the background)")
@@ -181,7 +166,7 @@ fsdp::FullyShardOptions plan_options(const Report& r, fsdp::ShardingStrategy s, 
                      .strategy(s)
                      .mixed_precision(r.mp)
                      .backward_prefetch(r.in.prefetch ? fsdp::BackwardPrefetch::kPre : fsdp::BackwardPrefetch::kNone)
-                     .activation_checkpointing(r.in.checkpointing)
+                     .activation_checkpointing(r.in.activation_checkpointing)
                      .zero_plus_plus(with_zero_plus_plus ? r.in.zero_plus_plus() : fsdp::ZeroPlusPlus());
   if (r.in.offload.rfind("nvme", 0) == 0) {
     // Parameters go to disk only where the strategy shards them.
@@ -251,13 +236,13 @@ Report make_report(const PlanInputs& in) {
   if (!in.cluster_path.empty()) r.cluster = Cluster::load(in.cluster_path);
   // 6 N FLOPs per token for forward and backward, 2 N more to recompute;
   // or the preset's forward and backward as calibrate timed it.
-  r.compute = r.cluster ? (in.checkpointing ? 8.0 : 6.0) * r.model.total_params *
+  r.compute = r.cluster ? (in.activation_checkpointing ? 8.0 : 6.0) * r.model.total_params *
                               static_cast<double>(r.model.shape.batch * r.model.shape.context) / r.cluster->flops
                         : 0.0;
   if (r.cluster && !in.preset.empty() && r.cluster->model_step_preset == in.preset && !in.layers && !in.width &&
       !in.batch && !in.context && !in.vocab && !in.heads &&
       in.kind() == fsdp::models::ModelKind::kGpt) {
-    r.compute = r.cluster->model_step_s * (in.checkpointing ? 8.0 / 6.0 : 1.0);
+    r.compute = r.cluster->model_step_s * (in.activation_checkpointing ? 8.0 / 6.0 : 1.0);
   }
   r.disk_measured = r.cluster && r.cluster->disk_read_bandwidth > 0 && r.cluster->disk_write_bandwidth > 0;
   return r;

@@ -115,7 +115,7 @@ nlohmann::json inputs_json(const Report& r) {
           {"strategy", in.strategy},
           {"param_dtype", fsdp::dtype_name(r.mp.param_dtype())},
           {"reduce_dtype", fsdp::dtype_name(r.mp.effective_reduce_dtype())},
-          {"activation_checkpointing", in.checkpointing},
+          {"activation_checkpointing", in.activation_checkpointing},
           {"wrap", in.wrap},
           {"prefetch", in.prefetch},
           {"offload", in.offload},
@@ -188,7 +188,7 @@ void print_strategy_table(const Report& r) {
             << "world: " << r.in.world << " ranks on " << r.in.nodes << " node(s); params "
             << fsdp::dtype_name(r.mp.param_dtype()) << ", reduce " << fsdp::dtype_name(r.mp.effective_reduce_dtype())
             << "; prefetch " << (r.in.prefetch ? "on" : "off") << "; activation checkpointing "
-            << (r.in.checkpointing ? "on" : "off") << "; offload " << r.in.offload << "\n"
+            << (r.in.activation_checkpointing ? "on" : "off") << "; offload " << r.in.offload << "\n"
             << "per rank (AdamW: fp32 master + two fp32 moments = 12 B per parameter, sharded as the strategy says):\n";
   const char* columns[] = {"strategy", "params", "grads", "optimizer", "gathered", "activations", "bwd transient",
                            "device total", "host (offload)", "comm / step"};

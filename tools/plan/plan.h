@@ -55,16 +55,12 @@ struct Recommendation {
 
 // What fsdp-plan was asked, as its command line gives it; the model's and
 // ZeRO++'s flags are fsdp-train's (shared_flags.h).
-struct PlanInputs : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags {
+struct PlanInputs : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags, fsdp_tools::RunFlags {
   double params = 0;
   int world = 2, nodes = 1;
-  std::string strategy = "all", param_dtype = "fp32", reduce_dtype, cluster_path, offload = "none", wrap = "block";
+  std::string strategy = "all", cluster_path, offload = "none";
   std::string ckpt_async = "none";  // fsdp-train --ckpt-async with this --ckpt-format
-  // Disk offload's step (fsdp-train's flags of the same names and defaults).
-  double clip_grad_norm = 1.0;
-  int offload_read_ahead = 2;
-  bool offload_step_after_backward = false;
-  bool checkpointing = false, prefetch = true, seed_accounting = false, json = false, sharded_init = false;
+  bool prefetch = true, seed_accounting = false, json = false;
   double budget = 0;
 };
 

@@ -35,12 +35,6 @@ void add_offload_options(CLI::App& app, TrainOptions& o) {
                  "bf16/fp16 parameters together with --offload-optimizer nvme)")
       ->capture_default_str();
   app.add_option("--offload-dir", o.offload_dir, "the folder of the nvme offload's scratch files (one per rank)");
-  app.add_option("--offload-read-ahead", o.offload_read_ahead,
-                 "nvme offload: parameter shards read ahead of their all-gather, in units (each costs one shard of memory)")
-      ->capture_default_str();
-  app.add_flag("--offload-step-after-backward", o.offload_step_after_backward,
-               "nvme offload: step the optimizer after backward, with every gradient in memory until then, instead of "
-               "each unit as soon as its gradient is reduced (what clipping and loss scaling do anyway)");
   app.add_option("--offload-engine", o.offload_engine,
                  "auto (libaio with O_DIRECT where the file system takes it, else threads), libaio, or threads "
                  "(pread/pwrite)")
@@ -93,16 +87,10 @@ void add_parallel_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--memory-budget", o.memory_budget,
                  "--strategy auto: per-rank bytes for model state plus gathered parameters "
                  "(the rule of fsdp-plan --budget)");
-  app.add_option("--param-dtype", o.param_dtype, "fp32, bf16 or fp16: the dtype gathered and computed with")
-      ->capture_default_str();
-  app.add_option("--reduce-dtype", o.reduce_dtype, "fp32, bf16 or fp16: the dtype gradients are reduced in "
-                                                   "(default: the param dtype)");
   app.add_option("--grad-accum", o.grad_accum, "micro-steps per optimizer step")->capture_default_str();
   app.add_flag("--no-sync", o.no_sync,
                "with --grad-accum: skip the reduction before the last micro-step also for sharded-gradient "
                "strategies (keeps full-size gradients between micro-steps)");
-  app.add_option("--clip-grad-norm", o.clip_grad_norm, "clip the global gradient norm to this (0: off)")
-      ->capture_default_str();
   app.add_option("--lr-schedule", o.lr_schedule,
                  "constant, or cosine (to --min-lr at the last step); either after --warmup-steps of linear warmup")
       ->capture_default_str();
@@ -130,18 +118,11 @@ void add_output_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--backward-prefetch", o.backward_prefetch,
                  "none, pre (before this unit's gradients) or post (after them): when backward gathers the next unit")
       ->capture_default_str();
-  app.add_option("--wrap", o.wrap, "block (a unit per transformer block) or sublayer (per attention and per MLP)")
-      ->capture_default_str();
   app.add_option("--prefetch-depth", o.prefetch_depth, "units ahead that prefetch gathers")->capture_default_str();
   app.add_flag("--no-limit-all-gathers", o.no_limit_all_gathers,
                "let prefetch keep more than one unused unit gathered (off: at most one)");
   app.add_flag("--no-block-cache", o.no_block_cache,
                "give every freed host buffer back at once instead of keeping six unit buffers' worth for reuse");
-  app.add_flag("--sharded-init", o.sharded_init,
-               "build the model without memory for its weights and initialize it unit by unit while sharding "
-               "(the same weights as the default initialization)");
-  app.add_flag("--activation-checkpointing", o.activation_checkpointing,
-               "recompute each block's forward in backward instead of keeping its activations");
   app.add_option("--plot", o.plot,
                  "write DIR/loss.png and DIR/memory.png from the log after training (the log defaults to DIR/log.jsonl)");
   app.add_option("--sample", o.sample, "after training, print N tokens the model generates from --prompt (0: none)");
@@ -164,6 +145,7 @@ void add_options(CLI::App& app, TrainOptions& o) {
   add_data_options(app, o);
   add_parallel_options(app, o);
   fsdp_tools::add_zero_plus_plus_flags(app, o);
+  fsdp_tools::add_run_flags(app, o);
   add_output_options(app, o);
 }
 

@@ -13,9 +13,9 @@
 namespace fsdp_train {
 
 // The command line as given (validated by prepare(), setup.h).
-// The model's flags (--model, --preset, the shape, --kv-heads) and ZeRO++'s
-// are the ones fsdp-plan takes too (shared_flags.h).
-struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags {
+// The model's flags (--model, --preset, the shape, --kv-heads), ZeRO++'s and
+// the run's settings (RunFlags) are the ones fsdp-plan takes too (shared_flags.h).
+struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags, fsdp_tools::RunFlags {
   TrainOptions() { preset = "small"; }
   int64_t steps = 100;
   double lr = 1e-3;
@@ -35,11 +35,8 @@ struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags {
   std::string strategy = "full_shard";
   int ranks_per_node = 0;
   int64_t memory_budget = 0;
-  std::string param_dtype = "fp32";
-  std::string reduce_dtype;
   int64_t grad_accum = 1;
   bool no_sync = false;
-  double clip_grad_norm = 1.0;  // nanoGPT's default
   std::string lr_schedule = "constant";  // the spec's default: constant unless a schedule is asked for
   int64_t warmup_steps = 0;
   std::optional<double> min_lr;  // default: lr / 10 (nanoGPT's)
@@ -49,8 +46,6 @@ struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags {
   std::string backend = "auto";
   std::string offload = "none";
   std::string offload_optimizer = "none", offload_params = "none", offload_dir, offload_engine = "auto";
-  int offload_read_ahead = 2;              // parameter shards read ahead of their gather (units)
-  bool offload_step_after_backward = false;  // the optimizer as a phase after backward, not during it
   bool no_preflight = false;
   double collective_timeout = 0.0;
   std::string ckpt_dir;
@@ -61,14 +56,11 @@ struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags {
   bool resume = false;
   bool forward_prefetch = false;
   std::string backward_prefetch = "pre";
-  std::string wrap = "block";
   int prefetch_depth = 1;
   bool no_limit_all_gathers = false;
   bool no_block_cache = false;
   std::string trace;
   std::string summary;
-  bool activation_checkpointing = false;
-  bool sharded_init = false;
   std::string plot;
   int64_t sample = 0;
   double temperature = 0.8;

@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
   int64_t shard_elements = 0;
   for (const auto& shard : model.parameters()) shard_elements += shard.numel();
   std::cout << "rank " << rank << " of " << world << " holds " << shard_elements << " parameter elements in "
-            << model.state().units().size() << " unit shards\n";
+            << model.state().num_units() << " unit shards\n";
   // It learned: every rank exits non-zero if the loss did not fall (from step 1: a resumed run
   // starts where most of the fall is behind it).
   if (first_step == 1 && !(last_loss < first_loss)) {

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/fsdp_state_impl.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/fused_adamw.h"
 #include "fsdp/gpt.h"
@@ -59,7 +60,7 @@ inline int shard_size(ShardingStrategy s) { return shard_group_size(s, world_gro
 // (collective); the padding must have stayed zero through the steps.
 inline std::map<std::string, torch::Tensor> full_values(FsdpState& state) {
   std::map<std::string, torch::Tensor> values;
-  for (const auto& unit : state.units()) {
+  for (const auto& unit : fsdp::detail::units(state)) {
     const auto& flat = unit->flat_param();
     torch::Tensor full = flat.gather_full(flat.shard());
     EXPECT_TRUE(padding_of(flat, full).eq(0).all().item<bool>())

@@ -14,6 +14,7 @@
 #include <iterator>
 #include <thread>
 
+#include "core/fsdp_state_impl.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/checkpoint_manager.h"
 #include "fsdp/fully_shard.h"
@@ -307,7 +308,7 @@ TEST(Checkpoint, AsyncSaveWritesTheSynchronousBytesWhileTrainingGoesOn) {
     EXPECT_GT(published->write_seconds, 0.25);
     // The staging copy is what the planner counts (memory_plan.h), to the byte.
     std::vector<int64_t> numels;
-    for (const auto& unit : run.model.state().units()) numels.push_back(unit->flat_param().numel());
+    for (const auto& unit : fsdp::detail::units(run.model.state())) numels.push_back(unit->flat_param().numel());
     const fsdp::CheckpointStaging planned = fsdp::estimate_checkpoint_staging(
         numels, ShardingStrategy::kFullShard, world_group->size(), 0, format == fsdp::CheckpointFormat::kFull);
     EXPECT_EQ(staged.staged_bytes, world_group->rank() == 0 ? planned.rank0 : planned.per_rank) << name;

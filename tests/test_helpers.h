@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fsdp_state_impl.h"
 #include "core/unit.h"
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"
@@ -135,7 +136,7 @@ inline torch::Tensor padding_of(const FlatParam& flat, const torch::Tensor& full
 inline void expect_gradients_match(const FsdpState& state, const torch::nn::Module& reference, double tolerance,
                                    const std::string& context = "") {
   const auto expected_grads = reference.named_parameters();
-  for (const auto& unit : state.units()) {
+  for (const auto& unit : fsdp::detail::units(state)) {
     const auto& flat = unit->flat_param();
     if (flat.entries().empty()) continue;
     torch::Tensor local = flat.shard().grad();

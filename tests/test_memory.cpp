@@ -9,6 +9,7 @@
 #include <numeric>
 #include <string>
 
+#include "core/fsdp_state_impl.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/fused_adamw.h"
 #include "fsdp/gpt.h"
@@ -58,7 +59,7 @@ TEST(Memory, EachRankHoldsExactlyItsShareMeasuredByTheAllocator) {
     expected_shard_bytes += (n + W - 1) / W * 4;
     total_numel += n;
   }
-  ASSERT_EQ(static_cast<int64_t>(sharded.state().units().size()), config.layers + 1);
+  ASSERT_EQ(static_cast<int64_t>(fsdp::detail::units(sharded.state()).size()), config.layers + 1);
   EXPECT_EQ(total_numel, num_parameters);
   EXPECT_EQ(after_shard.live(Category::kParameterShard) - before.live(Category::kParameterShard), expected_shard_bytes);
   EXPECT_EQ(after_shard.live(Category::kUnshardedBuffer), before.live(Category::kUnshardedBuffer));
@@ -163,7 +164,8 @@ TEST(Memory, TheBlockCacheIsSizedToTheLargestUnitAndReusedAcrossSteps) {
   EXPECT_EQ(mem::block_cache_limit(), 0) << "cache_host_blocks(false) leaves the limit alone";
   auto model = fsdp::fully_shard(fsdp::testing::make_gpt(config, 5), world_group, block_units());
   int64_t largest = 0;
-  for (const auto& unit : model.state().units()) largest = std::max(largest, unit->flat_param().padded_numel());
+  for (const auto& unit : fsdp::detail::units(model.state()))
+    largest = std::max(largest, unit->flat_param().padded_numel());
   EXPECT_EQ(mem::block_cache_limit(), 6 * largest * 4);
 
   fsdp::models::TokenData data(fsdp::testing::make_token_file("block-cache", 5000, config.vocab), config.context,

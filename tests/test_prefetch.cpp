@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fsdp_state_impl.h"
 #include "core/unit.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/fused_adamw.h"
@@ -74,7 +75,7 @@ TEST(Prefetch, GathersTheNextUnitAheadWithinTheLimiter) {
           violations.push_back(std::string(pass) + " of block " + std::to_string(index) + ": " + std::to_string(live) +
                                " unsharded bytes live, the limiter allows " + std::to_string(allowed_units * unit_bytes));
       }
-      const auto& units = state->units();  // units[0] is the root, units[i + 1] block i
+      const auto& units = fsdp::detail::units(*state);  // units[0] is the root, units[i + 1] block i
       const int next = in_backward ? index - 1 : index + 1;
       if (next < 0 || next >= depth) return;
       const auto& flat = units[next + 1]->flat_param();

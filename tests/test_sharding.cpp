@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fsdp_state_impl.h"
 #include "core/unit.h"
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"
@@ -94,7 +95,7 @@ TEST(Sharding, FullShardTrainsTheSameModelAsOneProcessWithTheGlobalBatch) {
   // step's largest update (lr). Not relative: Adam turns the float noise of
   // gradients that are exactly zero in theory (the key bias of attention)
   // into lr-sized steps of random sign, so tiny weights can differ by ~1e-5.
-  for (const auto& unit : sharded.state().units()) {
+  for (const auto& unit : fsdp::detail::units(sharded.state())) {
     const auto& flat = unit->flat_param();
     torch::Tensor full = gather_flat(flat, flat.shard());
     for (const auto& e : flat.entries()) {
@@ -245,7 +246,7 @@ TEST(Sharding, TiedWeightsReceiveTheSumOfBothUsesGradients) {
   auto sharded = fsdp::fully_shard(make_gpt(config), world_group, block_units());
   auto [x, y] = data.batch(0, 0, r, W, 1, 2);
   sharded.forward(x, y).backward();
-  const auto& root = sharded.state().units().front()->flat_param();
+  const auto& root = fsdp::detail::units(sharded.state()).front()->flat_param();
   ASSERT_EQ(root.entries().front().name, "transformer.wte.weight");
   torch::Tensor grad = gather_flat(root, root.shard().grad());
   const auto& wte_entry = root.entries().front();
@@ -311,7 +312,7 @@ TEST(Sharding, SublayerUnitsGiveTheGradientsOfOneProcess) {
                                      fsdp::FullyShardOptions()
                                          .wrap_policy(fsdp::module_type_policy<AttentionImpl, MLPImpl>())
                                          .activation_checkpointing(checkpointing));
-    ASSERT_EQ(sharded.state().units().size(), static_cast<size_t>(1 + 2 * config.layers));
+    ASSERT_EQ(fsdp::detail::units(sharded.state()).size(), static_cast<size_t>(1 + 2 * config.layers));
     auto [x, y] = data.batch(0, 0, r, W, 1, 2);
     sharded.forward(x, y).backward();
     expect_gradients_match(sharded.state(), *reference, 1e-4,

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fsdp_state_impl.h"
 #include "core/unit.h"
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"
@@ -49,8 +50,8 @@ TEST(StateMachine, UnitsAreUnshardedOnlyInsideTheirForwardAndBackward) {
   auto probe = [&](int index, bool in_backward) {
     (in_backward ? backward_probes : forward_probes)++;
     // units()[0] is the root, units()[i + 1] block i.
-    for (size_t u = 0; u < state->units().size(); ++u) {
-      const auto& unit = state->units()[u];
+    for (size_t u = 0; u < fsdp::detail::units(*state).size(); ++u) {
+      const auto& unit = fsdp::detail::units(*state)[u];
       bool must_be_unsharded = u == 0 || static_cast<int>(u) == index + 1;
       UnitState expected = !must_be_unsharded ? UnitState::kSharded
                            : in_backward      ? UnitState::kBackward
@@ -101,7 +102,7 @@ TEST(StateMachine, UnitsAreUnshardedOnlyInsideTheirForwardAndBackward) {
 
 TEST(StateMachine, IllegalTransitionsAreRefused) {
   auto model = fsdp::fully_shard(make_gpt(tiny()), world_group, block_units());
-  fsdp::Unit& block = *model.state().units()[1];
+  fsdp::Unit& block = *fsdp::detail::units(model.state())[1];
   // Reshard a unit that is not unsharded; gather one already gathered.
   EXPECT_THROW(block.post_forward(), c10::Error);
   block.pre_forward();

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fsdp_state_impl.h"
 #include "core/unit.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/fused_adamw.h"
@@ -173,7 +174,7 @@ TEST(ZeroPlusPlus, SecondaryPartitionHoldsTheHostsSliceFromForwardToBackward) {
     auto [x, y] = data.batch(0, 0, r, W, 1, 2);
     torch::Tensor loss = sharded.forward(x, y);
     int64_t expected = 0;
-    for (const auto& unit : sharded.state().units()) {
+    for (const auto& unit : fsdp::detail::units(sharded.state())) {
       expected += unit->flat_param().padded_numel() / host_ranks() * c10::elementSize(dtype);
     }
     EXPECT_EQ(fsdp::memory::usage().live(Category::kSecondaryPartition) - before, expected);
@@ -205,7 +206,7 @@ TEST(ZeroPlusPlus, QuantizedGatherGivesEveryRankTheMastersWithinTheBlockBound) {
     sharded.forward(x, y).backward();
     optimizer.step();
     optimizer.zero_grad();
-    for (const auto& unit : sharded.state().units()) {
+    for (const auto& unit : fsdp::detail::units(sharded.state())) {
       fsdp::FlatParam& flat = unit->flat_param();
       const torch::Tensor exact = flat.gather_full(flat.shard().detach());
       flat.unshard();

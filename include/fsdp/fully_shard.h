@@ -36,19 +36,17 @@
 namespace fsdp {
 
 class Unit;  // one unit's parameters and lifecycle: the engine's own, not installed
-struct FlatParamConfig;  // the engine's own, not installed
-class DeviceContext;     // the device and its streams: the engine's own, not installed
-class GatherOrder;       // the gathers' order on a device: the engine's own, not installed
-class TrainStep;         // fsdp/train_step.h
-namespace offload {
-class ShardOffload;  // where the shards live between uses: the engine's own, not installed
-}
+class FsdpState;
 namespace detail {
-class UnitForwardScope;
-}
+struct FsdpStateImpl;  // what an FsdpState holds: the engine's own, not installed
+// A forward failed: rethrows the error, naming the units it did not enter
+// through unit_forward (FullyShardedModule::forward calls it from its catch).
+[[noreturn]] void rethrow_forward_error(const FsdpState& state, const c10::Error& error);
+}  // namespace detail
 
 /// Everything fully_shard() attaches to a model: its units and their hooks.
-/// What a user calls is public; the engine's autograd-driven hooks are not.
+/// What a user calls is public; the engine (the units, where their shards
+/// live, the autograd-driven hooks) is behind a pointer, not installed.
 class FsdpState {
  public:
   /// What fully_shard() makes (call that instead): plans the units of
@@ -60,43 +58,36 @@ class FsdpState {
 
   /// The local shards, one leaf per unit: hand these to the optimizer.
   std::vector<torch::Tensor> parameters() const;
-  /// The units, root first (opaque outside the library).
-  const std::vector<std::unique_ptr<Unit>>& units() const { return units_; }
   /// How many units fully_shard() made (the root included).
-  size_t num_units() const { return units_.size(); }
+  size_t num_units() const;
   /// What the disk offload (FullyShardOptions::nvme_offload) is and has
   /// moved so far, or nothing without one.
   std::optional<offload::NvmeOffloadInfo> nvme_offload() const;
-  /// Where the units' shards live between uses, and the device context with
-  /// the streams they cross on (opaque outside the library).
-  offload::ShardOffload& offload() const { return *offload_; }
-  /// \copydoc offload()
-  const DeviceContext& device_context() const { return *device_context_; }
   /// Whether the units' gathers run ahead of the compute on the shard group's
   /// gather stream (a device, no offload). Such a
   /// run holds one resharded unit's buffer more than the prefetch limit says
   /// (as FSDP2 holds the previous all-gather's output).
-  bool gathers_run_ahead() const { return gather_order_ != nullptr; }
+  bool gathers_run_ahead() const;
   /// The group fully_shard() was given (every rank of the model).
-  const ProcessGroupPtr& group() const { return group_; }
+  const ProcessGroupPtr& group() const;
   /// The options fully_shard() was given.
-  const FullyShardOptions& options() const { return options_; }
+  const FullyShardOptions& options() const;
   /// Where the units compute (FullyShardOptions::device, else the parameters').
-  c10::Device device() const { return device_; }
+  c10::Device device() const;
   /// The sharded model (its parameters are views into the gathered buffers).
-  torch::nn::Module& module() const { return *module_; }
+  torch::nn::Module& module() const;
   /// The groups the units communicate over (not the caller's group, so that
   /// their traffic is counted apart): null where the strategy has none.
-  const ProcessGroupPtr& shard_group() const { return shard_group_; }
+  const ProcessGroupPtr& shard_group() const;
   /// \copydoc shard_group()
-  const ProcessGroupPtr& replicate_group() const { return replicate_group_; }
+  const ProcessGroupPtr& replicate_group() const;
   /// ZeroPlusPlus's groups: the ranks of this rank's host (secondary
   /// partition's gathers, the first step of a quantized reduction), and one
   /// rank of every host, those with this rank's place in its host (the
   /// quantized reduction's all-to-all); null where no option needs them.
-  const ProcessGroupPtr& host_group() const { return host_group_; }
+  const ProcessGroupPtr& host_group() const;
   /// \copydoc host_group()
-  const ProcessGroupPtr& cross_host_group() const { return cross_host_group_; }
+  const ProcessGroupPtr& cross_host_group() const;
   /// Bytes moved by the units' collectives, per kind, over all their groups.
   CommStats comm_stats() const;
   /// The part of comm_stats() moved by groups that span hosts (the shard
@@ -110,96 +101,22 @@ class FsdpState {
   /// With sync off, backward leaves each parameter's gradient unreduced in
   /// its .grad, accumulating over micro-steps (PyTorch's no_sync); the next
   /// backward with sync on reduces the sum.
-  void set_requires_gradient_sync(bool sync) { requires_gradient_sync_ = sync; }
+  void set_requires_gradient_sync(bool sync);
   /// Whether backward reduces the gradients (set_requires_gradient_sync()).
-  bool requires_gradient_sync() const { return requires_gradient_sync_; }
+  bool requires_gradient_sync() const;
   /// Throws unless every unit is at rest and no reduction is in flight (the
   /// state between steps).
   void check_idle() const;
 
   /// Diagnostics of the all-gather limiter: the most prefetched units that
   /// were waiting unused at once, since the last reset.
-  int max_prefetched_unused() const { return max_prefetched_unused_; }
+  int max_prefetched_unused() const;
   /// Starts a new window for max_prefetched_unused().
-  void reset_prefetch_stats() { max_prefetched_unused_ = 0; }
+  void reset_prefetch_stats();
 
  private:
-  friend class Unit;
-  friend class detail::UnitForwardScope;
-  friend class UnshardScope;
-  friend class TrainStep;  // marks the backward passes it runs (in_train_step_)
-  template <class M>
-  friend class FullyShardedModule;
-
-  Unit& root_unit() const { return *units_.front(); }
-  // Called by units: the first backward event of a pass queues the
-  // end-of-backward callback that finishes every unit's reduction.
-  void on_backward_event();
-  void on_forward_entered(Unit& unit);
-  // Prefetch: issues the all-gathers of the units that run after `unit`
-  // in forward, or in backward (the reverse order), within the limiter.
-  void prefetch_after(const Unit& unit, bool backward);
-  // A unit began its forward or backward: a prefetch of it is used up.
-  void on_unit_started(Unit& unit);
-  // Waits for the gradient reductions in flight and accumulates them into
-  // the shards' gradients (hybrid: after the all-reduce across replicas).
-  // With CPU offload on a GPU, wait_for_host_copies = false leaves the
-  // gradients' copies to the host that this call issues in flight (the
-  // next call, or the end of backward, finishes them).
-  void finish_reductions_in_flight(bool wait_for_host_copies = true);
-  // Gathers issued ahead for units that did not run (a pass that took
-  // another path, or a forward without backward): waited for and freed.
-  void release_unused_prefetches();
-  // The root's forward ended without autograd (evaluation): the pass is over.
-  void finish_forward_without_backward();
-  // A forward failed: rethrows the error, naming the units that were never
-  // entered through unit_forward in it (their parameters were still
-  // sharded, the usual cause of the shape errors a direct call produces).
-  // Call only from a catch block (it may rethrow the error being handled).
-  [[noreturn]] void rethrow_forward_error(const c10::Error& error) const;
-  // UnshardScope: every unit gathered (or, leaving, back at rest).
-  void set_unsharded_scope(bool on, bool writeback);
-  bool in_unshard_scope() const { return unshard_scope_; }
-
-  void finish_backward();
-  void recover_from_failed_backward();
-  void issue_prefetch(Unit* unit, bool backward);
-  void issue_deferred_prefetches();
-  void make_groups();
-  // Builds a Unit per plan (root first), materializing and initializing
-  // parameters through options().param_init_fn() when one is given.
-  void build_units(std::vector<UnitPlan> plans, const FlatParamConfig& config);
-  // Builds the unit at position `index` of units().
-  std::unique_ptr<Unit> make_unit(UnitPlan plan, const FlatParamConfig& config, size_t index);
-  // Every rank must have planned the same units with the same sizes, or the
-  // first collective would pair different buffers: checked at construction.
-  void check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans) const;
-
-  std::shared_ptr<torch::nn::Module> module_;
-  ProcessGroupPtr group_;
-  FullyShardOptions options_;
-  ProcessGroupPtr shard_group_, replicate_group_;
-  ProcessGroupPtr host_group_, cross_host_group_;  // ZeroPlusPlus (make_groups)
-  torch::Tensor host_major_ranks_;                 // ZeroPlusPlus: see FlatParamConfig::host_major_ranks
-  int hosts_ = 1;  // how many hosts the ranks are on (make_groups)
-  c10::Device device_ = c10::Device(torch::kCPU);
-  // Before units_ and offload_: the offload's copies use its streams.
-  std::unique_ptr<DeviceContext> device_context_;
-  // The gathers' order on a device (null on the CPU and with offload); before
-  // units_, whose configs point at it.
-  std::unique_ptr<GatherOrder> gather_order_;
-  std::vector<std::unique_ptr<Unit>> units_;
-  bool backward_callback_queued_ = false;
-  bool requires_gradient_sync_ = true;
-  bool unshard_scope_ = false;
-  bool in_train_step_ = false;  // a TrainStep is running the micro-steps (see ShardOffload::before_backward)
-  // The order units entered forward in this pass and in the last whole one.
-  std::vector<Unit*> forward_order_this_pass_, forward_order_;
-  std::vector<std::pair<Unit*, bool>> deferred_prefetches_;  // (unit, for backward) over the limit
-  int prefetched_unused_ = 0;
-  int max_prefetched_unused_ = 0;
-  // After units_: destroyed first (disk offload's reads ahead land in it).
-  std::unique_ptr<offload::ShardOffload> offload_;
+  friend struct detail::FsdpStateImpl;  // the engine: its way to impl_
+  std::unique_ptr<detail::FsdpStateImpl> impl_;
 };
 
 /// Gathers every unit's whole parameters for the scope's life (PyTorch's
@@ -317,7 +234,7 @@ class FullyShardedModule {
     try {
       return unit_forward(*module_, std::forward<Args>(args)...);
     } catch (const c10::Error& error) {
-      state_->rethrow_forward_error(error);
+      detail::rethrow_forward_error(*state_, error);
     }
   }
   /// forward(), as LibTorch's modules are called.

@@ -51,7 +51,7 @@ struct FlatParamConfig {
   // wait for the compute stream: the CPU, offload, groups without a gather
   // stream): src/core/gather_order.h.
   GatherOrder* gather_order = nullptr;
-  size_t unit_index = 0;  // the unit's position in FsdpState::units()
+  size_t unit_index = 0;  // the unit's position in detail::units()
   // ZeRO++ (FullyShardOptions::zero_plus_plus; world-sharded strategies):
   // the ranks of this host and one rank of each host (FsdpState::host_group()),
   // and for quantized reductions the world ranks in host-major order
@@ -81,7 +81,7 @@ class FlatParam {
   int shard_group_size() const { return config_.shard_group ? config_.shard_group->size() : 1; }
   int shard_rank() const { return config_.shard_group ? config_.shard_group->rank() : 0; }
   const FlatParamConfig& config() const { return config_; }
-  // The unit's position in FsdpState::units() (its place in the orders units run in).
+  // The unit's position in detail::units() (its place in the orders units run in).
   size_t unit_index() const { return config_.unit_index; }
   // What the model's offload keeps of this unit (core/shard_offload.h), or
   // null before it made any. The placement's, not the parameter's: it may

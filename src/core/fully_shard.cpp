@@ -7,6 +7,7 @@
 #include "fsdp/memory_plan.h"
 #include "fsdp/trace.h"
 #include "base/device_context.h"
+#include "core/fsdp_state_impl.h"
 #include "core/gather_order.h"
 #include "core/host_groups.h"
 #include "core/unit.h"
@@ -23,6 +24,9 @@
 #include <unordered_map>
 
 namespace fsdp {
+
+using detail::FsdpStateImpl;
+
 namespace {
 
 std::mutex registry_mutex;
@@ -64,7 +68,7 @@ const char* unit_state_name(UnitState state) {
   return "unknown";
 }
 
-Unit::Unit(FsdpState* owner, UnitPlan plan, FlatParamConfig config)
+Unit::Unit(FsdpStateImpl* owner, UnitPlan plan, FlatParamConfig config)
     : owner_(owner),
       name_(std::move(plan.name)),
       module_(plan.module),
@@ -175,7 +179,17 @@ void Unit::post_backward() {
 }
 
 FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr group, FullyShardOptions options)
-    : module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {
+    : impl_(std::make_unique<FsdpStateImpl>(*this, std::move(module), std::move(group), std::move(options))) {
+  impl_->build();
+}
+
+FsdpStateImpl::FsdpStateImpl(FsdpState& self, std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr group,
+                             FullyShardOptions options)
+    : self_(self), module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {}
+
+FsdpStateImpl::~FsdpStateImpl() = default;
+
+void FsdpStateImpl::build() {
   TORCH_CHECK(module_, "fully_shard: the module is null");
   TORCH_CHECK(group_, "fully_shard: the process group is null");
   std::vector<UnitPlan> plans = plan_units(*module_, options_.wrap_policy());
@@ -220,7 +234,7 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
   config.cross_host_group = cross_host_group_;
   config.host_major_ranks = host_major_ranks_;
   build_units(std::move(plans), config);
-  offload_->attach(*this);
+  offload_->attach(self_);
   if (options_.cache_host_blocks() && device_context_->on_host() && memory::counting_allocator_installed()) {
     int64_t largest = 0;
     for (const auto& unit : units_) largest = std::max(largest, unit->flat_param().padded_numel());
@@ -236,9 +250,9 @@ FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr 
   for (const auto& unit : units_) registry()[unit->module()] = unit.get();
 }
 
-void FsdpState::set_unsharded_scope(bool on, bool writeback) {
+void FsdpStateImpl::set_unsharded_scope(bool on, bool writeback) {
   if (on) {
-    check_idle();
+    self_.check_idle();
     TORCH_CHECK(!unshard_scope_, "fsdp::UnshardScope: the model is already inside one");
     TORCH_CHECK(!writeback || options_.mixed_precision().param_dtype() == torch::kFloat,
                 "fsdp::UnshardScope: writeback needs float32 parameters; the parameters are gathered in ",
@@ -255,7 +269,7 @@ void FsdpState::set_unsharded_scope(bool on, bool writeback) {
     TORCH_CHECK(unit->state_ == UnitState::kUnsharded, "FSDP unit '", unit->display_name(), "' is ",
                 unit_state_name(unit->state_), " when its UnshardScope ends (expected UNSHARDED)");
     if (writeback) {
-      ResidentScope resident(*this, *unit);
+      ResidentScope resident(self_, *unit);
       unit->flat_param().write_back_shard();
     }
     if (unit->flat_param().config().persistent_params) continue;
@@ -265,18 +279,18 @@ void FsdpState::set_unsharded_scope(bool on, bool writeback) {
 }
 
 UnshardScope::UnshardScope(FsdpState& state, bool writeback) : state_(state), writeback_(writeback) {
-  state_.set_unsharded_scope(true, writeback_);
+  FsdpStateImpl::of(state_).set_unsharded_scope(true, writeback_);
 }
 
 UnshardScope::~UnshardScope() {
   try {
-    state_.set_unsharded_scope(false, writeback_);
+    FsdpStateImpl::of(state_).set_unsharded_scope(false, writeback_);
   } catch (const std::exception& e) {
     std::cerr << "fsdp: leaving an UnshardScope failed: " << e.what() << "\n";
   }
 }
 
-void FsdpState::build_units(std::vector<UnitPlan> plans, const FlatParamConfig& config) {
+void FsdpStateImpl::build_units(std::vector<UnitPlan> plans, const FlatParamConfig& config) {
   const ParamInitFn& init = options_.param_init_fn();
   if (!init) {
     for (const auto& plan : plans) {
@@ -324,13 +338,13 @@ void FsdpState::build_units(std::vector<UnitPlan> plans, const FlatParamConfig& 
   }
 }
 
-std::unique_ptr<Unit> FsdpState::make_unit(UnitPlan plan, const FlatParamConfig& config, size_t index) {
+std::unique_ptr<Unit> FsdpStateImpl::make_unit(UnitPlan plan, const FlatParamConfig& config, size_t index) {
   FlatParamConfig own = config;
   own.unit_index = index;
   return std::make_unique<Unit>(this, std::move(plan), std::move(own));
 }
 
-void FsdpState::check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans) const {
+void FsdpStateImpl::check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans) const {
   // A fingerprint of the plan: unit count, total elements, and a hash over
   // the units' names and sizes, in order.
   uint64_t hash = 1469598103934665603ull;  // FNV-1a
@@ -370,18 +384,33 @@ void FsdpState::check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans
 
 FsdpState::~FsdpState() {
   std::lock_guard<std::mutex> lock(registry_mutex);
-  for (auto& unit : units_) registry().erase(unit->module());
+  for (auto& unit : impl_->units_) registry().erase(unit->module());
 }
 
-std::optional<offload::NvmeOffloadInfo> FsdpState::nvme_offload() const { return offload_->nvme_info(); }
+std::optional<offload::NvmeOffloadInfo> FsdpState::nvme_offload() const { return impl_->offload_->nvme_info(); }
 
 std::vector<torch::Tensor> FsdpState::parameters() const {
   std::vector<torch::Tensor> shards;
-  for (const auto& unit : units_) shards.push_back(unit->flat_param().shard());
+  for (const auto& unit : impl_->units_) shards.push_back(unit->flat_param().shard());
   return shards;
 }
 
-void FsdpState::make_groups() {
+size_t FsdpState::num_units() const { return impl_->units_.size(); }
+bool FsdpState::gathers_run_ahead() const { return impl_->gather_order_ != nullptr; }
+const ProcessGroupPtr& FsdpState::group() const { return impl_->group_; }
+const FullyShardOptions& FsdpState::options() const { return impl_->options_; }
+c10::Device FsdpState::device() const { return impl_->device_; }
+torch::nn::Module& FsdpState::module() const { return *impl_->module_; }
+const ProcessGroupPtr& FsdpState::shard_group() const { return impl_->shard_group_; }
+const ProcessGroupPtr& FsdpState::replicate_group() const { return impl_->replicate_group_; }
+const ProcessGroupPtr& FsdpState::host_group() const { return impl_->host_group_; }
+const ProcessGroupPtr& FsdpState::cross_host_group() const { return impl_->cross_host_group_; }
+void FsdpState::set_requires_gradient_sync(bool sync) { impl_->requires_gradient_sync_ = sync; }
+bool FsdpState::requires_gradient_sync() const { return impl_->requires_gradient_sync_; }
+int FsdpState::max_prefetched_unused() const { return impl_->max_prefetched_unused_; }
+void FsdpState::reset_prefetch_stats() { impl_->max_prefetched_unused_ = 0; }
+
+void FsdpStateImpl::make_groups() {
   const ShardingStrategy strategy = options_.strategy();
   const int world = group_->size(), rank = group_->rank();
   if (strategy == ShardingStrategy::kNoShard) {
@@ -432,29 +461,33 @@ void add_stats(CommStats& total, const ProcessGroupPtr& group) {
 }  // namespace
 
 CommStats FsdpState::cross_host_comm_stats() const {
+  const FsdpStateImpl& impl = *impl_;
   CommStats total;
-  if (hosts_ <= 1) return total;
+  if (impl.hosts_ <= 1) return total;
   // The shard group spans hosts unless the strategy is hybrid (then the
   // replicate group does); the cross-host group always does.
-  add_stats(total, is_hybrid(options_.strategy()) ? replicate_group_ : shard_group_);
-  if (options_.strategy() == ShardingStrategy::kNoShard) add_stats(total, replicate_group_);
-  add_stats(total, cross_host_group_);
+  add_stats(total, is_hybrid(impl.options_.strategy()) ? impl.replicate_group_ : impl.shard_group_);
+  if (impl.options_.strategy() == ShardingStrategy::kNoShard) add_stats(total, impl.replicate_group_);
+  add_stats(total, impl.cross_host_group_);
   return total;
 }
 
 CommStats FsdpState::comm_stats() const {
+  const FsdpStateImpl& impl = *impl_;
   CommStats total;
-  for (const auto* g : {&shard_group_, &replicate_group_, &host_group_, &cross_host_group_}) add_stats(total, *g);
+  for (const auto* g : {&impl.shard_group_, &impl.replicate_group_, &impl.host_group_, &impl.cross_host_group_})
+    add_stats(total, *g);
   return total;
 }
 
 void FsdpState::reset_comm_stats() {
-  for (const auto* g : {&shard_group_, &replicate_group_, &host_group_, &cross_host_group_})
+  const FsdpStateImpl& impl = *impl_;
+  for (const auto* g : {&impl.shard_group_, &impl.replicate_group_, &impl.host_group_, &impl.cross_host_group_})
     if (*g) (*g)->reset_stats();
 }
 
 void FsdpState::check_idle() const {
-  for (const auto& unit : units_) {
+  for (const auto& unit : impl_->units_) {
     const bool persistent = unit->flat_param().config().persistent_params;
     const UnitState idle = persistent ? UnitState::kUnsharded : UnitState::kSharded;
     TORCH_CHECK(unit->state() == idle && unit->flat_param().is_unsharded() == persistent, "FSDP unit '",
@@ -465,7 +498,7 @@ void FsdpState::check_idle() const {
   }
 }
 
-void FsdpState::on_forward_entered(Unit& unit) {
+void FsdpStateImpl::on_forward_entered(Unit& unit) {
   // The root's forward encloses every other unit's: it starts a new pass.
   if (&unit == units_.front().get()) {
     if (backward_callback_queued_) recover_from_failed_backward();
@@ -482,7 +515,7 @@ void FsdpState::on_forward_entered(Unit& unit) {
   unit.entered_in_this_forward_ = true;
 }
 
-void FsdpState::prefetch_after(const Unit& unit, bool backward) {
+void FsdpStateImpl::prefetch_after(const Unit& unit, bool backward) {
   // Backward runs the units in reverse: the root first, then the last
   // unit to enter forward, and so on.
   auto at = std::find(forward_order_.begin(), forward_order_.end(), &unit);
@@ -501,7 +534,7 @@ void FsdpState::prefetch_after(const Unit& unit, bool backward) {
   }
 }
 
-void FsdpState::issue_prefetch(Unit* unit, bool backward) {
+void FsdpStateImpl::issue_prefetch(Unit* unit, bool backward) {
   const bool already_ran = backward ? (unit->state_ == UnitState::kBackward || unit->backward_done_in_this_pass_)
                                     : unit->entered_in_this_forward_;
   const FlatParam& flat = unit->flat_param();
@@ -520,25 +553,25 @@ void FsdpState::issue_prefetch(Unit* unit, bool backward) {
   max_prefetched_unused_ = std::max(max_prefetched_unused_, ++prefetched_unused_);
 }
 
-void FsdpState::on_unit_started(Unit& unit) {
+void FsdpStateImpl::on_unit_started(Unit& unit) {
   if (!unit.prefetched_) return;
   unit.prefetched_ = false;
   --prefetched_unused_;
   issue_deferred_prefetches();
 }
 
-void FsdpState::issue_deferred_prefetches() {
+void FsdpStateImpl::issue_deferred_prefetches() {
   auto pending = std::move(deferred_prefetches_);
   deferred_prefetches_.clear();
   for (const auto& [unit, backward] : pending) issue_prefetch(unit, backward);
 }
 
-void FsdpState::finish_forward_without_backward() {
+void FsdpStateImpl::finish_forward_without_backward() {
   release_unused_prefetches();
   if (gather_order_) gather_order_->end_pass();
 }
 
-void FsdpState::release_unused_prefetches() {
+void FsdpStateImpl::release_unused_prefetches() {
   deferred_prefetches_.clear();
   for (auto& unit : units_) {
     if (!unit->prefetched_) continue;
@@ -549,7 +582,7 @@ void FsdpState::release_unused_prefetches() {
   prefetched_unused_ = 0;
 }
 
-void FsdpState::recover_from_failed_backward() {
+void FsdpStateImpl::recover_from_failed_backward() {
   // A backward that threw never ran its end-of-backward callback: finish
   // the reductions it started (every rank started the same ones), drop the
   // gradients it left, and return every unit to rest.
@@ -567,7 +600,7 @@ void FsdpState::recover_from_failed_backward() {
   if (gather_order_) gather_order_->end_pass();
 }
 
-void FsdpState::rethrow_forward_error(const c10::Error& error) const {
+void FsdpStateImpl::rethrow_forward_error(const c10::Error& error) const {
   std::string never_entered;
   for (const auto& unit : units_) {
     if (!unit->entered_in_this_forward_) never_entered += (never_entered.empty() ? "" : ", ") + unit->display_name();
@@ -578,7 +611,7 @@ void FsdpState::rethrow_forward_error(const c10::Error& error) const {
               ". A unit's parameters hold no data outside its unit_forward; calling its module directly fails.");
 }
 
-void FsdpState::on_backward_event() {
+void FsdpStateImpl::on_backward_event() {
   if (backward_callback_queued_) return;
   offload_->before_backward(in_train_step_);  // before anything of this backward changes
   if (gather_order_ && !gather_order_->in_pass()) gather_order_->begin_pass();
@@ -587,7 +620,7 @@ void FsdpState::on_backward_event() {
   torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
 }
 
-void FsdpState::finish_reductions_in_flight(bool wait_for_host_copies) {
+void FsdpStateImpl::finish_reductions_in_flight(bool wait_for_host_copies) {
   // Copies to the host (offload on a GPU) are left in flight until the end
   // of backward, where the host waits for them once (the offload returns
   // their device blocks without a host wait before that).
@@ -609,7 +642,7 @@ void FsdpState::finish_reductions_in_flight(bool wait_for_host_copies) {
   }
 }
 
-void FsdpState::finish_backward() {
+void FsdpStateImpl::finish_backward() {
   backward_callback_queued_ = false;
   // Units some of whose parameters got no gradient in this pass never
   // counted down to zero: reduce them now (missing gradients count as zero).
@@ -624,6 +657,11 @@ void FsdpState::finish_backward() {
 }
 
 namespace detail {
+
+void rethrow_forward_error(const FsdpState& state, const c10::Error& error) {
+  FsdpStateImpl::of(state).rethrow_forward_error(error);
+}
+
 namespace {
 
 // The checkpointed forward of one unit: forward keeps only the input (and

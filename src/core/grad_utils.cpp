@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "base/parallel.h"
+#include "core/fsdp_state_impl.h"
 #include "core/unit.h"
 
 namespace fsdp {
@@ -125,7 +126,7 @@ void decay_matrix_weights_(FsdpState& state, torch::optim::Optimizer& optimizer,
   TORCH_CHECK(weight_decay >= 0, "decay_matrix_weights_: weight_decay must be >= 0, got ", weight_decay);
   if (weight_decay == 0) return;
   std::unordered_map<const c10::TensorImpl*, const FlatParam*> flat_of_shard;
-  for (const auto& unit : state.units()) {
+  for (const auto& unit : detail::units(state)) {
     flat_of_shard[unit->flat_param().shard().unsafeGetTensorImpl()] = &unit->flat_param();
   }
   for (auto& group : optimizer.param_groups()) {

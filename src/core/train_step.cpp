@@ -11,6 +11,7 @@
 #include "fsdp/optimizer_state.h"
 #include "fsdp/trace.h"
 #include "core/shard_offload.h"
+#include "core/fsdp_state_impl.h"
 
 namespace fsdp {
 namespace {
@@ -64,7 +65,7 @@ RankFigures figures_now(const FsdpState& state, torch::optim::Optimizer& optimiz
   const memory::Usage usage = memory::usage();
   RankFigures figures{usage.model_state(), usage.peak_total, usage.live(Category::kParameterShard),
                       usage.live(Category::kGradientShard), usage.live(Category::kOptimizerState)};
-  if (!state.device_context().on_host()) {
+  if (!detail::device_context(state).on_host()) {
     figures.device_peak_bytes = memory::device_usage(state.device()).peak_allocated;
     figures.device_gathered_peak_bytes = memory::gathered_usage().peak;
     const OptimizerState optimizer_state(optimizer);
@@ -127,7 +128,7 @@ TrainStep::TrainStep(FsdpState& state, torch::optim::Optimizer& optimizer, Train
     }
   }
   check_optimizer_steps_the_shards(state_, optimizer_);
-  state_.offload().check_optimizer(optimizer_);  // disk offload steps with fsdp::FusedAdamW
+  detail::shard_offload(state_).check_optimizer(optimizer_);  // disk offload steps with fsdp::FusedAdamW
   if (scales_loss(options_, state_.options().mixed_precision())) {
     scaler_ = std::make_unique<GradScaler>(state_, options_.grad_scaler());
   }
@@ -142,12 +143,13 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   memory::reset_peaks();
   memory::reset_device_peaks(state_.device());
   state_.reset_comm_stats();
-  offload::ShardOffload& offload = state_.offload();
+  offload::ShardOffload& offload = detail::shard_offload(state_);
   const offload::OffloadStats io_before = offload.stats();
   // The backward passes below are this step's (a placement whose step
   // needs its own pipeline refuses any other).
-  state_.in_train_step_ = true;
-  const std::shared_ptr<void> leave_step(nullptr, [this](void*) { state_.in_train_step_ = false; });
+  bool& in_train_step = detail::FsdpStateImpl::of(state_).in_train_step_;
+  in_train_step = true;
+  const std::shared_ptr<void> leave_step(nullptr, [&in_train_step](void*) { in_train_step = false; });
   const auto start = Clock::now();
   const int64_t A = options_.micro_steps();
   torch::Tensor step_loss;  // on the loss's device: a GPU run does not wait for it until the step ends

@@ -21,13 +21,15 @@ namespace fsdp {
 enum class UnitState { kSharded, kUnsharded, kForward, kBackward };
 const char* unit_state_name(UnitState state);
 
-class FsdpState;
+namespace detail {
+struct FsdpStateImpl;
+}
 
 class Unit {
  public:
-  Unit(FsdpState* owner, UnitPlan plan, FlatParamConfig config);
+  Unit(detail::FsdpStateImpl* owner, UnitPlan plan, FlatParamConfig config);
   const std::string& name() const { return name_; }  // "" for the root
-  size_t index() const { return flat_.unit_index(); }  // its position in FsdpState::units()
+  size_t index() const { return flat_.unit_index(); }  // its position in detail::units()
   std::string display_name() const;
   UnitState state() const { return state_; }
   const FlatParam& flat_param() const { return flat_; }
@@ -52,7 +54,7 @@ class Unit {
  private:
   void transition(std::initializer_list<UnitState> from, UnitState to);
 
-  FsdpState* owner_;
+  detail::FsdpStateImpl* owner_;
   std::string name_;
   torch::nn::Module* module_;
   FlatParam flat_;
@@ -67,7 +69,7 @@ class Unit {
   int64_t gradients_pending_ = 0;
   bool entered_in_this_forward_ = false;
   bool backward_done_in_this_pass_ = false;
-  friend class FsdpState;
+  friend struct detail::FsdpStateImpl;
 };
 
 // The unit registered for a module, or nullptr if the module is no unit.

@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "core/fsdp_state_impl.h"
 #include "core/unit.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/fused_adamw.h"
@@ -85,7 +86,7 @@ NvmeOffload::UnitSlots& NvmeOffload::slots_of(const FlatParam& flat) {
 }
 
 NvmeOffload::UnitSlots& NvmeOffload::unit_slots(size_t unit) const {
-  return slots_of(state_->units()[unit]->flat_param());
+  return slots_of(detail::units(*state_)[unit]->flat_param());
 }
 
 size_t NvmeOffload::num_units() const { return state_ ? state_->num_units() : 0; }
@@ -144,9 +145,9 @@ void NvmeOffload::attach(FsdpState& state) {
     return static_cast<int>(slot_bytes.size() - 1);
   };
   for (size_t u = 0; u < num_units(); ++u) {
-    state.units()[u]->flat_param().set_offload_state(std::make_unique<UnitSlots>());
+    detail::units(state)[u]->flat_param().set_offload_state(std::make_unique<UnitSlots>());
     UnitSlots& slots = unit_slots(u);
-    slots.numel = state.units()[u]->flat_param().shard_numel();
+    slots.numel = detail::units(state)[u]->flat_param().shard_numel();
     if (slots.numel == 0) continue;
     const int64_t fp32_bytes = slots.numel * 4;
     if (offload_master_) slots.master = add_slot(fp32_bytes);
@@ -165,7 +166,7 @@ void NvmeOffload::attach(FsdpState& state) {
   for (size_t u = 0; u < num_units(); ++u) {
     UnitSlots& slots = unit_slots(u);
     if (slots.numel == 0) continue;
-    FlatParam& flat = state.units()[u]->flat_param();
+    FlatParam& flat = detail::units(state)[u]->flat_param();
     if (offload_master_ && !fp32 && !options_.params()) {
       MemoryCategoryScope scope(Category::kParameterShard);
       slots.compute_copy = flat.shard().detach().to(param_dtype_);
@@ -180,7 +181,7 @@ NvmeOffload::~NvmeOffload() {
   // Nothing the store still reads into or writes from may go before it.
   discard_read_ahead();
   for (size_t u = 0; u < num_units(); ++u) {  // the units outlive this (FsdpState's offload_ goes first)
-    const FlatParam& flat = state_->units()[u]->flat_param();
+    const FlatParam& flat = detail::units(*state_)[u]->flat_param();
     if (flat.offload_state() && slots_of(flat).state_reads) drain(*slots_of(flat).state_reads);
   }
   for (auto& [unit, writes] : writes_behind_) drain(writes);
@@ -242,7 +243,7 @@ std::optional<NvmeOffload::Moments> NvmeOffload::moments_of(size_t unit, torch::
   if (!optimizer || !options_.optimizer_state() || unit_slots(unit).numel == 0) return std::nullopt;
   if (!dynamic_cast<torch::optim::AdamW*>(optimizer) && !dynamic_cast<torch::optim::Adam*>(optimizer)) return std::nullopt;
   OptimizerState optimizer_state(*optimizer);
-  const torch::Tensor& shard = state_->units()[unit]->flat_param().shard();
+  const torch::Tensor& shard = detail::units(*state_)[unit]->flat_param().shard();
   if (!optimizer_state.has_state(shard)) return std::nullopt;
   return Moments{optimizer_state.tensor(shard, "exp_avg"), optimizer_state.tensor(shard, "exp_avg_sq")};
 }
@@ -281,7 +282,7 @@ void NvmeOffload::issue_reads_into(size_t unit, torch::optim::Optimizer* optimiz
   UnitSlots& slots = unit_slots(unit);
   if (slots.numel == 0) return;
   torch::NoGradGuard no_grad;
-  const torch::Tensor& shard = state_->units()[unit]->flat_param().shard();
+  const torch::Tensor& shard = detail::units(*state_)[unit]->flat_param().shard();
   if (slots.master >= 0 && !in_memory(shard, slots.numel)) {
     TORCH_CHECK(slots.master_on_disk, "NvmeOffload: the master shard of unit ", unit, " is neither in memory nor on disk");
     torch::Tensor buffer = fresh(slots.numel, torch::kFloat, Category::kParameterShard);
@@ -305,7 +306,7 @@ NvmeOffload::Futures NvmeOffload::issue_writes(size_t unit, torch::optim::Optimi
   Futures futures;
   if (slots.numel == 0) return futures;
   torch::NoGradGuard no_grad;
-  const torch::Tensor& shard = state_->units()[unit]->flat_param().shard();
+  const torch::Tensor& shard = detail::units(*state_)[unit]->flat_param().shard();
   const bool master_changed = !only_changed || shard._version() != slots.master_version;
   if (master_changed && in_memory(shard, slots.numel)) {
     // The copies the all-gathers read follow the master.
@@ -341,7 +342,7 @@ void NvmeOffload::free_unit(size_t unit, torch::optim::Optimizer* optimizer) {
   if (slots.numel == 0) return;
   torch::NoGradGuard no_grad;
   slots.compute_out = torch::Tensor();
-  const torch::Tensor& shard = state_->units()[unit]->flat_param().shard();
+  const torch::Tensor& shard = detail::units(*state_)[unit]->flat_param().shard();
   if (slots.master >= 0 && slots.master_on_disk) shard.set_data(torch::empty({0}, shard.options()));
   if (auto moments = moments_of(unit, optimizer)) {
     if (slots.moments_on_disk) {
@@ -359,7 +360,7 @@ void NvmeOffload::bring_in(size_t unit, torch::optim::Optimizer* optimizer) {
   wait(reads);
   UnitSlots& slots = unit_slots(unit);
   if (slots.numel == 0) return;
-  slots.master_version = state_->units()[unit]->flat_param().shard()._version();
+  slots.master_version = detail::units(*state_)[unit]->flat_param().shard()._version();
   if (auto moments = moments_of(unit, optimizer)) {
     slots.exp_avg_version = moments->exp_avg._version();
     slots.exp_avg_sq_version = moments->exp_avg_sq._version();
@@ -384,7 +385,7 @@ NvmeOffload::Futures NvmeOffload::read_compute(size_t unit, torch::Tensor& into)
 torch::Tensor NvmeOffload::compute_shard(size_t unit) {
   UnitSlots& slots = unit_slots(unit);
   torch::NoGradGuard no_grad;
-  const torch::Tensor& shard = state_->units()[unit]->flat_param().shard();
+  const torch::Tensor& shard = detail::units(*state_)[unit]->flat_param().shard();
   if (slots.compute_copy.defined()) return slots.compute_copy;
   const size_t position = fetch_order_this_.size();
   fetch_order_this_.push_back(unit);
@@ -425,7 +426,8 @@ void NvmeOffload::read_ahead_after(size_t position, size_t unit) {
     // A unit whose state a step in backward reads brings its master with it.
     const UnitSlots& slots = unit_slots(u);
     const bool read_with_state = backward_optimizer_ && slots.compute < 0;
-    if (slots.numel == 0 || read_with_state || in_memory(state_->units()[u]->flat_param().shard(), slots.numel)) {
+    if (slots.numel == 0 || read_with_state ||
+        in_memory(detail::units(*state_)[u]->flat_param().shard(), slots.numel)) {
       break;  // keep the queue in fetch order: no gaps
     }
     Ahead ahead;
@@ -447,7 +449,7 @@ NvmeOffload::OptionsOf NvmeOffload::options_of(torch::optim::Optimizer& optimize
 
 void NvmeOffload::update(size_t unit, FusedAdamW& optimizer, const OptionsOf& options_of_shards,
                          double matrix_weight_decay) {
-  FlatParam& flat = state_->units()[unit]->flat_param();
+  FlatParam& flat = detail::units(*state_)[unit]->flat_param();
   const torch::Tensor& shard = flat.shard();
   const auto& options = *options_of_shards.at(shard.unsafeGetTensorImpl());
   if (matrix_weight_decay > 0) decay_shard_matrices_(flat, options.lr(), matrix_weight_decay);
@@ -483,7 +485,7 @@ void NvmeOffload::read_state(size_t unit) {
     const auto ahead = std::find_if(ahead_.begin(), ahead_.end(), [unit](const Ahead& a) { return a.unit == unit; });
     if (ahead != ahead_.end()) {
       torch::NoGradGuard no_grad;
-      state_->units()[unit]->flat_param().shard().set_data(ahead->values);
+      detail::units(*state_)[unit]->flat_param().shard().set_data(ahead->values);
       reads = std::move(ahead->reads);
       ahead_.erase(ahead);
     }
@@ -519,7 +521,7 @@ void NvmeOffload::step_now(size_t unit) {
   wait(reads);
   update(unit, *backward_optimizer_, backward_options_, backward_decay_);
   torch::NoGradGuard no_grad;
-  state_->units()[unit]->flat_param().shard().mutable_grad() = torch::Tensor();  // the point: freed at once
+  detail::units(*state_)[unit]->flat_param().shard().mutable_grad() = torch::Tensor();  // the point: freed at once
   slots.stepped_in_backward = true;
   writes_behind_.emplace_back(unit, issue_writes(unit, backward_optimizer_, /*only_changed=*/false));
   if (position == 0) detail::maybe_fault_offload_for_test(state_->group()->rank(), steps_ + 1, store_->reachable_path(), true);
@@ -568,7 +570,7 @@ void NvmeOffload::step(FsdpState& /*state: the one attached*/, torch::optim::Opt
   const OptionsOf options = options_of(optimizer);
   std::vector<size_t> order;
   for (size_t u = 0; u < num_units(); ++u) {
-    FlatParam& flat = state_->units()[u]->flat_param();
+    FlatParam& flat = detail::units(*state_)[u]->flat_param();
     const auto found = options.find(flat.shard().unsafeGetTensorImpl());
     if (slots_of(flat).numel == 0 || found == options.end() || stepped[u]) continue;
     if (flat.shard().grad().defined()) {

@@ -103,7 +103,7 @@ class NvmeOffload final : public ShardOffload {
   using Futures = std::vector<std::shared_future<void>>;
 
   // What this placement keeps of a unit (UnitSlots, on its FlatParam: made
-  // by attach()), by the unit's FlatParam or its position in FsdpState::units().
+  // by attach()), by the unit's FlatParam or its position in detail::units().
   static UnitSlots& slots_of(const FlatParam& flat);
   UnitSlots& unit_slots(size_t unit) const;
   size_t num_units() const;

@@ -14,6 +14,7 @@
 
 #include "base/compat.h"
 #include "base/device_context.h"
+#include "core/fsdp_state_impl.h"
 #include "core/unit.h"
 #include "fsdp/grad_utils.h"
 #include "fsdp/memory.h"
@@ -190,7 +191,7 @@ class CpuOffload final : public ShardOffload {
   template <class F>
   void for_each_unit_state(F f) {
     if (!state_) return;
-    for (const auto& unit : state_->units()) {
+    for (const auto& unit : detail::units(*state_)) {
       if (unit->flat_param().offload_state()) f(state_of(unit->flat_param()));
     }
   }
@@ -268,7 +269,7 @@ std::unique_ptr<ShardOffload> make_shard_offload(const FullyShardOptions& option
 namespace fsdp {
 
 ResidentScope::ResidentScope(const FsdpState& state, const Unit& unit, torch::optim::Optimizer* optimizer, bool agree)
-    : offload_(state.offload()),
+    : offload_(detail::shard_offload(state)),
       flat_(unit.flat_param()),
       optimizer_(optimizer),
       uncaught_(std::uncaught_exceptions()) {

@@ -5,6 +5,7 @@
 // single safetensors file of full weights (convert_to_full).
 
 #include "fsdp/checkpoint.h"
+#include "core/fsdp_state_impl.h"
 #include "core/unit.h"
 #include "state_dict/checkpoint_json.h"
 #include "state_dict/checkpoint_schema.h"
@@ -269,9 +270,9 @@ CheckpointInfo load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimi
   const int64_t optimizer_step = meta.at("optimizer").at("step").get<int64_t>();
   const bool has_state = meta.at("optimizer").value("has_state", true);
   torch::NoGradGuard no_grad;
-  for (size_t u = 0; u < state.units().size(); ++u) {
-    FlatParam& flat = state.units()[u]->flat_param();
-    ResidentScope resident(state, *state.units()[u], &optimizer);
+  for (size_t u = 0; u < detail::units(state).size(); ++u) {
+    FlatParam& flat = detail::units(state)[u]->flat_param();
+    ResidentScope resident(state, *detail::units(state)[u], &optimizer);
     // This rank's new shard covers [begin, end) of the real elements; the
     // padding after them stays zero.
     const int64_t begin = std::min(flat.shard_rank() * flat.shard_numel(), flat.numel());

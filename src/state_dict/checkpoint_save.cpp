@@ -3,6 +3,7 @@
 // write and publishing (detail::StagedCheckpoint, staged_checkpoint.h).
 
 #include "fsdp/checkpoint.h"
+#include "core/fsdp_state_impl.h"
 #include "core/unit.h"
 #include "state_dict/checkpoint_json.h"
 #include "state_dict/checkpoint_schema.h"
@@ -41,9 +42,9 @@ void write_shard_file(FsdpState& state, const OptimizerState& optimizer, const n
   auto [name, specs] = expected_files(meta, CheckpointFormat::kSharded).at(shard_index);
   safetensors::Writer writer((temp_dir / name).string(), std::move(specs),
                              {{"format", format_tag(CheckpointFormat::kSharded)}, {"shard", std::to_string(shard_index)}});
-  for (size_t u = 0; u < state.units().size(); ++u) {
-    ResidentScope resident(state, *state.units()[u], &optimizer.optimizer());
-    const torch::Tensor& shard = state.units()[u]->flat_param().shard();
+  for (size_t u = 0; u < detail::units(state).size(); ++u) {
+    ResidentScope resident(state, *detail::units(state)[u], &optimizer.optimizer());
+    const torch::Tensor& shard = detail::units(state)[u]->flat_param().shard();
     writer.write(shard.detach());
     for (const auto& name : optimizer.tensor_names()) writer.write(optimizer.value(shard, name));
     if (u == 0) detail::maybe_kill_for_test(state.group()->rank());
@@ -70,7 +71,7 @@ void prepare_temp_dir(const ProcessGroupPtr& group, const std::string& dir, cons
 // metadata.json's fields but "files", as they stand now.
 nlohmann::json checkpoint_metadata(const FsdpState& state, const OptimizerState& optimizer_state, int64_t step,
                                    const CheckpointExtra& extra_texts, CheckpointFormat format) {
-  const torch::Tensor first_shard = state.units().front()->flat_param().shard();
+  const torch::Tensor first_shard = detail::units(state).front()->flat_param().shard();
   nlohmann::json optimizer_meta = {{"type", optimizer_state.type()},
                                    {"step", optimizer_state.step(first_shard)},
                                    {"state", optimizer_state.tensor_names()},
@@ -189,9 +190,9 @@ std::vector<StagedCheckpoint::File> stage_shard_file(FsdpState& state, const Opt
   const std::map<std::string, std::string> header = {{"format", format_tag(CheckpointFormat::kSharded)},
                                                      {"shard", std::to_string(shard_index)}};
   StagedCheckpoint::File file{(temp_dir / name).string(), std::move(specs), header, {}};
-  for (size_t u = 0; u < state.units().size(); ++u) {
-    ResidentScope resident(state, *state.units()[u], &optimizer.optimizer());
-    const torch::Tensor& shard = state.units()[u]->flat_param().shard();
+  for (size_t u = 0; u < detail::units(state).size(); ++u) {
+    ResidentScope resident(state, *detail::units(state)[u], &optimizer.optimizer());
+    const torch::Tensor& shard = detail::units(state)[u]->flat_param().shard();
     file.tensors.push_back(staging.copy(shard));
     for (const auto& tensor : optimizer.tensor_names()) {
       file.tensors.push_back(staging.copy(optimizer.value(shard, tensor)));
@@ -209,7 +210,8 @@ std::vector<StagedCheckpoint::File> stage_full_files(FsdpState& state, const Opt
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
   auto optimizer_metadata = metadata;
   optimizer_metadata["optimizer"] = optimizer.type();
-  optimizer_metadata["optimizer_step"] = std::to_string(optimizer.step(state.units().front()->flat_param().shard()));
+  optimizer_metadata["optimizer_step"] =
+      std::to_string(optimizer.step(detail::units(state).front()->flat_param().shard()));
   StagedCheckpoint::File model{(temp_dir / kModelFile).string(), {}, metadata, {}};
   StagedCheckpoint::File moments{(temp_dir / kOptimizerFile).string(), {}, optimizer_metadata, {}};
   auto keep = [&](const FlatParam& flat, const torch::Tensor& local, StagedCheckpoint::File& file,
@@ -224,9 +226,9 @@ std::vector<StagedCheckpoint::File> stage_full_files(FsdpState& state, const Opt
       file.tensors.push_back(full.narrow(0, e.offset, e.numel).view(e.shape));
     }
   };
-  for (size_t u = 0; u < state.units().size(); ++u) {
-    const FlatParam& flat = state.units()[u]->flat_param();
-    ResidentScope resident(state, *state.units()[u], &optimizer.optimizer(), /*agree=*/true);
+  for (size_t u = 0; u < detail::units(state).size(); ++u) {
+    const FlatParam& flat = detail::units(state)[u]->flat_param();
+    ResidentScope resident(state, *detail::units(state)[u], &optimizer.optimizer(), /*agree=*/true);
     keep(flat, flat.shard(), model, nullptr);  // the fp32 masters
     for (const auto& name : optimizer.tensor_names()) {
       keep(flat, optimizer.value(flat.shard(), name), moments, name.c_str());

@@ -5,6 +5,7 @@
 // helpers saving and loading share (checkpoint_schema.h declares them).
 
 #include "state_dict/checkpoint_schema.h"
+#include "core/fsdp_state_impl.h"
 #include "core/unit.h"
 #include "state_dict/checkpoint_json.h"
 
@@ -148,7 +149,7 @@ void fsync_path(const fs::path& path) {
 
 nlohmann::json unit_layout(const FsdpState& state) {
   nlohmann::json units = nlohmann::json::array();
-  for (const auto& unit : state.units()) {
+  for (const auto& unit : detail::units(state)) {
     const FlatParam& flat = unit->flat_param();
     nlohmann::json params = nlohmann::json::array();
     for (const auto& e : flat.entries()) params.push_back({{"name", e.name}, {"shape", e.shape}, {"offset", e.offset}});

@@ -1,4 +1,5 @@
 #include "fsdp/state_dict.h"
+#include "core/fsdp_state_impl.h"
 #include "core/unit.h"
 #include "base/fault_injection.h"
 
@@ -50,7 +51,7 @@ StateDict full_state_dict(FsdpState& state, FullStateDictOptions options) {
   state.check_idle();
   const bool keep = !options.rank0_only() || state.group()->rank() == 0;
   std::map<std::string, torch::Tensor> gathered;
-  for (const auto& unit : state.units()) {
+  for (const auto& unit : detail::units(state)) {
     const FlatParam& flat = unit->flat_param();
     ResidentScope resident(state, *unit, nullptr, /*agree=*/true);
     torch::Tensor full = flat.gather_full(flat.shard());  // the fp32 masters, one unit at a time
@@ -71,7 +72,7 @@ void load_full_state_dict(FsdpState& state, const StateDict& dict) {
   state.check_idle();
   // Everything is checked before anything changes.
   size_t expected = 0;
-  for (const auto& unit : state.units()) {
+  for (const auto& unit : detail::units(state)) {
     for (const auto& e : unit->flat_param().entries()) {
       ++expected;
       const torch::Tensor* value = dict.find(e.name);
@@ -85,13 +86,13 @@ void load_full_state_dict(FsdpState& state, const StateDict& dict) {
   if (dict.size() != expected) {
     for (const auto& item : dict) {
       bool known = false;
-      for (const auto& unit : state.units())
+      for (const auto& unit : detail::units(state))
         for (const auto& e : unit->flat_param().entries()) known = known || e.name == item.key();
       TORCH_CHECK(known, "load_full_state_dict: the model has no parameter '", item.key(), "'");
     }
   }
   torch::NoGradGuard no_grad;
-  for (const auto& unit : state.units()) {
+  for (const auto& unit : detail::units(state)) {
     FlatParam& flat = unit->flat_param();
     ResidentScope resident(state, *unit);
     // This rank's shard covers [begin, end) of the unit's flat elements.
@@ -109,7 +110,7 @@ void load_full_state_dict(FsdpState& state, const StateDict& dict) {
 
 ShardedStateDict sharded_state_dict(const FsdpState& state) {
   ShardedStateDict dict;
-  for (const auto& unit : state.units()) {
+  for (const auto& unit : detail::units(state)) {
     const FlatParam& flat = unit->flat_param();
     ResidentScope resident(state, *unit);
     const int64_t begin = flat.shard_rank() * flat.shard_numel(), end = begin + flat.shard_numel();
@@ -143,7 +144,7 @@ void load_sharded_state_dict(FsdpState& state, const ShardedStateDict& dict) {
                 " (saved with another world size, strategy or wrapping? use a full state dict or a checkpoint)");
   }
   torch::NoGradGuard no_grad;
-  for (const auto& unit : state.units()) {
+  for (const auto& unit : detail::units(state)) {
     FlatParam& flat = unit->flat_param();
     ResidentScope resident(state, *unit);
     const int64_t begin = flat.shard_rank() * flat.shard_numel(), end = begin + flat.shard_numel();
@@ -182,7 +183,7 @@ void save_full_state_dict(FsdpState& state, const std::string& model_path,
       // state tensor (exp_avg) of every parameter, then the next (one
       // gathered state tensor at a time).
       std::vector<safetensors::TensorSpec> params, moments;
-      for (const auto& unit : state.units()) {
+      for (const auto& unit : detail::units(state)) {
         for (const auto& e : unit->flat_param().entries()) params.push_back({e.name, torch::kFloat, e.shape});
         if (!optimizer_state) continue;
         for (const auto& name : optimizer_state->tensor_names()) {
@@ -196,7 +197,7 @@ void save_full_state_dict(FsdpState& state, const std::string& model_path,
         auto optimizer_metadata = metadata;
         optimizer_metadata["optimizer"] = optimizer_state->type();
         optimizer_metadata["optimizer_step"] =
-            std::to_string(optimizer_state->step(state.units().front()->flat_param().shard()));
+            std::to_string(optimizer_state->step(detail::units(state).front()->flat_param().shard()));
         optimizer_writer = std::make_unique<safetensors::Writer>(optimizer_path, std::move(moments), optimizer_metadata);
       }
     } catch (const std::exception& e) {
@@ -213,9 +214,9 @@ void save_full_state_dict(FsdpState& state, const std::string& model_path,
       error = error_message(e);
     }
   };
-  for (size_t u = 0; u < state.units().size(); ++u) {
-    const FlatParam& flat = state.units()[u]->flat_param();
-    ResidentScope resident(state, *state.units()[u], optimizer, /*agree=*/true);
+  for (size_t u = 0; u < detail::units(state).size(); ++u) {
+    const FlatParam& flat = detail::units(state)[u]->flat_param();
+    ResidentScope resident(state, *detail::units(state)[u], optimizer, /*agree=*/true);
     stream(flat, flat.shard(), model_writer.get());  // the fp32 masters, not the compute-dtype copies
     if (optimizer_state) {
       for (const auto& name : optimizer_state->tensor_names()) {

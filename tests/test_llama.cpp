@@ -200,10 +200,41 @@ TEST(LlamaModel, PlanDescriptionHasTheModelsUnits) {
   EXPECT_EQ(d.sublayer_units, numels(*llama, fsdp::module_type_policy<LlamaAttentionImpl, LlamaMLPImpl>()));
   EXPECT_EQ(d.num_parameters(), llama->num_parameters());
   EXPECT_EQ(d.shape.extra_layer_activations, 9);
+  // The hub families' switches change the units' sizes: the description follows.
+  LlamaConfig switched = small_config();
+  switched.tie_word_embeddings = switched.qkv_bias = switched.attention_bias = switched.qk_norm = true;
+  switched.explicit_head_dim = 2 * switched.head_dim();
+  Llama qwen_like(switched);
+  const fsdp::ModelDescription q = qwen_like->plan_description();
+  EXPECT_EQ(q.layer_units, numels(*qwen_like, fsdp::module_type_policy<LlamaDecoderLayerImpl>()));
+  EXPECT_EQ(q.sublayer_units, numels(*qwen_like, fsdp::module_type_policy<LlamaAttentionImpl, LlamaMLPImpl>()));
+  EXPECT_EQ(q.num_parameters(), qwen_like->num_parameters());
   GPT gpt(GPTConfig::preset("tiny"));
   const fsdp::ModelDescription g = gpt->plan_description();
   EXPECT_EQ(g.layer_units, numels(*gpt, fsdp::module_type_policy<BlockImpl>()));
   EXPECT_EQ(g.sublayer_units, numels(*gpt, fsdp::module_type_policy<AttentionImpl, MLPImpl>()));
   EXPECT_EQ(g.num_parameters(), gpt->num_parameters());
   EXPECT_EQ(g.shape.extra_layer_activations, 0);
+}
+
+// tie_word_embeddings: the head's weight is the embedding's tensor itself
+// (one parameter, counted and initialized once), and a wrap policy that would
+// put the two registrations in different units is refused by identity.
+TEST(LlamaModel, ATiedHeadIsTheEmbeddingAndAPolicyThatSplitsItIsRefused) {
+  using fsdp::models::Llama;
+  using fsdp::models::LlamaConfig;
+  LlamaConfig c = small_config();
+  c.tie_word_embeddings = true;
+  Llama tied(c);
+  ASSERT_TRUE(tied->tied_lm_head);
+  EXPECT_FALSE(tied->lm_head);
+  EXPECT_TRUE(tied->tied_lm_head->weight.is_same(tied->model->embed_tokens->weight));
+  EXPECT_EQ(tied->num_parameters(), Llama(small_config())->num_parameters() - c.vocab * c.width);
+  const std::string message = fsdp::testing::message_of(
+      [&] { fsdp::plan_units(*tied, fsdp::module_type_policy<torch::nn::EmbeddingImpl>()); });
+  EXPECT_NE(message.find("splits a tied parameter"), std::string::npos) << message;
+  EXPECT_NE(message.find("'lm_head.weight'"), std::string::npos) << message;
+  // Untied, the same policy is fine: the refusal is the tie's.
+  Llama untied(small_config());
+  EXPECT_NO_THROW(fsdp::plan_units(*untied, fsdp::module_type_policy<torch::nn::EmbeddingImpl>()));
 }

@@ -208,7 +208,7 @@ void print_logits(const std::string& path, const std::string& tokens_text) {
     TORCH_CHECK(id < vocab, "--tokens: id ", id, " is outside the model's vocabulary of ", vocab);
   }
   const auto model = config.new_model();
-  is_hf ? hf::load_weights(*model, hf::find_model(path), config.kind()) : fsdp::load_full_weights(*model, path);
+  is_hf ? hf::load_weights(*model, hf::find_model(path), config) : fsdp::load_full_weights(*model, path);
   torch::NoGradGuard no_grad;
   const torch::Tensor logits = model->logits(torch::tensor(tokens).view({1, -1}))[0].contiguous();
   const float* data = logits.data_ptr<float>();

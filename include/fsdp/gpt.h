@@ -99,19 +99,6 @@ class TransformerImpl : public torch::nn::Module {
 /// The module holder of TransformerImpl.
 TORCH_MODULE(Transformer);
 
-/// logits = x @ weight^T, with `weight` registered as the very tensor it is
-/// tied to (the token embedding), so that both names are one parameter.
-class TiedLMHeadImpl : public torch::nn::Module {
- public:
-  /// Registers `tied_weight` itself (not a copy) as "weight".
-  explicit TiedLMHeadImpl(const torch::Tensor& tied_weight);
-  /// x @ weight^T: [B, T, C] -> [B, T, vocab].
-  torch::Tensor forward(const torch::Tensor& x);
-  torch::Tensor weight;  ///< the token embedding's weight
-};
-/// The module holder of TiedLMHeadImpl.
-TORCH_MODULE(TiedLMHead);
-
 /// The whole model: transformer and the tied lm head.
 class GPTImpl : public LanguageModel {
  public:

@@ -5,9 +5,9 @@
 /// transposed, and model.safetensors written one tensor at a time.
 ///
 /// A Hugging Face model is a folder holding config.json and model.safetensors
-/// (what `save_pretrained` writes and the hub serves), or a model.safetensors
-/// file with config.json beside it. Sharded folders (model.safetensors.index.json)
-/// are refused, naming the file.
+/// (what `save_pretrained` writes and the hub serves), or the shards that its
+/// model.safetensors.index.json names (the hub's form of every large model),
+/// or a model.safetensors file with config.json beside it.
 ///
 /// Each model family (models::ModelKind) has one adapter beside its model
 /// (src/models/*_hugging_face.cpp) that maps its config.json, its names and
@@ -33,18 +33,23 @@
 
 namespace fsdp::hugging_face {
 
-/// A Hugging Face model's two files.
+/// A Hugging Face model's files.
 struct ModelFiles {
-  std::string weights;  ///< model.safetensors
-  std::string config;   ///< the config.json beside it
+  /// The safetensors files of the weights: model.safetensors, or each shard
+  /// that a sharded folder's model.safetensors.index.json names, in order.
+  std::vector<std::string> weights;
+  std::string config;  ///< the config.json beside them
+  std::string index;   ///< a sharded folder's model.safetensors.index.json ("" for one file)
+  /// The weights' bytes, every file together.
+  int64_t weight_bytes() const;
 };
 
 /// Whether `path` is a Hugging Face model: a folder holding config.json, or a
 /// .safetensors file with config.json beside it (find_model says what is wrong with it).
 bool is_model(const std::string& path);
-/// The files of the Hugging Face model at `path` (a folder or its
-/// model.safetensors); throws naming what is missing, or that the folder is a
-/// sharded checkpoint.
+/// The files of the Hugging Face model at `path` (a folder, sharded or not,
+/// or its model.safetensors); throws naming what is missing, or an index
+/// that is not a weight map of files beside it.
 ModelFiles find_model(const std::string& path);
 
 /// What config.json describes.
@@ -69,20 +74,20 @@ HubConfig read_config(const std::string& config_path);
 std::string config_json(const HubConfig& config);
 
 /// The Hugging Face name of one of the model's parameters.
-std::string to_hf_name(models::ModelKind kind, const std::string& name);
+std::string to_hf_name(const models::ModelConfig& config, const std::string& name);
 /// The model's name of a tensor of a Hugging Face file; std::nullopt for the
 /// ones the model does not keep (GPT-2's attention mask buffers, its tied
 /// lm_head.weight).
-std::optional<std::string> from_hf_name(models::ModelKind kind, const std::string& hf_name);
+std::optional<std::string> from_hf_name(const models::ModelConfig& config, const std::string& hf_name);
 /// Whether the parameter is stored transposed in Hugging Face files (GPT-2's Conv1D weights).
-bool is_transposed(models::ModelKind kind, const std::string& name);
+bool is_transposed(const models::ModelConfig& config, const std::string& name);
 
 /// Loads a Hugging Face model's weights into an unsharded module built for
 /// its configuration (before fully_shard), converting F32, BF16 or F16 to the
 /// module's dtype. Every parameter must be in the file with its shape; a
 /// tensor the model does not know is refused. Throws naming the file and the
 /// tensor; the module is changed only if all is well.
-void load_weights(torch::nn::Module& module, const ModelFiles& files, models::ModelKind kind);
+void load_weights(torch::nn::Module& module, const ModelFiles& files, const models::ModelConfig& config);
 
 /// A Hugging Face folder written as a stream: the model's tensors in, under
 /// its own names and layout, in the order given; model.safetensors (Hugging

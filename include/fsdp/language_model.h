@@ -23,6 +23,20 @@ enum class ModelKind {
 const char* model_kind_name(ModelKind kind);  ///< "gpt", "llama"
 ModelKind parse_model_kind(const std::string& name);  ///< throws, listing the names
 
+/// logits = x @ weight^T, with `weight` registered as the very tensor it is
+/// tied to (the token embedding), so that both names are one parameter: the GPT's
+/// head, and a Llama's with tie_word_embeddings.
+class TiedLMHeadImpl : public torch::nn::Module {
+ public:
+  /// Registers `tied_weight` itself (not a copy) as "weight".
+  explicit TiedLMHeadImpl(const torch::Tensor& tied_weight);
+  /// x @ weight^T: [B, T, C] -> [B, T, vocab].
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;  ///< the token embedding's weight
+};
+/// The module holder of TiedLMHeadImpl.
+TORCH_MODULE(TiedLMHead);
+
 /// A next-token language model over token ids 0 ... vocab() - 1.
 class LanguageModel : public torch::nn::Module {
  public:

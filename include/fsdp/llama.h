@@ -3,7 +3,12 @@
 /// A Llama-style decoder under Hugging Face's LlamaForCausalLM names and
 /// semantics (so that its safetensors map one to one): token embeddings,
 /// pre-RMSNorm blocks of causal grouped-query attention with rotary position
-/// embeddings and a SwiGLU MLP, a final RMSNorm and an untied lm head; no biases.
+/// embeddings and a SwiGLU MLP, a final RMSNorm and an lm head. The switches
+/// the hub's Llama-like families differ by (LlamaConfig) make it their
+/// decoder too: a head tied to the embedding (Llama 3.2, SmolLM2, small
+/// Qwen2.5), biases on the attention's projections (Qwen2), a per-head
+/// RMSNorm of queries and keys and an explicit head_dim (Qwen3), rotary
+/// scaling of type linear or llama3 (Llama 3.1 and later).
 
 #include <torch/torch.h>
 
@@ -12,6 +17,24 @@
 #include "fsdp/language_model.h"
 
 namespace fsdp::models {
+
+/// Rotary position scaling (config.json's rope_scaling / rope_parameters),
+/// as transformers computes the inverse frequencies.
+struct RopeScaling {
+  /// What scales the frequencies.
+  enum class Kind {
+    kNone,    ///< plain rotary embeddings ("default")
+    kLinear,  ///< every frequency divided by factor ("linear")
+    kLlama3,  ///< Llama 3.1's: low frequencies divided by factor, high ones kept, smoothed between ("llama3")
+  };
+  Kind kind = Kind::kNone;  ///< rope_type
+  double factor = 1.0;  ///< factor
+  double low_freq_factor = 1.0;  ///< llama3: low_freq_factor
+  double high_freq_factor = 4.0;  ///< llama3: high_freq_factor
+  int64_t original_context = 8192;  ///< llama3: original_max_position_embeddings
+};
+const char* rope_scaling_name(RopeScaling::Kind kind);  ///< "default", "linear", "llama3"
+RopeScaling::Kind parse_rope_scaling(const std::string& name);  ///< throws, listing the names
 
 /// The model's dimensions (Hugging Face LlamaConfig's fields) and the per-rank batch.
 struct LlamaConfig {
@@ -25,6 +48,26 @@ struct LlamaConfig {
   double rope_theta = 10000.0;  ///< rope_theta: the rotary embedding's base
   double norm_eps = 1e-5;  ///< rms_norm_eps
   int64_t batch = 4;  ///< per rank
+  /// tie_word_embeddings: the lm head's weight is the token embedding's (one
+  /// parameter, in the root unit with both).
+  bool tie_word_embeddings = false;
+  /// attention_bias: biases on q_proj, k_proj, v_proj and o_proj.
+  bool attention_bias = false;
+  /// Biases on q_proj, k_proj and v_proj only (Qwen2's attention).
+  bool qkv_bias = false;
+  /// A per-head RMSNorm of queries and keys before the rotation, self_attn.q_norm and k_norm (Qwen3's attention).
+  bool qk_norm = false;
+  /// head_dim when it is not width / heads (Qwen3's); 0: width / heads.
+  int64_t explicit_head_dim = 0;
+  /// rope_scaling.
+  RopeScaling rope_scaling;
+  /// sliding_window (Mistral; Qwen with use_sliding_window): each position
+  /// attends to at most this many; 0: no window. The model computes full
+  /// causal attention, the same within the window: a longer sequence is refused.
+  int64_t sliding_window = 0;
+  /// config.json's model_type for the Hugging Face family it came from and
+  /// goes back to: llama, mistral, qwen2, qwen3.
+  std::string hub_family = "llama";
 
   /// "tiny", "small", "medium", "large" or "xl": the GPT presets' vocab,
   /// context, layers, heads, width and batch (GPTConfig::preset), with
@@ -34,12 +77,16 @@ struct LlamaConfig {
   /// Llama's SwiGLU width for `width`: 8 width / 3 rounded up to a multiple
   /// of 32 (the parameters of a 4x MLP in three matrices): 192 for width 64.
   static int64_t default_hidden(int64_t width);
-  /// width / heads.
-  int64_t head_dim() const { return width / heads; }
+  /// explicit_head_dim, else width / heads.
+  int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : width / heads; }
   /// Throws, naming the dimensions, unless all are positive, width is a
-  /// multiple of heads with an even head_dim, and heads a multiple of kv_heads.
+  /// multiple of heads (without an explicit head_dim) with an even
+  /// head_dim, and heads a multiple of kv_heads.
   void validate() const;
-  /// "vocab 256, context 32, layers 2, heads 4, kv_heads 2, width 64, hidden 192, rope_theta 10000, norm_eps 1e-05, batch 4".
+  /// "vocab 256, context 32, layers 2, heads 4, kv_heads 2, width 64, hidden
+  /// 192, rope_theta 10000, norm_eps 1e-05, batch 4", then each switch that
+  /// is not its default ("tie_word_embeddings 1", "rope_scaling llama3",
+  /// "rope_factor 8", "hub_family qwen2", ...).
   std::string describe() const;
   /// The planner's description (run_plan.h). Its units: the root holds the
   /// embedding, the final norm and the head (2 V C + C), a decoder layer
@@ -76,14 +123,19 @@ class LlamaAttentionImpl : public torch::nn::Module {
   /// [B, T, C] -> [B, T, C], each position attending to itself and the ones before.
   torch::Tensor forward(const torch::Tensor& x);
   /// Queries (C -> heads x head_dim), keys and values (C -> kv_heads x head_dim),
-  /// the output (heads x head_dim -> C); no biases.
+  /// the output (heads x head_dim -> C); biases as LlamaConfig's attention_bias and qkv_bias say.
   ///@{
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  ///@}
+  /// With LlamaConfig::qk_norm, each head's queries and keys RMS-normalized (gain of head_dim); else null.
+  ///@{
+  LlamaRMSNorm q_norm{nullptr}, k_norm{nullptr};
   ///@}
 
  private:
   int64_t heads_, kv_heads_;
   double rope_theta_;
+  RopeScaling rope_scaling_;
 };
 /// The module holder of LlamaAttentionImpl.
 TORCH_MODULE(LlamaAttention);
@@ -134,7 +186,9 @@ TORCH_MODULE(LlamaModel);
 /// The whole model (Hugging Face's LlamaForCausalLM): its parameters are
 /// model.embed_tokens.weight, model.layers.{i}.{input_layernorm,
 /// post_attention_layernorm}.weight, model.layers.{i}.self_attn.{q,k,v,o}_proj.weight,
-/// model.layers.{i}.mlp.{gate,up,down}_proj.weight, model.norm.weight and lm_head.weight.
+/// model.layers.{i}.mlp.{gate,up,down}_proj.weight, model.norm.weight and
+/// lm_head.weight (with tie_word_embeddings the embedding's own tensor), and
+/// with the switches self_attn.{q,k,v,o}_proj.bias and self_attn.{q,k}_norm.weight.
 class LlamaImpl : public LanguageModel {
  public:
   /// Validates `config` and registers the modules (initialize with init_weights()).
@@ -156,7 +210,10 @@ class LlamaImpl : public LanguageModel {
   ModelDescription plan_description() const override { return config_.plan_description(); }
 
   LlamaModel model{nullptr};  ///< embeddings, layers and the final norm
-  torch::nn::Linear lm_head{nullptr};  ///< C -> vocab, no bias, not tied
+  torch::nn::Linear lm_head{nullptr};  ///< C -> vocab, no bias, when not tied (else null)
+  /// With tie_word_embeddings, the head registered as "lm_head" whose weight
+  /// is model.embed_tokens.weight itself (else null).
+  TiedLMHead tied_lm_head{nullptr};
 
  private:
   LlamaConfig config_;

@@ -99,12 +99,6 @@ TransformerImpl::TransformerImpl(const GPTConfig& c) {
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.width}).eps(1e-5)));
 }
 
-TiedLMHeadImpl::TiedLMHeadImpl(const torch::Tensor& tied_weight) {
-  weight = register_parameter("weight", tied_weight);
-}
-
-torch::Tensor TiedLMHeadImpl::forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight); }
-
 GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
   config_.validate();
   transformer = register_module("transformer", Transformer(config_));

@@ -116,7 +116,7 @@ class Gpt2Adapter : public Adapter {
     return specs;
   }
 
-  std::optional<std::string> from_hf_name(const std::string& hf_name) const override {
+  std::optional<std::string> from_hf_name(const models::ModelConfig&, const std::string& hf_name) const override {
     if (hf_name == "lm_head.weight") return std::nullopt;  // tied: the token embedding's
     if (ends_with(hf_name, ".attn.bias") || ends_with(hf_name, ".attn.masked_bias")) return std::nullopt;  // buffers
     return hf_name.rfind(kTransformerPrefix, 0) == 0 ? hf_name : kTransformerPrefix + hf_name;
@@ -127,7 +127,9 @@ class Gpt2Adapter : public Adapter {
            ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_proj.weight");
   }
 
-  bool is_tied_head(const std::string& name) const override { return name == "lm_head.weight"; }
+  bool is_tied_head(const models::ModelConfig&, const std::string& name) const override {
+    return name == "lm_head.weight";
+  }
 };
 
 }  // namespace

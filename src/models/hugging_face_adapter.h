@@ -41,11 +41,12 @@ class Adapter {
   virtual std::string to_hf_name(const std::string& name) const { return name; }
   /// The model's name of a tensor in a Hugging Face file; std::nullopt for
   /// one the model does not keep (a buffer, a tied head).
-  virtual std::optional<std::string> from_hf_name(const std::string& hf_name) const = 0;
+  virtual std::optional<std::string> from_hf_name(const models::ModelConfig& config,
+                                                  const std::string& hf_name) const = 0;
   /// Whether Hugging Face stores the parameter transposed (GPT-2's Conv1D).
   virtual bool is_transposed(const std::string& /*name*/) const { return false; }
   /// Whether the parameter is a head tied to the embedding, left out of Hugging Face's files.
-  virtual bool is_tied_head(const std::string& /*name*/) const { return false; }
+  virtual bool is_tied_head(const models::ModelConfig& /*config*/, const std::string& /*name*/) const { return false; }
 };
 
 /// The adapter of each family, in ModelKind's order.

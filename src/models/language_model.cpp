@@ -22,6 +22,12 @@ ModelKind parse_model_kind(const std::string& name) {
   TORCH_CHECK(false, "unknown model '", name, "': expected gpt or llama");
 }
 
+TiedLMHeadImpl::TiedLMHeadImpl(const torch::Tensor& tied_weight) {
+  weight = register_parameter("weight", tied_weight);
+}
+
+torch::Tensor TiedLMHeadImpl::forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight); }
+
 void LanguageModel::init_weights(uint64_t seed) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(seed);

@@ -17,17 +17,45 @@
 namespace fsdp::models {
 namespace {
 
-// A Linear without bias (Llama has none).
-torch::nn::Linear linear(int64_t in, int64_t out) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+// A Linear, without bias unless asked (Llama has none).
+torch::nn::Linear linear(int64_t in, int64_t out, bool bias = false) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+// The rotary embedding's inverse frequencies, [hs / 2] in fp32: 1 / theta^(2i / hs),
+// then scaled as transformers' rope_type says (_compute_linear_scaling_rope_parameters,
+// _compute_llama3_parameters).
+torch::Tensor rotary_inverse_frequencies(int64_t hs, double theta, const RopeScaling& scaling,
+                                         const torch::TensorOptions& fp32) {
+  torch::Tensor inv_freq = 1.0 / torch::pow(theta, torch::arange(0, hs, 2, fp32.dtype(torch::kLong)).to(torch::kFloat) / hs);
+  switch (scaling.kind) {
+    case RopeScaling::Kind::kNone:
+      return inv_freq;
+    case RopeScaling::Kind::kLinear:
+      return inv_freq / scaling.factor;
+    case RopeScaling::Kind::kLlama3: {
+      const double old_context = static_cast<double>(scaling.original_context);
+      const double low_freq_wavelen = old_context / scaling.low_freq_factor;
+      const double high_freq_wavelen = old_context / scaling.high_freq_factor;
+      const torch::Tensor wavelen = 2 * M_PI / inv_freq;
+      torch::Tensor scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq);
+      const torch::Tensor smooth = (old_context / wavelen - scaling.low_freq_factor) /
+                                   (scaling.high_freq_factor - scaling.low_freq_factor);
+      const torch::Tensor smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled;
+      const torch::Tensor medium = wavelen.ge(high_freq_wavelen).logical_and(wavelen.le(low_freq_wavelen));
+      return torch::where(medium, smoothed, scaled);
+    }
+  }
+  TORCH_CHECK(false, "unknown rope scaling");
 }
 
 // The rotary embedding's cos and sin for positions 0 ... T - 1, [T, hs]:
-// transformers' LlamaRotaryEmbedding (inv_freq = 1 / theta^(2i / hs) in fp32,
-// the angles over the concatenation of the two frequency halves).
-std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t T, int64_t hs, double theta, const torch::Tensor& like) {
+// transformers' LlamaRotaryEmbedding (the inverse frequencies in fp32, the
+// angles over the concatenation of the two frequency halves).
+std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t T, int64_t hs, double theta, const RopeScaling& scaling,
+                                                       const torch::Tensor& like) {
   const auto fp32 = torch::TensorOptions().dtype(torch::kFloat).device(like.device());
-  torch::Tensor inv_freq = 1.0 / torch::pow(theta, torch::arange(0, hs, 2, fp32.dtype(torch::kLong)).to(torch::kFloat) / hs);
+  const torch::Tensor inv_freq = rotary_inverse_frequencies(hs, theta, scaling, fp32);
   torch::Tensor angles = torch::outer(torch::arange(T, fp32.dtype(torch::kLong)).to(torch::kFloat), inv_freq);
   torch::Tensor emb = torch::cat({angles, angles}, -1);
   return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
@@ -59,13 +87,42 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
 
 int64_t LlamaConfig::default_hidden(int64_t width) { return (8 * width / 3 + 31) / 32 * 32; }
 
+const char* rope_scaling_name(RopeScaling::Kind kind) {
+  switch (kind) {
+    case RopeScaling::Kind::kNone: return "default";
+    case RopeScaling::Kind::kLinear: return "linear";
+    case RopeScaling::Kind::kLlama3: return "llama3";
+  }
+  TORCH_CHECK(false, "unknown rope scaling ", static_cast<int>(kind));
+}
+
+RopeScaling::Kind parse_rope_scaling(const std::string& name) {
+  for (auto kind : {RopeScaling::Kind::kNone, RopeScaling::Kind::kLinear, RopeScaling::Kind::kLlama3}) {
+    if (name == rope_scaling_name(kind)) return kind;
+  }
+  TORCH_CHECK(false, "unknown rope scaling '", name, "': expected default, linear or llama3");
+}
+
 void LlamaConfig::validate() const {
   TORCH_CHECK(vocab > 0 && context > 0 && layers > 0 && heads > 0 && kv_heads > 0 && width > 0 && hidden > 0 &&
                   batch > 0 && rope_theta > 0 && norm_eps > 0,
               "every model dimension must be positive, got ", describe());
-  TORCH_CHECK(width % heads == 0, "the width (", width, ") must be a multiple of the number of heads (", heads, ")");
-  TORCH_CHECK(head_dim() % 2 == 0, "the head dimension width / heads (", head_dim(),
+  TORCH_CHECK(sliding_window >= 0, "sliding_window must be >= 0 (0: none), got ", sliding_window);
+  TORCH_CHECK(explicit_head_dim >= 0, "head_dim must be positive (0: width / heads), got ", explicit_head_dim);
+  TORCH_CHECK(explicit_head_dim > 0 || width % heads == 0, "the width (", width,
+              ") must be a multiple of the number of heads (", heads, ")");
+  TORCH_CHECK(head_dim() % 2 == 0, "the head dimension (", head_dim(),
               ") must be even: the rotary embedding rotates channel pairs");
+  if (rope_scaling.kind != RopeScaling::Kind::kNone) {
+    TORCH_CHECK(rope_scaling.factor > 0, "the rope scaling factor must be positive, got ", rope_scaling.factor);
+  }
+  if (rope_scaling.kind == RopeScaling::Kind::kLlama3) {
+    TORCH_CHECK(rope_scaling.low_freq_factor > 0 && rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
+                    rope_scaling.original_context > 0,
+                "llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor and a positive "
+                "original_max_position_embeddings, got ", rope_scaling.low_freq_factor, ", ",
+                rope_scaling.high_freq_factor, " and ", rope_scaling.original_context);
+  }
   TORCH_CHECK(heads % kv_heads == 0, "the number of heads (", heads, ") must be a multiple of kv_heads (", kv_heads,
               ")");
 }
@@ -75,6 +132,21 @@ std::string LlamaConfig::describe() const {
   s << "vocab " << vocab << ", context " << context << ", layers " << layers << ", heads " << heads << ", kv_heads "
     << kv_heads << ", width " << width << ", hidden " << hidden << ", rope_theta " << rope_theta << ", norm_eps "
     << norm_eps << ", batch " << batch;
+  // The switches, only where set: a default Llama's text is what files wrote before them.
+  if (tie_word_embeddings) s << ", tie_word_embeddings 1";
+  if (attention_bias) s << ", attention_bias 1";
+  if (qkv_bias) s << ", qkv_bias 1";
+  if (qk_norm) s << ", qk_norm 1";
+  if (explicit_head_dim > 0) s << ", head_dim " << explicit_head_dim;
+  if (rope_scaling.kind != RopeScaling::Kind::kNone) {
+    s << ", rope_scaling " << rope_scaling_name(rope_scaling.kind) << ", rope_factor " << rope_scaling.factor;
+  }
+  if (rope_scaling.kind == RopeScaling::Kind::kLlama3) {
+    s << ", rope_low_freq_factor " << rope_scaling.low_freq_factor << ", rope_high_freq_factor "
+      << rope_scaling.high_freq_factor << ", rope_original_context " << rope_scaling.original_context;
+  }
+  if (sliding_window > 0) s << ", sliding_window " << sliding_window;
+  if (hub_family != "llama") s << ", hub_family " << hub_family;
   return s.str();
 }
 
@@ -83,11 +155,14 @@ ModelDescription LlamaConfig::plan_description() const {
   ModelDescription d;
   d.shape = TransformerShape{vocab, context, layers, heads, width, batch};
   d.shape.extra_layer_activations = 9;
-  const int64_t C = width, kv = kv_heads * head_dim();
-  const int64_t attention = 2 * C * C + 2 * C * kv, mlp = 3 * C * hidden, norms = 2 * C;
-  d.layer_units.assign(1, 2 * vocab * C + C);  // embed_tokens, lm_head, norm
+  const int64_t C = width, q = heads * head_dim(), kv = kv_heads * head_dim();
+  const int64_t biases = (attention_bias || qkv_bias ? q + 2 * kv : 0) + (attention_bias ? C : 0);
+  const int64_t attention = 2 * C * q + 2 * C * kv + biases + (qk_norm ? 2 * head_dim() : 0);
+  const int64_t mlp = 3 * C * hidden, norms = 2 * C;
+  const int64_t root = (tie_word_embeddings ? 1 : 2) * vocab * C + C;  // embed_tokens, lm_head, norm
+  d.layer_units.assign(1, root);
   d.layer_units.insert(d.layer_units.end(), layers, attention + mlp + norms);
-  d.sublayer_units.assign(1, 2 * vocab * C + C + layers * norms);
+  d.sublayer_units.assign(1, root + layers * norms);
   for (int64_t i = 0; i < layers; ++i) {
     d.sublayer_units.push_back(attention);
     d.sublayer_units.push_back(mlp);
@@ -106,21 +181,32 @@ torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
-    : heads_(c.heads), kv_heads_(c.kv_heads), rope_theta_(c.rope_theta) {
+    : heads_(c.heads), kv_heads_(c.kv_heads), rope_theta_(c.rope_theta), rope_scaling_(c.rope_scaling) {
   const int64_t hs = c.head_dim();
-  q_proj = register_module("q_proj", linear(c.width, c.heads * hs));
-  k_proj = register_module("k_proj", linear(c.width, c.kv_heads * hs));
-  v_proj = register_module("v_proj", linear(c.width, c.kv_heads * hs));
-  o_proj = register_module("o_proj", linear(c.heads * hs, c.width));
+  const bool qkv_bias = c.qkv_bias || c.attention_bias;
+  q_proj = register_module("q_proj", linear(c.width, c.heads * hs, qkv_bias));
+  k_proj = register_module("k_proj", linear(c.width, c.kv_heads * hs, qkv_bias));
+  v_proj = register_module("v_proj", linear(c.width, c.kv_heads * hs, qkv_bias));
+  o_proj = register_module("o_proj", linear(c.heads * hs, c.width, c.attention_bias));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", LlamaRMSNorm(hs, c.norm_eps));
+    k_norm = register_module("k_norm", LlamaRMSNorm(hs, c.norm_eps));
+  }
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), hs = q_proj->weight.size(0) / heads_;
-  auto split = [&](const torch::Tensor& t, int64_t n) { return t.view({B, T, n, hs}).transpose(1, 2); };
-  auto [cos, sin] = rotary_cos_sin(T, hs, rope_theta_, x);
-  torch::Tensor q = apply_rotary(split(q_proj(x), heads_), cos, sin);
-  torch::Tensor k = apply_rotary(split(k_proj(x), kv_heads_), cos, sin);
-  torch::Tensor v = split(v_proj(x), kv_heads_);
+  // [B, T, n * hs] -> [B, n, T, hs]; Qwen3 normalizes each head's queries and keys first.
+  auto split = [&](const torch::Tensor& t, int64_t n, LlamaRMSNorm& norm) {
+    torch::Tensor heads = t.view({B, T, n, hs});
+    if (norm) heads = norm(heads);
+    return heads.transpose(1, 2);
+  };
+  LlamaRMSNorm none{nullptr};
+  auto [cos, sin] = rotary_cos_sin(T, hs, rope_theta_, rope_scaling_, x);
+  torch::Tensor q = apply_rotary(split(q_proj(x), heads_, q_norm), cos, sin);
+  torch::Tensor k = apply_rotary(split(k_proj(x), kv_heads_, k_norm), cos, sin);
+  torch::Tensor v = split(v_proj(x), kv_heads_, none);
   if (kv_heads_ != heads_) {  // transformers' repeat_kv: head h reads kv head h / (heads / kv_heads)
     k = k.repeat_interleave(heads_ / kv_heads_, /*dim=*/1);
     v = v.repeat_interleave(heads_ / kv_heads_, /*dim=*/1);
@@ -164,15 +250,26 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) {
 LlamaImpl::LlamaImpl(const LlamaConfig& config) : config_(config) {
   config_.validate();
   model = register_module("model", LlamaModel(config_));
-  lm_head = register_module("lm_head", linear(config_.width, config_.vocab));
+  if (config_.tie_word_embeddings) {
+    // The embedding's weight itself under the head's name: one parameter, found
+    // by identity (fully_shard keeps it in the root unit with both registrations).
+    tied_lm_head = register_module("lm_head", TiedLMHead(model->embed_tokens->weight));
+  } else {
+    lm_head = register_module("lm_head", linear(config_.width, config_.vocab));
+  }
 }
 
 torch::Tensor LlamaImpl::logits(const torch::Tensor& idx) {
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= config_.context, "sequence length ", T, " exceeds the context ", config_.context);
+  TORCH_CHECK(config_.sliding_window == 0 || T <= config_.sliding_window, "sequence length ", T,
+              " exceeds the sliding window of ", config_.sliding_window,
+              " (config.json's sliding_window): the model computes full causal attention, which equals the window's "
+              "only within it; train on --context ", config_.sliding_window, " or less");
   torch::Tensor x = model->embed_tokens(idx);
   for (const auto& layer : *model->layers) x = fsdp::unit_forward(*layer->as<LlamaDecoderLayerImpl>(), x);
-  return lm_head(model->norm(x));
+  x = model->norm(x);
+  return tied_lm_head ? tied_lm_head(x) : lm_head(x);
 }
 
 torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {

@@ -10,14 +10,21 @@ ModelConfig ModelConfig::parse(ModelKind kind, const std::string& described) {
   std::string body = described;
   if (body.size() >= 2 && body.front() == '"' && body.back() == '"') body = body.substr(1, body.size() - 2);
   std::map<std::string, double> values;
+  std::map<std::string, std::string> names;  // the values that are words (rope_scaling, hub_family)
   std::istringstream in(body);
   for (std::string item; std::getline(in, item, ',');) {
     std::istringstream words(item);
-    std::string key;
-    double value = 0;
+    std::string key, value;
     TORCH_CHECK(words >> key >> value, "cannot read the model configuration '", described,
                 "': expected 'vocab N, context N, layers N, ...'");
-    values[key] = value;
+    try {
+      size_t used = 0;
+      values[key] = std::stod(value, &used);
+      TORCH_CHECK(used == value.size());
+    } catch (const std::exception&) {
+      values.erase(key);
+      names[key] = value;
+    }
   }
   auto get = [&](const char* key) {
     TORCH_CHECK(values.count(key), "the model configuration '", described, "' has no ", key);
@@ -38,6 +45,24 @@ ModelConfig ModelConfig::parse(ModelKind kind, const std::string& described) {
   shared(l);
   l.kv_heads = whole("kv_heads"), l.hidden = whole("hidden");
   l.rope_theta = get("rope_theta"), l.norm_eps = get("norm_eps");
+  // The switches: absent where they are their defaults (LlamaConfig::describe).
+  auto flag = [&](const char* key) { return values.count(key) && values.at(key) != 0; };
+  l.tie_word_embeddings = flag("tie_word_embeddings");
+  l.attention_bias = flag("attention_bias");
+  l.qkv_bias = flag("qkv_bias");
+  l.qk_norm = flag("qk_norm");
+  if (values.count("head_dim")) l.explicit_head_dim = whole("head_dim");
+  if (values.count("sliding_window")) l.sliding_window = whole("sliding_window");
+  if (names.count("rope_scaling")) {
+    l.rope_scaling.kind = parse_rope_scaling(names.at("rope_scaling"));
+    l.rope_scaling.factor = get("rope_factor");
+  }
+  if (l.rope_scaling.kind == RopeScaling::Kind::kLlama3) {
+    l.rope_scaling.low_freq_factor = get("rope_low_freq_factor");
+    l.rope_scaling.high_freq_factor = get("rope_high_freq_factor");
+    l.rope_scaling.original_context = whole("rope_original_context");
+  }
+  if (names.count("hub_family")) l.hub_family = names.at("hub_family");
   l.validate();
   return l;
 }

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 
 #include "fsdp/checkpoint.h"
@@ -48,24 +49,39 @@ std::vector<int64_t> hf_shape(const detail::Adapter& adapter, const safetensors:
   return {spec.shape.at(1), spec.shape.at(0)};
 }
 
-// The model's name of each tensor of a Hugging Face file that the model keeps.
-std::map<std::string, const safetensors::TensorEntry*> entries_by_model_name(const safetensors::Reader& reader,
-                                                                            const detail::Adapter& adapter) {
-  std::map<std::string, const safetensors::TensorEntry*> by_name;
-  for (const auto& entry : reader.tensors()) {
-    const auto name = adapter.from_hf_name(entry.spec.name);
-    if (!name) continue;
-    TORCH_CHECK(!by_name.count(*name), "'", reader.path(), "' holds '", *name,
-                "' twice (under two of the names that map to it)");
-    by_name[*name] = &entry;
+// The tensors of a model's files that the model keeps, by the model's name,
+// each with the file that holds it (the files open, their headers read).
+struct HubTensors {
+  std::vector<std::unique_ptr<safetensors::Reader>> readers;
+  struct Entry {
+    const safetensors::Reader* reader;
+    const safetensors::TensorEntry* entry;
+  };
+  std::map<std::string, Entry> by_name;
+  std::string where;  // the files, for messages: the one file, or the index
+};
+
+HubTensors hub_tensors(const ModelFiles& files, const detail::Adapter& adapter, const models::ModelConfig& config) {
+  HubTensors t;
+  t.where = files.index.empty() ? files.weights.front() : files.index;
+  for (const std::string& path : files.weights) {
+    t.readers.push_back(std::make_unique<safetensors::Reader>(path));
+    const safetensors::Reader& reader = *t.readers.back();
+    for (const auto& entry : reader.tensors()) {
+      const auto name = adapter.from_hf_name(config, entry.spec.name);
+      if (!name) continue;
+      const auto [it, inserted] = t.by_name.try_emplace(*name, HubTensors::Entry{&reader, &entry});
+      TORCH_CHECK(inserted, "'", t.where, "' holds '", *name, "' twice (in '", it->second.reader->path(), "' as '",
+                  it->second.entry->spec.name, "' and in '", reader.path(), "' as '", entry.spec.name, "')");
+    }
   }
-  return by_name;
+  return t;
 }
 
 // Reads one tensor of a Hugging Face file in the model's layout, as `dtype`.
-torch::Tensor read_in_model_layout(const safetensors::Reader& reader, const safetensors::TensorEntry& entry,
-                                   const detail::Adapter& adapter, const std::string& name, torch::ScalarType dtype) {
-  torch::Tensor value = reader.read(entry.spec.name);
+torch::Tensor read_in_model_layout(const HubTensors::Entry& tensor, const detail::Adapter& adapter,
+                                   const std::string& name, torch::ScalarType dtype) {
+  torch::Tensor value = tensor.reader->read(tensor.entry->spec.name);
   if (adapter.is_transposed(name)) value = value.t();
   return value.to(dtype).contiguous();
 }
@@ -90,20 +106,46 @@ bool is_model(const std::string& path) {
          (fs::is_directory(path) || ends_with(path, ".safetensors"));
 }
 
+int64_t ModelFiles::weight_bytes() const {
+  int64_t bytes = 0;
+  for (const std::string& file : weights) bytes += static_cast<int64_t>(fs::file_size(file));
+  return bytes;
+}
+
 ModelFiles find_model(const std::string& path) {
   TORCH_CHECK(fs::exists(path), "'", path, "' does not exist");
   const fs::path folder = folder_of(path);
-  ModelFiles files{fs::is_directory(path) ? (folder / "model.safetensors").string() : path,
-                   (folder / "config.json").string()};
+  ModelFiles files;
+  files.config = (folder / "config.json").string();
   TORCH_CHECK(fs::exists(files.config), "'", path, "' is not a Hugging Face model: '", files.config,
               "' is missing (it gives the model's shape)");
-  if (!fs::exists(files.weights) && fs::exists(folder / "model.safetensors.index.json")) {
-    TORCH_CHECK(false, "'", path, "' is a sharded Hugging Face checkpoint (model.safetensors.index.json); "
-                "merge it into one model.safetensors first (transformers: save_pretrained(folder, "
-                "max_shard_size=\"1000GB\"))");
+  const fs::path single = fs::is_directory(path) ? folder / "model.safetensors" : fs::path(path);
+  const fs::path index = folder / "model.safetensors.index.json";
+  if (fs::exists(single) || !fs::is_directory(path) || !fs::exists(index)) {
+    TORCH_CHECK(fs::exists(single), "'", path, "' is not a Hugging Face model: '", single.string(),
+                "' is missing (only safetensors weights are read, not pytorch_model.bin)");
+    files.weights = {single.string()};
+    return files;
   }
-  TORCH_CHECK(fs::exists(files.weights), "'", path, "' is not a Hugging Face model: '", files.weights,
-              "' is missing (only safetensors weights are read, not pytorch_model.bin)");
+  // A sharded folder: the index's weight_map names each tensor's file; every
+  // file it names is read (a tensor in another file than the map says is
+  // still found, by its name).
+  files.index = index.string();
+  const json map = read_json(files.index);
+  TORCH_CHECK(map.is_object() && map.contains("weight_map") && map.at("weight_map").is_object() &&
+                  !map.at("weight_map").empty(),
+              "'", files.index, "' has no \"weight_map\" of tensor names to files");
+  std::set<std::string> seen;
+  for (const auto& [tensor, file] : map.at("weight_map").items()) {
+    TORCH_CHECK(file.is_string(), "'", files.index, "': the file of '", tensor, "' is ", file.dump(), ", expected a name");
+    const std::string name = file.get<std::string>();
+    TORCH_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..", "'", files.index,
+                "': the file of '", tensor, "' is '", name, "', expected a file name in the folder");
+    if (!seen.insert(name).second) continue;
+    const fs::path shard = folder / name;
+    TORCH_CHECK(fs::exists(shard), "'", files.index, "' names '", name, "' (for '", tensor, "'), which is missing");
+    files.weights.push_back(shard.string());
+  }
   return files;
 }
 
@@ -136,47 +178,48 @@ std::string config_json(const HubConfig& config) {
   return merged.dump(2) + "\n";
 }
 
-std::string to_hf_name(models::ModelKind kind, const std::string& name) {
-  return detail::adapter(kind).to_hf_name(name);
+std::string to_hf_name(const models::ModelConfig& config, const std::string& name) {
+  return detail::adapter(config.kind()).to_hf_name(name);
 }
 
-std::optional<std::string> from_hf_name(models::ModelKind kind, const std::string& hf_name) {
-  return detail::adapter(kind).from_hf_name(hf_name);
+std::optional<std::string> from_hf_name(const models::ModelConfig& config, const std::string& hf_name) {
+  return detail::adapter(config.kind()).from_hf_name(config, hf_name);
 }
 
-bool is_transposed(models::ModelKind kind, const std::string& name) {
-  return detail::adapter(kind).is_transposed(name);
+bool is_transposed(const models::ModelConfig& config, const std::string& name) {
+  return detail::adapter(config.kind()).is_transposed(name);
 }
 
-void load_weights(torch::nn::Module& module, const ModelFiles& files, models::ModelKind kind) {
-  const detail::Adapter& adapter = detail::adapter(kind);
-  safetensors::Reader reader(files.weights);
-  const auto by_name = entries_by_model_name(reader, adapter);
+void load_weights(torch::nn::Module& module, const ModelFiles& files, const models::ModelConfig& config) {
+  const detail::Adapter& adapter = detail::adapter(config.kind());
+  const HubTensors hub = hub_tensors(files, adapter, config);
+  const auto& by_name = hub.by_name;
   auto params = unique_named_parameters(module);
   std::set<std::string> expected;
   // Everything is checked before anything changes.
   for (const auto& [name, param] : params) {
     expected.insert(name);
-    if (adapter.is_tied_head(name)) continue;  // never a parameter of its own in the model
+    if (adapter.is_tied_head(config, name)) continue;  // never a parameter of its own in the model
     const auto want = hf_shape(adapter, {name, torch::kFloat, param.sizes().vec()});
     const auto it = by_name.find(name);
-    TORCH_CHECK(it != by_name.end(), "'", files.weights, "' has no tensor '", adapter.to_hf_name(name),
+    TORCH_CHECK(it != by_name.end(), "'", hub.where, "' has no tensor '", adapter.to_hf_name(name),
                 "' (expected shape ", c10::IntArrayRef(want), ")");
-    const auto& spec = it->second->spec;
-    TORCH_CHECK(spec.shape == want, "'", files.weights, "': tensor '", spec.name, "' has shape ",
+    const auto& spec = it->second.entry->spec;
+    const std::string& file = it->second.reader->path();
+    TORCH_CHECK(spec.shape == want, "'", file, "': tensor '", spec.name, "' has shape ",
                 c10::IntArrayRef(spec.shape), ", expected ", c10::IntArrayRef(want), " (from '", files.config, "')");
     TORCH_CHECK(spec.dtype == torch::kFloat || spec.dtype == torch::kBFloat16 || spec.dtype == torch::kHalf, "'",
-                files.weights, "': tensor '", spec.name, "' is ", safetensors::dtype_code(spec.dtype),
+                file, "': tensor '", spec.name, "' is ", safetensors::dtype_code(spec.dtype),
                 ", expected F32, BF16 or F16");
   }
-  for (const auto& [name, entry] : by_name) {
-    TORCH_CHECK(expected.count(name), "'", files.weights, "' has a tensor '", entry->spec.name,
+  for (const auto& [name, tensor] : by_name) {
+    TORCH_CHECK(expected.count(name), "'", tensor.reader->path(), "' has a tensor '", tensor.entry->spec.name,
                 "' that the model does not have");
   }
   torch::NoGradGuard no_grad;
   for (auto& [name, param] : params) {  // one tensor read at a time
     if (!by_name.count(name)) continue;
-    param.copy_(read_in_model_layout(reader, *by_name.at(name), adapter, name, param.scalar_type()));
+    param.copy_(read_in_model_layout(by_name.at(name), adapter, name, param.scalar_type()));
   }
 }
 
@@ -188,7 +231,7 @@ FolderWriter::FolderWriter(const std::string& folder, const HubConfig& config,
   std::vector<safetensors::TensorSpec> hf;
   for (const auto& t : tensors) {
     names_.push_back(t.name);
-    if (adapter.is_tied_head(t.name)) continue;  // GPT-2's files leave it out
+    if (adapter.is_tied_head(config.model, t.name)) continue;  // GPT-2's files leave it out
     hf.push_back({adapter.to_hf_name(t.name), torch::kFloat, hf_shape(adapter, t)});
   }
   writer_.emplace((fs::path(folder) / "model.safetensors").string(), std::move(hf),
@@ -199,7 +242,7 @@ void FolderWriter::write(const torch::Tensor& tensor) {
   TORCH_CHECK(next_ < names_.size(), "FolderWriter: more tensors written than the ", names_.size(), " listed");
   const std::string& name = names_[next_++];
   const detail::Adapter& adapter = detail::adapter(config_.model.kind());
-  if (adapter.is_tied_head(name)) return;
+  if (adapter.is_tied_head(config_.model, name)) return;
   torch::Tensor value = tensor.to(torch::kFloat);
   if (adapter.is_transposed(name)) value = value.t();
   writer_->write(value.contiguous());
@@ -232,23 +275,23 @@ void convert_hf_to_file(const std::string& hf_path, const std::string& spec_file
   const ModelFiles files = find_model(hf_path);
   const models::ModelConfig config = read_config(files.config).model;
   const detail::Adapter& adapter = detail::adapter(config.kind());
-  safetensors::Reader reader(files.weights);
-  const auto by_name = entries_by_model_name(reader, adapter);
+  const HubTensors hub = hub_tensors(files, adapter, config);
+  const auto& by_name = hub.by_name;
   const auto specs = adapter.parameter_specs(config);
   for (const auto& s : specs) {
     const auto it = by_name.find(s.name);
-    TORCH_CHECK(it != by_name.end(), "'", files.weights, "' has no tensor '", s.name, "'");
-    TORCH_CHECK(it->second->spec.shape == hf_shape(adapter, s), "'", files.weights, "': tensor '",
-                it->second->spec.name, "' has shape ", c10::IntArrayRef(it->second->spec.shape), ", expected ",
-                c10::IntArrayRef(hf_shape(adapter, s)));
+    TORCH_CHECK(it != by_name.end(), "'", hub.where, "' has no tensor '", s.name, "'");
+    const auto& spec = it->second.entry->spec;
+    TORCH_CHECK(spec.shape == hf_shape(adapter, s), "'", it->second.reader->path(), "': tensor '", spec.name,
+                "' has shape ", c10::IntArrayRef(spec.shape), ", expected ", c10::IntArrayRef(hf_shape(adapter, s)));
   }
-  TORCH_CHECK(by_name.size() == specs.size(), "'", files.weights, "' holds ", by_name.size(),
+  TORCH_CHECK(by_name.size() == specs.size(), "'", hub.where, "' holds ", by_name.size(),
               " of the model's tensors, expected ", specs.size());
   safetensors::Writer writer(spec_file, specs,
                              {{"format", "pt"}, {"model", models::model_kind_name(config.kind())}, {"config", config.describe()},
                               {"converted_from", hf_path}});
   for (const auto& s : specs) {  // one tensor at a time
-    writer.write(read_in_model_layout(reader, *by_name.at(s.name), adapter, s.name, torch::kFloat));
+    writer.write(read_in_model_layout(by_name.at(s.name), adapter, s.name, torch::kFloat));
   }
   writer.commit();
 }

@@ -1,6 +1,7 @@
 """The transformers side of the Hugging Face checks (tests/hugging_face/run.sh).
 
-  reference.py make gpt2|llama DIR     a small randomly initialised model, seeded, saved with save_pretrained
+  reference.py make KIND DIR            a small randomly initialised model, seeded, saved with save_pretrained:
+                                        gpt2, llama, or a family of FAMILIES (llama3, mistral, qwen2, qwen3)
   reference.py compare DIR LOGITS.json  from_pretrained(DIR) (no missing or unexpected keys), its logits for the
                                         JSON's tokens against the JSON's, in float32; prints the max abs difference
   reference.py same A B                 two safetensors files hold the same tensors, bit for bit
@@ -29,23 +30,47 @@ transformers.logging.set_verbosity_error()
 TOLERANCE = 1e-5
 
 
+# The Llama-like shape every family is made in.
+SMALL = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=32, vocab_size=300, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+# The hub's Llama-like families, each with the config features it ships: the
+# config and model classes, and the features over SMALL. llama3's scaling
+# (head_dim 16, original context 64) takes all three of its branches: the
+# highest frequency kept, two smoothed, the rest divided by the factor.
+FAMILIES = {
+    "llama3": ("LlamaConfig", "LlamaForCausalLM",
+               dict(tie_word_embeddings=True,
+                    rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                                         high_freq_factor=4.0, original_max_position_embeddings=64))),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=32, tie_word_embeddings=False)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
+              dict(tie_word_embeddings=True, rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0))),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False)),
+}
+
+
 def make(kind, folder):
     torch.manual_seed(0)
     if kind == "gpt2":
         config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=32, vocab_size=300,
                                          activation_function="gelu_new", bos_token_id=299, eos_token_id=299)
         model = transformers.GPT2LMHeadModel(config)
-    else:
-        config = transformers.LlamaConfig(hidden_size=64, intermediate_size=192, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                                          vocab_size=300, rms_norm_eps=1e-5, rope_theta=10000.0,
-                                          tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    elif kind == "llama":
+        config = transformers.LlamaConfig(**SMALL, rope_theta=10000.0, tie_word_embeddings=False)
         model = transformers.LlamaForCausalLM(config)
+    else:  # a family of FAMILIES: its config features on the small shape
+        config_class, model_class, features = FAMILIES[kind]
+        model = getattr(transformers, model_class)(getattr(transformers, config_class)(**SMALL, **features))
     with torch.no_grad():  # biases and norms away from their zeros and ones, so that a mix-up shows
         for p in model.parameters():
             if p.dim() == 1:
                 p.add_(0.1 * torch.randn_like(p))
-    model.save_pretrained(folder, safe_serialization=True)
+    if kind == "qwen2":  # as the hub ships every large model: shards and model.safetensors.index.json
+        model.save_pretrained(folder, safe_serialization=True, max_shard_size="100KB")
+    elif kind == "mistral":  # as most downloads are stored: BF16
+        model.to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
+    else:
+        model.save_pretrained(folder, safe_serialization=True)
 
 
 def compare(folder, logits_path):

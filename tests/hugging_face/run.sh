@@ -10,7 +10,10 @@
 #      spec file -> hf -> spec (every tensor equal), checkpoint -> hf.
 # The python is $FSDP_TEST_PYTHON, else the checkout's .venv; without it, or
 # without transformers, exit 77 (skipped) unless CI is set.
-#   run.sh BUILD_DIR SOURCE_DIR gpt2|llama
+#   run.sh BUILD_DIR SOURCE_DIR gpt2|llama|llama3|mistral|qwen2|qwen3
+# (the last four: reference.py's FAMILIES, the hub's Llama-like families with
+# the config features each ships: tied embeddings, llama3 and linear rope
+# scaling, a sliding window, q/k/v biases, q/k norms and an explicit head_dim)
 set -euo pipefail
 build="$1" source="$2" kind="$3"
 python="${FSDP_TEST_PYTHON:-$source/.venv/bin/python}"
@@ -28,7 +31,7 @@ ref=("$python" "$source/tests/hugging_face/reference.py")
 ckpt="$build/fsdp-ckpt"
 tokens="$(seq -s, 3 9 290)"  # 32 tokens, the models' context
 model_flag=(--model gpt)
-[ "$kind" = llama ] && model_flag=(--model llama)
+[ "$kind" = gpt2 ] || model_flag=(--model llama)  # the Llama-like families are the library's Llama with switches
 
 # transformers runs twice (importing it is most of a run): first it makes the
 # model (and the hub's forms of it), then it checks everything fsdp-cpp made.
@@ -53,27 +56,46 @@ echo "== 3. conversions"
 checkpoint="$(ls -d "$work"/ck/step-* | tail -1)"
 "$ckpt" convert "$checkpoint" "$work/from_ckpt" --format hf > /dev/null
 
+# hf -> spec -> hf writes F32 in one file: bit for bit against a made folder
+# of one F32 file; the sharded (qwen2) and BF16 (mistral) ones, by their logits.
+made_again=(same "$work/hf/model.safetensors" "$work/hf2/model.safetensors")
+case "$kind" in qwen2|mistral) made_again=(compare "$work/hf2" "$work/hf.json") ;; esac
 echo "== 1-3 checked by transformers: its model's logits, the trained export loaded back, conversions bit for bit"
 "${ref[@]}" compare "$work/hf" "$work/hf.json" \
   + compare "$work/trained" "$work/trained.json" \
-  + same "$work/hf/model.safetensors" "$work/hf2/model.safetensors" \
+  + "${made_again[@]}" \
   + same "$work/trained.spec.safetensors" "$work/trained2.spec.safetensors" \
   + same "$work/trained/model.safetensors" "$work/from_ckpt/model.safetensors" \
   + compare "$work/from_ckpt" "$work/trained.json"
-[ "$kind" = gpt2 ] || { echo "ok: $kind in and out"; exit 0; }
-
-echo "== 4. GPT-2 as the hub serves it (no transformer. prefix, BF16), and what is refused"
-"$ckpt" logits "$work/hub" --tokens "$tokens" | cmp - "$work/hf.json"
-"$ckpt" logits "$work/hub/bf16.safetensors" --tokens "$tokens" > /dev/null
 expect_error() {  # expect_error MESSAGE COMMAND...: fails unless COMMAND fails saying MESSAGE
   local message="$1" out; shift
   if out="$("$@" 2>&1)"; then echo "expected an error: $*"; exit 1; fi
   grep -qF -- "$message" <<< "$out" || { echo "expected '$message' from $*, got: $out"; exit 1; }
 }
+# with_config NAME JQ: the made model's folder as NAME, its config.json changed by the jq filter.
+with_config() {
+  mkdir -p "$work/$1" && cp "$work/hf/"*.safetensors* "$work/$1/"
+  jq "$2" "$work/hf/config.json" > "$work/$1/config.json"
+}
+if [ "$kind" = mistral ]; then
+  echo "== 4. a sliding window shorter than the sequence is refused, naming both"
+  with_config window16 '.sliding_window = 16'
+  expect_error "sequence length 32 exceeds the sliding window of 16" "$ckpt" logits "$work/window16" --tokens "$tokens"
+fi
+if [ "$kind" = llama3 ]; then
+  echo "== 4. rope scaling the model does not compute is refused by name"
+  with_config yarn '.rope_parameters = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}'
+  expect_error 'rope scaling of type "yarn" is not supported' "$ckpt" logits "$work/yarn" --tokens 1
+fi
+[ "$kind" = gpt2 ] || { echo "ok: $kind in and out"; exit 0; }
+
+echo "== 4. GPT-2 as the hub serves it (no transformer. prefix, BF16), and what is refused"
+"$ckpt" logits "$work/hub" --tokens "$tokens" | cmp - "$work/hf.json"
+"$ckpt" logits "$work/hub/bf16.safetensors" --tokens "$tokens" > /dev/null
 expect_error '"activation_function" is "relu"' "$ckpt" logits "$work/hub-relu" --tokens 1
 expect_error '"layer_norm_epsilon" is 1e-06' "$ckpt" logits "$work/hub-eps" --tokens 1
 expect_error '"tie_word_embeddings" is false' "$ckpt" logits "$work/hub-untied" --tokens 1
-expect_error 'is a sharded Hugging Face checkpoint' "$ckpt" logits "$work/hub-sharded" --tokens 1
+expect_error 'has no "weight_map"' "$ckpt" logits "$work/hub-sharded" --tokens 1
 train=("$build/fsdp-run" -n 1 -- "$build/fsdp-train" --steps 1)
 expect_error "holds a gpt model: pass --model gpt" "${train[@]}" --model llama --init-from "$work/hub"
 expect_error "--width 128 contradicts --init-from" "${train[@]}" --init-from "$work/hub" --width 128

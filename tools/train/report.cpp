@@ -111,8 +111,8 @@ void print_nvme_and_init(const ReportContext& c) {
   }
   if (!o.init_from.empty()) {
     const bool folder = fsdp::hugging_face::is_model(o.init_from);  // or its model.safetensors
-    const double mb =
-        std::filesystem::file_size(folder ? fsdp::hugging_face::find_model(o.init_from).weights : o.init_from) / 1e6;
+    const double mb = (folder ? fsdp::hugging_face::find_model(o.init_from).weight_bytes()
+                              : static_cast<int64_t>(std::filesystem::file_size(o.init_from))) / 1e6;
     std::cout << "  initialized from " << o.init_from << " (" << std::fixed << std::setprecision(1) << mb
               << " MB in " << std::setprecision(2) << c.run.init_seconds << " s on each rank, " << std::setprecision(0)
               << mb / c.run.init_seconds << " MB/s)\n";

@@ -231,7 +231,7 @@ void make_model(const TrainOptions& o, Run& run) {
     const auto start = std::chrono::steady_clock::now();
     if (fsdp::hugging_face::is_model(o.init_from)) {
       const auto files = fsdp::hugging_face::find_model(o.init_from);
-      fsdp::hugging_face::load_weights(*run.model, files, run.model_config.kind());
+      fsdp::hugging_face::load_weights(*run.model, files, run.model_config);
     } else {
       fsdp::load_full_weights(*run.model, o.init_from);
     }

@@ -1,12 +1,16 @@
 // State dicts at W = 2, 3 and 4: the full state dict is the model, loads
 // into a sharded model, sharded round trips, sharded initialization giving
 // the shards of the whole model, and UnshardScope (whole parameters for
-// evaluation, written back).
+// evaluation, written back), Hugging Face folders read into the shards and
+// streamed out of them.
 
 #include <gtest/gtest.h>
 
 #include "fsdp/fully_shard.h"
 #include "fsdp/gpt.h"
+#include "fsdp/hugging_face.h"
+#include "fsdp/llama.h"
+#include "fsdp/model_config.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/token_data.h"
 #include "fsdp/train_step.h"
@@ -63,6 +67,62 @@ TEST(StateDict, LoadFullIntoAShardedModel) {
   EXPECT_THROW(fsdp::load_full_state_dict(model.state(), missing), c10::Error);
   dict.insert("extra.weight", torch::zeros({2}));
   EXPECT_THROW(fsdp::load_full_state_dict(model.state(), dict), c10::Error);
+}
+
+// Each rank reads only its shards' elements of a Hugging Face folder (BF16,
+// in several files; GPT-2's Conv1D weights, stored transposed, whole), and
+// the gathered units stream back out into a folder (save_full_weights into a
+// FolderWriter, rank 0) that reads back to the same values. The GPT's head is
+// tied, and so is the Llama's, whose projections are also fused (Phi-3's).
+TEST(StateDict, HuggingFaceFoldersIntoTheShardsAndOut) {
+  namespace hf = fsdp::hugging_face;
+  fsdp::models::LlamaConfig llama;
+  llama.tie_word_embeddings = llama.fused_projections = true;
+  llama.hub_family = "phi3";
+  for (const fsdp::models::ModelConfig& config : {fsdp::models::ModelConfig(tiny()), fsdp::models::ModelConfig(llama)}) {
+    const std::string kind = fsdp::models::model_kind_name(config.kind());
+    const std::string dir = "/tmp/fsdp_test_hf_" + kind + "_w" + std::to_string(world_group->size());
+    hf::HubConfig hub;
+    hub.model = config;
+    const auto reference = config.new_model();
+    reference->init_weights(7);
+    std::vector<fsdp::safetensors::TensorSpec> specs;
+    for (const auto& [name, param] : fsdp::unique_named_parameters(*reference)) {
+      specs.push_back({name, torch::kFloat, param.sizes().vec()});
+    }
+    // Each rank writes the same folder of its own (no rank waits for another's files).
+    const std::string in = dir + "_in" + std::to_string(world_group->rank());
+    {
+      hf::FolderWriter writer(in, hub, specs, hf::SaveOptions().dtype(torch::kBFloat16).max_shard_bytes(16 * 1024));
+      for (const auto& [name, param] : fsdp::unique_named_parameters(*reference)) writer.write(param);
+      writer.commit();
+    }
+    const hf::ModelFiles files = hf::find_model(in);
+    EXPECT_GT(files.weights.size(), 2u) << kind << ": shards of 16 KB";
+    EXPECT_EQ(hf::stored_dtype(files), torch::kBFloat16) << kind;
+
+    const auto fresh = config.new_model();
+    fresh->init_weights(8);
+    auto model = fsdp::fully_shard(fresh, world_group, fsdp::FullyShardOptions().wrap_policy(config.wrap_policy(false)));
+    hf::load_weights(model.state(), files, config);
+    const fsdp::StateDict loaded = fsdp::full_state_dict(model.state());
+    ASSERT_EQ(loaded.size(), specs.size()) << kind;
+    for (const auto& [name, param] : fsdp::unique_named_parameters(*reference)) {
+      EXPECT_TRUE(torch::equal(loaded[name], param.to(torch::kBFloat16).to(torch::kFloat))) << kind << " " << name;
+    }
+
+    const std::string out = dir + "_out";
+    fsdp::save_full_weights(model.state(), [&](std::vector<fsdp::safetensors::TensorSpec> gathered) {
+      return std::make_unique<hf::FolderWriter>(out, hub, gathered);
+    });
+    if (world_group->rank() != 0) continue;
+    const auto back = config.new_model();
+    hf::load_weights(*back, hf::find_model(out), config);
+    for (const auto& [name, param] : fsdp::unique_named_parameters(*back)) {
+      EXPECT_TRUE(torch::equal(param, loaded[name])) << kind << " " << name << " out and back";
+    }
+    EXPECT_EQ(hf::find_model(out).weights.size(), 1u) << "within 5 GB: one model.safetensors";
+  }
 }
 
 TEST(StateDict, ShardedRoundTrip) {

@@ -3,7 +3,8 @@
 //   fsdp-ckpt verify PATH           checksums, completeness, every tensor readable
 //   fsdp-ckpt convert IN OUT        a checkpoint's weights as one full .safetensors file, or (--format hf)
 //                                   a checkpoint or weight file as a Hugging Face folder, and a Hugging Face
-//                                   model back (--format spec); one tensor or unit in memory at a time
+//                                   model back (--format spec); one tensor or unit in memory at a time;
+//                                   --save-dtype, --hf-shard-size and --source-model as fsdp-train's export
 //   fsdp-ckpt logits MODEL          the model's next-token logits for --tokens, as JSON
 
 #include <CLI/CLI.hpp>
@@ -163,16 +164,37 @@ fsdp::models::ModelConfig recorded_config(const std::string& path) {
   return fsdp::models::ModelConfig::parse(fsdp::models::parse_model_kind(model_type), text);
 }
 
+// How convert --format hf writes: --save-dtype, --hf-shard-size, --source-model.
+struct HubExport {
+  std::string save_dtype = "source", shard_size = "5GB", source_model;
+};
+
 // IN (a checkpoint, a weight file of ours, a Hugging Face model) to OUT in `format`.
-void convert_weights(const std::string& in, const std::string& out, const std::string& format) {
+void convert_weights(const std::string& in, const std::string& out, const std::string& format, const HubExport& e) {
   TORCH_CHECK(format == "spec" || format == "hf", "--format must be spec or hf, got '", format, "'");
+  TORCH_CHECK(format == "hf" || (e.save_dtype == "source" && e.source_model.empty()),
+              "--save-dtype and --source-model are for --format hf");
   if (format == "hf") {
     TORCH_CHECK(!hf::is_model(in), "'", in, "' is a Hugging Face model already");
     hf::HubConfig config;
     config.model = recorded_config(in);
-    fs::is_directory(in) ? hf::convert_checkpoint_to_hf(in, config, out) : hf::convert_file_to_hf(in, config, out);
-    std::cout << "wrote " << out << " (model.safetensors " << fs::file_size(fs::path(out) / "model.safetensors")
-              << " B, config.json)\n";
+    hf::SaveOptions options;
+    options.max_shard_bytes(hf::parse_size(e.shard_size));
+    if (!e.source_model.empty()) {  // the model it was fine-tuned from: its other config.json fields and dtype
+      const hf::ModelFiles source = hf::find_model(e.source_model);
+      config.source_json = hf::read_config(source.config).source_json;
+      options.dtype(hf::stored_dtype(source));
+    }
+    if (e.save_dtype != "source") options.dtype(fsdp::parse_dtype(e.save_dtype));
+    fs::is_directory(in) ? hf::convert_checkpoint_to_hf(in, config, out, options)
+                         : hf::convert_file_to_hf(in, config, out, options);
+    std::vector<std::string> copied;
+    if (!e.source_model.empty()) copied = hf::copy_tokenizer_files(fs::path(hf::find_model(e.source_model).config).parent_path().string(), out);
+    const hf::ModelFiles written = hf::find_model(out);
+    std::cout << "wrote " << out << " (" << written.weights.size() << " weight file"
+              << (written.weights.size() == 1 ? "" : "s") << ", " << written.weight_bytes() << " B, config.json";
+    for (const std::string& name : copied) std::cout << ", " << name;
+    std::cout << ")\n";
     return;
   }
   if (hf::is_model(in)) {
@@ -244,6 +266,17 @@ int main(int argc, char** argv) {
   convert->add_option("output", output, "the .safetensors file (spec) or folder (hf) to write")->required();
   convert->add_option("--format", format, "spec: the spec's names, one file; hf: a Hugging Face folder")
       ->capture_default_str();
+  HubExport hub_export;
+  convert->add_option("--save-dtype", hub_export.save_dtype,
+                      "--format hf: the weights' dtype, fp32, bf16 or fp16; source: --source-model's, else fp32")
+      ->capture_default_str();
+  convert->add_option("--hf-shard-size", hub_export.shard_size,
+                      "--format hf: the largest weight file (\"5GB\", \"500MB\", \"2GiB\" or bytes); more weights "
+                      "in shards with model.safetensors.index.json")
+      ->capture_default_str();
+  convert->add_option("--source-model", hub_export.source_model,
+                      "--format hf: the Hugging Face model the weights were fine-tuned from: its config.json's other "
+                      "fields (token ids, ...), its dtype, its tokenizer and chat template files");
   auto* logits = app.add_subcommand("logits", "the next-token logits of a token sequence, as JSON");
   logits->add_option("model", path, "a Hugging Face model, or a .safetensors file of ours")->required();
   logits->add_option("--tokens", tokens, "comma-separated token ids, such as 1,2,3")->required();
@@ -256,7 +289,7 @@ int main(int argc, char** argv) {
     } else if (logits->parsed()) {
       print_logits(path, tokens);
     } else {
-      convert_weights(path, output, format);
+      convert_weights(path, output, format, hub_export);
     }
   } catch (const std::exception& e) {
     std::cerr << "fsdp-ckpt: error: " << fsdp::error_message(e) << "\n";

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -25,6 +26,13 @@
 #include <system_error>
 
 namespace fsdp_tools {
+
+/// This process's peak resident set so far, in bytes (getrusage's ru_maxrss).
+inline int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
 
 // The exit statuses of every tool.
 enum ExitStatus : int {

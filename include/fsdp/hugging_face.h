@@ -17,8 +17,15 @@
 ///   it: both are read); GPT-2's Conv1D layers keep their weights as
 ///   [in, out], the spec's Linear as [out, in]; the head is tied to the token
 ///   embedding, so model.safetensors holds no lm_head.weight.
-/// - Llama (LlamaForCausalLM): the model (llama.h) has Hugging Face's names
-///   and layout already; its head is untied. Rope scaling is refused.
+/// - Llama (LlamaForCausalLM) and the families that are a Llama with
+///   switches (Mistral, Qwen2, Qwen3, Phi-3): the model (llama.h) has Hugging
+///   Face's names and layout already.
+///
+/// Folders are written as transformers' save_pretrained writes them: in a
+/// chosen dtype (the source's, for a fine-tuned download), in shards of at
+/// most SaveOptions::max_shard_bytes with model.safetensors.index.json, and
+/// streamed: from a sharded model, one unit gathered at a time
+/// (save_full_weights with a FolderWriter).
 
 #include <torch/torch.h>
 
@@ -30,6 +37,7 @@
 
 #include "fsdp/model_config.h"
 #include "fsdp/safetensors.h"
+#include "fsdp/state_dict.h"
 
 namespace fsdp::hugging_face {
 
@@ -43,6 +51,10 @@ struct ModelFiles {
   /// The weights' bytes, every file together.
   int64_t weight_bytes() const;
 };
+
+/// The dtype the model's weights are stored in (every tensor's; float32
+/// where they differ): what a fine-tuned export is written in by default.
+torch::ScalarType stored_dtype(const ModelFiles& files);
 
 /// Whether `path` is a Hugging Face model: a folder holding config.json, or a
 /// .safetensors file with config.json beside it (find_model says what is wrong with it).
@@ -70,8 +82,8 @@ struct HubConfig {
 /// than 4x, rope scaling...).
 HubConfig read_config(const std::string& config_path);
 /// config.json for `config` (the fields `transformers` reads, over those of
-/// its source_json), as JSON text.
-std::string config_json(const HubConfig& config);
+/// its source_json), for weights stored in `dtype`, as JSON text.
+std::string config_json(const HubConfig& config, torch::ScalarType dtype = torch::kFloat);
 
 /// The Hugging Face name of one of the model's parameters.
 std::string to_hf_name(const models::ModelConfig& config, const std::string& name);
@@ -82,6 +94,14 @@ std::optional<std::string> from_hf_name(const models::ModelConfig& config, const
 /// Whether the parameter is stored transposed in Hugging Face files (GPT-2's Conv1D weights).
 bool is_transposed(const models::ModelConfig& config, const std::string& name);
 
+/// Loads a Hugging Face model's weights into a sharded model: each rank
+/// reads only the elements of its own shards, straight from the files (a
+/// tensor stored transposed, GPT-2's Conv1D, whole), so no rank ever holds
+/// the whole model. The files are checked against the configuration first,
+/// every tensor's name, shape and dtype; the model is changed only if all is
+/// well. No communication.
+void load_weights(FsdpState& state, const ModelFiles& files, const models::ModelConfig& config);
+
 /// Loads a Hugging Face model's weights into an unsharded module built for
 /// its configuration (before fully_shard), converting F32, BF16 or F16 to the
 /// module's dtype. Every parameter must be in the file with its shape; a
@@ -89,32 +109,72 @@ bool is_transposed(const models::ModelConfig& config, const std::string& name);
 /// tensor; the module is changed only if all is well.
 void load_weights(torch::nn::Module& module, const ModelFiles& files, const models::ModelConfig& config);
 
+/// How a Hugging Face folder is written (transformers' save_pretrained's
+/// choices).
+struct SaveOptions {
+  SaveOptions() = default;
+  /// The weights' dtype: float32, bfloat16 or float16 (config.json's "dtype" says it).
+  TORCH_ARG(torch::ScalarType, dtype) = torch::kFloat;
+  /// The largest shard, in bytes (save_pretrained's max_shard_size, 5 GB):
+  /// weights beyond it go to model-00001-of-0000N.safetensors, ..., named
+  /// by model.safetensors.index.json; a tensor larger than it has a shard of
+  /// its own. Weights within it are one model.safetensors.
+  TORCH_ARG(int64_t, max_shard_bytes) = 5'000'000'000;
+};
+
+/// A byte count as save_pretrained's max_shard_size writes it: "5GB",
+/// "500MB", "100KB" (powers of 1000), "2GiB", "512MiB" (of 1024), or a
+/// number of bytes; throws naming the text otherwise.
+int64_t parse_size(const std::string& text);
+
 /// A Hugging Face folder written as a stream: the model's tensors in, under
-/// its own names and layout, in the order given; model.safetensors (Hugging
-/// Face names and layout, metadata {"format": "pt"}) and config.json out.
-class FolderWriter {
+/// its own names and layout, in the order given; the safetensors files
+/// (Hugging Face names and layout, SaveOptions' dtype and shards, metadata
+/// {"format": "pt"}), the index when sharded, and config.json out.
+/// config.json comes last: a folder that has it is complete. A writer
+/// destroyed before commit() leaves no config.json.
+class FolderWriter : public WeightWriter {
  public:
-  /// Creates `folder` if need be and starts model.safetensors for these
-  /// tensors (the model's names; GPT-2's tied lm_head.weight, if listed, is skipped).
-  FolderWriter(const std::string& folder, const HubConfig& config, const std::vector<safetensors::TensorSpec>& tensors);
-  /// The next tensor in the order given, under the model's layout (float; written as F32).
-  void write(const torch::Tensor& tensor);
-  /// After the last tensor: commits model.safetensors, then writes config.json.
-  void commit();
+  /// Creates `folder` if need be, removes a config.json and an index it
+  /// holds, and plans the shards for these tensors (the model's names;
+  /// GPT-2's tied lm_head.weight, if listed, is skipped).
+  FolderWriter(const std::string& folder, const HubConfig& config, const std::vector<safetensors::TensorSpec>& tensors,
+               SaveOptions options = SaveOptions());
+  /// The next tensor in the order given, under the model's layout (float),
+  /// written in SaveOptions::dtype.
+  void write(const torch::Tensor& tensor) override;
+  /// After the last tensor: the last shard, the index, config.json; then
+  /// removes the weight files of an earlier save that this one did not write.
+  void commit() override;
+  /// The weight files written, in order.
+  const std::vector<std::string>& files() const { return files_; }
 
  private:
   std::string folder_;
   HubConfig config_;
+  SaveOptions options_;
   std::vector<std::string> names_;  // the model's names, in order
+  std::vector<size_t> shard_of_;    // per name: its shard (npos: left out, a tied head)
+  std::vector<std::vector<safetensors::TensorSpec>> shards_;  // each shard's tensors (Hugging Face names, layout, dtype)
+  std::vector<std::string> files_;  // each shard's file name
   size_t next_ = 0;
-  std::optional<safetensors::Writer> writer_;
+  size_t written_in_shard_ = 0;
+  std::optional<safetensors::Writer> writer_;  // the shard being written
 };
+
+/// The tokenizer and chat template files of a Hugging Face folder
+/// (tokenizer.json, tokenizer_config.json, special_tokens_map.json,
+/// chat_template.jinja, generation_config.json, tokenizer.model, ...) copied
+/// into another, those it has; returns their names.
+std::vector<std::string> copy_tokenizer_files(const std::string& from_folder, const std::string& to_folder);
 
 /// A model file of the spec's names (fsdp-train --save-final, fsdp-ckpt
 /// convert) as a Hugging Face folder, one tensor in memory at a time.
-void convert_file_to_hf(const std::string& spec_file, const HubConfig& config, const std::string& folder);
+void convert_file_to_hf(const std::string& spec_file, const HubConfig& config, const std::string& folder,
+                        SaveOptions options = SaveOptions());
 /// A checkpoint (either format) as a Hugging Face folder, one unit in memory at a time.
-void convert_checkpoint_to_hf(const std::string& checkpoint, const HubConfig& config, const std::string& folder);
+void convert_checkpoint_to_hf(const std::string& checkpoint, const HubConfig& config, const std::string& folder,
+                              SaveOptions options = SaveOptions());
 /// A Hugging Face model as one safetensors file of the spec's names and
 /// layout (fp32), one tensor in memory at a time; its metadata carries the
 /// configuration ("model": models::model_kind_name, "config":

@@ -8,7 +8,8 @@
 /// decoder too: a head tied to the embedding (Llama 3.2, SmolLM2, small
 /// Qwen2.5), biases on the attention's projections (Qwen2), a per-head
 /// RMSNorm of queries and keys and an explicit head_dim (Qwen3), rotary
-/// scaling of type linear or llama3 (Llama 3.1 and later).
+/// scaling of type linear or llama3 (Llama 3.1 and later), the projections
+/// fused into one matrix each for q, k and v and for gate and up (Phi-3).
 
 #include <torch/torch.h>
 
@@ -65,8 +66,13 @@ struct LlamaConfig {
   /// attends to at most this many; 0: no window. The model computes full
   /// causal attention, the same within the window: a longer sequence is refused.
   int64_t sliding_window = 0;
+  /// Phi-3's fused projections: self_attn.qkv_proj (q, k and v rows one
+  /// after another) instead of q_proj, k_proj and v_proj, and mlp.gate_up_proj
+  /// (gate rows, then up rows) instead of gate_proj and up_proj. The same
+  /// function and parameter count; Hugging Face's names and layout for Phi-3.
+  bool fused_projections = false;
   /// config.json's model_type for the Hugging Face family it came from and
-  /// goes back to: llama, mistral, qwen2, qwen3.
+  /// goes back to: llama, mistral, qwen2, qwen3, phi3.
   std::string hub_family = "llama";
 
   /// "tiny", "small", "medium", "large" or "xl": the GPT presets' vocab,
@@ -123,9 +129,11 @@ class LlamaAttentionImpl : public torch::nn::Module {
   /// [B, T, C] -> [B, T, C], each position attending to itself and the ones before.
   torch::Tensor forward(const torch::Tensor& x);
   /// Queries (C -> heads x head_dim), keys and values (C -> kv_heads x head_dim),
-  /// the output (heads x head_dim -> C); biases as LlamaConfig's attention_bias and qkv_bias say.
+  /// the output (heads x head_dim -> C); biases as LlamaConfig's attention_bias
+  /// and qkv_bias say. With LlamaConfig::fused_projections, q_proj, k_proj
+  /// and v_proj are null and qkv_proj computes the three at once.
   ///@{
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr}, qkv_proj{nullptr};
   ///@}
   /// With LlamaConfig::qk_norm, each head's queries and keys RMS-normalized (gain of head_dim); else null.
   ///@{
@@ -133,7 +141,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   ///@}
 
  private:
-  int64_t heads_, kv_heads_;
+  int64_t heads_, kv_heads_, head_dim_;
   double rope_theta_;
   RopeScaling rope_scaling_;
 };
@@ -147,9 +155,11 @@ class LlamaMLPImpl : public torch::nn::Module {
   explicit LlamaMLPImpl(const LlamaConfig& config);
   /// [B, T, C] -> [B, T, C].
   torch::Tensor forward(const torch::Tensor& x);
-  /// C -> hidden, C -> hidden and hidden -> C; no biases.
+  /// C -> hidden, C -> hidden and hidden -> C; no biases. With
+  /// LlamaConfig::fused_projections, gate_proj and up_proj are null and
+  /// gate_up_proj (C -> 2 hidden) computes both.
   ///@{
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr}, gate_up_proj{nullptr};
   ///@}
 };
 /// The module holder of LlamaMLPImpl.
@@ -188,7 +198,8 @@ TORCH_MODULE(LlamaModel);
 /// post_attention_layernorm}.weight, model.layers.{i}.self_attn.{q,k,v,o}_proj.weight,
 /// model.layers.{i}.mlp.{gate,up,down}_proj.weight, model.norm.weight and
 /// lm_head.weight (with tie_word_embeddings the embedding's own tensor), and
-/// with the switches self_attn.{q,k,v,o}_proj.bias and self_attn.{q,k}_norm.weight.
+/// with the switches self_attn.{q,k,v,o}_proj.bias, self_attn.{q,k}_norm.weight,
+/// and self_attn.qkv_proj.weight and mlp.gate_up_proj.weight for the fused ones.
 class LlamaImpl : public LanguageModel {
  public:
   /// Validates `config` and registers the modules (initialize with init_weights()).

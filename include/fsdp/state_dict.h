@@ -13,11 +13,14 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "fsdp/fully_shard.h"
+#include "fsdp/safetensors.h"
 
 namespace fsdp {
 
@@ -79,6 +82,39 @@ void load_full_weights(torch::nn::Module& module, const std::string& path);
 void save_full_state_dict(FsdpState& state, const std::string& model_path,
                           const std::map<std::string, std::string>& metadata = {},
                           torch::optim::Optimizer* optimizer = nullptr, const std::string& optimizer_path = "");
+
+/// What save_full_weights() streams the weights into, on rank 0: a file
+/// format's writer (hugging_face::FolderWriter). Destroyed before commit(),
+/// it leaves nothing behind.
+class WeightWriter {
+ public:
+  virtual ~WeightWriter() = default;
+  /// The next parameter, whole (fp32, the model's layout), in the order of
+  /// the specs it was opened with.
+  virtual void write(const torch::Tensor& tensor) = 0;
+  /// After the last parameter: makes the output complete and visible.
+  virtual void commit() = 0;
+};
+/// Opens a WeightWriter for parameters of these names, shapes and dtypes,
+/// in this order (unit by unit).
+using OpenWeightWriter = std::function<std::unique_ptr<WeightWriter>(std::vector<safetensors::TensorSpec>)>;
+
+/// Collective over the model's group: every parameter's fp32 master, whole,
+/// streamed into the writer that rank 0 opens, one unit gathered at a time
+/// (the other ranks join the gathers). save_full_state_dict()'s model file,
+/// for any writer. Throws on every rank if rank 0's writer fails.
+void save_full_weights(FsdpState& state, const OpenWeightWriter& open);
+
+/// Reads `out.numel()` elements of the parameter `name`, flattened
+/// (row-major), from element `offset` on, into `out` (1-D, fp32, CPU).
+using ParameterReader = std::function<void(const std::string& name, int64_t offset, torch::Tensor& out)>;
+
+/// Each rank fills its own shard of every parameter from `read`, asking it
+/// only for the elements that the shard holds: a loader of files reads a
+/// rank's pieces straight from the disk, and no rank holds the whole model
+/// (hugging_face::load_weights). No communication; the caller checks the
+/// names and shapes first.
+void load_shards(FsdpState& state, const ParameterReader& read);
 
 /// The name of a parameter's optimizer state tensor (such as "exp_avg") in a full
 /// optimizer file: "<param>.<state>".

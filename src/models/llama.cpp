@@ -146,6 +146,7 @@ std::string LlamaConfig::describe() const {
       << rope_scaling.high_freq_factor << ", rope_original_context " << rope_scaling.original_context;
   }
   if (sliding_window > 0) s << ", sliding_window " << sliding_window;
+  if (fused_projections) s << ", fused_projections 1";
   if (hub_family != "llama") s << ", hub_family " << hub_family;
   return s.str();
 }
@@ -181,12 +182,20 @@ torch::Tensor LlamaRMSNormImpl::forward(const torch::Tensor& x) {
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
-    : heads_(c.heads), kv_heads_(c.kv_heads), rope_theta_(c.rope_theta), rope_scaling_(c.rope_scaling) {
+    : heads_(c.heads),
+      kv_heads_(c.kv_heads),
+      head_dim_(c.head_dim()),
+      rope_theta_(c.rope_theta),
+      rope_scaling_(c.rope_scaling) {
   const int64_t hs = c.head_dim();
   const bool qkv_bias = c.qkv_bias || c.attention_bias;
-  q_proj = register_module("q_proj", linear(c.width, c.heads * hs, qkv_bias));
-  k_proj = register_module("k_proj", linear(c.width, c.kv_heads * hs, qkv_bias));
-  v_proj = register_module("v_proj", linear(c.width, c.kv_heads * hs, qkv_bias));
+  if (c.fused_projections) {
+    qkv_proj = register_module("qkv_proj", linear(c.width, (c.heads + 2 * c.kv_heads) * hs, qkv_bias));
+  } else {
+    q_proj = register_module("q_proj", linear(c.width, c.heads * hs, qkv_bias));
+    k_proj = register_module("k_proj", linear(c.width, c.kv_heads * hs, qkv_bias));
+    v_proj = register_module("v_proj", linear(c.width, c.kv_heads * hs, qkv_bias));
+  }
   o_proj = register_module("o_proj", linear(c.heads * hs, c.width, c.attention_bias));
   if (c.qk_norm) {
     q_norm = register_module("q_norm", LlamaRMSNorm(hs, c.norm_eps));
@@ -195,18 +204,27 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), hs = q_proj->weight.size(0) / heads_;
+  const int64_t B = x.size(0), T = x.size(1), hs = head_dim_;
   // [B, T, n * hs] -> [B, n, T, hs]; Qwen3 normalizes each head's queries and keys first.
-  auto split = [&](const torch::Tensor& t, int64_t n, LlamaRMSNorm& norm) {
+  auto split = [&](const torch::Tensor& t, int64_t n, LlamaRMSNorm* norm) {
     torch::Tensor heads = t.view({B, T, n, hs});
-    if (norm) heads = norm(heads);
+    if (norm && *norm) heads = (*norm)(heads);
     return heads.transpose(1, 2);
   };
-  LlamaRMSNorm none{nullptr};
+  torch::Tensor q, k, v;
+  if (qkv_proj) {  // Phi-3's one matrix: q, k and v along its output, as transformers slices it
+    const torch::Tensor qkv = qkv_proj(x);
+    q = split(qkv.narrow(-1, 0, heads_ * hs), heads_, &q_norm);
+    k = split(qkv.narrow(-1, heads_ * hs, kv_heads_ * hs), kv_heads_, &k_norm);
+    v = split(qkv.narrow(-1, (heads_ + kv_heads_) * hs, kv_heads_ * hs), kv_heads_, nullptr);
+  } else {
+    q = split(q_proj(x), heads_, &q_norm);
+    k = split(k_proj(x), kv_heads_, &k_norm);
+    v = split(v_proj(x), kv_heads_, nullptr);
+  }
   auto [cos, sin] = rotary_cos_sin(T, hs, rope_theta_, rope_scaling_, x);
-  torch::Tensor q = apply_rotary(split(q_proj(x), heads_, q_norm), cos, sin);
-  torch::Tensor k = apply_rotary(split(k_proj(x), kv_heads_, k_norm), cos, sin);
-  torch::Tensor v = split(v_proj(x), kv_heads_, none);
+  q = apply_rotary(q, cos, sin);
+  k = apply_rotary(k, cos, sin);
   if (kv_heads_ != heads_) {  // transformers' repeat_kv: head h reads kv head h / (heads / kv_heads)
     k = k.repeat_interleave(heads_ / kv_heads_, /*dim=*/1);
     v = v.repeat_interleave(heads_ / kv_heads_, /*dim=*/1);
@@ -220,12 +238,20 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
-  gate_proj = register_module("gate_proj", linear(c.width, c.hidden));
-  up_proj = register_module("up_proj", linear(c.width, c.hidden));
+  if (c.fused_projections) {
+    gate_up_proj = register_module("gate_up_proj", linear(c.width, 2 * c.hidden));
+  } else {
+    gate_proj = register_module("gate_proj", linear(c.width, c.hidden));
+    up_proj = register_module("up_proj", linear(c.width, c.hidden));
+  }
   down_proj = register_module("down_proj", linear(c.hidden, c.width));
 }
 
-torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) { return down_proj(torch::silu(gate_proj(x)) * up_proj(x)); }
+torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
+  if (!gate_up_proj) return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+  const auto gate_up = gate_up_proj(x).chunk(2, -1);  // Phi-3's: the gate's half first
+  return down_proj(torch::silu(gate_up[0]) * gate_up[1]);
+}
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
   input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.width, c.norm_eps));

@@ -1,7 +1,8 @@
 // The Llama's Hugging Face adapter (hugging_face_adapter.h): LlamaForCausalLM,
 // and the families that are a Llama with switches (llama.h's LlamaConfig):
-// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM. The model has
-// Hugging Face's names and layout already.
+// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM.
+// The model has Hugging Face's names and layout already (Phi-3's fused
+// projections included: LlamaConfig::fused_projections).
 
 #include <algorithm>
 
@@ -18,7 +19,8 @@ const std::vector<std::pair<std::string, std::string>>& families() {
   static const std::vector<std::pair<std::string, std::string>> all{{"llama", "LlamaForCausalLM"},
                                                                     {"mistral", "MistralForCausalLM"},
                                                                     {"qwen2", "Qwen2ForCausalLM"},
-                                                                    {"qwen3", "Qwen3ForCausalLM"}};
+                                                                    {"qwen3", "Qwen3ForCausalLM"},
+                                                                    {"phi3", "Phi3ForCausalLM"}};
   return all;
 }
 
@@ -34,6 +36,11 @@ void read_rope(const json& c, const std::string& path, models::LlamaConfig& l) {
                 ", expected an object or null");
     rope = &c.at("rope_scaling");
   }
+  // Phi-3.5 and Phi-4-mini rotate part of each head only.
+  double partial = field<double>(c, path, "partial_rotary_factor", 1.0);
+  if (rope) partial = field<double>(*rope, path, "partial_rotary_factor", partial);
+  TORCH_CHECK(partial == 1.0, "'", path, "': \"partial_rotary_factor\" is ", partial,
+              "; the model rotates every channel of a head (1.0)");
   if (!rope) return;
   l.rope_theta = field<double>(*rope, path, "rope_theta", l.rope_theta);
   // transformers 4.3x wrote "type"; later ones "rope_type".
@@ -96,12 +103,14 @@ class LlamaAdapter : public Adapter {
     l.qkv_bias = qwen2;  // Qwen2's q, k and v always have biases, its o_proj none
     if (!qwen2) l.attention_bias = field<bool>(c, path, "attention_bias", false);
     l.qk_norm = l.hub_family == "qwen3";
+    l.fused_projections = l.hub_family == "phi3";
     const int64_t head_dim = field<int64_t>(c, path, "head_dim", l.width / std::max<int64_t>(l.heads, 1));
     if (head_dim * l.heads != l.width) l.explicit_head_dim = head_dim;
     // A window only matters past its length: refused where a sequence is longer (LlamaImpl::logits).
-    const bool window_used = l.hub_family == "mistral" || field<bool>(c, path, "use_sliding_window", false);
+    const bool window_used = l.hub_family == "mistral" || l.hub_family == "phi3" ||
+                             field<bool>(c, path, "use_sliding_window", false);
     if (window_used) l.sliding_window = field<int64_t>(c, path, "sliding_window", int64_t{0});
-    note_ignored_dropout(c, path, {"attention_dropout"}, ignored);
+    note_ignored_dropout(c, path, {"attention_dropout", "resid_pdrop", "embd_pdrop"}, ignored);
     l.validate();
     return l;
   }
@@ -134,9 +143,10 @@ class LlamaAdapter : public Adapter {
            {"torch_dtype", "float32"},
            {"use_cache", true},
            {"vocab_size", l.vocab}};
-    if (l.hub_family != "qwen2") j["attention_bias"] = l.attention_bias;
+    if (l.hub_family != "qwen2" && l.hub_family != "phi3") j["attention_bias"] = l.attention_bias;
     if (l.hub_family == "llama") j["mlp_bias"] = false, j["pretraining_tp"] = 1;
-    if (l.hub_family == "mistral" || l.sliding_window > 0) {
+    if (l.hub_family == "phi3") j["rope_parameters"]["partial_rotary_factor"] = 1.0;
+    if (l.hub_family == "mistral" || l.hub_family == "phi3" || l.sliding_window > 0) {
       j["sliding_window"] = l.sliding_window > 0 ? json(l.sliding_window) : json(nullptr);
     }
     if (l.hub_family == "qwen2" || l.hub_family == "qwen3") j["use_sliding_window"] = l.sliding_window > 0;
@@ -150,26 +160,28 @@ class LlamaAdapter : public Adapter {
     std::vector<safetensors::TensorSpec> specs{{"model.embed_tokens.weight", torch::kFloat, {l.vocab, C}}};
     for (int64_t i = 0; i < l.layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".";
-      std::vector<std::pair<std::string, std::vector<int64_t>>> layer{{"input_layernorm.weight", {C}},
-                                                                      {"self_attn.q_proj.weight", {q, C}}};
-      if (qkv_bias) layer.push_back({"self_attn.q_proj.bias", {q}});
-      layer.push_back({"self_attn.k_proj.weight", {kv, C}});
-      if (qkv_bias) layer.push_back({"self_attn.k_proj.bias", {kv}});
-      layer.push_back({"self_attn.v_proj.weight", {kv, C}});
-      if (qkv_bias) layer.push_back({"self_attn.v_proj.bias", {kv}});
+      std::vector<std::pair<std::string, std::vector<int64_t>>> layer{{"input_layernorm.weight", {C}}};
+      const std::vector<std::pair<std::string, int64_t>> projections =
+          l.fused_projections ? std::vector<std::pair<std::string, int64_t>>{{"qkv_proj", q + 2 * kv}}
+                              : std::vector<std::pair<std::string, int64_t>>{{"q_proj", q}, {"k_proj", kv}, {"v_proj", kv}};
+      for (const auto& [projection, rows] : projections) {
+        layer.push_back({"self_attn." + projection + ".weight", {rows, C}});
+        if (qkv_bias) layer.push_back({"self_attn." + projection + ".bias", {rows}});
+      }
       layer.push_back({"self_attn.o_proj.weight", {C, q}});
       if (l.attention_bias) layer.push_back({"self_attn.o_proj.bias", {C}});
       if (l.qk_norm) {
         layer.push_back({"self_attn.q_norm.weight", {l.head_dim()}});
         layer.push_back({"self_attn.k_norm.weight", {l.head_dim()}});
       }
-      for (const auto& rest : std::vector<std::pair<std::string, std::vector<int64_t>>>{
-               {"post_attention_layernorm.weight", {C}},
-               {"mlp.gate_proj.weight", {l.hidden, C}},
-               {"mlp.up_proj.weight", {l.hidden, C}},
-               {"mlp.down_proj.weight", {C, l.hidden}}}) {
-        layer.push_back(rest);
+      layer.push_back({"post_attention_layernorm.weight", {C}});
+      if (l.fused_projections) {
+        layer.push_back({"mlp.gate_up_proj.weight", {2 * l.hidden, C}});
+      } else {
+        layer.push_back({"mlp.gate_proj.weight", {l.hidden, C}});
+        layer.push_back({"mlp.up_proj.weight", {l.hidden, C}});
       }
+      layer.push_back({"mlp.down_proj.weight", {C, l.hidden}});
       for (const auto& [name, shape] : layer) specs.push_back({p + name, torch::kFloat, shape});
     }
     specs.push_back({"model.norm.weight", torch::kFloat, {C}});

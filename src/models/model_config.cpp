@@ -51,6 +51,7 @@ ModelConfig ModelConfig::parse(ModelKind kind, const std::string& described) {
   l.attention_bias = flag("attention_bias");
   l.qkv_bias = flag("qkv_bias");
   l.qk_norm = flag("qk_norm");
+  l.fused_projections = flag("fused_projections");
   if (values.count("head_dim")) l.explicit_head_dim = whole("head_dim");
   if (values.count("sliding_window")) l.sliding_window = whole("sliding_window");
   if (names.count("rope_scaling")) {

@@ -91,6 +91,13 @@ void load_full_state_dict(FsdpState& state, const StateDict& dict) {
       TORCH_CHECK(known, "load_full_state_dict: the model has no parameter '", item.key(), "'");
     }
   }
+  load_shards(state, [&](const std::string& name, int64_t offset, torch::Tensor& out) {
+    out.copy_(dict[name].detach().reshape({-1}).narrow(0, offset, out.numel()));
+  });
+}
+
+void load_shards(FsdpState& state, const ParameterReader& read) {
+  state.check_idle();
   torch::NoGradGuard no_grad;
   for (const auto& unit : detail::units(state)) {
     FlatParam& flat = unit->flat_param();
@@ -102,8 +109,14 @@ void load_full_state_dict(FsdpState& state, const StateDict& dict) {
     for (const auto& e : flat.entries()) {
       const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
       if (lo >= hi) continue;
-      torch::Tensor source = dict[e.name].detach().reshape({-1}).narrow(0, lo - e.offset, hi - lo);
-      shard.narrow(0, lo - begin, hi - lo).copy_(source);
+      torch::Tensor piece = shard.narrow(0, lo - begin, hi - lo);
+      if (piece.device().is_cpu() && piece.scalar_type() == torch::kFloat) {
+        read(e.name, lo - e.offset, piece);  // straight into the shard
+      } else {
+        torch::Tensor staged = torch::empty({hi - lo}, torch::kFloat);
+        read(e.name, lo - e.offset, staged);
+        piece.copy_(staged);
+      }
     }
   }
 }
@@ -167,15 +180,34 @@ void maybe_kill_for_test(int rank) {
 }
 }  // namespace detail
 
-void save_full_state_dict(FsdpState& state, const std::string& model_path,
-                          const std::map<std::string, std::string>& metadata, torch::optim::Optimizer* optimizer,
-                          const std::string& optimizer_path) {
+namespace {
+
+// save_full_state_dict's model file as a WeightWriter.
+class SafetensorsWeights : public WeightWriter {
+ public:
+  SafetensorsWeights(const std::string& path, std::vector<safetensors::TensorSpec> specs,
+                     const std::map<std::string, std::string>& metadata)
+      : writer_(path, std::move(specs), metadata) {}
+  void write(const torch::Tensor& tensor) override { writer_.write(tensor); }
+  void commit() override { writer_.commit(); }
+
+ private:
+  safetensors::Writer writer_;
+};
+
+// The weights into the writer rank 0 opens with `open_model`, and the
+// optimizer's state (when given) into `optimizer_path`, gathered one unit
+// (and one kind of state) at a time. `remove_model` undoes a committed model
+// output when the optimizer's commit fails: both or neither.
+void stream_full(FsdpState& state, const OpenWeightWriter& open_model, torch::optim::Optimizer* optimizer,
+                 const std::string& optimizer_path, const std::map<std::string, std::string>& metadata,
+                 const std::function<void()>& remove_model) {
   state.check_idle();
-  TORCH_CHECK(!optimizer || !optimizer_path.empty(), "save_full_state_dict: an optimizer needs an optimizer_path");
   std::optional<OptimizerState> optimizer_state;
   if (optimizer) optimizer_state.emplace(*optimizer);
   const ProcessGroupPtr& group = state.group();
-  std::unique_ptr<safetensors::Writer> model_writer, optimizer_writer;
+  std::unique_ptr<WeightWriter> model_writer;
+  std::unique_ptr<safetensors::Writer> optimizer_writer;
   std::string error;
   if (group->rank() == 0) {
     try {
@@ -192,7 +224,7 @@ void save_full_state_dict(FsdpState& state, const std::string& model_path,
           }
         }
       }
-      model_writer = std::make_unique<safetensors::Writer>(model_path, std::move(params), metadata);
+      model_writer = open_model(std::move(params));
       if (optimizer) {
         auto optimizer_metadata = metadata;
         optimizer_metadata["optimizer"] = optimizer_state->type();
@@ -205,7 +237,7 @@ void save_full_state_dict(FsdpState& state, const std::string& model_path,
     }
   }
   throw_if_any_rank_failed(group, error);
-  auto stream = [&](const FlatParam& flat, const torch::Tensor& local, safetensors::Writer* writer) {
+  auto stream = [&](const FlatParam& flat, const torch::Tensor& local, auto* writer) {
     torch::Tensor full = flat.gather_full(local);
     if (!writer || !error.empty()) return;  // the other ranks keep joining the gathers
     try {
@@ -231,10 +263,28 @@ void save_full_state_dict(FsdpState& state, const std::string& model_path,
   } catch (const std::exception& e) {
     error = error_message(e);
   }
-  if (!error.empty() && model_writer && optimizer_writer) std::remove(model_path.c_str());  // both or neither
-  model_writer.reset();  // an uncommitted file is removed
+  if (!error.empty() && model_writer && optimizer_writer) remove_model();  // both or neither
+  model_writer.reset();  // an uncommitted output is removed
   optimizer_writer.reset();
   throw_if_any_rank_failed(group, error);
+}
+
+}  // namespace
+
+void save_full_weights(FsdpState& state, const OpenWeightWriter& open) {
+  stream_full(state, open, nullptr, "", {}, [] {});
+}
+
+void save_full_state_dict(FsdpState& state, const std::string& model_path,
+                          const std::map<std::string, std::string>& metadata, torch::optim::Optimizer* optimizer,
+                          const std::string& optimizer_path) {
+  TORCH_CHECK(!optimizer || !optimizer_path.empty(), "save_full_state_dict: an optimizer needs an optimizer_path");
+  stream_full(
+      state,
+      [&](std::vector<safetensors::TensorSpec> specs) {
+        return std::make_unique<SafetensorsWeights>(model_path, std::move(specs), metadata);
+      },
+      optimizer, optimizer_path, metadata, [&] { std::remove(model_path.c_str()); });
 }
 
 }  // namespace fsdp

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -78,12 +79,60 @@ HubTensors hub_tensors(const ModelFiles& files, const detail::Adapter& adapter, 
   return t;
 }
 
+// Checks the files against the model's parameters (names and shapes as the
+// model has them): each one there with Hugging Face's shape and a float
+// dtype, nothing else there.
+void check_tensors(const HubTensors& hub, const detail::Adapter& adapter, const ModelFiles& files,
+                   const std::vector<safetensors::TensorSpec>& params) {
+  std::set<std::string> expected;
+  for (const auto& param : params) {
+    expected.insert(param.name);
+    const auto want = hf_shape(adapter, param);
+    const auto it = hub.by_name.find(param.name);
+    TORCH_CHECK(it != hub.by_name.end(), "'", hub.where, "' has no tensor '", adapter.to_hf_name(param.name),
+                "' (expected shape ", c10::IntArrayRef(want), ")");
+    const auto& spec = it->second.entry->spec;
+    const std::string& file = it->second.reader->path();
+    TORCH_CHECK(spec.shape == want, "'", file, "': tensor '", spec.name, "' has shape ",
+                c10::IntArrayRef(spec.shape), ", expected ", c10::IntArrayRef(want), " (from '", files.config, "')");
+    TORCH_CHECK(spec.dtype == torch::kFloat || spec.dtype == torch::kBFloat16 || spec.dtype == torch::kHalf, "'",
+                file, "': tensor '", spec.name, "' is ", safetensors::dtype_code(spec.dtype),
+                ", expected F32, BF16 or F16");
+  }
+  for (const auto& [name, tensor] : hub.by_name) {
+    TORCH_CHECK(expected.count(name), "'", tensor.reader->path(), "' has a tensor '", tensor.entry->spec.name,
+                "' that the model does not have");
+  }
+}
+
 // Reads one tensor of a Hugging Face file in the model's layout, as `dtype`.
 torch::Tensor read_in_model_layout(const HubTensors::Entry& tensor, const detail::Adapter& adapter,
                                    const std::string& name, torch::ScalarType dtype) {
   torch::Tensor value = tensor.reader->read(tensor.entry->spec.name);
   if (adapter.is_transposed(name)) value = value.t();
   return value.to(dtype).contiguous();
+}
+
+const char* config_dtype_name(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat: return "float32";
+    case torch::kBFloat16: return "bfloat16";
+    case torch::kHalf: return "float16";
+    default: TORCH_CHECK(false, "Hugging Face weights are float32, bfloat16 or float16, not ", dtype);
+  }
+}
+
+// save_pretrained's weight file names.
+std::string shard_file_name(size_t shard, size_t shards) {
+  if (shards == 1) return "model.safetensors";
+  char name[64];
+  std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", shard + 1, shards);
+  return name;
+}
+
+bool is_weight_file_name(const std::string& name) {
+  return name == "model.safetensors" ||
+         (name.rfind("model-", 0) == 0 && ends_with(name, ".safetensors") && name.find("-of-") != std::string::npos);
 }
 
 void write_text_file(const fs::path& path, const std::string& text) {
@@ -110,6 +159,18 @@ int64_t ModelFiles::weight_bytes() const {
   int64_t bytes = 0;
   for (const std::string& file : weights) bytes += static_cast<int64_t>(fs::file_size(file));
   return bytes;
+}
+
+torch::ScalarType stored_dtype(const ModelFiles& files) {
+  std::optional<torch::ScalarType> dtype;
+  for (const std::string& path : files.weights) {
+    const safetensors::Reader reader(path);
+    for (const auto& entry : reader.tensors()) {
+      if (!dtype) dtype = entry.spec.dtype;
+      if (*dtype != entry.spec.dtype) return torch::kFloat;
+    }
+  }
+  return dtype.value_or(torch::kFloat);
 }
 
 ModelFiles find_model(const std::string& path) {
@@ -162,7 +223,7 @@ HubConfig read_config(const std::string& config_path) {
   return config;
 }
 
-std::string config_json(const HubConfig& config) {
+std::string config_json(const HubConfig& config, torch::ScalarType dtype) {
   const json ours = detail::adapter(config.model.kind()).config_json(config.model);
   json merged = config.source_json.empty() ? json::object() : json::parse(config.source_json);
   for (const auto& [key, value] : ours.items()) {
@@ -174,7 +235,8 @@ std::string config_json(const HubConfig& config) {
     }
     merged[key] = value;
   }
-  merged["dtype"] = "float32";  // transformers 5's name of torch_dtype: the weights written are F32
+  merged["dtype"] = config_dtype_name(dtype);  // transformers 5's name of torch_dtype: the weights' dtype
+  if (merged.contains("torch_dtype")) merged["torch_dtype"] = merged["dtype"];  // what transformers 4 reads
   return merged.dump(2) + "\n";
 }
 
@@ -193,80 +255,176 @@ bool is_transposed(const models::ModelConfig& config, const std::string& name) {
 void load_weights(torch::nn::Module& module, const ModelFiles& files, const models::ModelConfig& config) {
   const detail::Adapter& adapter = detail::adapter(config.kind());
   const HubTensors hub = hub_tensors(files, adapter, config);
-  const auto& by_name = hub.by_name;
   auto params = unique_named_parameters(module);
-  std::set<std::string> expected;
-  // Everything is checked before anything changes.
-  for (const auto& [name, param] : params) {
-    expected.insert(name);
-    if (adapter.is_tied_head(config, name)) continue;  // never a parameter of its own in the model
-    const auto want = hf_shape(adapter, {name, torch::kFloat, param.sizes().vec()});
-    const auto it = by_name.find(name);
-    TORCH_CHECK(it != by_name.end(), "'", hub.where, "' has no tensor '", adapter.to_hf_name(name),
-                "' (expected shape ", c10::IntArrayRef(want), ")");
-    const auto& spec = it->second.entry->spec;
-    const std::string& file = it->second.reader->path();
-    TORCH_CHECK(spec.shape == want, "'", file, "': tensor '", spec.name, "' has shape ",
-                c10::IntArrayRef(spec.shape), ", expected ", c10::IntArrayRef(want), " (from '", files.config, "')");
-    TORCH_CHECK(spec.dtype == torch::kFloat || spec.dtype == torch::kBFloat16 || spec.dtype == torch::kHalf, "'",
-                file, "': tensor '", spec.name, "' is ", safetensors::dtype_code(spec.dtype),
-                ", expected F32, BF16 or F16");
-  }
-  for (const auto& [name, tensor] : by_name) {
-    TORCH_CHECK(expected.count(name), "'", tensor.reader->path(), "' has a tensor '", tensor.entry->spec.name,
-                "' that the model does not have");
-  }
+  std::vector<safetensors::TensorSpec> specs;
+  for (const auto& [name, param] : params) specs.push_back({name, torch::kFloat, param.sizes().vec()});
+  check_tensors(hub, adapter, files, specs);  // everything is checked before anything changes
   torch::NoGradGuard no_grad;
   for (auto& [name, param] : params) {  // one tensor read at a time
-    if (!by_name.count(name)) continue;
-    param.copy_(read_in_model_layout(by_name.at(name), adapter, name, param.scalar_type()));
+    param.copy_(read_in_model_layout(hub.by_name.at(name), adapter, name, param.scalar_type()));
   }
 }
 
+void load_weights(FsdpState& state, const ModelFiles& files, const models::ModelConfig& config) {
+  const detail::Adapter& adapter = detail::adapter(config.kind());
+  const HubTensors hub = hub_tensors(files, adapter, config);
+  check_tensors(hub, adapter, files, adapter.parameter_specs(config));
+  load_shards(state, [&](const std::string& name, int64_t offset, torch::Tensor& out) {
+    const HubTensors::Entry& tensor = hub.by_name.at(name);
+    if (adapter.is_transposed(name)) {  // its rows are the file's columns: the whole tensor
+      out.copy_(read_in_model_layout(tensor, adapter, name, torch::kFloat).view({-1}).narrow(0, offset, out.numel()));
+      return;
+    }
+    const torch::ScalarType stored = tensor.entry->spec.dtype;
+    if (stored == torch::kFloat) return tensor.reader->read_into(tensor.entry->spec.name, offset, out);
+    torch::Tensor piece = torch::empty({out.numel()}, stored);
+    tensor.reader->read_into(tensor.entry->spec.name, offset, piece);
+    out.copy_(piece);
+  });
+}
+
+int64_t parse_size(const std::string& text) {
+  size_t used = 0;
+  double number = -1;
+  try {
+    number = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  static const std::vector<std::pair<std::string, double>> units{
+      {"", 1},       {"B", 1},          {"KB", 1e3},         {"MB", 1e6},        {"GB", 1e9},
+      {"TB", 1e12},  {"KiB", 1024.0},   {"MiB", 1048576.0},  {"GiB", 1073741824.0}};
+  for (const auto& [name, scale] : units) {
+    if (used == 0 || unit != name) continue;
+    const double bytes = number * scale;
+    TORCH_CHECK(bytes >= 1 && bytes < 9e18, "'", text, "' is not a positive size that fits in 64 bits");
+    return static_cast<int64_t>(bytes);
+  }
+  TORCH_CHECK(false, "'", text, "' is not a size: expected a number of bytes, or one with KB, MB, GB, TB, KiB, MiB or "
+              "GiB (\"5GB\", \"500MB\")");
+}
+
 FolderWriter::FolderWriter(const std::string& folder, const HubConfig& config,
-                           const std::vector<safetensors::TensorSpec>& tensors)
-    : folder_(folder), config_(config) {
+                           const std::vector<safetensors::TensorSpec>& tensors, SaveOptions options)
+    : folder_(folder), config_(config), options_(options) {
   const detail::Adapter& adapter = detail::adapter(config.model.kind());
+  config_dtype_name(options.dtype());  // refuses another dtype before anything is written
+  TORCH_CHECK(options.max_shard_bytes() > 0, "FolderWriter: the largest shard must be positive, got ",
+              options.max_shard_bytes(), " bytes");
   fs::create_directories(folder);
-  std::vector<safetensors::TensorSpec> hf;
+  // Until commit() writes them, the folder is not a model: a failed save
+  // over an earlier one does not leave its config.json beside new weights.
+  for (const char* stale : {"config.json", "model.safetensors.index.json"}) fs::remove(fs::path(folder) / stale);
+  // save_pretrained's shards: in order, a new one where the next tensor
+  // would pass the limit (a tensor over it alone in its own).
+  const int64_t element = c10::elementSize(options.dtype());
+  int64_t in_shard = 0;
   for (const auto& t : tensors) {
     names_.push_back(t.name);
-    if (adapter.is_tied_head(config.model, t.name)) continue;  // GPT-2's files leave it out
-    hf.push_back({adapter.to_hf_name(t.name), torch::kFloat, hf_shape(adapter, t)});
+    if (adapter.is_tied_head(config.model, t.name)) {  // GPT-2's files leave it out
+      shard_of_.push_back(std::string::npos);
+      continue;
+    }
+    int64_t bytes = element;
+    for (int64_t d : t.shape) bytes *= d;
+    if (shards_.empty() || (in_shard > 0 && in_shard + bytes > options.max_shard_bytes())) {
+      shards_.emplace_back();
+      in_shard = 0;
+    }
+    in_shard += bytes;
+    shards_.back().push_back({adapter.to_hf_name(t.name), options.dtype(), hf_shape(adapter, t)});
+    shard_of_.push_back(shards_.size() - 1);
   }
-  writer_.emplace((fs::path(folder) / "model.safetensors").string(), std::move(hf),
-                  std::map<std::string, std::string>{{"format", "pt"}});
+  if (shards_.empty()) shards_.emplace_back();
+  for (size_t i = 0; i < shards_.size(); ++i) files_.push_back(shard_file_name(i, shards_.size()));
 }
 
 void FolderWriter::write(const torch::Tensor& tensor) {
   TORCH_CHECK(next_ < names_.size(), "FolderWriter: more tensors written than the ", names_.size(), " listed");
-  const std::string& name = names_[next_++];
-  const detail::Adapter& adapter = detail::adapter(config_.model.kind());
-  if (adapter.is_tied_head(config_.model, name)) return;
-  torch::Tensor value = tensor.to(torch::kFloat);
-  if (adapter.is_transposed(name)) value = value.t();
+  const size_t index = next_++;
+  const size_t shard = shard_of_[index];
+  if (shard == std::string::npos) return;  // a tied head
+  const std::string& name = names_[index];
+  if (!writer_) {
+    writer_.emplace((fs::path(folder_) / files_[shard]).string(), shards_[shard],
+                    std::map<std::string, std::string>{{"format", "pt"}});
+    written_in_shard_ = 0;
+  }
+  torch::Tensor value = tensor.to(options_.dtype());
+  if (detail::adapter(config_.model.kind()).is_transposed(name)) value = value.t();
   writer_->write(value.contiguous());
+  if (++written_in_shard_ == shards_[shard].size()) {
+    writer_->commit();  // one shard open at a time
+    writer_.reset();
+  }
 }
 
 void FolderWriter::commit() {
   TORCH_CHECK(next_ == names_.size(), "FolderWriter: ", next_, " of ", names_.size(), " tensors written");
-  writer_->commit();
-  write_text_file(fs::path(folder_) / "config.json", config_json(config_));
+  const fs::path folder(folder_);
+  if (writer_) {  // a shard of no tensors (a model without any): an empty file
+    writer_->commit();
+    writer_.reset();
+  } else if (shards_.size() == 1 && shards_[0].empty()) {
+    safetensors::Writer((folder / files_[0]).string(), {}, {{"format", "pt"}}).commit();
+  }
+  if (shards_.size() > 1) {  // save_pretrained's index: the weights' bytes, and each tensor's file
+    json index{{"metadata", {{"total_size", 0}}}, {"weight_map", json::object()}};
+    int64_t total = 0;
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      for (const auto& t : shards_[i]) {
+        int64_t bytes = c10::elementSize(t.dtype);
+        for (int64_t d : t.shape) bytes *= d;
+        total += bytes;
+        index["weight_map"][t.name] = files_[i];
+      }
+    }
+    index["metadata"]["total_size"] = total;
+    write_text_file(folder / "model.safetensors.index.json", index.dump(2) + "\n");
+  }
+  write_text_file(folder / "config.json", config_json(config_, options_.dtype()));
+  // An earlier save's weight files that this one did not write (another
+  // shard count) would be read as part of the model: removed.
+  const std::set<std::string> mine(files_.begin(), files_.end());
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    const std::string name = entry.path().filename().string();
+    if (is_weight_file_name(name) && !mine.count(name)) fs::remove(entry.path());
+  }
 }
 
-void convert_file_to_hf(const std::string& spec_file, const HubConfig& config, const std::string& folder) {
+std::vector<std::string> copy_tokenizer_files(const std::string& from_folder, const std::string& to_folder) {
+  // What save_pretrained writes beside the weights for the tokenizer, the
+  // chat template and generation (transformers 4 and 5).
+  static const char* const names[] = {"tokenizer.json",        "tokenizer_config.json", "special_tokens_map.json",
+                                      "added_tokens.json",     "tokenizer.model",       "vocab.json",
+                                      "merges.txt",            "chat_template.jinja",   "chat_template.json",
+                                      "generation_config.json"};
+  std::vector<std::string> copied;
+  for (const char* name : names) {
+    const fs::path from = fs::path(from_folder) / name;
+    if (!fs::is_regular_file(from)) continue;
+    fs::copy_file(from, fs::path(to_folder) / name, fs::copy_options::overwrite_existing);
+    copied.push_back(name);
+  }
+  return copied;
+}
+
+void convert_file_to_hf(const std::string& spec_file, const HubConfig& config, const std::string& folder,
+                        SaveOptions options) {
   safetensors::Reader reader(spec_file);
   if (reader.has_checksum()) reader.verify_checksum();
   std::vector<safetensors::TensorSpec> specs;
   for (const auto& t : reader.tensors()) specs.push_back(t.spec);
-  FolderWriter writer(folder, config, specs);
+  FolderWriter writer(folder, config, specs, options);
   for (const auto& t : reader.tensors()) writer.write(reader.read(t.spec.name));  // one tensor at a time
   writer.commit();
 }
 
-void convert_checkpoint_to_hf(const std::string& checkpoint, const HubConfig& config, const std::string& folder) {
+void convert_checkpoint_to_hf(const std::string& checkpoint, const HubConfig& config, const std::string& folder,
+                              SaveOptions options) {
   SavedCheckpoint saved(checkpoint);
-  FolderWriter writer(folder, config, saved.weight_specs());
+  FolderWriter writer(folder, config, saved.weight_specs(), options);
   saved.stream_weights([&](const torch::Tensor& weight) { writer.write(weight); });  // one unit in memory at a time
   writer.commit();
 }
@@ -278,15 +436,7 @@ void convert_hf_to_file(const std::string& hf_path, const std::string& spec_file
   const HubTensors hub = hub_tensors(files, adapter, config);
   const auto& by_name = hub.by_name;
   const auto specs = adapter.parameter_specs(config);
-  for (const auto& s : specs) {
-    const auto it = by_name.find(s.name);
-    TORCH_CHECK(it != by_name.end(), "'", hub.where, "' has no tensor '", s.name, "'");
-    const auto& spec = it->second.entry->spec;
-    TORCH_CHECK(spec.shape == hf_shape(adapter, s), "'", it->second.reader->path(), "': tensor '", spec.name,
-                "' has shape ", c10::IntArrayRef(spec.shape), ", expected ", c10::IntArrayRef(hf_shape(adapter, s)));
-  }
-  TORCH_CHECK(by_name.size() == specs.size(), "'", hub.where, "' holds ", by_name.size(),
-              " of the model's tensors, expected ", specs.size());
+  check_tensors(hub, adapter, files, specs);
   safetensors::Writer writer(spec_file, specs,
                              {{"format", "pt"}, {"model", models::model_kind_name(config.kind())}, {"config", config.describe()},
                               {"converted_from", hf_path}});

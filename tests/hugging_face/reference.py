@@ -1,10 +1,11 @@
 """The transformers side of the Hugging Face checks (tests/hugging_face/run.sh).
 
   reference.py make KIND DIR            a small randomly initialised model, seeded, saved with save_pretrained:
-                                        gpt2, llama, or a family of FAMILIES (llama3, mistral, qwen2, qwen3)
+                                        gpt2, llama, or a family of FAMILIES (llama3, mistral, qwen2, qwen3, phi3)
   reference.py compare DIR LOGITS.json  from_pretrained(DIR) (no missing or unexpected keys), its logits for the
                                         JSON's tokens against the JSON's, in float32; prints the max abs difference
-  reference.py same A B                 two safetensors files hold the same tensors, bit for bit
+  reference.py same A B                 two safetensors files, or the weights of two folders (every shard), hold
+                                        the same tensors, bit for bit
   reference.py hub DIR OUT              GPT-2 DIR as the hub serves it (no transformer. prefix, old files' attn.bias
                                         buffers; OUT/bf16.safetensors in BF16), and OUT-relu, -eps, -untied,
                                         -sharded: configs fsdp-cpp refuses
@@ -46,6 +47,8 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
               dict(tie_word_embeddings=True, rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0))),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False)),
+    # fused qkv_proj and gate_up_proj; Phi-3 mini's window (2047 of 4096) here as long as the context
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=32, pad_token_id=0, tie_word_embeddings=False)),
 }
 
 
@@ -91,9 +94,20 @@ def compare(folder, logits_path):
     return 0 if diff <= TOLERANCE else 1
 
 
-def same(a_path, b_path):
+def load_weights(path):
+    """A safetensors file's tensors, or those of every .safetensors file of a folder."""
     from safetensors.torch import load_file
-    a, b = load_file(a_path), load_file(b_path)
+    if not os.path.isdir(path):
+        return load_file(path)
+    tensors = {}
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".safetensors"):
+            tensors.update(load_file(os.path.join(path, name)))
+    return tensors
+
+
+def same(a_path, b_path):
+    a, b = load_weights(a_path), load_weights(b_path)
     if a.keys() != b.keys():
         print(f"{a_path} and {b_path} name other tensors: {sorted(a.keys() ^ b.keys())}", file=sys.stderr)
         return 1

@@ -3,17 +3,22 @@
 # against the `transformers` package (PyPI), with no hub access:
 #   1. transformers builds a small random model (seeded) and save_pretrained's it;
 #      `fsdp-ckpt logits` of that folder equals transformers' logits within 1e-5 (fp32);
-#   2. fsdp-train on 2 ranks starts from that folder (--init-from) and saves
-#      --save-format hf; from_pretrained loads the folder with no missing or
-#      unexpected keys and gives fsdp-cpp's logits within 1e-5;
+#   2. fsdp-train on 2 ranks starts from that folder (--init-from, each rank
+#      reading its own shards) and saves --save-format hf (streamed from the
+#      gathered units, in the source's dtype: BF16 for mistral's; in shards
+#      of 100 KB with an index for qwen2's, its chat template carried over);
+#      from_pretrained loads the folder with no missing or unexpected keys
+#      and gives fsdp-cpp's logits within 1e-5;
 #   3. conversions round trip bit for bit: hf -> spec -> hf, and the trained
-#      spec file -> hf -> spec (every tensor equal), checkpoint -> hf.
+#      spec file -> hf -> spec (every tensor equal), checkpoint -> hf
+#      (--source-model: the same dtype, shards and files as the trainer's).
 # The python is $FSDP_TEST_PYTHON, else the checkout's .venv; without it, or
 # without transformers, exit 77 (skipped) unless CI is set.
-#   run.sh BUILD_DIR SOURCE_DIR gpt2|llama|llama3|mistral|qwen2|qwen3
-# (the last four: reference.py's FAMILIES, the hub's Llama-like families with
+#   run.sh BUILD_DIR SOURCE_DIR gpt2|llama|llama3|mistral|qwen2|qwen3|phi3
+# (the last five: reference.py's FAMILIES, the hub's Llama-like families with
 # the config features each ships: tied embeddings, llama3 and linear rope
-# scaling, a sliding window, q/k/v biases, q/k norms and an explicit head_dim)
+# scaling, a sliding window, q/k/v biases, q/k norms and an explicit head_dim,
+# Phi-3's fused projections)
 set -euo pipefail
 build="$1" source="$2" kind="$3"
 python="${FSDP_TEST_PYTHON:-$source/.venv/bin/python}"
@@ -40,12 +45,29 @@ made=(make "$kind" "$work/hf")
 [ "$kind" = gpt2 ] && made+=(+ hub "$work/hf" "$work/hub")
 "${ref[@]}" "${made[@]}" 2>/dev/null
 "$ckpt" logits "$work/hf" --tokens "$tokens" > "$work/hf.json"
+export_flags=()
+if [ "$kind" = qwen2 ]; then  # the hub's chat template files, carried into the export; and shards out
+  echo '{% for m in messages %}{{ m.content }}{% endfor %}' > "$work/hf/chat_template.jinja"
+  echo '{"model_max_length": 32, "chat_template": null}' > "$work/hf/tokenizer_config.json"
+  export_flags=(--hf-shard-size 100KB)
+fi
 
 echo "== 2. trained on 2 ranks from it, exported"
 "$build/fsdp-run" -n 2 -- "$build/fsdp-train" "${model_flag[@]}" --init-from "$work/hf" --steps 3 --batch 2 \
-  --lr 1e-2 --val-fraction 0 --ckpt-dir "$work/ck" --save-final "$work/trained" --save-format hf > "$work/train.log"
+  --lr 1e-2 --val-fraction 0 --ckpt-dir "$work/ck" --save-final "$work/trained" --save-format hf \
+  "${export_flags[@]}" > "$work/train.log"
 "$ckpt" logits "$work/trained" --tokens "$tokens" > "$work/trained.json"
 ! cmp -s "$work/hf.json" "$work/trained.json" || { echo "training changed no logit"; exit 1; }
+jq -e --arg dtype "$([ "$kind" = mistral ] && echo bfloat16 || echo float32)" '.dtype == $dtype' \
+  "$work/trained/config.json" > /dev/null || { echo "the export's dtype is not the source's"; exit 1; }
+jq -e '.bos_token_id == 1 or .bos_token_id == 299' "$work/trained/config.json" > /dev/null ||
+  { echo "the export lost the source's token ids"; exit 1; }
+if [ "$kind" = qwen2 ]; then
+  [ -f "$work/trained/model.safetensors.index.json" ] && [ ! -e "$work/trained/model.safetensors" ] ||
+    { echo "--hf-shard-size 100KB wrote no shards"; ls "$work/trained"; exit 1; }
+  cmp "$work/hf/chat_template.jinja" "$work/trained/chat_template.jinja"
+  cmp "$work/hf/tokenizer_config.json" "$work/trained/tokenizer_config.json"
+fi
 
 echo "== 3. conversions"
 "$ckpt" convert "$work/hf" "$work/hf.spec.safetensors" --format spec > /dev/null
@@ -54,7 +76,7 @@ echo "== 3. conversions"
 "$ckpt" convert "$work/trained.spec.safetensors" "$work/trained2" --format hf > /dev/null
 "$ckpt" convert "$work/trained2" "$work/trained2.spec.safetensors" --format spec > /dev/null
 checkpoint="$(ls -d "$work"/ck/step-* | tail -1)"
-"$ckpt" convert "$checkpoint" "$work/from_ckpt" --format hf > /dev/null
+"$ckpt" convert "$checkpoint" "$work/from_ckpt" --format hf --source-model "$work/hf" "${export_flags[@]}" > /dev/null
 
 # hf -> spec -> hf writes F32 in one file: bit for bit against a made folder
 # of one F32 file; the sharded (qwen2) and BF16 (mistral) ones, by their logits.
@@ -65,7 +87,7 @@ echo "== 1-3 checked by transformers: its model's logits, the trained export loa
   + compare "$work/trained" "$work/trained.json" \
   + "${made_again[@]}" \
   + same "$work/trained.spec.safetensors" "$work/trained2.spec.safetensors" \
-  + same "$work/trained/model.safetensors" "$work/from_ckpt/model.safetensors" \
+  + same "$work/trained" "$work/from_ckpt" \
   + compare "$work/from_ckpt" "$work/trained.json"
 expect_error() {  # expect_error MESSAGE COMMAND...: fails unless COMMAND fails saying MESSAGE
   local message="$1" out; shift

@@ -64,12 +64,22 @@ void add_data_options(CLI::App& app, TrainOptions& o) {
       ->check(CLI::ExistingFile);
   app.add_option("--init-from", o.init_from,
                  "initial weights: a .safetensors of the spec's names, or a Hugging Face model (a folder with "
-                 "config.json and model.safetensors, or that model.safetensors: the shape from config.json)");
+                 "config.json and model.safetensors or the shards its model.safetensors.index.json names, or that "
+                 "model.safetensors: the shape from config.json; each rank reads only its own shards)");
   app.add_option("--save-final", o.save_final, "write the trained weights here (.safetensors; --save-format hf: a folder)");
   app.add_option("--save-format", o.save_format,
-                 "spec: one .safetensors of the spec's names; hf: a Hugging Face folder (model.safetensors, "
-                 "config.json, and --tokenizer's tokenizer.json) that transformers' from_pretrained loads")
+                 "spec: one .safetensors of the spec's names; hf: a Hugging Face folder (model.safetensors or its "
+                 "shards and index, config.json, --init-from's tokenizer and chat template files, --tokenizer's "
+                 "tokenizer.json) that transformers' from_pretrained loads, streamed from the gathered units")
       ->check(CLI::IsMember({"spec", "hf"}))
+      ->capture_default_str();
+  app.add_option("--save-dtype", o.save_dtype,
+                 "--save-format hf: the weights' dtype, fp32, bf16 or fp16; source: that of --init-from's Hugging "
+                 "Face weights (BF16 for a BF16 download), else fp32")
+      ->capture_default_str();
+  app.add_option("--hf-shard-size", o.hf_shard_size,
+                 "--save-format hf: the largest weight file (\"5GB\", \"500MB\", \"2GiB\" or bytes); more weights "
+                 "are written in shards with model.safetensors.index.json, as save_pretrained's max_shard_size")
       ->capture_default_str();
   app.add_option("--log", o.log, "JSON lines, one per step");
   app.add_option("--threads", o.threads, "LibTorch threads per rank (default: from fsdp-run, else cores / ranks)");

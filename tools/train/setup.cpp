@@ -156,6 +156,18 @@ void check_values(const TrainOptions& o, int world) {
               o.eval_sequences.value_or(0));
   TORCH_CHECK(!o.sharded_init || o.init_from.empty(), "--sharded-init draws the initial weights unit by unit; "
               "it cannot be combined with --init-from");
+  if (o.save_dtype != "source") {
+    try {
+      fsdp::parse_dtype(o.save_dtype);
+    } catch (const c10::Error&) {
+      TORCH_CHECK(false, "--save-dtype must be source, fp32, bf16 or fp16, got '", o.save_dtype, "'");
+    }
+  }
+  try {
+    fsdp::hugging_face::parse_size(o.hf_shard_size);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "--hf-shard-size: ", fsdp::error_message(e));
+  }
   TORCH_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '", o.device, "'");
   TORCH_CHECK(o.backend == "auto" || o.backend == "mpi" || o.backend == "nccl",
               "--backend must be auto, mpi or nccl, got '", o.backend, "'");
@@ -217,25 +229,23 @@ void apply_hugging_face_config(const TrainOptions& o, Run& run) {
 }
 
 // The whole model on every rank (initialized), or its shapes only for
-// --sharded-init; then --init-from's weights.
+// --sharded-init and for a Hugging Face --init-from, whose weights each rank
+// reads into its own shards once the model is sharded (load_init_from); or a
+// weight file of ours read whole on every rank.
 void make_model(const TrainOptions& o, Run& run) {
   fsdp::memory::reset_peaks();
-  if (o.sharded_init) {
+  if (o.sharded_init || fsdp::hugging_face::is_model(o.init_from)) {
     fsdp::memory::DeferredInit deferred;  // shapes only: fully_shard initializes unit by unit
     run.model = run.model_config.new_model();
   } else {
     run.model = run.model_config.new_model();
     run.model->init_weights(o.seed);
   }
-  if (!o.init_from.empty()) {
+  if (!o.init_from.empty() && !fsdp::hugging_face::is_model(o.init_from)) {
     const auto start = std::chrono::steady_clock::now();
-    if (fsdp::hugging_face::is_model(o.init_from)) {
-      const auto files = fsdp::hugging_face::find_model(o.init_from);
-      fsdp::hugging_face::load_weights(*run.model, files, run.model_config);
-    } else {
-      fsdp::load_full_weights(*run.model, o.init_from);
-    }
+    fsdp::load_full_weights(*run.model, o.init_from);
     run.init_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    run.init_peak_rss = fsdp_tools::peak_rss_bytes();
   }
 }
 

@@ -32,6 +32,7 @@ struct Run {
   std::string strategy_reason;  // why --strategy auto picked what it did
   fsdp::CheckpointFormat ckpt_format = fsdp::CheckpointFormat::kSharded;
   double init_seconds = 0.0;     // reading --init-from
+  int64_t init_peak_rss = 0;     // this rank's peak resident set once --init-from is read
   fsdp::LrSchedule schedule;     // --lr-schedule, --warmup-steps, --min-lr over --steps
   // The sharded model, held here too: an error in training reaches main's
   // handler, which ends the job, with the model's process groups alive.

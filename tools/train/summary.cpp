@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/host_memory.h"
+#include "fsdp/hugging_face.h"
 #include "train/report.h"
 #include "tool_support.h"
 #include "train/report_util.h"
@@ -24,8 +25,7 @@ EndFigures gather_end_figures(const fsdp::ProcessGroupPtr& world, RunFigures& fi
   const int W = world->size();
   EndFigures end;
   // Every rank's peak resident set (the runtime included), for the summary.
-  struct rusage usage_now {};
-  ::getrusage(RUSAGE_SELF, &usage_now);
+  const int64_t peak_rss = fsdp_tools::peak_rss_bytes();
   // The GPU's peak over the run (the CUDA caching allocator's), the largest
   // of any rank: 0 on the CPU.
   figures.fold_device_peak(device);
@@ -37,7 +37,7 @@ EndFigures gather_end_figures(const fsdp::ProcessGroupPtr& world, RunFigures& fi
   end.peak_device = device_peaks.select(1, 0).max().item<int64_t>();
   end.peak_device_reserved = device_peaks.select(1, 1).max().item<int64_t>();
   torch::Tensor rss = torch::empty({W}, torch::kLong);
-  world->all_gather(rss, torch::tensor({static_cast<int64_t>(usage_now.ru_maxrss) * 1024}, torch::kLong))->wait();
+  world->all_gather(rss, torch::tensor({peak_rss}, torch::kLong))->wait();
   end.rss.assign(rss.data_ptr<int64_t>(), rss.data_ptr<int64_t>() + W);
   return end;
 }
@@ -328,8 +328,8 @@ void print_device_memory(const ReportContext& c, const RunFigures& figures, cons
 void print_outputs(const ReportContext& c, const RunFigures& figures, const EndFigures& end) {
   const TrainOptions& o = c.o;
   if (!o.save_final.empty()) {
-    const double mb = std::filesystem::file_size(o.save_format == "hf" ? o.save_final + "/model.safetensors"
-                                                                        : o.save_final) / 1e6;
+    const double mb = (o.save_format == "hf" ? fsdp::hugging_face::find_model(o.save_final).weight_bytes()
+                                             : static_cast<int64_t>(std::filesystem::file_size(o.save_final))) / 1e6;
     std::cout << "saved final weights to " << o.save_final << " (" << std::setprecision(1) << mb << " MB in "
               << std::setprecision(2) << end.save_final_s << " s, " << std::setprecision(0) << mb / end.save_final_s
               << " MB/s; rank 0's tensor memory peaked " << format_mib(end.save_final_peak_extra)

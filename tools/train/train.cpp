@@ -28,16 +28,28 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Model = fsdp::FullyShardedModule<fsdp::models::LanguageModel>;  // --model gpt or llama
 
+// A Hugging Face --init-from was built as shapes only (make_model): each
+// rank reads its own shards of the weights once they are sharded.
 Model shard_model(const TrainOptions& o, Run& run) {
+  namespace hf = fsdp::hugging_face;
+  const bool from_hub = hf::is_model(o.init_from);
   if (o.sharded_init) {
     // The same draws as init_weights: seeded alike, parameter by parameter in named order.
     torch::manual_seed(o.seed);
     std::shared_ptr<fsdp::models::LanguageModel> model = run.model;
     run.fsdp_options.param_init_fn(
         [model](const std::string& name, torch::Tensor& param) { model->init_parameter(name, param); });
+  } else if (from_hub) {
+    run.fsdp_options.param_init_fn([](const std::string&, torch::Tensor&) {});  // the files' values come next
   }
   auto model = fsdp::fully_shard(run.model, run.group, run.fsdp_options);
   run.sharded_model = std::make_shared<Model>(model);
+  if (from_hub) {
+    const auto start = Clock::now();
+    hf::load_weights(model.state(), hf::find_model(o.init_from), run.model_config);
+    run.init_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    run.init_peak_rss = fsdp_tools::peak_rss_bytes();
+  }
   return model;
 }
 
@@ -310,15 +322,27 @@ class Trainer {
     if (std::system(command.c_str()) != 0) std::cerr << "fsdp-train: warning: plotting failed: " << command << "\n";
   }
 
-  // --save-format hf: rank 0 streams the saved file into the folder (one tensor at a time), then the tokenizer.
-  std::string spec_file() const { return o_.save_final + ".spec.tmp.safetensors"; }
-  void export_hugging_face() {
+  // --save-format hf: the gathered units streamed into the folder's shards
+  // by rank 0, then --init-from's tokenizer and chat template files, and
+  // --tokenizer's tokenizer.json.
+  void save_hugging_face() {
     namespace hf = fsdp::hugging_face;
     hf::HubConfig config;
     config.model = run_.model_config;
-    if (hf::is_model(o_.init_from)) config.source_json = hf::read_config(hf::find_model(o_.init_from).config).source_json;
-    hf::convert_file_to_hf(spec_file(), config, o_.save_final);
-    std::filesystem::remove(spec_file());
+    hf::SaveOptions options;
+    options.max_shard_bytes(hf::parse_size(o_.hf_shard_size));
+    const bool from_hub = hf::is_model(o_.init_from);
+    if (from_hub) config.source_json = hf::read_config(hf::find_model(o_.init_from).config).source_json;
+    if (o_.save_dtype != "source") {
+      options.dtype(fsdp::parse_dtype(o_.save_dtype));
+    } else if (from_hub) {
+      options.dtype(hf::stored_dtype(hf::find_model(o_.init_from)));
+    }
+    fsdp::save_full_weights(model_.state(), [&](std::vector<fsdp::safetensors::TensorSpec> specs) {
+      return std::make_unique<hf::FolderWriter>(o_.save_final, config, specs, options);
+    });
+    if (rank_ != 0) return;
+    if (from_hub && std::filesystem::is_directory(o_.init_from)) hf::copy_tokenizer_files(o_.init_from, o_.save_final);
     if (!o_.tokenizer.empty()) {
       std::filesystem::copy_file(o_.tokenizer, std::filesystem::path(o_.save_final) / "tokenizer.json",
                                  std::filesystem::copy_options::overwrite_existing);
@@ -329,12 +353,15 @@ class Trainer {
     const auto start = Clock::now();
     fsdp::memory::reset_peaks();
     const int64_t live_before = fsdp::memory::usage().live_total;
-    fsdp::save_full_state_dict(model_.state(), o_.save_format == "hf" ? spec_file() : o_.save_final,
-                               {{"format", "pt"},
-                                {"model", run_.model->model_type()},
-                                {"config", run_.model->describe()},
-                                {"steps", std::to_string(o_.steps)}});
-    if (o_.save_format == "hf" && rank_ == 0) export_hugging_face();
+    if (o_.save_format == "hf") {
+      save_hugging_face();
+    } else {
+      fsdp::save_full_state_dict(model_.state(), o_.save_final,
+                                 {{"format", "pt"},
+                                  {"model", run_.model->model_type()},
+                                  {"config", run_.model->describe()},
+                                  {"steps", std::to_string(o_.steps)}});
+    }
     end.save_final_peak_extra = fsdp::memory::usage().peak_total - live_before;
     end.save_final_s = std::chrono::duration<double>(Clock::now() - start).count();
   }

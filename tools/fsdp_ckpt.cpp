@@ -176,16 +176,16 @@ void convert_weights(const std::string& in, const std::string& out, const std::s
               "--save-dtype and --source-model are for --format hf");
   if (format == "hf") {
     TORCH_CHECK(!hf::is_model(in), "'", in, "' is a Hugging Face model already");
+    hf::SaveOptions options;  // the flags first: before anything is read
+    options.max_shard_bytes(hf::parse_size(e.shard_size));
+    if (e.save_dtype != "source") options.dtype(fsdp::parse_dtype(e.save_dtype));
     hf::HubConfig config;
     config.model = recorded_config(in);
-    hf::SaveOptions options;
-    options.max_shard_bytes(hf::parse_size(e.shard_size));
     if (!e.source_model.empty()) {  // the model it was fine-tuned from: its other config.json fields and dtype
       const hf::ModelFiles source = hf::find_model(e.source_model);
       config.source_json = hf::read_config(source.config).source_json;
-      options.dtype(hf::stored_dtype(source));
+      if (e.save_dtype == "source") options.dtype(hf::stored_dtype(source));
     }
-    if (e.save_dtype != "source") options.dtype(fsdp::parse_dtype(e.save_dtype));
     fs::is_directory(in) ? hf::convert_checkpoint_to_hf(in, config, out, options)
                          : hf::convert_file_to_hf(in, config, out, options);
     std::vector<std::string> copied;

@@ -79,6 +79,9 @@ row fsdp-ckpt 1 "garbage.safetensors" "$ckpt" verify garbage.safetensors
 row fsdp-ckpt 1 "truncated.safetensors" "$ckpt" verify truncated.safetensors
 row fsdp-ckpt 1 "dir" "$ckpt" verify dir
 row fsdp-ckpt 1 "garbage.safetensors" "$ckpt" convert garbage.safetensors out/weights.safetensors
+row fsdp-ckpt 1 "'5 GB' is not a size" "$ckpt" convert whole.safetensors out/hf --format hf --hf-shard-size "5 GB"
+row fsdp-ckpt 1 "unknown dtype 'int8'" "$ckpt" convert whole.safetensors out/hf --format hf --save-dtype int8
+row fsdp-ckpt 1 "--save-dtype and --source-model are for --format hf" "$ckpt" convert whole.safetensors out/w.safetensors --save-dtype bf16
 row fsdp-ckpt 1 "--tokens: 'abc' is not a token id" "$ckpt" logits whole.safetensors --tokens 1,abc
 row fsdp-ckpt 1 "--tokens: '-2' is not a token id" "$ckpt" logits whole.safetensors --tokens 1,-2
 row fsdp-ckpt 1 "--tokens is required" "$ckpt" logits whole.safetensors
@@ -118,6 +121,8 @@ row fsdp-train 1 "truncated.safetensors" "${fsdp_train[@]}" --preset tiny --init
 row fsdp-train 1 "cannot open the log file 'text.txt/log.jsonl'" "$run" -n 1 -- "$train" --preset tiny --log text.txt/log.jsonl
 row fsdp-train 1 "--summary: 'text.txt' is not a directory" "$run" -n 1 -- "$train" --preset tiny --steps 1 --summary text.txt/summary.json
 row fsdp-train 1 "--save-final: 'text.txt' is not a directory" "$run" -n 1 -- "$train" --preset tiny --steps 1 --save-final text.txt/final.safetensors
+row fsdp-train 1 "--save-dtype must be source, fp32, bf16 or fp16, got 'int8'" "${fsdp_train[@]}" --preset tiny --save-dtype int8
+row fsdp-train 1 "--hf-shard-size: '0' is not a positive size" "${fsdp_train[@]}" --preset tiny --hf-shard-size 0
 # Sizes before anything is allocated.
 row fsdp-train 1 "units (layers 2000000000)" "${fsdp_train[@]}" --preset tiny --layers 2000000000
 

@@ -1,16 +1,21 @@
-// fsdp::text::Tokenizer: a Hugging Face tokenizer.json with a byte-level BPE
-// model, read into id tables; encoding is added-token split, pre-tokenizer,
-// then a rank-ordered BPE merge per piece (cached per piece).
+// fsdp::text::Tokenizer: a Hugging Face tokenizer.json with a BPE model,
+// byte-level or SentencePiece-style, read into id tables; encoding is
+// added-token split, normalizer, pre-tokenizer, then a rank-ordered BPE merge
+// per piece (cached per piece). The `tokenizers` package (Rust) is the spec:
+// tokenizers/src/{models/bpe/model.rs, pre_tokenizers/metaspace.rs,
+// normalizers/*.rs, decoders/*.rs, processors/template.rs}.
 #include "fsdp/tokenizer.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <queue>
 #include <set>
@@ -18,6 +23,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>
@@ -32,6 +38,72 @@ namespace {
 using json = nlohmann::json;
 
 constexpr uint32_t kNoId = std::numeric_limits<uint32_t>::max();
+
+// SentencePiece's stand-in for a space, U+2581 LOWER ONE EIGHTH BLOCK.
+constexpr std::string_view kMetaspace = "\xE2\x96\x81";
+
+// Where a piece of text stands: at the start of the text, its own piece
+// after an added token (or a split), or continuing text encoded before.
+using PieceStart = PreTokenizer::Start;
+
+// One step of the normalizer: NFC, Prepend(text), Replace(text, content).
+struct NormalizerStep {
+  enum Kind { kNfc, kPrepend, kReplace } kind;
+  std::string text, content;
+};
+
+// What a SentencePiece-style decoder does besides each token's own text:
+// Metaspace drops the replacement from the first token; Strip after Fuse
+// removes up to `strip_start` leading `strip_content` from the text.
+struct TextStart {
+  std::string metaspace_dropped;  // Metaspace decoder's replacement (prepend_scheme not never); empty: none
+  size_t strip_start = 0;
+  std::string strip_content;
+};
+
+// The byte a token named <0xNN> stands for (ByteFallback reads hex of
+// either case), or -1.
+int byte_token_value(std::string_view name) {
+  if (name.size() != 6 || name.substr(0, 3) != "<0x" || name[5] != '>') return -1;
+  const auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  const int high = hex(name[3]), low = hex(name[4]);
+  return high < 0 || low < 0 ? -1 : high * 16 + low;
+}
+
+// The code point of the valid UTF-8 sequence of `length` bytes at text[i].
+uint32_t code_point_at(std::string_view text, size_t i, size_t length) {
+  const auto byte = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(text[i + k])); };
+  if (length == 1) return byte(0);
+  uint32_t cp = byte(0) & (0xFF >> (length + 1));
+  for (size_t k = 1; k < length; ++k) cp = (cp << 6) | (byte(k) & 0x3F);
+  return cp;
+}
+
+// The length of the (valid) UTF-8 character at text[i].
+size_t character_length(std::string_view text, size_t i) {
+  size_t invalid_run = 0;
+  const size_t length = utf8_sequence_length(text, i, invalid_run);
+  return length ? length : 1;
+}
+
+void replace_all(std::string& text, const std::string& pattern, const std::string& content) {
+  if (pattern.empty() || text.find(pattern) == std::string::npos) return;
+  std::string out;
+  out.reserve(text.size() + text.size() / 4);
+  size_t from = 0;
+  for (size_t at = text.find(pattern); at != std::string::npos; at = text.find(pattern, from)) {
+    out.append(text, from, at - from);
+    out += content;
+    from = at + pattern.size();
+  }
+  out.append(text, from, std::string::npos);
+  text.swap(out);
+}
 
 uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t{a} << 32) | b; }
 
@@ -137,24 +209,51 @@ struct Tokenizer::Impl {
   std::array<uint32_t, 256> byte_id{};                 // the token of each single byte, or kNoId
   std::unordered_map<uint64_t, Merge> merges;
   bool ignore_merges = false;
-  bool nfc_normalizer = false;  // normalizer NFC (Qwen's); else none
+  std::vector<NormalizerStep> normalizer;
   std::vector<AddedToken> raw_added, normalized_added;  // matched before / after normalization
   PreTokenizer pre_tokenizer;
+  std::vector<uint32_t> prefix_ids, suffix_ids;  // the post-processor's, around a single text
   PieceCache cache;
   std::vector<std::string> warnings;  // what reads, but may surprise (Tokenizer::warnings)
   std::set<uint32_t> shared_ids;      // ids given to two different tokens
   std::string first_shared;           // the first of them, described
+
+  // SentencePiece-style files (a decoder other than ByteLevel): BPE over characters.
+  bool byte_level = true;
+  std::vector<std::pair<std::string, std::string>> decoder_replaces;  // Replace steps, in order
+  bool decoder_byte_fallback = false;                                  // ByteFallback step
+  TextStart text_start;
+  bool byte_fallback = false, fuse_unk = false;
+  uint32_t unk_id = kNoId;
+  std::array<uint32_t, 256> fallback_id{};              // the <0xNN> token of each byte, or kNoId
+  std::unordered_map<std::string, uint32_t> vocab;      // the model's own (added tokens are not looked up)
+  std::unordered_map<uint32_t, uint32_t> character_id;  // single-character tokens by code point
+  std::unordered_set<uint32_t> joined_to_metaspace;     // code points some token holds right before "▁"
+  std::array<uint32_t, 128> ascii_id{};                 // character_id's ASCII part, or kNoId
+  bool spaces_become_metaspace = false;  // a Metaspace("▁") pre-tokenizer or a Replace(" ", "▁") normalizer
+  bool replaces_characters_only = true;  // every normalizer Replace pattern is one character
 
   void read(const json& root);
   void read_model(const json& model);
   void read_merges(const json& merges_json);
   void read_added_tokens(const json& added);
   void read_pre_tokenizer(const json& pre);
-  void check_supported(const json& root);
+  void read_normalizer(const json& normalizer_json);
+  void read_decoder(const json& decoder);
+  void read_decoder_step(const json& step, bool& fused);
+  void read_post_processor(const json& processor);
+  void read_template(const json& processor);
+  void index_characters();
   void set_token(uint32_t id, const std::string& name, bool added);
+  std::string decoded_name(const std::string& name) const;
 
-  void encode_text(std::string_view text, std::vector<uint32_t>& out) const;
+  void encode_text(std::string_view text, bool continued, std::vector<uint32_t>& out) const;
+  std::string_view normalize(std::string_view part, bool continued, std::string& scratch) const;
   void encode_piece(std::string_view piece, std::vector<uint32_t>& out) const;
+  void encode_characters(std::string_view piece, std::vector<uint32_t>& out) const;
+  void encode_word(std::string_view word, std::vector<uint32_t>& out) const;
+  bool safe_before_metaspace(std::string_view text, size_t at) const;
+  bool restarts_before_space_after(char c) const;
   void merge_word(std::vector<uint32_t>& symbols) const;
   void split_added(std::string_view text, const std::vector<AddedToken>& tokens,
                    const std::function<void(std::string_view, uint32_t)>& emit) const;
@@ -189,7 +288,9 @@ void Tokenizer::Impl::set_token(uint32_t id, const std::string& name, bool added
   names[id] = name;
   by_name[name] = id;
   std::string raw;
-  if (!added && byte_level_to_bytes(name, raw)) {
+  if (!byte_level) {
+    bytes[id] = decoded_name(name);
+  } else if (!added && byte_level_to_bytes(name, raw)) {
     bytes[id] = raw;
     by_bytes.emplace(raw, id);
   } else {
@@ -197,25 +298,84 @@ void Tokenizer::Impl::set_token(uint32_t id, const std::string& name, bool added
   }
 }
 
-void Tokenizer::Impl::check_supported(const json& root) {
-  const json normalizer = root.value("normalizer", json());
-  nfc_normalizer = normalizer.is_object() && normalizer.value("type", "") == "NFC";
-  if (!normalizer.is_null() && !nfc_normalizer) {
-    fail(path, "unsupported normalizer " + normalizer.value("type", normalizer.dump()) +
-                   " (only null, as in GPT-2's and Llama 3's tokenizers, or NFC, as in Qwen's)");
+// A Sequence of NFC, Prepend and Replace (of a string): Qwen's NFC, and the
+// Sequence[Prepend("▁"), Replace(" ", "▁")] transformers' LlamaConverter
+// writes for Llama 2, Mistral, TinyLlama and Phi-3.
+void Tokenizer::Impl::read_normalizer(const json& n) {
+  if (n.is_null()) return;
+  const std::string type = n.value("type", "");
+  if (type == "Sequence") {
+    for (const json& step : n.at("normalizers")) read_normalizer(step);
+  } else if (type == "NFC") {
+    normalizer.push_back({NormalizerStep::kNfc, "", ""});
+  } else if (type == "Prepend") {
+    normalizer.push_back({NormalizerStep::kPrepend, n.at("prepend").get<std::string>(), ""});
+  } else if (type == "Replace" && n.at("pattern").contains("String")) {
+    normalizer.push_back({NormalizerStep::kReplace, n.at("pattern").at("String").get<std::string>(),
+                          n.at("content").get<std::string>()});
+  } else {
+    const std::string what = type == "Replace" ? "Replace of pattern " + n.at("pattern").dump() : n.value("type", n.dump());
+    fail(path, "unsupported normalizer " + what +
+                   " (expected null, NFC as in Qwen's tokenizers, Prepend, Replace of a String pattern, "
+                   "or a Sequence of them as in Llama 2's)");
   }
-  const json decoder = root.value("decoder", json());
-  if (!decoder.is_null() && decoder.value("type", "") != "ByteLevel") {
-    fail(path, "unsupported decoder " + decoder.value("type", decoder.dump()) + " (expected ByteLevel or null)");
+}
+
+// ByteLevel (or none) makes a byte-level file; a Sequence of Replace,
+// ByteFallback, Fuse and Strip (Llama 2's), or Metaspace, a SentencePiece-style one.
+void Tokenizer::Impl::read_decoder(const json& decoder) {
+  const std::string type = decoder.is_null() ? "ByteLevel" : decoder.value("type", "");
+  if (type == "ByteLevel") return;
+  byte_level = false;
+  if (type == "Metaspace") {
+    const std::string replacement = decoder.value("replacement", std::string(kMetaspace));
+    decoder_replaces.emplace_back(replacement, " ");
+    if (decoder.value("prepend_scheme", "always") != "never" && decoder.value("add_prefix_space", true)) {
+      text_start.metaspace_dropped = replacement;
+    }
+    return;
+  }
+  bool fused = false;
+  if (type == "Sequence") {
+    for (const json& step : decoder.at("decoders")) read_decoder_step(step, fused);
+  } else {
+    read_decoder_step(decoder, fused);
+  }
+}
+
+void Tokenizer::Impl::read_decoder_step(const json& step, bool& fused) {
+  const std::string type = step.value("type", "");
+  if (type == "Replace" && step.at("pattern").contains("String") && !decoder_byte_fallback && !fused) {
+    decoder_replaces.emplace_back(step.at("pattern").at("String").get<std::string>(), step.at("content").get<std::string>());
+  } else if (type == "ByteFallback" && !fused) {
+    decoder_byte_fallback = true;
+  } else if (type == "Fuse") {
+    fused = true;
+  } else if (type == "Strip" && fused && step.value("stop", 0) == 0 && text_start.strip_start == 0) {
+    text_start.strip_start = step.value("start", 0);
+    text_start.strip_content = step.at("content").get<std::string>();
+  } else {
+    fail(path, "unsupported decoder step " + step.dump() +
+                   " (expected ByteLevel, Metaspace, or a Sequence of Replace of a String, ByteFallback, Fuse, "
+                   "then Strip with stop 0, as in Llama 2's tokenizer)");
   }
 }
 
 void Tokenizer::Impl::read(const json& root) {
   if (!root.is_object() || !root.contains("model")) fail(path, "not a tokenizer.json: no \"model\" object");
-  check_supported(root);
+  read_normalizer(root.value("normalizer", json()));
+  read_decoder(root.value("decoder", json()));
   read_model(root.at("model"));
   read_added_tokens(root.value("added_tokens", json::array()));
   read_pre_tokenizer(root.value("pre_tokenizer", json()));
+  if (!byte_level && pre_tokenizer.has_byte_level()) {
+    fail(path, "a ByteLevel pre-tokenizer with a SentencePiece-style decoder (expected the ByteLevel decoder)");
+  }
+  if (byte_level && pre_tokenizer.prepends_metaspace()) {
+    fail(path, "a Metaspace pre-tokenizer with a ByteLevel decoder (expected a Metaspace or Sequence decoder)");
+  }
+  if (!byte_level) index_characters();
+  read_post_processor(root.value("post_processor", json()));
   if (!shared_ids.empty()) {
     const size_t n = shared_ids.size();
     warnings.push_back("tokenizer '" + path + "': " + std::to_string(n) + " id" + (n > 1 ? "s are" : " is") +
@@ -226,18 +386,32 @@ void Tokenizer::Impl::read(const json& root) {
 
 void Tokenizer::Impl::read_model(const json& model) {
   const std::string type = model.value("type", "BPE");
-  if (type != "BPE") fail(path, "unsupported model type '" + type + "' (only byte-level BPE)");
+  if (type != "BPE") fail(path, "unsupported model type '" + type + "' (only BPE, byte-level or SentencePiece-style)");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     const json v = model.value(key, json());
     if (!v.is_null() && v != "") fail(path, std::string("unsupported BPE option ") + key + " = " + v.dump());
   }
-  if (model.value("byte_fallback", false)) fail(path, "unsupported BPE option byte_fallback = true");
+  byte_fallback = model.value("byte_fallback", false);
+  if (byte_fallback && byte_level) {
+    fail(path, "unsupported BPE option byte_fallback = true with a ByteLevel decoder (byte_fallback goes with "
+               "SentencePiece-style files: a decoder Sequence with ByteFallback, as in Llama 2's)");
+  }
+  fuse_unk = model.value("fuse_unk", false);
   const json dropout = model.value("dropout", json());
   if (!dropout.is_null() && dropout.get<double>() != 0.0) fail(path, "unsupported BPE dropout " + dropout.dump());
   ignore_merges = model.value("ignore_merges", false);
   if (!model.contains("vocab") || !model.at("vocab").is_object()) fail(path, "the BPE model has no vocab object");
   for (const auto& [name, id] : model.at("vocab").items()) {
     set_token(entry_id(path, "vocab entry '" + name + "'", id), name, false);
+  }
+  if (!byte_level) {
+    vocab = by_name;  // only the model's tokens so far: BPE looks up no added token
+    const json unk = model.value("unk_token", json());
+    if (!unk.is_null()) {
+      const auto found = vocab.find(unk.get<std::string>());
+      if (found == vocab.end()) fail(path, "the BPE unk_token " + unk.dump() + " is not in the vocab");
+      unk_id = found->second;
+    }
   }
   byte_id.fill(kNoId);
   for (uint32_t b = 0; b < 256; ++b) {
@@ -270,6 +444,95 @@ void Tokenizer::Impl::read_merges(const json& merges_json) {
     }
     merges.emplace(pair_key(ia->second, ib->second), Merge{rank++, merged->second});
   }
+}
+
+// The text a token decodes to in a SentencePiece-style file: its <0xNN>
+// byte under ByteFallback, else its name through the Replace steps.
+std::string Tokenizer::Impl::decoded_name(const std::string& name) const {
+  const int byte = decoder_byte_fallback ? byte_token_value(name) : -1;
+  if (byte >= 0) return std::string(1, static_cast<char>(byte));
+  std::string text = name;
+  for (const auto& [pattern, content] : decoder_replaces) replace_all(text, pattern, content);
+  return text;
+}
+
+// The tables BPE over characters reads: single-character tokens, the
+// <0xNN> tokens, and the characters some token joins to a following "▁"
+// (a word may be cut before a "▁" after any other: no token spans the cut).
+void Tokenizer::Impl::index_characters() {
+  ascii_id.fill(kNoId);
+  fallback_id.fill(kNoId);
+  for (const auto& [name, id] : vocab) {
+    if (!name.empty() && character_length(name, 0) == name.size()) {
+      const uint32_t cp = code_point_at(name, 0, name.size());
+      character_id[cp] = id;
+      if (cp < 128) ascii_id[cp] = id;
+    }
+    for (size_t at = name.find(kMetaspace, 1); at != std::string::npos; at = name.find(kMetaspace, at + 1)) {
+      size_t begin = at - 1;
+      while (begin > 0 && (static_cast<unsigned char>(name[begin]) & 0xC0) == 0x80) --begin;
+      joined_to_metaspace.insert(code_point_at(name, begin, at - begin));
+    }
+  }
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);  // the `tokenizers` package's format!("<{b:#04X}>")
+    const auto found = vocab.find(name);
+    if (found != vocab.end()) fallback_id[b] = found->second;
+  }
+  for (const NormalizerStep& step : normalizer) {
+    if (step.kind != NormalizerStep::kReplace) continue;
+    if (step.text == " " && step.content == kMetaspace) spaces_become_metaspace = true;
+    if (step.text.empty() || character_length(step.text, 0) != step.text.size()) replaces_characters_only = false;
+  }
+  if (pre_tokenizer.replaces_spaces_with(kMetaspace)) spaces_become_metaspace = true;
+}
+
+// The post-processor's ids around a single text; ByteLevel adds none.
+void Tokenizer::Impl::read_post_processor(const json& processor) {
+  if (processor.is_null()) return;
+  const std::string type = processor.value("type", "");
+  if (type == "Sequence") {
+    for (const json& step : processor.at("processors")) read_post_processor(step);
+  } else if (type == "TemplateProcessing") {
+    read_template(processor);
+  } else if (type == "BertProcessing" || type == "RobertaProcessing") {  // [cls] text [sep]
+    prefix_ids.push_back(entry_id(path, type + " cls", processor.at("cls").at(1)));
+    suffix_ids.push_back(entry_id(path, type + " sep", processor.at("sep").at(1)));
+  } else if (type != "ByteLevel") {
+    fail(path, "unsupported post-processor " + processor.value("type", processor.dump()) +
+                   " (expected TemplateProcessing, ByteLevel, BertProcessing, RobertaProcessing or a Sequence of them)");
+  }
+  for (const auto* added : {&prefix_ids, &suffix_ids}) {
+    for (const uint32_t id : *added) {
+      if (id >= names.size() || names[id].empty()) {
+        fail(path, "the post-processor adds id " + std::to_string(id) + ", expected the id of a token");
+      }
+    }
+  }
+}
+
+// TemplateProcessing's single template: special tokens, one $A, special tokens.
+void Tokenizer::Impl::read_template(const json& processor) {
+  bool after_text = false;
+  const json& special_tokens = processor.at("special_tokens");
+  for (const json& piece : processor.at("single")) {
+    if (piece.contains("Sequence")) {
+      if (piece.at("Sequence").at("id") != "A" || after_text) {
+        fail(path, "a TemplateProcessing single template holding " + piece.dump() + ", expected one sequence $A");
+      }
+      after_text = true;
+    } else if (piece.contains("SpecialToken")) {
+      const std::string name = piece.at("SpecialToken").at("id").get<std::string>();
+      if (!special_tokens.contains(name)) fail(path, "the TemplateProcessing template names '" + name + "', which its special_tokens lack");
+      for (const json& id : special_tokens.at(name).at("ids")) {
+        (after_text ? suffix_ids : prefix_ids).push_back(entry_id(path, "the template's special token '" + name + "'", id));
+      }
+    } else {
+      fail(path, "a TemplateProcessing template piece " + piece.dump() + ", expected Sequence or SpecialToken");
+    }
+  }
+  if (!after_text) fail(path, "a TemplateProcessing single template without the sequence $A");
 }
 
 void Tokenizer::Impl::read_added_tokens(const json& added) {
@@ -309,8 +572,16 @@ void Tokenizer::Impl::read_pre_tokenizer(const json& pre) {
       if (std::string(e.what()).rfind("tokenizer '", 0) == 0) throw;
       fail(path, std::string("a Split pre-tokenizer's pattern: ") + e.what());
     }
+  } else if (type == "Metaspace") {
+    const std::string scheme = pre.value("prepend_scheme", pre.value("add_prefix_space", true) ? "always" : "never");
+    const std::map<std::string, MetaspacePrepend> schemes = {
+        {"always", MetaspacePrepend::kAlways}, {"first", MetaspacePrepend::kFirst}, {"never", MetaspacePrepend::kNever}};
+    if (!schemes.count(scheme)) fail(path, "a Metaspace prepend_scheme of \"" + scheme + "\", expected always, first or never");
+    const std::string replacement = pre.value("replacement", std::string(kMetaspace));
+    if (replacement.empty()) fail(path, "a Metaspace pre-tokenizer with an empty replacement");
+    pre_tokenizer.add_metaspace(replacement, schemes.at(scheme), pre.value("split", true));
   } else {
-    fail(path, "unsupported pre-tokenizer '" + type + "' (ByteLevel, Split or a Sequence of them)");
+    fail(path, "unsupported pre-tokenizer '" + type + "' (ByteLevel, Split, Metaspace or a Sequence of them)");
   }
 }
 
@@ -334,23 +605,56 @@ void Tokenizer::Impl::split_added(std::string_view text, const std::vector<Added
   if (start < text.size()) emit(text.substr(start), kNoId);
 }
 
-void Tokenizer::Impl::encode_text(std::string_view text, std::vector<uint32_t>& out) const {
+// As the `tokenizers` package: raw added tokens split off, the rest
+// normalized, normalized added tokens split off, the rest pre-tokenized.
+// `continued`: the text continues one encoded before (encode_continuation).
+void Tokenizer::Impl::encode_text(std::string_view text, bool continued, std::vector<uint32_t>& out) const {
   const auto pieces = [&](std::string_view piece) { encode_piece(piece, out); };
-  const auto normalized_part = [&](std::string_view part, uint32_t id) {
-    if (id != kNoId) out.push_back(id);
-    else pre_tokenizer.for_each_piece(part, pieces);
-  };
   split_added(text, raw_added, [&](std::string_view part, uint32_t id) {
     if (id != kNoId) {
       out.push_back(id);
-    } else {
-      std::string scratch;
-      split_added(nfc_normalizer ? nfc(part, scratch) : part, normalized_added, normalized_part);
+      return;
     }
+    const bool first = part.data() == text.data();
+    std::string scratch;
+    const std::string_view normalized = normalize(part, continued && first, scratch);
+    split_added(normalized, normalized_added, [&](std::string_view sub, uint32_t sub_id) {
+      if (sub_id != kNoId) {
+        out.push_back(sub_id);
+        return;
+      }
+      PieceStart start = PieceStart::kPiece;
+      if (first && sub.data() == normalized.data()) start = continued ? PieceStart::kContinued : PieceStart::kText;
+      pre_tokenizer.for_each_piece(sub, start, pieces);
+    });
   });
 }
 
+// `part` through the normalizer's steps; `continued`: it continues text
+// encoded before, so Prepend adds nothing.
+std::string_view Tokenizer::Impl::normalize(std::string_view part, bool continued, std::string& scratch) const {
+  if (normalizer.empty()) return part;
+  if (normalizer.size() == 1 && normalizer[0].kind == NormalizerStep::kNfc) return nfc(part, scratch);
+  std::string text(part), composed;
+  for (const NormalizerStep& step : normalizer) {
+    if (step.kind == NormalizerStep::kNfc) {
+      const std::string_view n = nfc(text, composed);
+      if (n.data() != text.data()) text.assign(n);
+    } else if (step.kind == NormalizerStep::kPrepend) {
+      if (!text.empty() && !continued) text.insert(0, step.text);  // as Prepend: not to empty text
+    } else {
+      replace_all(text, step.text, step.content);
+    }
+  }
+  scratch.swap(text);
+  return scratch;
+}
+
 void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<uint32_t>& out) const {
+  if (!byte_level) {
+    encode_characters(piece, out);
+    return;
+  }
   if (piece.empty() || cache.find(piece, out)) return;
   if (ignore_merges) {
     const auto whole = by_bytes.find(std::string(piece));
@@ -369,6 +673,84 @@ void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<uint32_t>
   merge_word(symbols);
   out.insert(out.end(), symbols.begin(), symbols.end());
   cache.insert(piece, symbols.data(), symbols.size());
+}
+
+// Whether a word may be cut before the "▁" at text[at]: the character
+// before it has a token of its own and no token joins it to a "▁".
+bool Tokenizer::Impl::safe_before_metaspace(std::string_view text, size_t at) const {
+  size_t begin = at - 1;
+  while (begin > 0 && (static_cast<unsigned char>(text[begin]) & 0xC0) == 0x80) --begin;
+  const uint32_t cp = code_point_at(text, begin, at - begin);
+  return character_id.count(cp) && !joined_to_metaspace.count(cp);
+}
+
+// A SentencePiece-style piece: without a Metaspace split (Llama 2's files)
+// the whole text is one BPE word; cut where no token can span (before a
+// "▁"), which gives the same merges and lets the cache hold words.
+void Tokenizer::Impl::encode_characters(std::string_view piece, std::vector<uint32_t>& out) const {
+  size_t begin = 0;
+  for (size_t at = piece.find(kMetaspace, 1); at != std::string_view::npos;
+       at = piece.find(kMetaspace, at + kMetaspace.size())) {
+    if (!safe_before_metaspace(piece, at)) continue;
+    encode_word(piece.substr(begin, at - begin), out);
+    begin = at;
+  }
+  encode_word(piece.substr(begin), out);
+}
+
+// BPE over the characters of `word`, as the `tokenizers` package's
+// BPE::merge_word: a character outside the vocabulary becomes its <0xNN>
+// tokens (byte_fallback), else the unk token (runs fused if fuse_unk), else
+// nothing. An unk waits for the next known character, as there.
+void Tokenizer::Impl::encode_word(std::string_view word, std::vector<uint32_t>& out) const {
+  if (word.empty() || cache.find(word, out)) return;
+  if (ignore_merges) {
+    const auto whole = vocab.find(std::string(word));
+    if (whole != vocab.end()) {
+      out.push_back(whole->second);
+      cache.insert(word, &whole->second, 1);
+      return;
+    }
+  }
+  thread_local std::vector<uint32_t> symbols;
+  symbols.clear();
+  uint32_t pending_unk = kNoId;
+  for (size_t i = 0; i < word.size();) {
+    const size_t length = character_length(word, i);
+    const auto c = static_cast<unsigned char>(word[i]);
+    uint32_t id = c < 128 ? ascii_id[c] : kNoId;
+    if (c >= 128) {
+      const auto found = character_id.find(code_point_at(word, i, length));
+      if (found != character_id.end()) id = found->second;
+    }
+    const auto has_fallback = [&](char b) { return fallback_id[static_cast<unsigned char>(b)] != kNoId; };
+    if (id != kNoId) {
+      if (pending_unk != kNoId) symbols.push_back(pending_unk);
+      pending_unk = kNoId;
+      symbols.push_back(id);
+    } else if (byte_fallback && std::all_of(word.begin() + i, word.begin() + i + length, has_fallback)) {
+      for (size_t k = i; k < i + length; ++k) symbols.push_back(fallback_id[static_cast<unsigned char>(word[k])]);
+    } else if (unk_id != kNoId) {
+      if (pending_unk != kNoId && !fuse_unk) symbols.push_back(pending_unk);
+      pending_unk = unk_id;
+    }
+    i += length;
+  }
+  if (pending_unk != kNoId) symbols.push_back(pending_unk);
+  merge_word(symbols);
+  out.insert(out.end(), symbols.begin(), symbols.end());
+  cache.insert(word, symbols.data(), symbols.size());
+}
+
+// Whether encoding may restart before " word" after `c` (restart_point):
+// always for byte-level files (their pre-tokenizers start a piece there);
+// for SentencePiece-style ones when the space becomes a "▁" that no token
+// joins to `c`, and no normalizer Replace could match across the cut.
+bool Tokenizer::Impl::restarts_before_space_after(char c) const {
+  if (byte_level) return true;
+  const uint32_t id = ascii_id[static_cast<unsigned char>(c) & 0x7F];
+  return spaces_become_metaspace && replaces_characters_only && id != kNoId &&
+         !joined_to_metaspace.count(static_cast<unsigned char>(c));
 }
 
 // Merges the pair of lowest rank, the leftmost of equals, until none is left:
@@ -461,15 +843,66 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text) const {
   std::string scratch;
   std::vector<uint32_t> ids;
   ids.reserve(text.size() / 3 + 16);
-  impl_->encode_text(valid_utf8(text, scratch), ids);
+  impl_->encode_text(valid_utf8(text, scratch), /*continued=*/false, ids);
   return ids;
 }
 
+std::vector<uint32_t> Tokenizer::encode_continuation(std::string_view text) const {
+  std::string scratch;
+  std::vector<uint32_t> ids;
+  ids.reserve(text.size() / 3 + 16);
+  impl_->encode_text(valid_utf8(text, scratch), /*continued=*/true, ids);
+  return ids;
+}
+
+size_t Tokenizer::restart_point(std::string_view text, size_t limit) const {
+  const auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  const auto visible = [](char c) { return c > ' ' && c < 0x7F; };
+  if (text.size() < 3) return 0;
+  const size_t last = std::min(limit, text.size() - 2);
+  // Between a visible ASCII character and " word": the space starts a piece
+  // (ByteLevel's regexes; a "▁" no token joins to what precedes it).
+  for (size_t p = last; p >= 1; --p) {
+    if (text[p] == ' ' && visible(text[p - 1]) && letter(text[p + 1]) && impl_->restarts_before_space_after(text[p - 1])) {
+      return p;
+    }
+  }
+  if (!impl_->byte_level) return 0;  // a SentencePiece-style word runs across newlines
+  // After a newline with a visible ASCII character on either side: no
+  // piece of the byte-level pre-tokenizers spans it, no lookahead sees past it.
+  for (size_t p = last; p >= 2; --p) {
+    if (text[p - 1] == '\n' && visible(text[p - 2]) && visible(text[p])) return p;
+  }
+  return 0;
+}
+
 std::string Tokenizer::decode(const std::vector<uint32_t>& ids) const {
+  if (ids.empty()) return "";
+  const TextStart& start = impl_->text_start;
+  std::string out = token_bytes(ids[0]);  // (throws for an id outside the vocabulary)
+  if (!start.metaspace_dropped.empty() && !impl_->names[ids[0]].empty()) {
+    // Metaspace's decoder drops every replacement from the first token
+    out = impl_->names[ids[0]];
+    replace_all(out, start.metaspace_dropped, "");
+    for (const auto& [pattern, content] : impl_->decoder_replaces) replace_all(out, pattern, content);
+  }
+  out += decode_continuation(std::vector<uint32_t>(ids.begin() + 1, ids.end()));
+  size_t cut = 0;
+  for (size_t k = 0; k < start.strip_start && out.compare(cut, start.strip_content.size(), start.strip_content) == 0; ++k) {
+    cut += start.strip_content.size();
+  }
+  return out.substr(cut);
+}
+
+std::string Tokenizer::decode_continuation(const std::vector<uint32_t>& ids) const {
   std::string out;
   for (const uint32_t id : ids) out += token_bytes(id);
   return out;
 }
+
+const std::vector<uint32_t>& Tokenizer::template_prefix_ids() const { return impl_->prefix_ids; }
+
+const std::vector<uint32_t>& Tokenizer::template_suffix_ids() const { return impl_->suffix_ids; }
 
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->names.size()); }
 

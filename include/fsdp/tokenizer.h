@@ -34,7 +34,8 @@ constexpr uint64_t kMaxTokenIds = uint64_t{1} << 24;
 ///    character outside the vocabulary becomes the `<0xNN>` tokens of its
 ///    UTF-8 bytes), unk_token and fuse_unk; pre-tokenizer Metaspace or null;
 ///    normalizer a Sequence of Prepend, Replace (a string) and NFC.
-/// Added tokens are matched literally; the post-processor (TemplateProcessing,
+/// Added tokens are matched literally (lstrip, rstrip and single_word as
+/// the `tokenizers` package applies them); the post-processor (TemplateProcessing,
 /// ByteLevel, Bert/RobertaProcessing) is read for the ids it adds around a
 /// text (template_prefix_ids, template_suffix_ids). Others are refused.
 /// Immutable after construction: encode and decode may run on several
@@ -42,8 +43,9 @@ constexpr uint64_t kMaxTokenIds = uint64_t{1} << 24;
 class Tokenizer {
  public:
   /// Reads the file. Throws std::runtime_error naming the file and what is
-  /// missing or unsupported (another model type, a normalizer other than NFC, a pre-tokenizer),
-  /// or an id that is not a whole number below kMaxTokenIds.
+  /// missing or unsupported (another model type, a normalizer, pre-tokenizer,
+  /// decoder or post-processor outside those above, byte_fallback with a
+  /// ByteLevel decoder), or an id that is not a whole number below kMaxTokenIds.
   explicit Tokenizer(const std::string& tokenizer_json_path);
   /// Frees the tokenizer.
   ~Tokenizer();
@@ -57,15 +59,16 @@ class Tokenizer {
   std::vector<uint32_t> encode(std::string_view text) const;
   /// The ids of `text` where it continues a text whose start was encoded
   /// before, cut at restart_point: what a text gets only at its start (the
-  /// "▁" of a Prepend normalizer or of a Metaspace pre-tokenizer) is not
-  /// added before its first added token. Equal to encode for byte-level files.
+  /// "▁" of a Prepend normalizer or of a Metaspace pre-tokenizer, ByteLevel's
+  /// prefix space) is not added before its first added token.
   std::vector<uint32_t> encode_continuation(std::string_view text) const;
-  /// The last position p in (0, limit] (limit <= text.size()) at which
-  /// encode(text) == encode(text[:p]) followed by
-  /// encode_continuation(text[p:]) for any text that follows, as far as
-  /// the pre-tokenizer and the vocabulary tell: before " word" after a
-  /// visible ASCII character, or (byte-level) after a newline between two
-  /// visible ASCII characters. 0 if there is none.
+  /// The last position p in (0, limit] at which encode(text) equals
+  /// encode(text[:p]) followed by encode_continuation(text[p:]) for any text
+  /// that follows, as far as the pre-tokenizer, the vocabulary and the added
+  /// tokens tell: before " word" after a visible ASCII character, or
+  /// (byte-level files) after a newline between two visible ASCII
+  /// characters; never inside an added token or right after one with
+  /// rstrip. 0 if there is none.
   size_t restart_point(std::string_view text, size_t limit) const;
   /// The text of `ids` as the `tokenizers` package's decode gives it (special
   /// tokens kept), but in raw bytes: a byte token run that is not UTF-8 is

@@ -25,6 +25,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <unicode/uchar.h>
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>
 
@@ -117,7 +118,50 @@ struct Merge {
 struct AddedToken {
   std::string content;
   uint32_t id;
+  bool lstrip = false, rstrip = false;  // the match takes the whitespace before / after it
+  bool single_word = false;             // matched only with no word character on either side
 };
+
+// The code point before text[at] (at > 0, valid UTF-8) and where it starts.
+uint32_t code_point_before(std::string_view text, size_t at, size_t& begin) {
+  begin = at - 1;
+  while (begin > 0 && (static_cast<unsigned char>(text[begin]) & 0xC0) == 0x80) --begin;
+  return code_point_at(text, begin, at - begin);
+}
+
+// Regex's \s and \w as the `tokenizers` package's regex crate reads them
+// (Unicode's White_Space; Alphabetic, marks, decimal digits, connector
+// punctuation, Join_Control), from ICU's tables.
+bool is_whitespace(uint32_t cp) { return u_hasBinaryProperty(static_cast<UChar32>(cp), UCHAR_WHITE_SPACE); }
+bool is_word_character(uint32_t cp) {
+  const auto c = static_cast<UChar32>(cp);
+  return u_hasBinaryProperty(c, UCHAR_ALPHABETIC) || u_hasBinaryProperty(c, UCHAR_JOIN_CONTROL) ||
+         (U_GET_GC_MASK(c) & (U_GC_M_MASK | U_GC_ND_MASK | U_GC_PC_MASK)) != 0;
+}
+
+// Where the whitespace that ends text[..at] begins (at itself if none).
+size_t whitespace_before(std::string_view text, size_t at) {
+  size_t begin = at;
+  while (at > 0 && is_whitespace(code_point_before(text, at, begin))) at = begin;
+  return at;
+}
+
+// Where the whitespace that starts text[at..] ends.
+size_t whitespace_after(std::string_view text, size_t at) {
+  while (at < text.size()) {
+    const size_t length = character_length(text, at);
+    if (!is_whitespace(code_point_at(text, at, length))) break;
+    at += length;
+  }
+  return at;
+}
+
+// A match of a single_word token at [begin, end) with a word character next to it.
+bool inside_word(std::string_view text, size_t begin, size_t end) {
+  size_t unused = 0;
+  return (begin > 0 && is_word_character(code_point_before(text, begin, unused))) ||
+         (end < text.size() && is_word_character(code_point_at(text, end, character_length(text, end))));
+}
 
 // Pieces already encoded, shared by the threads that encode: sharded, each
 // shard read-mostly; it stops growing when full, as the `tokenizers` cache does.
@@ -211,6 +255,7 @@ struct Tokenizer::Impl {
   bool ignore_merges = false;
   std::vector<NormalizerStep> normalizer;
   std::vector<AddedToken> raw_added, normalized_added;  // matched before / after normalization
+  std::vector<std::pair<std::string, bool>> added_texts;  // each added token as the text spells it, and its rstrip
   PreTokenizer pre_tokenizer;
   std::vector<uint32_t> prefix_ids, suffix_ids;  // the post-processor's, around a single text
   PieceCache cache;
@@ -254,6 +299,7 @@ struct Tokenizer::Impl {
   void encode_word(std::string_view word, std::vector<uint32_t>& out) const;
   bool safe_before_metaspace(std::string_view text, size_t at) const;
   bool restarts_before_space_after(char c) const;
+  bool added_token_at_cut(std::string_view text, size_t cut) const;
   void merge_word(std::vector<uint32_t>& symbols) const;
   void split_added(std::string_view text, const std::vector<AddedToken>& tokens,
                    const std::function<void(std::string_view, uint32_t)>& emit) const;
@@ -538,13 +584,19 @@ void Tokenizer::Impl::read_template(const json& processor) {
 void Tokenizer::Impl::read_added_tokens(const json& added) {
   for (const json& t : added) {
     const std::string content = t.at("content").get<std::string>();
-    for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
-      if (t.value(flag, false)) fail(path, "added token '" + content + "' has " + flag + " = true (unsupported)");
-    }
     if (content.empty()) fail(path, "an added token has empty content");
     const uint32_t id = entry_id(path, "added token '" + content + "'", t.at("id"));
     set_token(id, content, true);
-    (t.value("normalized", !t.value("special", false)) ? normalized_added : raw_added).push_back({content, id});
+    AddedToken token{content, id, t.value("lstrip", false), t.value("rstrip", false), t.value("single_word", false)};
+    added_texts.emplace_back(content, token.rstrip);
+    if (t.value("normalized", !t.value("special", false))) {
+      // Matched in the normalized text, so matched as the normalizer spells it (Prepend's "▁" included).
+      std::string scratch;
+      token.content = std::string(normalize(content, /*continued=*/false, scratch));
+      if (!token.content.empty()) normalized_added.push_back(std::move(token));
+    } else {
+      raw_added.push_back(std::move(token));
+    }
   }
   // Leftmost-longest matching tries the longer tokens first.
   for (auto* list : {&raw_added, &normalized_added}) {
@@ -585,6 +637,10 @@ void Tokenizer::Impl::read_pre_tokenizer(const json& pre) {
   }
 }
 
+// The leftmost-longest matches of `tokens`, not overlapping, as the
+// `tokenizers` package's AddedVocabulary::find_matches: a single_word match
+// inside a word is passed over; lstrip and rstrip widen a match over the
+// whitespace beside it (not into the previous match).
 void Tokenizer::Impl::split_added(std::string_view text, const std::vector<AddedToken>& tokens,
                                   const std::function<void(std::string_view, uint32_t)>& emit) const {
   size_t start = 0;
@@ -597,10 +653,15 @@ void Tokenizer::Impl::split_added(std::string_view text, const std::vector<Added
       }
     }
     if (!match) continue;
-    if (i > start) emit(text.substr(start, i - start), kNoId);
+    size_t begin = i, end = i + match->content.size();
+    i = end - 1;  // the next match starts after this one, taken or not
+    if (match->single_word && inside_word(text, begin, end)) continue;
+    if (match->lstrip) begin = std::max(start, whitespace_before(text, begin));
+    if (match->rstrip) end = whitespace_after(text, end);
+    if (begin > start) emit(text.substr(start, begin - start), kNoId);
     emit(std::string_view(), match->id);
-    start = i + match->content.size();
-    i = start - 1;
+    start = end;
+    i = end - 1;
   }
   if (start < text.size()) emit(text.substr(start), kNoId);
 }
@@ -753,6 +814,18 @@ bool Tokenizer::Impl::restarts_before_space_after(char c) const {
          !joined_to_metaspace.count(static_cast<unsigned char>(c));
 }
 
+// Whether a cut before text[cut] would split an added token, or follow one
+// that takes the whitespace after it (rstrip): restart_point avoids both.
+bool Tokenizer::Impl::added_token_at_cut(std::string_view text, size_t cut) const {
+  for (const auto& [content, rstrip] : added_texts) {
+    if (rstrip && cut >= content.size() && text.compare(cut - content.size(), content.size(), content) == 0) return true;
+    const size_t from = cut >= content.size() ? cut - content.size() + 1 : 0;
+    const size_t at = text.substr(0, cut + content.size() - 1).find(content, from);
+    if (at != std::string_view::npos && at < cut) return true;
+  }
+  return false;
+}
+
 // Merges the pair of lowest rank, the leftmost of equals, until none is left:
 // what the `tokenizers` package's priority queue does.
 void Tokenizer::Impl::merge_word(std::vector<uint32_t>& symbols) const {
@@ -863,7 +936,8 @@ size_t Tokenizer::restart_point(std::string_view text, size_t limit) const {
   // Between a visible ASCII character and " word": the space starts a piece
   // (ByteLevel's regexes; a "▁" no token joins to what precedes it).
   for (size_t p = last; p >= 1; --p) {
-    if (text[p] == ' ' && visible(text[p - 1]) && letter(text[p + 1]) && impl_->restarts_before_space_after(text[p - 1])) {
+    if (text[p] == ' ' && visible(text[p - 1]) && letter(text[p + 1]) &&
+        impl_->restarts_before_space_after(text[p - 1]) && !impl_->added_token_at_cut(text, p)) {
       return p;
     }
   }
@@ -871,7 +945,7 @@ size_t Tokenizer::restart_point(std::string_view text, size_t limit) const {
   // After a newline with a visible ASCII character on either side: no
   // piece of the byte-level pre-tokenizers spans it, no lookahead sees past it.
   for (size_t p = last; p >= 2; --p) {
-    if (text[p - 1] == '\n' && visible(text[p - 2]) && visible(text[p])) return p;
+    if (text[p - 1] == '\n' && visible(text[p - 2]) && visible(text[p]) && !impl_->added_token_at_cut(text, p)) return p;
   }
   return 0;
 }

@@ -159,6 +159,14 @@ TEST(TextTokenizer, SentencePieceRestartPoints) {
   joined.insert(joined.end(), rest.begin(), rest.end());
   EXPECT_EQ(joined, t.encode(text));
   EXPECT_EQ(t.decode(t.encode(text.substr(0, cut))) + t.decode_continuation(rest), text);
+  // Nor inside an added token, nor right after one that takes the whitespace after it.
+  nlohmann::json added = sentencepiece_tokenizer(true, true);
+  added["added_tokens"].push_back({{"id", 266}, {"content", "b ab"}, {"special", true}, {"normalized", false}});
+  added["added_tokens"].push_back({{"id", 267}, {"content", "<r>"}, {"special", true}, {"normalized", false}, {"rstrip", true}});
+  const Tokenizer with_added(write_file("spm_restart_added.json", added.dump()));
+  EXPECT_EQ(with_added.restart_point("bb ab", 4), 0u);
+  EXPECT_EQ(with_added.restart_point("x<r> ab", 6), 0u);
+  EXPECT_EQ(with_added.restart_point("bb ba", 4), 2u);
 }
 
 TEST(TextTokenizer, MergesByRankAndSplitsAddedTokens) {

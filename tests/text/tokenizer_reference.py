@@ -30,7 +30,7 @@ import subprocess
 import sys
 
 try:
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 except ImportError as e:
     print(f"skipped: this python ({sys.executable}) has no tokenizers package ({e})")
     sys.exit(1 if os.environ.get("CI") else 77)
@@ -110,10 +110,16 @@ def sentencepiece_tokenizers(workdir, corpus, vocab_size=1000):
         backend.normalizer = hf_normalizers.Sequence([hf_normalizers.Prepend("▁"), hf_normalizers.Replace(" ", "▁")])
         backend.pre_tokenizer = None
         backend.model.unk_token = "<unk>"
+        backend.add_tokens([AddedToken("new token", normalized=True)])  # matched as "▁new▁token", as Prepend spells it
 
-    def metaspace_split(backend):  # the Metaspace decoder; Metaspace split, prepended always
+    def metaspace_split(backend):  # the Metaspace decoder; Metaspace split, prepended always; added tokens
         backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
         backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+        backend.add_special_tokens([  # stripping whitespace as Phi-3's <|assistant|> and <|end|> do
+            AddedToken("<|assistant|>", rstrip=True, normalized=False, special=True),
+            AddedToken("<|end|>", lstrip=True, rstrip=True, normalized=False, special=True),
+            AddedToken("<|word|>", single_word=True, normalized=False, special=True)])
+        backend.add_tokens([AddedToken("new token", normalized=True)])  # matched as the normalizer spells it
 
     save("spm-llama2", LlamaTokenizerFast(vocab=vocab, merges=merges, legacy=True, add_bos_token=True), llama2_form)
     save("spm-metaspace-first",
@@ -188,7 +194,8 @@ def compare(fsdp_data, workdir, name, tokenizer_path, text_file):
 # a text, after a leading special token, before a space or a "▁" already there.
 EDGE_TEXTS = ["<s>hello world", "hello<s>world", "hello <s> world", "</s>", " leading space", "  two spaces",
               "\n\nnewlines first", "a\u00e9\u4e2d\U0001F600 b", "<s> <s>", "x</s>", "tab\there", "", " ",
-              "\u2581already", "a\u2581b \u2581 c", "<unk>"]
+              "\u2581already", "a\u2581b \u2581 c", "<unk>", "a <|assistant|>  b <|assistant|>", " \u3000<|end|>\u3000 x",
+              "<|end|><|end|> <|end|>", "word<|word|>word <|word|> ok <|word|>", "a new token, new  token"]
 
 
 def edge_text_files(workdir):

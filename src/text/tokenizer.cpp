@@ -399,10 +399,9 @@ std::string Tokenizer::decode(const std::vector<uint32_t>& ids) const {
     for (const auto& [pattern, content] : impl_->decoder_replaces) replace_all(out, pattern, content);
   }
   out += decode_continuation(std::vector<uint32_t>(ids.begin() + 1, ids.end()));
-  size_t cut = 0;
-  for (size_t k = 0; k < start.strip_start && out.compare(cut, start.strip_content.size(), start.strip_content) == 0; ++k) {
-    cut += start.strip_content.size();
-  }
+  size_t cut = 0;  // Strip: up to strip_start of strip_content off the start
+  const std::string& content = start.strip_content;
+  for (size_t k = 0; k < start.strip_start && out.compare(cut, content.size(), content) == 0; ++k) cut += content.size();
   return out.substr(cut);
 }
 

@@ -108,7 +108,8 @@ void Tokenizer::Impl::read_normalizer(const json& n) {
     normalizer.push_back({NormalizerStep::kReplace, n.at("pattern").at("String").get<std::string>(),
                           n.at("content").get<std::string>()});
   } else {
-    const std::string what = type == "Replace" ? "Replace of pattern " + n.at("pattern").dump() : n.value("type", n.dump());
+    const std::string what =
+        type == "Replace" ? "Replace of pattern " + n.at("pattern").dump() : n.value("type", n.dump());
     fail(path, "unsupported normalizer " + what +
                    " (expected null, NFC as in Qwen's tokenizers, Prepend, Replace of a String pattern, "
                    "or a Sequence of them as in Llama 2's)");
@@ -140,7 +141,8 @@ void Tokenizer::Impl::read_decoder(const json& decoder) {
 void Tokenizer::Impl::read_decoder_step(const json& step, bool& fused) {
   const std::string type = step.value("type", "");
   if (type == "Replace" && step.at("pattern").contains("String") && !decoder_byte_fallback && !fused) {
-    decoder_replaces.emplace_back(step.at("pattern").at("String").get<std::string>(), step.at("content").get<std::string>());
+    decoder_replaces.emplace_back(step.at("pattern").at("String").get<std::string>(),
+                                  step.at("content").get<std::string>());
   } else if (type == "ByteFallback" && !fused) {
     decoder_byte_fallback = true;
   } else if (type == "Fuse") {
@@ -318,9 +320,12 @@ void Tokenizer::Impl::read_template(const json& processor) {
       after_text = true;
     } else if (piece.contains("SpecialToken")) {
       const std::string name = piece.at("SpecialToken").at("id").get<std::string>();
-      if (!special_tokens.contains(name)) fail(path, "the TemplateProcessing template names '" + name + "', which its special_tokens lack");
+      if (!special_tokens.contains(name)) {
+        fail(path, "the TemplateProcessing template names '" + name + "', which its special_tokens lack");
+      }
       for (const json& id : special_tokens.at(name).at("ids")) {
-        (after_text ? suffix_ids : prefix_ids).push_back(entry_id(path, "the template's special token '" + name + "'", id));
+        const uint32_t value = entry_id(path, "the template's special token '" + name + "'", id);
+        (after_text ? suffix_ids : prefix_ids).push_back(value);
       }
     } else {
       fail(path, "a TemplateProcessing template piece " + piece.dump() + ", expected Sequence or SpecialToken");
@@ -376,7 +381,9 @@ void Tokenizer::Impl::read_pre_tokenizer(const json& pre) {
     const std::string scheme = pre.value("prepend_scheme", pre.value("add_prefix_space", true) ? "always" : "never");
     const std::map<std::string, MetaspacePrepend> schemes = {
         {"always", MetaspacePrepend::kAlways}, {"first", MetaspacePrepend::kFirst}, {"never", MetaspacePrepend::kNever}};
-    if (!schemes.count(scheme)) fail(path, "a Metaspace prepend_scheme of \"" + scheme + "\", expected always, first or never");
+    if (!schemes.count(scheme)) {
+      fail(path, "a Metaspace prepend_scheme of \"" + scheme + "\", expected always, first or never");
+    }
     const std::string replacement = pre.value("replacement", std::string(kMetaspace));
     if (replacement.empty()) fail(path, "a Metaspace pre-tokenizer with an empty replacement");
     pre_tokenizer.add_metaspace(replacement, schemes.at(scheme), pre.value("split", true));

@@ -64,6 +64,19 @@ std::string tiny_tokenizer_json(const nlohmann::json& model_extra = nlohmann::js
 // <unk> <s> </s>, the 256 <0xNN> tokens (ids 3..258), then ▁ a b ▁a a▁ ab é
 // (259..265), merges "▁ a", "a ▁", "a b"; normalizer Prepend + Replace.
 nlohmann::json sentencepiece_tokenizer(bool byte_fallback, bool fuse_unk) {
+  nlohmann::json root = nlohmann::json::parse(R"({
+    "added_tokens": [{"id": 0, "content": "<unk>", "special": true, "normalized": false},
+                     {"id": 1, "content": "<s>", "special": true, "normalized": false},
+                     {"id": 2, "content": "</s>", "special": true, "normalized": false}],
+    "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"},
+                   {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+    "pre_tokenizer": null,
+    "post_processor": {"type": "TemplateProcessing",
+                       "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                       "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+    "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+    "model": {"type": "BPE", "unk_token": "<unk>", "merges": ["\u2581 a", "a \u2581", "a b"]}})");
   nlohmann::json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
   for (int b = 0; b < 256; ++b) {
     char name[8];
@@ -71,22 +84,15 @@ nlohmann::json sentencepiece_tokenizer(bool byte_fallback, bool fuse_unk) {
     vocab[name] = 3 + b;
   }
   for (const char* t : {"\u2581", "a", "b", "\u2581a", "a\u2581", "ab", "\u00e9"}) vocab[t] = vocab.size();
-  nlohmann::json added = nlohmann::json::array();
-  for (const char* t : {"<unk>", "<s>", "</s>"}) {
-    added.push_back({{"id", vocab[t]}, {"content", t}, {"special", true}, {"normalized", false}});
-  }
-  return {{"added_tokens", added},
-          {"normalizer", {{"type", "Sequence"}, {"normalizers", {{{"type", "Prepend"}, {"prepend", "\u2581"}},
-                                                                  {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}}}}},
-          {"pre_tokenizer", nullptr},
-          {"post_processor", {{"type", "TemplateProcessing"},
-                              {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-                              {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
-          {"decoder", {{"type", "Sequence"}, {"decoders", {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
-                                                           {{"type", "ByteFallback"}}, {{"type", "Fuse"}},
-                                                           {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
-          {"model", {{"type", "BPE"}, {"unk_token", "<unk>"}, {"fuse_unk", fuse_unk}, {"byte_fallback", byte_fallback},
-                     {"vocab", vocab}, {"merges", {"\u2581 a", "a \u2581", "a b"}}}}};
+  root["model"]["vocab"] = vocab;
+  root["model"]["fuse_unk"] = fuse_unk;
+  root["model"]["byte_fallback"] = byte_fallback;
+  return root;
+}
+
+// The message reading `root` (written to a file `name`) throws.
+std::string refusal(const std::string& name, const nlohmann::json& root) {
+  return error_of([&] { Tokenizer t(write_file(name, root.dump())); });
 }
 
 TEST(TextTokenizer, MissingFileIsNamed) {
@@ -108,24 +114,22 @@ TEST(TextTokenizer, UnsupportedModelAndNormalizerAreRefused) {
   const std::string nfkc = write_file("nfkc.json", tiny_tokenizer_json(nlohmann::json::object(), {{"type", "NFKC"}}));
   EXPECT_NE(error_of([&] { Tokenizer t(nfkc); }).find("unsupported normalizer NFKC"), std::string::npos);
   const std::string fallback = write_file("fallback.json", tiny_tokenizer_json({{"byte_fallback", true}}));
-  EXPECT_NE(error_of([&] { Tokenizer t(fallback); }).find("byte_fallback = true with a ByteLevel decoder"), std::string::npos);
+  EXPECT_NE(error_of([&] { Tokenizer t(fallback); }).find("byte_fallback = true with a ByteLevel decoder"),
+            std::string::npos);
   // SentencePiece-style parts outside what is read, each refused by name.
   nlohmann::json regex = sentencepiece_tokenizer(true, true);
   regex["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " {2,}"}};
-  EXPECT_NE(error_of([&] { Tokenizer t(write_file("regex.json", regex.dump())); }).find("unsupported normalizer Replace of pattern"),
-            std::string::npos);
+  EXPECT_NE(refusal("regex.json", regex).find("unsupported normalizer Replace of pattern"), std::string::npos);
   nlohmann::json strip_first = sentencepiece_tokenizer(true, true);
-  strip_first["decoder"]["decoders"] = {{{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}, {{"type", "Fuse"}}};
-  EXPECT_NE(error_of([&] { Tokenizer t(write_file("strip.json", strip_first.dump())); }).find("unsupported decoder step"),
-            std::string::npos);
+  strip_first["decoder"]["decoders"] = nlohmann::json::parse(R"([{"type": "Strip", "content": " ", "start": 1, "stop": 0},
+                                                                 {"type": "Fuse"}])");
+  EXPECT_NE(refusal("strip.json", strip_first).find("unsupported decoder step"), std::string::npos);
   nlohmann::json unk = sentencepiece_tokenizer(true, true);
   unk["model"]["unk_token"] = "<missing>";
-  EXPECT_NE(error_of([&] { Tokenizer t(write_file("unk.json", unk.dump())); }).find("unk_token \"<missing>\" is not in the vocab"),
-            std::string::npos);
+  EXPECT_NE(refusal("unk.json", unk).find("unk_token \"<missing>\" is not in the vocab"), std::string::npos);
   nlohmann::json processor = sentencepiece_tokenizer(true, true);
   processor["post_processor"] = {{"type", "ByteLevelPlus"}};
-  EXPECT_NE(error_of([&] { Tokenizer t(write_file("processor.json", processor.dump())); }).find("unsupported post-processor ByteLevelPlus"),
-            std::string::npos);
+  EXPECT_NE(refusal("processor.json", processor).find("unsupported post-processor ByteLevelPlus"), std::string::npos);
 }
 
 // Without byte_fallback, characters outside the vocabulary become <unk>,
@@ -161,8 +165,9 @@ TEST(TextTokenizer, SentencePieceRestartPoints) {
   EXPECT_EQ(t.decode(t.encode(text.substr(0, cut))) + t.decode_continuation(rest), text);
   // Nor inside an added token, nor right after one that takes the whitespace after it.
   nlohmann::json added = sentencepiece_tokenizer(true, true);
-  added["added_tokens"].push_back({{"id", 266}, {"content", "b ab"}, {"special", true}, {"normalized", false}});
-  added["added_tokens"].push_back({{"id", 267}, {"content", "<r>"}, {"special", true}, {"normalized", false}, {"rstrip", true}});
+  added["added_tokens"].push_back(nlohmann::json::parse(R"({"id": 266, "content": "b ab", "normalized": false})"));
+  added["added_tokens"].push_back(
+      nlohmann::json::parse(R"({"id": 267, "content": "<r>", "rstrip": true, "normalized": false})"));
   const Tokenizer with_added(write_file("spm_restart_added.json", added.dump()));
   EXPECT_EQ(with_added.restart_point("bb ab", 4), 0u);
   EXPECT_EQ(with_added.restart_point("x<r> ab", 6), 0u);

@@ -71,11 +71,13 @@ def reference_tokenizers(workdir, texts):
 
 
 def sentencepiece_tokenizers(workdir, corpus, vocab_size=1000):
-    """SentencePiece-style tokenizer.json files: a BPE model trained by the
-    `sentencepiece` package (byte_fallback, vocab_size pieces, one thread: the
-    same model each run; bench/tokenizer.sh uses it too), its pieces and merges as transformers reads them
-    (generate_merges: the extractor's ranking by piece score, without the
-    protobuf package), written by transformers' LlamaTokenizerFast."""
+    """SentencePiece-style tokenizer.json files (bench/tokenizer.sh uses them
+    too): a BPE model trained by the `sentencepiece` package (byte_fallback,
+    vocab_size pieces, one thread: the same model each run), written by
+    transformers' LlamaTokenizerFast from its pieces and the merges
+    transformers' own generate_merges ranks by piece score, as its
+    SentencePieceExtractor does (LlamaTokenizerFast(vocab_file=...) would
+    read the .model through the protobuf package, which the venv lacks)."""
     try:
         import sentencepiece
         from tokenizers import normalizers as hf_normalizers
@@ -119,7 +121,7 @@ def sentencepiece_tokenizers(workdir, corpus, vocab_size=1000):
             AddedToken("<|assistant|>", rstrip=True, normalized=False, special=True),
             AddedToken("<|end|>", lstrip=True, rstrip=True, normalized=False, special=True),
             AddedToken("<|word|>", single_word=True, normalized=False, special=True)])
-        backend.add_tokens([AddedToken("new token", normalized=True)])  # matched as the normalizer spells it
+        backend.add_tokens([AddedToken("new token", normalized=True)])  # no normalizer here: matched as it is
 
     save("spm-llama2", LlamaTokenizerFast(vocab=vocab, merges=merges, legacy=True, add_bos_token=True), llama2_form)
     save("spm-metaspace-first",

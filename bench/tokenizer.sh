@@ -5,10 +5,12 @@
 # vocab 4096), Llama 3 style (tokenizers' BpeTrainer, vocab 4096), and
 # gpt2-real: GPT-2's real vocabulary (50,257 tokens) from the pinned
 # gpt2.tiktoken (scripts/python_refs.sh; $FSDP_TEST_ASSETS, else .venv/assets/),
-# built as tests/text/tiktoken_reference.py does. Two texts: the built-in
+# built as tests/text/tiktoken_reference.py does; spm-llama2 (asked for by
+# name): a SentencePiece-style BPE (byte_fallback, vocab 4096) in Llama 2's
+# tokenizer.json form, built as tests/text/tokenizer_reference.py does. Two texts: the built-in
 # corpus, the corpus repeated to ~20 MB, and 20 MB of transformers' sources. Then, on gpt2-real and the 20 MB
 # text, fsdp-data encode's wall time with --threads 1 and 2, alternating.
-#   bench/tokenizer.sh [BUILD_DIR=build [TOKENIZER...=gpt2-style llama3-style gpt2-real]]
+#   bench/tokenizer.sh [BUILD_DIR=build [TOKENIZER...=gpt2-style llama3-style gpt2-real; or spm-llama2]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
@@ -38,7 +40,15 @@ tok.train([sys.argv[1]], trainers.BpeTrainer(vocab_size=4096, special_tokens=["<
                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
 tok.save(sys.argv[2])
 PY
-wants_gpt2_real() { [[ " ${tokenizers[*]} " == *" gpt2-real "* ]]; }
+wants() { [[ " ${tokenizers[*]} " == *" $1 "* ]]; }
+wants spm-llama2 && "$python" - "$corpus" "$work" <<'PY'
+import shutil, sys
+sys.path.insert(0, "tests/text")
+from tokenizer_reference import sentencepiece_tokenizers
+made = sentencepiece_tokenizers(sys.argv[2], sys.argv[1], vocab_size=4096)
+shutil.copy(made["spm-llama2"], sys.argv[2] + "/spm-llama2.json")
+PY
+wants_gpt2_real() { wants gpt2-real; }
 wants_gpt2_real && "$python" - "${FSDP_TEST_ASSETS:-.venv/assets}/gpt2.tiktoken" "$work/gpt2-real.json" <<'PY'
 import sys
 sys.path.insert(0, "tests/text")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python references the suite compares against: PyPI's torch (the wheel's
 # LibTorch, pinned in libtorch_kinds.sh), Hugging Face's tokenizers and
-# transformers, in .venv/ inside the checkout (ignored by git; setup.sh's
+# transformers, and sentencepiece (the tokenizer tests train SentencePiece
+# models), in .venv/ inside the checkout (ignored by git; setup.sh's
 # wheel build uses the same one). Safe to run again: skipped when installed.
 # Called by scripts/test.sh, which then points FSDP_TEST_PYTHON at it.
 set -euo pipefail

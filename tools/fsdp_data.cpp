@@ -1,5 +1,6 @@
 // fsdp-data: trains a byte-level BPE tokenizer, encodes text files into token
-// files (streaming, on several threads), decodes and inspects token files.
+// files (streaming, on several threads; each file a document), decodes and
+// inspects token files.
 //
 // Token files: .bin is nanoGPT's (little-endian uint16 ids, no header); .u32
 // is little-endian uint32 ids, no header, for vocabularies over 65,536.
@@ -57,26 +58,6 @@ void append_ids(const std::vector<uint32_t>& ids, int width, std::string& out) {
   }
 }
 
-// A cut in `text` before `limit` after which tokenization restarts as if the
-// text went on (for GPT-2's and Llama 3's pre-tokenizer patterns): between a
-// visible ASCII character and " word" (the space starts a piece; the chunk starts with
-// a space, so add_prefix_space adds none); else after a newline with a
-// visible ASCII character on either side (no piece spans such a newline, no
-// lookahead sees past it). 0 if there is neither.
-size_t chunk_cut(const std::string& text, size_t limit) {
-  const auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
-  const auto visible = [](char c) { return c > ' ' && c < 0x7F; };
-  if (text.size() < 3) return 0;
-  const size_t last = std::min(limit, text.size() - 2);
-  for (size_t p = last; p >= 1; --p) {
-    if (text[p] == ' ' && visible(text[p - 1]) && letter(text[p + 1])) return p;
-  }
-  for (size_t p = last; p >= 2; --p) {
-    if (text[p - 1] == '\n' && visible(text[p - 2]) && visible(text[p])) return p;
-  }
-  return 0;
-}
-
 // A cut at a UTF-8 character boundary near `limit`, when no newline cut exists.
 size_t character_cut(const std::string& text, size_t limit) {
   size_t p = std::min(limit, text.size());
@@ -84,19 +65,21 @@ size_t character_cut(const std::string& text, size_t limit) {
   return p > 0 ? p : std::min(limit, text.size());
 }
 
-// Reads the files as chunks of about `chunk_bytes`, each ending at a cut.
+// Reads the files as chunks of about `chunk_bytes`, each ending where the
+// tokenizer may restart (Tokenizer::restart_point).
 class ChunkReader {
  public:
-  ChunkReader(std::vector<std::string> files, size_t chunk_bytes)
-      : files_(std::move(files)), initial_(chunk_bytes), chunk_(chunk_bytes) {}
-  // The next chunk, and whether it ends its file; false when all are read.
-  bool next(std::string& chunk, bool& ends_file) {
+  ChunkReader(const Tokenizer& tokenizer, std::vector<std::string> files, size_t chunk_bytes)
+      : tokenizer_(tokenizer), files_(std::move(files)), initial_(chunk_bytes), chunk_(chunk_bytes) {}
+  // The next chunk, whether it starts and whether it ends its file; false when all are read.
+  bool next(std::string& chunk, bool& starts_file, bool& ends_file) {
     while (true) {
       if (!in_.is_open()) {
         if (file_ >= files_.size()) return false;
         in_.open(files_[file_], std::ios::binary);
         if (!in_) throw std::runtime_error("cannot open '" + files_[file_] + "': " + std::strerror(errno));
         pending_.clear();
+        starts_file_ = true;
       }
       fill();
       if (in_.bad()) throw std::runtime_error("cannot read '" + files_[file_] + "': " + std::strerror(errno));
@@ -104,17 +87,20 @@ class ChunkReader {
       if (at_end && pending_.size() <= chunk_) {
         chunk.swap(pending_);
         pending_.clear();
+        starts_file = starts_file_;
         ends_file = true;
         in_.close();
         ++file_;
         return true;
       }
-      size_t cut = chunk_cut(pending_, chunk_);
+      size_t cut = tokenizer_.restart_point(pending_, chunk_);
       if (cut == 0 && chunk_ < 16 * initial_ && !at_end) { chunk_ *= 2; continue; }  // a long line: read on
       if (cut == 0) cut = character_cut(pending_, chunk_);
       chunk.assign(pending_, 0, cut);
       pending_.erase(0, cut);
       chunk_ = initial_;
+      starts_file = starts_file_;
+      starts_file_ = false;
       ends_file = false;
       return true;
     }
@@ -131,9 +117,11 @@ class ChunkReader {
     pending_.resize(have + static_cast<size_t>(in_.gcount()));
     bytes_read_ += static_cast<uint64_t>(in_.gcount());
   }
+  const Tokenizer& tokenizer_;
   std::vector<std::string> files_;
   size_t initial_, chunk_;
   size_t file_ = 0;
+  bool starts_file_ = true;
   std::ifstream in_;
   std::string pending_;
   uint64_t bytes_read_ = 0;
@@ -153,7 +141,7 @@ struct EncodeOptions {
   std::string tokenizer, output, eot_token = "<|endoftext|>";
   std::vector<std::string> files;
   int threads = 0;
-  bool append_eot = false, print_ids = false, quiet = false;
+  bool append_eot = false, add_special_tokens = false, print_ids = false, quiet = false;
   size_t chunk_bytes = size_t{4} << 20;
 };
 
@@ -177,13 +165,17 @@ class Progress {
   Clock::time_point start_ = Clock::now(), last_ = Clock::now();
 };
 
-// Encodes a batch of chunks, one thread each, into ids in order.
-void encode_batch(const Tokenizer& tokenizer, const std::vector<std::string>& chunks,
+// Encodes a batch of chunks, one thread each, into ids in order; a chunk
+// that does not start its file continues the one before.
+void encode_batch(const Tokenizer& tokenizer, const std::vector<std::string>& chunks, const std::vector<char>& starts,
                   std::vector<std::vector<uint32_t>>& ids) {
   ids.assign(chunks.size(), {});
+  const auto encode_chunk = [&](size_t i) {
+    ids[i] = starts[i] ? tokenizer.encode(chunks[i]) : tokenizer.encode_continuation(chunks[i]);
+  };
   std::vector<std::thread> workers;
-  for (size_t i = 1; i < chunks.size(); ++i) workers.emplace_back([&, i] { ids[i] = tokenizer.encode(chunks[i]); });
-  if (!chunks.empty()) ids[0] = tokenizer.encode(chunks[0]);
+  for (size_t i = 1; i < chunks.size(); ++i) workers.emplace_back(encode_chunk, i);
+  if (!chunks.empty()) encode_chunk(0);
   for (auto& w : workers) w.join();
 }
 
@@ -200,25 +192,35 @@ int encode(const EncodeOptions& o) {
   std::optional<fsdp_tools::OutputFile> out;  // renamed into place once every file is encoded
   if (width) out.emplace(o.output);
   const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
-  ChunkReader reader(o.files, o.chunk_bytes);
+  ChunkReader reader(tokenizer, o.files, o.chunk_bytes);
   Progress progress(total_bytes(o.files), o.quiet);
   uint64_t tokens = 0;
   std::vector<std::string> chunks;
-  std::vector<char> ends;
+  std::vector<char> starts, ends;
   std::vector<std::vector<uint32_t>> ids;
   std::string bytes;
   bool more = true;
   while (more) {
     chunks.clear();
+    starts.clear();
     ends.clear();
     std::string chunk;
-    bool ends_file = false;
-    while (static_cast<int>(chunks.size()) < threads && (more = reader.next(chunk, ends_file))) {
+    bool starts_file = false, ends_file = false;
+    while (static_cast<int>(chunks.size()) < threads && (more = reader.next(chunk, starts_file, ends_file))) {
       chunks.push_back(std::move(chunk));
+      starts.push_back(starts_file);
       ends.push_back(ends_file);
     }
-    encode_batch(tokenizer, chunks, ids);
+    encode_batch(tokenizer, chunks, starts, ids);
     for (size_t i = 0; i < ids.size(); ++i) {
+      if (o.add_special_tokens && starts[i]) {
+        const auto& prefix = tokenizer.template_prefix_ids();
+        ids[i].insert(ids[i].begin(), prefix.begin(), prefix.end());
+      }
+      if (o.add_special_tokens && ends[i]) {
+        const auto& suffix = tokenizer.template_suffix_ids();
+        ids[i].insert(ids[i].end(), suffix.begin(), suffix.end());
+      }
       if (eot && ends[i]) ids[i].push_back(*eot);
       tokens += ids[i].size();
       if (o.print_ids) {
@@ -260,12 +262,18 @@ void for_each_token(const std::string& path, Visit visit) {
 
 int decode(const std::string& tokenizer_path, const std::string& path) {
   const Tokenizer tokenizer = load_tokenizer(tokenizer_path);
-  std::string out;
+  std::vector<uint32_t> block;
+  bool first_block = true;
+  const auto flush = [&] {
+    std::cout << (first_block ? tokenizer.decode(block) : tokenizer.decode_continuation(block));
+    first_block = false;
+    block.clear();
+  };
   for_each_token(path, [&](uint64_t, uint32_t id) {
-    out += tokenizer.token_bytes(id);
-    if (out.size() > (1u << 20)) { std::cout << out; out.clear(); }
+    block.push_back(id);
+    if (block.size() >= (1u << 18)) flush();
   });
-  std::cout << out;
+  if (!block.empty()) flush();
   return 0;
 }
 
@@ -332,7 +340,10 @@ int main(int argc, char** argv) {
   enc->add_option("--threads", eo.threads, "encoding threads (0: one per core)")
       ->check(fsdp_tools::non_negative())
       ->capture_default_str();
-  enc->add_flag("--append-eot", eo.append_eot, "append the end-of-text token after each file");
+  enc->add_flag("--add-special-tokens", eo.add_special_tokens,
+                "put what the tokenizer's post-processor adds around each file (a document): Llama 2's <s>, "
+                "Llama 3's <|begin_of_text|>, an EOS if its template has one");
+  enc->add_flag("--append-eot", eo.append_eot, "append the end-of-text token (--eot-token) after each file");
   enc->add_option("--eot-token", eo.eot_token, "the end-of-text token")->capture_default_str();
   enc->add_flag("--print-ids", eo.print_ids, "print the ids, one a line, instead of writing a file");
   enc->add_option("--chunk-bytes", eo.chunk_bytes, "bytes per chunk a thread encodes (at most 1 GiB: a thread holds a few)")

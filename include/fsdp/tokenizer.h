@@ -1,8 +1,10 @@
 #pragma once
 /// \file
-/// Byte-level BPE tokenizers in the Hugging Face `tokenizer.json` format
-/// (GPT-2's, Llama 3's, Qwen's family): reading, encoding, decoding, and a
-/// trainer that writes one. Free of LibTorch (library target fsdp_text).
+/// BPE tokenizers in the Hugging Face `tokenizer.json` format: byte-level
+/// (GPT-2's, Llama 3's, Qwen's family) and SentencePiece-style (Llama 2's,
+/// Mistral's, TinyLlama's, Phi-3's: "▁" for spaces, byte fallback): reading,
+/// encoding, decoding, and a byte-level trainer that writes one. Free of
+/// LibTorch (library target fsdp_text).
 ///
 /// Text that is not valid UTF-8 is encoded as Python's
 /// bytes.decode('utf-8', errors='replace') would read it: each maximal
@@ -22,18 +24,28 @@ namespace fsdp::text {
 /// id, so a larger one would be what they allocate.
 constexpr uint64_t kMaxTokenIds = uint64_t{1} << 24;
 
-/// A Hugging Face tokenizer.json with a byte-level BPE model: model BPE
-/// (merges as "a b" strings or [a, b] pairs, ignore_merges), pre-tokenizer
-/// ByteLevel or Sequence of Split(Regex) and ByteLevel(use_regex false),
-/// normalizer null or NFC (others are refused), added tokens matched literally,
-/// decoder ByteLevel.
+/// A Hugging Face tokenizer.json with a BPE model (merges as "a b" strings or
+/// [a, b] pairs, ignore_merges), one of two kinds, told by the decoder:
+///  - byte-level (decoder ByteLevel or null): pre-tokenizer ByteLevel or a
+///    Sequence of Split(Regex) and ByteLevel(use_regex false), normalizer
+///    null or NFC;
+///  - SentencePiece-style (decoder Sequence of Replace, ByteFallback, Fuse,
+///    Strip, or Metaspace): BPE over characters with byte_fallback (a
+///    character outside the vocabulary becomes the `<0xNN>` tokens of its
+///    UTF-8 bytes), unk_token and fuse_unk; pre-tokenizer Metaspace or null;
+///    normalizer a Sequence of Prepend, Replace (a string) and NFC.
+/// Added tokens are matched literally (lstrip, rstrip and single_word as
+/// the `tokenizers` package applies them); the post-processor (TemplateProcessing,
+/// ByteLevel, Bert/RobertaProcessing) is read for the ids it adds around a
+/// text (template_prefix_ids, template_suffix_ids). Others are refused.
 /// Immutable after construction: encode and decode may run on several
 /// threads at once.
 class Tokenizer {
  public:
   /// Reads the file. Throws std::runtime_error naming the file and what is
-  /// missing or unsupported (another model type, a normalizer other than NFC, a pre-tokenizer),
-  /// or an id that is not a whole number below kMaxTokenIds.
+  /// missing or unsupported (another model type, a normalizer, pre-tokenizer,
+  /// decoder or post-processor outside those above, byte_fallback with a
+  /// ByteLevel decoder), or an id that is not a whole number below kMaxTokenIds.
   explicit Tokenizer(const std::string& tokenizer_json_path);
   /// Frees the tokenizer.
   ~Tokenizer();
@@ -45,13 +57,40 @@ class Tokenizer {
   /// The ids the `tokenizers` package's encode(text, add_special_tokens=False).ids
   /// gives for `text` read as UTF-8 with errors='replace'.
   std::vector<uint32_t> encode(std::string_view text) const;
-  /// The bytes of `ids` concatenated: the raw text, which may end in (or
-  /// hold) partial UTF-8 sequences. Throws for an id outside the vocabulary.
+  /// The ids of `text` where it continues a text whose start was encoded
+  /// before, cut at restart_point: what a text gets only at its start (the
+  /// "▁" of a Prepend normalizer or of a Metaspace pre-tokenizer, ByteLevel's
+  /// prefix space) is not added before its first added token.
+  std::vector<uint32_t> encode_continuation(std::string_view text) const;
+  /// The last position p in (0, limit] at which encode(text) equals
+  /// encode(text[:p]) followed by encode_continuation(text[p:]) for any text
+  /// that follows, as far as the pre-tokenizer, the vocabulary and the added
+  /// tokens tell: before " word" after a visible ASCII character, or
+  /// (byte-level files) after a newline between two visible ASCII
+  /// characters; never inside an added token or right after one with
+  /// rstrip. 0 if there is none.
+  size_t restart_point(std::string_view text, size_t limit) const;
+  /// The text of `ids` as the `tokenizers` package's decode gives it (special
+  /// tokens kept), but in raw bytes: a byte token run that is not UTF-8 is
+  /// given as its bytes, not as U+FFFD; the text may end in (or hold) partial
+  /// UTF-8 sequences. Throws for an id outside the vocabulary.
   std::string decode(const std::vector<uint32_t>& ids) const;
+  /// The text of `ids` that continue ids decoded before: without what the
+  /// decoder does only at the start of a text (the Strip of one leading
+  /// space, Metaspace's dropped first "▁"), so decode(a) followed by
+  /// decode_continuation(b) equals decode(a + b).
+  std::string decode_continuation(const std::vector<uint32_t>& ids) const;
+  /// The ids the file's post-processor puts before a single text (Llama 2's
+  /// `<s>`, Llama 3's `<|begin_of_text|>`; none for GPT-2's): what the `tokenizers`
+  /// package's encode(text, add_special_tokens=True) adds at the start.
+  const std::vector<uint32_t>& template_prefix_ids() const;
+  /// The ids the post-processor puts after a single text (an EOS, when the
+  /// template has one; none for Llama 2's and Llama 3's files).
+  const std::vector<uint32_t>& template_suffix_ids() const;
   /// The largest id + 1, added tokens included.
   int64_t vocab_size() const;
-  /// The bytes token `id` decodes to (empty for an id no token has). Throws
-  /// for id >= vocab_size().
+  /// The bytes token `id` decodes to in the middle of a text (empty for an
+  /// id no token has). Throws for id >= vocab_size().
   const std::string& token_bytes(uint32_t id) const;
   /// The id of a token by its name in the file (e.g. "<|endoftext|>" or the
   /// byte-level form "Ġthe"), if the vocabulary or the added tokens hold it.

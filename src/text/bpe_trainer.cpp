@@ -45,7 +45,7 @@ void count_text(const PreTokenizer& pre, std::string_view text, const std::vecto
       const size_t at = text.find(s, start);
       if (at < next) { next = at; length = s.size(); }
     }
-    pre.for_each_piece(text.substr(start, next - start), count_piece);
+    pre.for_each_piece(text.substr(start, next - start), PreTokenizer::Start::kText, count_piece);
     start = next + length;
   }
 }

@@ -2,6 +2,7 @@
 
 #include <oniguruma.h>
 
+#include <algorithm>
 #include <mutex>
 #include <stdexcept>
 
@@ -60,34 +61,100 @@ bool Regex::search(std::string_view text, size_t from, size_t& begin, size_t& en
 }
 
 void PreTokenizer::add_split(const std::string& pattern) {
-  steps_.push_back(Step{std::make_shared<Regex>(pattern), false});
+  Step step;
+  step.regex = std::make_shared<Regex>(pattern);
+  steps_.push_back(std::move(step));
 }
 
 void PreTokenizer::add_byte_level(bool add_prefix_space, bool use_regex) {
-  steps_.push_back(Step{use_regex ? std::make_shared<Regex>(kGpt2Pattern) : nullptr, add_prefix_space});
+  Step step;
+  if (use_regex) step.regex = std::make_shared<Regex>(kGpt2Pattern);
+  step.add_prefix_space = add_prefix_space;
+  step.byte_level = true;
+  steps_.push_back(std::move(step));
 }
 
-void PreTokenizer::for_each_piece(std::string_view text, const std::function<void(std::string_view)>& emit) const {
-  if (!text.empty()) apply(0, text, emit);
+void PreTokenizer::add_metaspace(const std::string& replacement, MetaspacePrepend prepend, bool split) {
+  if (replacement.empty()) throw std::runtime_error("a Metaspace pre-tokenizer needs a replacement, found \"\"");
+  Step step;
+  step.metaspace = replacement;
+  step.prepend = prepend;
+  step.metaspace_split = split;
+  steps_.push_back(std::move(step));
 }
 
-void PreTokenizer::apply(size_t step, std::string_view piece, const std::function<void(std::string_view)>& emit) const {
+bool PreTokenizer::has_byte_level() const {
+  return std::any_of(steps_.begin(), steps_.end(), [](const Step& s) { return s.byte_level; });
+}
+
+bool PreTokenizer::replaces_spaces_with(std::string_view replacement) const {
+  return std::any_of(steps_.begin(), steps_.end(), [&](const Step& s) { return s.metaspace == replacement; });
+}
+
+bool PreTokenizer::prepends_metaspace() const {
+  return std::any_of(steps_.begin(), steps_.end(),
+                     [](const Step& s) { return !s.metaspace.empty() && s.prepend != MetaspacePrepend::kNever; });
+}
+
+void PreTokenizer::for_each_piece(std::string_view text, Start start,
+                                  const std::function<void(std::string_view)>& emit) const {
+  if (!text.empty()) apply(0, text, start, emit);
+}
+
+// As the `tokenizers` package's Metaspace: spaces replaced, the replacement
+// prepended by the scheme (kFirst: only to the piece at offset 0 of the
+// text; never to text that continues), then cut before each replacement if split.
+void PreTokenizer::apply_metaspace(size_t step, std::string_view piece, Start start,
+                                   const std::function<void(std::string_view)>& emit) const {
+  const Step& s = steps_[step];
+  std::string replaced;
+  replaced.reserve(piece.size() + s.metaspace.size() * 4);
+  const bool starts_with_it = piece.substr(0, s.metaspace.size()) == s.metaspace || piece.front() == ' ';
+  if (!starts_with_it && ((s.prepend == MetaspacePrepend::kAlways && start != Start::kContinued) ||
+                          (s.prepend == MetaspacePrepend::kFirst && start == Start::kText))) {
+    replaced += s.metaspace;
+  }
+  for (const char c : piece) {
+    if (c == ' ') replaced += s.metaspace;
+    else replaced += c;
+  }
+  const std::string_view text = replaced;
+  if (!s.metaspace_split) {
+    apply(step + 1, text, start, emit);
+    return;
+  }
+  size_t begin = 0;
+  for (size_t at = text.find(s.metaspace, 1); at != std::string_view::npos; at = text.find(s.metaspace, at + 1)) {
+    apply(step + 1, text.substr(begin, at - begin), begin == 0 ? start : Start::kPiece, emit);
+    begin = at;
+  }
+  apply(step + 1, text.substr(begin), begin == 0 ? start : Start::kPiece, emit);
+}
+
+void PreTokenizer::apply(size_t step, std::string_view piece, Start start,
+                         const std::function<void(std::string_view)>& emit) const {
   if (step == steps_.size()) {
     emit(piece);
     return;
   }
   const Step& s = steps_[step];
-  std::string prefixed;
-  if (s.add_prefix_space && piece.front() != ' ') {
+  if (!s.metaspace.empty()) {
+    apply_metaspace(step, piece, start, emit);
+    return;
+  }
+  std::string prefixed;  // ByteLevel's prefix space: not inside a text that continues
+  if (s.add_prefix_space && start != Start::kContinued && piece.front() != ' ') {
     prefixed.reserve(piece.size() + 1);
     prefixed += ' ';
     prefixed += piece;
     piece = prefixed;
   }
   if (!s.regex) {
-    apply(step + 1, piece, emit);
+    apply(step + 1, piece, start, emit);
     return;
   }
+  // The first piece keeps where the text stands; the others are pieces of their own.
+  const auto where = [&](size_t at) { return at == 0 ? start : Start::kPiece; };
   size_t position = 0, from = 0, begin = 0, end = 0;
   while (from < piece.size() && s.regex->search(piece, from, begin, end)) {
     if (end == begin) {  // an empty match splits nothing: search again one character on
@@ -95,11 +162,11 @@ void PreTokenizer::apply(size_t step, std::string_view piece, const std::functio
       while (from < piece.size() && (static_cast<unsigned char>(piece[from]) & 0xC0) == 0x80) ++from;
       continue;
     }
-    if (begin > position) apply(step + 1, piece.substr(position, begin - position), emit);
-    apply(step + 1, piece.substr(begin, end - begin), emit);
+    if (begin > position) apply(step + 1, piece.substr(position, begin - position), where(position), emit);
+    apply(step + 1, piece.substr(begin, end - begin), where(begin), emit);
     position = from = end;
   }
-  if (position < piece.size()) apply(step + 1, piece.substr(position), emit);
+  if (position < piece.size()) apply(step + 1, piece.substr(position), where(position), emit);
 }
 
 }  // namespace fsdp::text

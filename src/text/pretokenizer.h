@@ -1,6 +1,7 @@
 #pragma once
-// Hugging Face pre-tokenizers for byte-level BPE: Split(Regex, Isolated) and
-// ByteLevel (add_prefix_space, use_regex with GPT-2's pattern), in sequence.
+// Hugging Face pre-tokenizers: Split(Regex, Isolated), ByteLevel
+// (add_prefix_space, use_regex with GPT-2's pattern) and Metaspace
+// (SentencePiece's "▁" for spaces), in sequence.
 // Regexes are Oniguruma's, as in the `tokenizers` package.
 
 #include <functional>
@@ -29,25 +30,50 @@ class Regex {
   void* regex_ = nullptr;  // OnigRegex
 };
 
+/// When Metaspace puts its replacement before a piece that does not start
+/// with it: always, only at the start of the text, or never (the
+/// `tokenizers` package's prepend_scheme always / first / never).
+enum class MetaspacePrepend { kAlways, kFirst, kNever };
+
 /// The pieces a text splits into before BPE (raw bytes; the byte-level
 /// mapping is implicit: BPE starts from each byte's token).
 class PreTokenizer {
  public:
+  /// Where a piece handed to for_each_piece stands: at the start of the
+  /// text, a piece of its own elsewhere (after an added token), or
+  /// continuing text encoded before (no prefix space, no Metaspace prepend).
+  enum class Start { kText, kPiece, kContinued };
   /// Appends Split(pattern) with the Isolated behaviour: matches and the
   /// text between them are pieces.
   void add_split(const std::string& pattern);
   /// Appends ByteLevel: a space before each piece not starting with one if
   /// add_prefix_space; GPT-2's split if use_regex.
   void add_byte_level(bool add_prefix_space, bool use_regex);
+  /// Appends Metaspace: each space becomes `replacement`, which `prepend`
+  /// puts before a piece not starting with it; if `split`, a piece is cut
+  /// before each replacement (the `tokenizers` package's MergedWithNext).
+  void add_metaspace(const std::string& replacement, MetaspacePrepend prepend, bool split);
+  /// Whether a ByteLevel step is in the sequence.
+  bool has_byte_level() const;
+  /// Whether a Metaspace step turns spaces into `replacement`.
+  bool replaces_spaces_with(std::string_view replacement) const;
+  /// Whether a Metaspace step with MetaspacePrepend other than kNever is.
+  bool prepends_metaspace() const;
   /// Calls `emit` with each piece of `text` (valid UTF-8), in order.
-  void for_each_piece(std::string_view text, const std::function<void(std::string_view)>& emit) const;
+  void for_each_piece(std::string_view text, Start start, const std::function<void(std::string_view)>& emit) const;
 
  private:
   struct Step {
     std::shared_ptr<Regex> regex;  // null: no split
     bool add_prefix_space = false;
+    bool byte_level = false;
+    std::string metaspace;  // Metaspace's replacement; empty: not a Metaspace step
+    MetaspacePrepend prepend = MetaspacePrepend::kNever;
+    bool metaspace_split = false;
   };
-  void apply(size_t step, std::string_view piece, const std::function<void(std::string_view)>& emit) const;
+  void apply(size_t step, std::string_view piece, Start start, const std::function<void(std::string_view)>& emit) const;
+  void apply_metaspace(size_t step, std::string_view piece, Start start,
+                       const std::function<void(std::string_view)>& emit) const;
   std::vector<Step> steps_;
 };
 

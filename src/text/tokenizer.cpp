@@ -1,102 +1,58 @@
-// fsdp::text::Tokenizer: a Hugging Face tokenizer.json with a byte-level BPE
-// model, read into id tables; encoding is added-token split, pre-tokenizer,
-// then a rank-ordered BPE merge per piece (cached per piece).
+// fsdp::text::Tokenizer's encoding and decoding over the tables
+// tokenizer_json.cpp reads (byte-level or SentencePiece-style BPE): encoding is
+// added-token split, normalizer, pre-tokenizer, then a rank-ordered BPE merge
+// per piece (cached per piece). The `tokenizers` package (Rust) is the spec:
+// tokenizers/src/{models/bpe/model.rs, pre_tokenizers/metaspace.rs,
+// normalizers/*.rs, decoders/*.rs, processors/template.rs}.
 #include "fsdp/tokenizer.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
-#include <array>
-#include <deque>
-#include <filesystem>
-#include <fstream>
-#include <limits>
-#include <mutex>
 #include <queue>
-#include <set>
-#include <shared_mutex>
-#include <sstream>
 #include <stdexcept>
-#include <unordered_map>
 
+#include <unicode/uchar.h>
 #include <unicode/unorm2.h>
 #include <unicode/ustring.h>
 
-#include "text/pretokenizer.h"
+#include "text/tokenizer_impl.h"
 #include "text/utf8.h"
 
 namespace fsdp::text {
 
 namespace {
 
-using json = nlohmann::json;
-
-constexpr uint32_t kNoId = std::numeric_limits<uint32_t>::max();
-
-uint64_t pair_key(uint32_t a, uint32_t b) { return (uint64_t{a} << 32) | b; }
-
-// A merge of a pair: its rank (lower merges first) and the merged token.
-struct Merge {
-  uint32_t rank;
-  uint32_t id;
-};
-
-// An added token, matched literally in the text before pre-tokenization.
-struct AddedToken {
-  std::string content;
-  uint32_t id;
-};
-
-// Pieces already encoded, shared by the threads that encode: sharded, each
-// shard read-mostly; it stops growing when full, as the `tokenizers` cache does.
-class PieceCache {
- public:
-  bool find(std::string_view piece, std::vector<uint32_t>& out) const {
-    const Shard& shard = shards_[std::hash<std::string_view>{}(piece) % kShards];
-    std::shared_lock lock(shard.mutex);
-    const auto found = shard.ids.find(piece);
-    if (found == shard.ids.end()) return false;
-    out.insert(out.end(), found->second.begin(), found->second.end());
-    return true;
-  }
-  void insert(std::string_view piece, const uint32_t* ids, size_t count) const {
-    if (piece.size() > kMaxPieceBytes) return;
-    Shard& shard = shards_[std::hash<std::string_view>{}(piece) % kShards];
-    std::unique_lock lock(shard.mutex);
-    if (shard.ids.size() >= kEntriesPerShard || shard.ids.count(piece)) return;
-    shard.keys.emplace_back(piece);
-    shard.ids.emplace(shard.keys.back(), std::vector<uint32_t>(ids, ids + count));
-  }
-
- private:
-  static constexpr size_t kShards = 64, kEntriesPerShard = 2048, kMaxPieceBytes = 256;
-  struct Shard {
-    mutable std::shared_mutex mutex;
-    std::deque<std::string> keys;  // stable storage for the map's views
-    std::unordered_map<std::string_view, std::vector<uint32_t>> ids;
-  };
-  mutable std::array<Shard, kShards> shards_;
-};
-
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
-  throw std::runtime_error("tokenizer '" + path + "': " + what);
+// Regex's \s and \w as the `tokenizers` package's regex crate reads them
+// (Unicode's White_Space; Alphabetic, marks, decimal digits, connector
+// punctuation, Join_Control), from ICU's tables.
+bool is_whitespace(uint32_t cp) { return u_hasBinaryProperty(static_cast<UChar32>(cp), UCHAR_WHITE_SPACE); }
+bool is_word_character(uint32_t cp) {
+  const auto c = static_cast<UChar32>(cp);
+  return u_hasBinaryProperty(c, UCHAR_ALPHABETIC) || u_hasBinaryProperty(c, UCHAR_JOIN_CONTROL) ||
+         (U_GET_GC_MASK(c) & (U_GC_M_MASK | U_GC_ND_MASK | U_GC_PC_MASK)) != 0;
 }
 
-std::string json_text(const json& j) { return j.is_null() ? "null" : j.dump(); }
+// Where the whitespace that ends text[..at] begins (at itself if none).
+size_t whitespace_before(std::string_view text, size_t at) {
+  size_t begin = at;
+  while (at > 0 && is_whitespace(code_point_before(text, at, begin))) at = begin;
+  return at;
+}
 
-// The pattern of a Split pre-tokenizer: {"Regex": ...}, or {"String": ...} quoted.
-std::string split_pattern(const std::string& path, const json& split) {
-  const json& pattern = split.at("pattern");
-  if (pattern.contains("Regex")) return pattern.at("Regex").get<std::string>();
-  if (pattern.contains("String")) {
-    std::string quoted;
-    for (const char c : pattern.at("String").get<std::string>()) {
-      if (std::string_view("\\^$.|?*+()[]{}-/").find(c) != std::string_view::npos) quoted += '\\';
-      quoted += c;
-    }
-    return quoted;
+// Where the whitespace that starts text[at..] ends.
+size_t whitespace_after(std::string_view text, size_t at) {
+  while (at < text.size()) {
+    const size_t length = character_length(text, at);
+    if (!is_whitespace(code_point_at(text, at, length))) break;
+    at += length;
   }
-  fail(path, "a Split pre-tokenizer's pattern must be Regex or String, found " + pattern.dump());
+  return at;
+}
+
+// A match of a single_word token at [begin, end) with a word character next to it.
+bool inside_word(std::string_view text, size_t begin, size_t end) {
+  size_t unused = 0;
+  return (begin > 0 && is_word_character(code_point_before(text, begin, unused))) ||
+         (end < text.size() && is_word_character(code_point_at(text, end, character_length(text, end))));
 }
 
 // `text` in Unicode normalization form C (ICU's, as the NFC normalizer of
@@ -128,192 +84,24 @@ std::string_view nfc(std::string_view text, std::string& scratch) {
 
 }  // namespace
 
-struct Tokenizer::Impl {
-  std::string path;
-  std::vector<std::string> names;                      // by id: the token as the file spells it
-  std::vector<std::string> bytes;                      // by id: what it decodes to
-  std::unordered_map<std::string, uint32_t> by_name;   // vocabulary and added tokens
-  std::unordered_map<std::string, uint32_t> by_bytes;  // byte-level tokens by their bytes (ignore_merges)
-  std::array<uint32_t, 256> byte_id{};                 // the token of each single byte, or kNoId
-  std::unordered_map<uint64_t, Merge> merges;
-  bool ignore_merges = false;
-  bool nfc_normalizer = false;  // normalizer NFC (Qwen's); else none
-  std::vector<AddedToken> raw_added, normalized_added;  // matched before / after normalization
-  PreTokenizer pre_tokenizer;
-  PieceCache cache;
-  std::vector<std::string> warnings;  // what reads, but may surprise (Tokenizer::warnings)
-  std::set<uint32_t> shared_ids;      // ids given to two different tokens
-  std::string first_shared;           // the first of them, described
-
-  void read(const json& root);
-  void read_model(const json& model);
-  void read_merges(const json& merges_json);
-  void read_added_tokens(const json& added);
-  void read_pre_tokenizer(const json& pre);
-  void check_supported(const json& root);
-  void set_token(uint32_t id, const std::string& name, bool added);
-
-  void encode_text(std::string_view text, std::vector<uint32_t>& out) const;
-  void encode_piece(std::string_view piece, std::vector<uint32_t>& out) const;
-  void merge_word(std::vector<uint32_t>& symbols) const;
-  void split_added(std::string_view text, const std::vector<AddedToken>& tokens,
-                   const std::function<void(std::string_view, uint32_t)>& emit) const;
-};
-
-// The id of a vocab or added-token entry: a whole number in [0, kMaxTokenIds).
-// The tables are indexed by id, so an id is what they allocate: checked
-// before, with the file and the entry named (an id of 2^31 once asked for
-// 64 GiB and ended in std::bad_alloc).
-namespace {
-uint32_t entry_id(const std::string& path, const std::string& entry, const json& id) {
-  if (!id.is_number_unsigned()) fail(path, entry + " has id " + id.dump() + ", expected a whole number >= 0");
-  const uint64_t value = id.get<uint64_t>();
-  if (value >= kMaxTokenIds) {
-    fail(path, entry + " has id " + std::to_string(value) + ", expected an id below " + std::to_string(kMaxTokenIds));
+void replace_all(std::string& text, const std::string& pattern, const std::string& content) {
+  if (pattern.empty() || text.find(pattern) == std::string::npos) return;
+  std::string out;
+  out.reserve(text.size() + text.size() / 4);
+  size_t from = 0;
+  for (size_t at = text.find(pattern); at != std::string::npos; at = text.find(pattern, from)) {
+    out.append(text, from, at - from);
+    out += content;
+    from = at + pattern.size();
   }
-  return static_cast<uint32_t>(value);
-}
-}  // namespace
-
-void Tokenizer::Impl::set_token(uint32_t id, const std::string& name, bool added) {
-  if (id < names.size() && !names[id].empty() && names[id] != name) {
-    // As the `tokenizers` package, read, not refused; but decode gives the
-    // last token of the id, so the text no longer comes back.
-    if (shared_ids.empty()) first_shared = "id " + std::to_string(id) + " ('" + names[id] + "' and '" + name + "')";
-    shared_ids.insert(id);
-  }
-  if (id >= names.size()) {
-    names.resize(id + 1);
-    bytes.resize(id + 1);
-  }
-  names[id] = name;
-  by_name[name] = id;
-  std::string raw;
-  if (!added && byte_level_to_bytes(name, raw)) {
-    bytes[id] = raw;
-    by_bytes.emplace(raw, id);
-  } else {
-    bytes[id] = name;  // as the ByteLevel decoder does for a token outside its alphabet
-  }
+  out.append(text, from, std::string::npos);
+  text.swap(out);
 }
 
-void Tokenizer::Impl::check_supported(const json& root) {
-  const json normalizer = root.value("normalizer", json());
-  nfc_normalizer = normalizer.is_object() && normalizer.value("type", "") == "NFC";
-  if (!normalizer.is_null() && !nfc_normalizer) {
-    fail(path, "unsupported normalizer " + normalizer.value("type", normalizer.dump()) +
-                   " (only null, as in GPT-2's and Llama 3's tokenizers, or NFC, as in Qwen's)");
-  }
-  const json decoder = root.value("decoder", json());
-  if (!decoder.is_null() && decoder.value("type", "") != "ByteLevel") {
-    fail(path, "unsupported decoder " + decoder.value("type", decoder.dump()) + " (expected ByteLevel or null)");
-  }
-}
-
-void Tokenizer::Impl::read(const json& root) {
-  if (!root.is_object() || !root.contains("model")) fail(path, "not a tokenizer.json: no \"model\" object");
-  check_supported(root);
-  read_model(root.at("model"));
-  read_added_tokens(root.value("added_tokens", json::array()));
-  read_pre_tokenizer(root.value("pre_tokenizer", json()));
-  if (!shared_ids.empty()) {
-    const size_t n = shared_ids.size();
-    warnings.push_back("tokenizer '" + path + "': " + std::to_string(n) + " id" + (n > 1 ? "s are" : " is") +
-                       " given to more than one token, the first " + first_shared +
-                       ": decode gives the last token of each, so text using the others does not decode back");
-  }
-}
-
-void Tokenizer::Impl::read_model(const json& model) {
-  const std::string type = model.value("type", "BPE");
-  if (type != "BPE") fail(path, "unsupported model type '" + type + "' (only byte-level BPE)");
-  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    const json v = model.value(key, json());
-    if (!v.is_null() && v != "") fail(path, std::string("unsupported BPE option ") + key + " = " + v.dump());
-  }
-  if (model.value("byte_fallback", false)) fail(path, "unsupported BPE option byte_fallback = true");
-  const json dropout = model.value("dropout", json());
-  if (!dropout.is_null() && dropout.get<double>() != 0.0) fail(path, "unsupported BPE dropout " + dropout.dump());
-  ignore_merges = model.value("ignore_merges", false);
-  if (!model.contains("vocab") || !model.at("vocab").is_object()) fail(path, "the BPE model has no vocab object");
-  for (const auto& [name, id] : model.at("vocab").items()) {
-    set_token(entry_id(path, "vocab entry '" + name + "'", id), name, false);
-  }
-  byte_id.fill(kNoId);
-  for (uint32_t b = 0; b < 256; ++b) {
-    const auto found = by_bytes.find(std::string(1, static_cast<char>(b)));
-    if (found != by_bytes.end()) byte_id[b] = found->second;
-  }
-  read_merges(model.value("merges", json::array()));
-}
-
-void Tokenizer::Impl::read_merges(const json& merges_json) {
-  merges.reserve(merges_json.size() * 2);
-  uint32_t rank = 0;
-  for (const json& m : merges_json) {
-    std::string a, b;
-    if (m.is_string()) {  // "a b"
-      const std::string s = m.get<std::string>();
-      const size_t space = s.find(' ', 1);
-      if (space == std::string::npos) fail(path, "merge \"" + s + "\" is not two tokens separated by a space");
-      a = s.substr(0, space);
-      b = s.substr(space + 1);
-    } else if (m.is_array() && m.size() == 2) {  // ["a", "b"]
-      a = m[0].get<std::string>();
-      b = m[1].get<std::string>();
-    } else {
-      fail(path, "merge " + m.dump() + " is neither \"a b\" nor [a, b]");
-    }
-    const auto ia = by_name.find(a), ib = by_name.find(b), merged = by_name.find(a + b);
-    if (ia == by_name.end() || ib == by_name.end() || merged == by_name.end()) {
-      fail(path, "merge " + m.dump() + " names a token the vocab does not hold");
-    }
-    merges.emplace(pair_key(ia->second, ib->second), Merge{rank++, merged->second});
-  }
-}
-
-void Tokenizer::Impl::read_added_tokens(const json& added) {
-  for (const json& t : added) {
-    const std::string content = t.at("content").get<std::string>();
-    for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
-      if (t.value(flag, false)) fail(path, "added token '" + content + "' has " + flag + " = true (unsupported)");
-    }
-    if (content.empty()) fail(path, "an added token has empty content");
-    const uint32_t id = entry_id(path, "added token '" + content + "'", t.at("id"));
-    set_token(id, content, true);
-    (t.value("normalized", !t.value("special", false)) ? normalized_added : raw_added).push_back({content, id});
-  }
-  // Leftmost-longest matching tries the longer tokens first.
-  for (auto* list : {&raw_added, &normalized_added}) {
-    std::stable_sort(list->begin(), list->end(),
-                     [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
-  }
-}
-
-void Tokenizer::Impl::read_pre_tokenizer(const json& pre) {
-  if (pre.is_null()) return;
-  const std::string type = pre.value("type", "");
-  if (type == "Sequence") {
-    for (const json& p : pre.at("pretokenizers")) read_pre_tokenizer(p);
-  } else if (type == "ByteLevel") {
-    pre_tokenizer.add_byte_level(pre.value("add_prefix_space", false), pre.value("use_regex", true));
-  } else if (type == "Split") {
-    const std::string behavior = pre.value("behavior", "");
-    if (behavior != "Isolated" || pre.value("invert", false)) {
-      fail(path, "unsupported Split pre-tokenizer (behavior " + behavior + ", invert " +
-                     json_text(pre.value("invert", json())) + "): only Isolated, not inverted");
-    }
-    try {
-      pre_tokenizer.add_split(split_pattern(path, pre));
-    } catch (const std::runtime_error& e) {  // Oniguruma's refusal of the pattern (found by tokenizer_fuzz)
-      if (std::string(e.what()).rfind("tokenizer '", 0) == 0) throw;
-      fail(path, std::string("a Split pre-tokenizer's pattern: ") + e.what());
-    }
-  } else {
-    fail(path, "unsupported pre-tokenizer '" + type + "' (ByteLevel, Split or a Sequence of them)");
-  }
-}
-
+// The leftmost-longest matches of `tokens`, not overlapping, as the
+// `tokenizers` package's AddedVocabulary::find_matches: a single_word match
+// inside a word is passed over; lstrip and rstrip widen a match over the
+// whitespace beside it (not into the previous match).
 void Tokenizer::Impl::split_added(std::string_view text, const std::vector<AddedToken>& tokens,
                                   const std::function<void(std::string_view, uint32_t)>& emit) const {
   size_t start = 0;
@@ -326,31 +114,69 @@ void Tokenizer::Impl::split_added(std::string_view text, const std::vector<Added
       }
     }
     if (!match) continue;
-    if (i > start) emit(text.substr(start, i - start), kNoId);
+    size_t begin = i, end = i + match->content.size();
+    i = end - 1;  // the next match starts after this one, taken or not
+    if (match->single_word && inside_word(text, begin, end)) continue;
+    if (match->lstrip) begin = std::max(start, whitespace_before(text, begin));
+    if (match->rstrip) end = whitespace_after(text, end);
+    if (begin > start) emit(text.substr(start, begin - start), kNoId);
     emit(std::string_view(), match->id);
-    start = i + match->content.size();
-    i = start - 1;
+    start = end;
+    i = end - 1;
   }
   if (start < text.size()) emit(text.substr(start), kNoId);
 }
 
-void Tokenizer::Impl::encode_text(std::string_view text, std::vector<uint32_t>& out) const {
+// As the `tokenizers` package: raw added tokens split off, the rest
+// normalized, normalized added tokens split off, the rest pre-tokenized.
+// `continued`: the text continues one encoded before (encode_continuation).
+void Tokenizer::Impl::encode_text(std::string_view text, bool continued, std::vector<uint32_t>& out) const {
   const auto pieces = [&](std::string_view piece) { encode_piece(piece, out); };
-  const auto normalized_part = [&](std::string_view part, uint32_t id) {
-    if (id != kNoId) out.push_back(id);
-    else pre_tokenizer.for_each_piece(part, pieces);
-  };
   split_added(text, raw_added, [&](std::string_view part, uint32_t id) {
     if (id != kNoId) {
       out.push_back(id);
-    } else {
-      std::string scratch;
-      split_added(nfc_normalizer ? nfc(part, scratch) : part, normalized_added, normalized_part);
+      return;
     }
+    const bool first = part.data() == text.data();
+    std::string scratch;
+    const std::string_view normalized = normalize(part, continued && first, scratch);
+    split_added(normalized, normalized_added, [&](std::string_view sub, uint32_t sub_id) {
+      if (sub_id != kNoId) {
+        out.push_back(sub_id);
+        return;
+      }
+      PieceStart start = PieceStart::kPiece;
+      if (first && sub.data() == normalized.data()) start = continued ? PieceStart::kContinued : PieceStart::kText;
+      pre_tokenizer.for_each_piece(sub, start, pieces);
+    });
   });
 }
 
+// `part` through the normalizer's steps; `continued`: it continues text
+// encoded before, so Prepend adds nothing.
+std::string_view Tokenizer::Impl::normalize(std::string_view part, bool continued, std::string& scratch) const {
+  if (normalizer.empty()) return part;
+  if (normalizer.size() == 1 && normalizer[0].kind == NormalizerStep::kNfc) return nfc(part, scratch);
+  std::string text(part), composed;
+  for (const NormalizerStep& step : normalizer) {
+    if (step.kind == NormalizerStep::kNfc) {
+      const std::string_view n = nfc(text, composed);
+      if (n.data() != text.data()) text.assign(n);
+    } else if (step.kind == NormalizerStep::kPrepend) {
+      if (!text.empty() && !continued) text.insert(0, step.text);  // as Prepend: not to empty text
+    } else {
+      replace_all(text, step.text, step.content);
+    }
+  }
+  scratch.swap(text);
+  return scratch;
+}
+
 void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<uint32_t>& out) const {
+  if (!byte_level) {
+    encode_characters(piece, out);
+    return;
+  }
   if (piece.empty() || cache.find(piece, out)) return;
   if (ignore_merges) {
     const auto whole = by_bytes.find(std::string(piece));
@@ -369,6 +195,96 @@ void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<uint32_t>
   merge_word(symbols);
   out.insert(out.end(), symbols.begin(), symbols.end());
   cache.insert(piece, symbols.data(), symbols.size());
+}
+
+// Whether a word may be cut before the "▁" at text[at]: the character
+// before it has a token of its own and no token joins it to a "▁".
+bool Tokenizer::Impl::safe_before_metaspace(std::string_view text, size_t at) const {
+  size_t begin = at - 1;
+  while (begin > 0 && (static_cast<unsigned char>(text[begin]) & 0xC0) == 0x80) --begin;
+  const uint32_t cp = code_point_at(text, begin, at - begin);
+  return character_id.count(cp) && !joined_to_metaspace.count(cp);
+}
+
+// A SentencePiece-style piece: without a Metaspace split (Llama 2's files)
+// the whole text is one BPE word; cut where no token can span (before a
+// "▁"), which gives the same merges and lets the cache hold words.
+void Tokenizer::Impl::encode_characters(std::string_view piece, std::vector<uint32_t>& out) const {
+  size_t begin = 0;
+  for (size_t at = piece.find(kMetaspace, 1); at != std::string_view::npos;
+       at = piece.find(kMetaspace, at + kMetaspace.size())) {
+    if (!safe_before_metaspace(piece, at)) continue;
+    encode_word(piece.substr(begin, at - begin), out);
+    begin = at;
+  }
+  encode_word(piece.substr(begin), out);
+}
+
+// BPE over the characters of `word`, as the `tokenizers` package's
+// BPE::merge_word: a character outside the vocabulary becomes its <0xNN>
+// tokens (byte_fallback), else the unk token (runs fused if fuse_unk), else
+// nothing. An unk waits for the next known character, as there.
+void Tokenizer::Impl::encode_word(std::string_view word, std::vector<uint32_t>& out) const {
+  if (word.empty() || cache.find(word, out)) return;
+  if (ignore_merges) {
+    const auto whole = vocab.find(std::string(word));
+    if (whole != vocab.end()) {
+      out.push_back(whole->second);
+      cache.insert(word, &whole->second, 1);
+      return;
+    }
+  }
+  thread_local std::vector<uint32_t> symbols;
+  symbols.clear();
+  uint32_t pending_unk = kNoId;
+  for (size_t i = 0; i < word.size();) {
+    const size_t length = character_length(word, i);
+    const auto c = static_cast<unsigned char>(word[i]);
+    uint32_t id = c < 128 ? ascii_id[c] : kNoId;
+    if (c >= 128) {
+      const auto found = character_id.find(code_point_at(word, i, length));
+      if (found != character_id.end()) id = found->second;
+    }
+    const auto has_fallback = [&](char b) { return fallback_id[static_cast<unsigned char>(b)] != kNoId; };
+    if (id != kNoId) {
+      if (pending_unk != kNoId) symbols.push_back(pending_unk);
+      pending_unk = kNoId;
+      symbols.push_back(id);
+    } else if (byte_fallback && std::all_of(word.begin() + i, word.begin() + i + length, has_fallback)) {
+      for (size_t k = i; k < i + length; ++k) symbols.push_back(fallback_id[static_cast<unsigned char>(word[k])]);
+    } else if (unk_id != kNoId) {
+      if (pending_unk != kNoId && !fuse_unk) symbols.push_back(pending_unk);
+      pending_unk = unk_id;
+    }
+    i += length;
+  }
+  if (pending_unk != kNoId) symbols.push_back(pending_unk);
+  merge_word(symbols);
+  out.insert(out.end(), symbols.begin(), symbols.end());
+  cache.insert(word, symbols.data(), symbols.size());
+}
+
+// Whether encoding may restart before " word" after `c` (restart_point):
+// always for byte-level files (their pre-tokenizers start a piece there);
+// for SentencePiece-style ones when the space becomes a "▁" that no token
+// joins to `c`, and no normalizer Replace could match across the cut.
+bool Tokenizer::Impl::restarts_before_space_after(char c) const {
+  if (byte_level) return true;
+  const uint32_t id = ascii_id[static_cast<unsigned char>(c) & 0x7F];
+  return spaces_become_metaspace && replaces_characters_only && id != kNoId &&
+         !joined_to_metaspace.count(static_cast<unsigned char>(c));
+}
+
+// Whether a cut before text[cut] would split an added token, or follow one
+// that takes the whitespace after it (rstrip): restart_point avoids both.
+bool Tokenizer::Impl::added_token_at_cut(std::string_view text, size_t cut) const {
+  for (const auto& [content, rstrip] : added_texts) {
+    if (rstrip && cut >= content.size() && text.compare(cut - content.size(), content.size(), content) == 0) return true;
+    const size_t from = cut >= content.size() ? cut - content.size() + 1 : 0;
+    const size_t at = text.substr(0, cut + content.size() - 1).find(content, from);
+    if (at != std::string_view::npos && at < cut) return true;
+  }
+  return false;
 }
 
 // Merges the pair of lowest rank, the leftmost of equals, until none is left:
@@ -430,29 +346,6 @@ void Tokenizer::Impl::merge_word(std::vector<uint32_t>& symbols) const {
   symbols.resize(size);
 }
 
-Tokenizer::Tokenizer(const std::string& tokenizer_json_path) : impl_(std::make_unique<Impl>()) {
-  impl_->path = tokenizer_json_path;
-  // A directory would read as bad JSON, a named pipe block the open.
-  const auto status = std::filesystem::status(tokenizer_json_path);
-  if (std::filesystem::is_directory(status)) fail(tokenizer_json_path, "is a directory, expected a tokenizer.json file");
-  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
-    fail(tokenizer_json_path, "is not a regular file");
-  }
-  std::ifstream in(tokenizer_json_path, std::ios::binary);
-  if (!in) fail(tokenizer_json_path, "cannot open the file");
-  json root;
-  try {
-    root = json::parse(in);
-  } catch (const json::exception& e) {
-    fail(tokenizer_json_path, std::string("not valid JSON: ") + e.what());
-  }
-  try {
-    impl_->read(root);
-  } catch (const json::exception& e) {
-    fail(tokenizer_json_path, std::string("unexpected structure: ") + e.what());
-  }
-}
-
 Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
@@ -461,15 +354,66 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text) const {
   std::string scratch;
   std::vector<uint32_t> ids;
   ids.reserve(text.size() / 3 + 16);
-  impl_->encode_text(valid_utf8(text, scratch), ids);
+  impl_->encode_text(valid_utf8(text, scratch), /*continued=*/false, ids);
   return ids;
 }
 
+std::vector<uint32_t> Tokenizer::encode_continuation(std::string_view text) const {
+  std::string scratch;
+  std::vector<uint32_t> ids;
+  ids.reserve(text.size() / 3 + 16);
+  impl_->encode_text(valid_utf8(text, scratch), /*continued=*/true, ids);
+  return ids;
+}
+
+size_t Tokenizer::restart_point(std::string_view text, size_t limit) const {
+  const auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  const auto visible = [](char c) { return c > ' ' && c < 0x7F; };
+  if (text.size() < 3) return 0;
+  const size_t last = std::min(limit, text.size() - 2);
+  // Between a visible ASCII character and " word": the space starts a piece
+  // (ByteLevel's regexes; a "▁" no token joins to what precedes it).
+  for (size_t p = last; p >= 1; --p) {
+    if (text[p] == ' ' && visible(text[p - 1]) && letter(text[p + 1]) &&
+        impl_->restarts_before_space_after(text[p - 1]) && !impl_->added_token_at_cut(text, p)) {
+      return p;
+    }
+  }
+  if (!impl_->byte_level) return 0;  // a SentencePiece-style word runs across newlines
+  // After a newline with a visible ASCII character on either side: no
+  // piece of the byte-level pre-tokenizers spans it, no lookahead sees past it.
+  for (size_t p = last; p >= 2; --p) {
+    if (text[p - 1] == '\n' && visible(text[p - 2]) && visible(text[p]) && !impl_->added_token_at_cut(text, p)) return p;
+  }
+  return 0;
+}
+
 std::string Tokenizer::decode(const std::vector<uint32_t>& ids) const {
+  if (ids.empty()) return "";
+  const TextStart& start = impl_->text_start;
+  std::string out = token_bytes(ids[0]);  // (throws for an id outside the vocabulary)
+  if (!start.metaspace_dropped.empty() && !impl_->names[ids[0]].empty()) {
+    // Metaspace's decoder drops every replacement from the first token
+    out = impl_->names[ids[0]];
+    replace_all(out, start.metaspace_dropped, "");
+    for (const auto& [pattern, content] : impl_->decoder_replaces) replace_all(out, pattern, content);
+  }
+  out += decode_continuation(std::vector<uint32_t>(ids.begin() + 1, ids.end()));
+  size_t cut = 0;  // Strip: up to strip_start of strip_content off the start
+  const std::string& content = start.strip_content;
+  for (size_t k = 0; k < start.strip_start && out.compare(cut, content.size(), content) == 0; ++k) cut += content.size();
+  return out.substr(cut);
+}
+
+std::string Tokenizer::decode_continuation(const std::vector<uint32_t>& ids) const {
   std::string out;
   for (const uint32_t id : ids) out += token_bytes(id);
   return out;
 }
+
+const std::vector<uint32_t>& Tokenizer::template_prefix_ids() const { return impl_->prefix_ids; }
+
+const std::vector<uint32_t>& Tokenizer::template_suffix_ids() const { return impl_->suffix_ids; }
 
 int64_t Tokenizer::vocab_size() const { return static_cast<int64_t>(impl_->names.size()); }
 

@@ -43,6 +43,26 @@ size_t utf8_sequence_length(std::string_view text, size_t i, size_t& invalid_run
   return length;
 }
 
+uint32_t code_point_at(std::string_view text, size_t i, size_t length) {
+  const auto byte = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(text[i + k])); };
+  if (length == 1) return byte(0);
+  uint32_t cp = byte(0) & (0xFF >> (length + 1));
+  for (size_t k = 1; k < length; ++k) cp = (cp << 6) | (byte(k) & 0x3F);
+  return cp;
+}
+
+size_t character_length(std::string_view text, size_t i) {
+  size_t invalid_run = 0;
+  const size_t length = utf8_sequence_length(text, i, invalid_run);
+  return length ? length : 1;
+}
+
+uint32_t code_point_before(std::string_view text, size_t at, size_t& begin) {
+  begin = at - 1;
+  while (begin > 0 && (static_cast<unsigned char>(text[begin]) & 0xC0) == 0x80) --begin;
+  return code_point_at(text, begin, at - begin);
+}
+
 std::string_view valid_utf8(std::string_view text, std::string& scratch) {
   size_t i = 0, run = 0;
   while (i < text.size()) {

@@ -19,6 +19,16 @@ std::string_view valid_utf8(std::string_view text, std::string& scratch);
 /// by one U+FFFD (1, or the valid prefix of a truncated sequence).
 size_t utf8_sequence_length(std::string_view text, size_t i, size_t& invalid_run);
 
+/// The code point of the valid UTF-8 sequence of `length` bytes at text[i].
+uint32_t code_point_at(std::string_view text, size_t i, size_t length);
+
+/// The length of the UTF-8 character at text[i] (1 for an invalid byte).
+size_t character_length(std::string_view text, size_t i);
+
+/// The code point before text[at] (at > 0, valid UTF-8), and in `begin`
+/// where it starts.
+uint32_t code_point_before(std::string_view text, size_t at, size_t& begin);
+
 /// GPT-2's bytes_to_unicode: byte b as a code point (printable bytes map to
 /// themselves, the others to 256 + k).
 const std::array<uint32_t, 256>& byte_to_code_point();

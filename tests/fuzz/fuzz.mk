@@ -22,7 +22,8 @@ CHECKPOINT := $(call obj,src/state_dict/checkpoint_schema) $(call obj,src/state_
 
 # The tokenizer reader is libfsdp_text's, without LibTorch: its own sources
 # and their libraries (Oniguruma's regexes, ICU's normalization).
-TEXT := $(call obj,src/text/tokenizer) $(call obj,src/text/pretokenizer) $(call obj,src/text/utf8)
+TEXT := $(call obj,src/text/tokenizer) $(call obj,src/text/tokenizer_json) $(call obj,src/text/pretokenizer) \
+  $(call obj,src/text/utf8)
 TEXT_LIBS := -lonig -licuuc -lpthread
 
 header: $(OUT)/header_fuzz

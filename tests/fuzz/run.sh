@@ -23,7 +23,8 @@
 # Seeds: corpus-safetensors/ (header, reader) and corpus-metadata/
 # (metadata), made by "seeds" (make_seeds.cpp and a short fsdp-train run);
 # corpus-tokenizer/ (fsdp-data's own tokenizer, compact, and as Llama 3's
-# and Qwen's pre-tokenizer and normalizer spell theirs) and corpus-config/
+# and Qwen's pre-tokenizer and normalizer spell theirs, and Llama 2's
+# SentencePiece-style form) and corpus-config/
 # (GPT-2's and a Llama's config.json), written by hand;
 # the regress_* ones are inputs that crashed the library before its fix.
 # Checksums: checkpoint/ and the metadata seeds were written before XXH3

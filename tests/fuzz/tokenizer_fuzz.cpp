@@ -41,6 +41,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto ids = tokenizer.encode(text);
     for (const uint32_t id : ids) expect(id < tokenizer.vocab_size(), "encode gave an id outside the vocabulary");
     (void)tokenizer.decode(ids);
+    const auto continued = tokenizer.encode_continuation(text);  // the chunked encoder's path
+    for (const uint32_t id : continued) expect(id < tokenizer.vocab_size(), "encode_continuation gave an id outside the vocabulary");
+    (void)tokenizer.decode_continuation(continued);
+    (void)tokenizer.restart_point(text, text.size());
+    for (const auto* added : {&tokenizer.template_prefix_ids(), &tokenizer.template_suffix_ids()}) {
+      for (const uint32_t id : *added) expect(id < tokenizer.vocab_size(), "the post-processor's id is outside the vocabulary");
+    }
   } catch (const std::runtime_error& e) {
     // A refusal is the expected outcome for malformed input; it names the file.
     expect(std::string(e.what()).find(input.path()) != std::string::npos, "a refusal that does not name the file");

@@ -1,6 +1,7 @@
 // fsdp::text: the tokenizer's errors, its UTF-8 repair (Python's
-// errors='replace'), BPE merge order and the trainer's limits. Identity with
-// the `tokenizers` package is tested by tokenizer_reference.py.
+// errors='replace'), BPE merge order, the SentencePiece-style unk path and
+// restart points, and the trainer's limits. Identity with the `tokenizers`
+// package is tested by tokenizer_reference.py.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -59,6 +60,41 @@ std::string tiny_tokenizer_json(const nlohmann::json& model_extra = nlohmann::js
   return root.dump();
 }
 
+// A SentencePiece-style file as transformers' LlamaConverter writes one:
+// <unk> <s> </s>, the 256 <0xNN> tokens (ids 3..258), then ▁ a b ▁a a▁ ab é
+// (259..265), merges "▁ a", "a ▁", "a b"; normalizer Prepend + Replace.
+nlohmann::json sentencepiece_tokenizer(bool byte_fallback, bool fuse_unk) {
+  nlohmann::json root = nlohmann::json::parse(R"({
+    "added_tokens": [{"id": 0, "content": "<unk>", "special": true, "normalized": false},
+                     {"id": 1, "content": "<s>", "special": true, "normalized": false},
+                     {"id": 2, "content": "</s>", "special": true, "normalized": false}],
+    "normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"},
+                   {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+    "pre_tokenizer": null,
+    "post_processor": {"type": "TemplateProcessing",
+                       "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                       "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+    "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+    "model": {"type": "BPE", "unk_token": "<unk>", "merges": ["\u2581 a", "a \u2581", "a b"]}})");
+  nlohmann::json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    vocab[name] = 3 + b;
+  }
+  for (const char* t : {"\u2581", "a", "b", "\u2581a", "a\u2581", "ab", "\u00e9"}) vocab[t] = vocab.size();
+  root["model"]["vocab"] = vocab;
+  root["model"]["fuse_unk"] = fuse_unk;
+  root["model"]["byte_fallback"] = byte_fallback;
+  return root;
+}
+
+// The message reading `root` (written to a file `name`) throws.
+std::string refusal(const std::string& name, const nlohmann::json& root) {
+  return error_of([&] { Tokenizer t(write_file(name, root.dump())); });
+}
+
 TEST(TextTokenizer, MissingFileIsNamed) {
   const std::string message = error_of([] { Tokenizer("/nonexistent/tokenizer.json"); });
   EXPECT_NE(message.find("/nonexistent/tokenizer.json"), std::string::npos) << message;
@@ -78,7 +114,64 @@ TEST(TextTokenizer, UnsupportedModelAndNormalizerAreRefused) {
   const std::string nfkc = write_file("nfkc.json", tiny_tokenizer_json(nlohmann::json::object(), {{"type", "NFKC"}}));
   EXPECT_NE(error_of([&] { Tokenizer t(nfkc); }).find("unsupported normalizer NFKC"), std::string::npos);
   const std::string fallback = write_file("fallback.json", tiny_tokenizer_json({{"byte_fallback", true}}));
-  EXPECT_NE(error_of([&] { Tokenizer t(fallback); }).find("byte_fallback"), std::string::npos);
+  EXPECT_NE(error_of([&] { Tokenizer t(fallback); }).find("byte_fallback = true with a ByteLevel decoder"),
+            std::string::npos);
+  // SentencePiece-style parts outside what is read, each refused by name.
+  nlohmann::json regex = sentencepiece_tokenizer(true, true);
+  regex["normalizer"]["normalizers"][1]["pattern"] = {{"Regex", " {2,}"}};
+  EXPECT_NE(refusal("regex.json", regex).find("unsupported normalizer Replace of pattern"), std::string::npos);
+  nlohmann::json strip_first = sentencepiece_tokenizer(true, true);
+  strip_first["decoder"]["decoders"] = nlohmann::json::parse(R"([{"type": "Strip", "content": " ", "start": 1, "stop": 0},
+                                                                 {"type": "Fuse"}])");
+  EXPECT_NE(refusal("strip.json", strip_first).find("unsupported decoder step"), std::string::npos);
+  nlohmann::json unk = sentencepiece_tokenizer(true, true);
+  unk["model"]["unk_token"] = "<missing>";
+  EXPECT_NE(refusal("unk.json", unk).find("unk_token \"<missing>\" is not in the vocab"), std::string::npos);
+  nlohmann::json processor = sentencepiece_tokenizer(true, true);
+  processor["post_processor"] = {{"type", "ByteLevelPlus"}};
+  EXPECT_NE(refusal("processor.json", processor).find("unsupported post-processor ByteLevelPlus"), std::string::npos);
+}
+
+// Without byte_fallback, characters outside the vocabulary become <unk>,
+// one per run with fuse_unk (ids as the `tokenizers` package 0.23 gives);
+// the template's <s> is read.
+TEST(TextTokenizer, SentencePieceUnknownCharacters) {
+  const Tokenizer fallback(write_file("spm_fallback.json", sentencepiece_tokenizer(true, true).dump()));
+  EXPECT_EQ(fallback.encode("axyb"), (std::vector<uint32_t>{262, 123, 124, 261}));  // x, y: <0x78> <0x79>
+  EXPECT_EQ(fallback.decode(fallback.encode("axyb")), "axyb");
+  EXPECT_EQ(fallback.template_prefix_ids(), (std::vector<uint32_t>{1}));
+  EXPECT_TRUE(fallback.template_suffix_ids().empty());
+  const Tokenizer fused(write_file("spm_fused.json", sentencepiece_tokenizer(false, true).dump()));
+  EXPECT_EQ(fused.encode("axyb"), (std::vector<uint32_t>{262, 0, 261}));
+  EXPECT_EQ(fused.encode("xy\u00e9"), (std::vector<uint32_t>{259, 0, 265}));
+  const Tokenizer unfused(write_file("spm_unfused.json", sentencepiece_tokenizer(false, false).dump()));
+  EXPECT_EQ(unfused.encode("axyb"), (std::vector<uint32_t>{262, 0, 0, 261}));
+}
+
+// A text cut at restart_point encodes as the whole does, the part after the
+// cut with encode_continuation (no second "▁" prepended); no cut lands after
+// a character a token joins to "▁" ("a▁" merges across "ba ba"'s space).
+TEST(TextTokenizer, SentencePieceRestartPoints) {
+  const Tokenizer t(write_file("spm_restart.json", sentencepiece_tokenizer(true, true).dump()));
+  EXPECT_EQ(t.encode("ba ba"), (std::vector<uint32_t>{259, 261, 263, 261, 260}));  // ▁ b a▁ b a
+  EXPECT_EQ(t.restart_point("ba ba", 4), 0u);
+  const std::string text = "bb ba";
+  const size_t cut = t.restart_point(text, 4);
+  ASSERT_EQ(cut, 2u);
+  std::vector<uint32_t> joined = t.encode(text.substr(0, cut));
+  const std::vector<uint32_t> rest = t.encode_continuation(text.substr(cut));
+  joined.insert(joined.end(), rest.begin(), rest.end());
+  EXPECT_EQ(joined, t.encode(text));
+  EXPECT_EQ(t.decode(t.encode(text.substr(0, cut))) + t.decode_continuation(rest), text);
+  // Nor inside an added token, nor right after one that takes the whitespace after it.
+  nlohmann::json added = sentencepiece_tokenizer(true, true);
+  added["added_tokens"].push_back(nlohmann::json::parse(R"({"id": 266, "content": "b ab", "normalized": false})"));
+  added["added_tokens"].push_back(
+      nlohmann::json::parse(R"({"id": 267, "content": "<r>", "rstrip": true, "normalized": false})"));
+  const Tokenizer with_added(write_file("spm_restart_added.json", added.dump()));
+  EXPECT_EQ(with_added.restart_point("bb ab", 4), 0u);
+  EXPECT_EQ(with_added.restart_point("x<r> ab", 6), 0u);
+  EXPECT_EQ(with_added.restart_point("bb ba", 4), 2u);
 }
 
 TEST(TextTokenizer, MergesByRankAndSplitsAddedTokens) {

@@ -7,9 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <map>
 
 #include "fsdp/gpt.h"
+#include "fsdp/hugging_face.h"
 #include "fsdp/llama.h"
 #include "fsdp/wrap_policy.h"
 #include "test_helpers.h"
@@ -203,6 +205,7 @@ TEST(LlamaModel, PlanDescriptionHasTheModelsUnits) {
   // The hub families' switches change the units' sizes: the description follows.
   LlamaConfig switched = small_config();
   switched.tie_word_embeddings = switched.qkv_bias = switched.attention_bias = switched.qk_norm = true;
+  switched.fused_projections = true;
   switched.explicit_head_dim = 2 * switched.head_dim();
   Llama qwen_like(switched);
   const fsdp::ModelDescription q = qwen_like->plan_description();
@@ -215,6 +218,56 @@ TEST(LlamaModel, PlanDescriptionHasTheModelsUnits) {
   EXPECT_EQ(g.sublayer_units, numels(*gpt, fsdp::module_type_policy<AttentionImpl, MLPImpl>()));
   EXPECT_EQ(g.num_parameters(), gpt->num_parameters());
   EXPECT_EQ(g.shape.extra_layer_activations, 0);
+}
+
+const char* fsdp_test_fixtures();
+
+// The config.json files of the hub's models as they ship them
+// (tests/fixtures/hub_configs/), read into the Llama's switches: the plan's
+// parameter count is transformers' own (its model of each config, counted
+// on the meta device with transformers 5.25).
+TEST(LlamaModel, TheHubsConfigsAsShippedPlanTheirParameterCounts) {
+  namespace hf = fsdp::hugging_face;
+  struct Shipped {
+    const char* file;
+    int64_t parameters;
+  };
+  const std::string folder = std::string(fsdp_test_fixtures()) + "/hub_configs/";
+  for (const Shipped& s : {Shipped{"llama-3.2-1b.json", 1235814400}, Shipped{"mistral-7b-v0.3.json", 7248023552},
+                           Shipped{"phi-3-mini-4k.json", 3821079552}, Shipped{"qwen2.5-0.5b.json", 494032768},
+                           Shipped{"qwen3-0.6b.json", 596049920}, Shipped{"smollm2-135m.json", 134515008},
+                           Shipped{"tinyllama-1.1b.json", 1100048384}}) {
+    const LlamaConfig c = hf::read_config(folder + s.file).model.llama();
+    EXPECT_EQ(c.plan_description().num_parameters(), s.parameters) << s.file << ": " << c.describe();
+  }
+  const LlamaConfig llama32 = hf::read_config(folder + "llama-3.2-1b.json").model.llama();
+  EXPECT_TRUE(llama32.tie_word_embeddings);
+  EXPECT_EQ(llama32.rope_scaling.kind, fsdp::models::RopeScaling::Kind::kLlama3);
+  EXPECT_EQ(llama32.rope_scaling.factor, 32.0);
+  const LlamaConfig qwen25 = hf::read_config(folder + "qwen2.5-0.5b.json").model.llama();
+  EXPECT_TRUE(qwen25.qkv_bias && qwen25.tie_word_embeddings && !qwen25.attention_bias);
+  EXPECT_EQ(qwen25.sliding_window, 0) << "use_sliding_window is false";
+  const LlamaConfig qwen3 = hf::read_config(folder + "qwen3-0.6b.json").model.llama();
+  EXPECT_TRUE(qwen3.qk_norm);
+  EXPECT_EQ(qwen3.head_dim(), 128);
+  const LlamaConfig phi3 = hf::read_config(folder + "phi-3-mini-4k.json").model.llama();
+  EXPECT_TRUE(phi3.fused_projections);
+  EXPECT_EQ(phi3.sliding_window, 2047);
+  // Phi-3 mini 128k's longrope, and Phi-3.5's partial rotation, refused by name.
+  std::ifstream in(folder + "phi-3-mini-4k.json");
+  const std::string shipped((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string null_scaling = "\"rope_scaling\": null";
+  for (const auto& [change, refusal] : std::vector<std::pair<std::string, std::string>>{
+           {"\"rope_scaling\": {\"type\": \"longrope\", \"long_factor\": [1.0], \"short_factor\": [1.0]}",
+            "rope scaling of type \"longrope\" is not supported"},
+           {null_scaling + ", \"partial_rotary_factor\": 0.75", "\"partial_rotary_factor\" is 0.75"}}) {
+    std::string text = shipped;
+    text.replace(text.find(null_scaling), null_scaling.size(), change);
+    const std::string path = ::testing::TempDir() + "phi3-changed.json";
+    std::ofstream(path) << text;
+    const std::string message = fsdp::testing::message_of([&] { hf::read_config(path); });
+    EXPECT_NE(message.find(refusal), std::string::npos) << message;
+  }
 }
 
 // tie_word_embeddings: the head's weight is the embedding's tensor itself

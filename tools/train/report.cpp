@@ -114,7 +114,8 @@ void print_nvme_and_init(const ReportContext& c) {
     const double mb = (folder ? fsdp::hugging_face::find_model(o.init_from).weight_bytes()
                               : static_cast<int64_t>(std::filesystem::file_size(o.init_from))) / 1e6;
     std::cout << "  initialized from " << o.init_from << " (" << std::fixed << std::setprecision(1) << mb
-              << " MB in " << std::setprecision(2) << c.run.init_seconds << " s on each rank, " << std::setprecision(0)
+              << " MB in " << std::setprecision(2) << c.run.init_seconds << " s"
+              << (folder ? ", each rank reading its own shards, " : " on each rank, ") << std::setprecision(0)
               << mb / c.run.init_seconds << " MB/s; rank 0's peak RSS " << format_mib(c.run.init_peak_rss)
               << " by then)\n";
   }

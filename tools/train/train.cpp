@@ -342,7 +342,10 @@ class Trainer {
       return std::make_unique<hf::FolderWriter>(o_.save_final, config, specs, options);
     });
     if (rank_ != 0) return;
-    if (from_hub && std::filesystem::is_directory(o_.init_from)) hf::copy_tokenizer_files(o_.init_from, o_.save_final);
+    if (from_hub) {  // the folder, also where --init-from named its model.safetensors
+      hf::copy_tokenizer_files(std::filesystem::path(hf::find_model(o_.init_from).config).parent_path().string(),
+                               o_.save_final);
+    }
     if (!o_.tokenizer.empty()) {
       std::filesystem::copy_file(o_.tokenizer, std::filesystem::path(o_.save_final) / "tokenizer.json",
                                  std::filesystem::copy_options::overwrite_existing);

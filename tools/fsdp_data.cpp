@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/strings.h"
 #include "fsdp/tokenizer.h"
 #include "tool_support.h"
 
@@ -34,9 +35,7 @@ Tokenizer load_tokenizer(const std::string& path) {
   return tokenizer;
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
+using fsdp::ends_with;
 
 // Bytes per id of a token file, from its name: .bin 2, .u32 4.
 int token_width(const std::string& path) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "base/strings.h"
 #include "fsdp/fully_shard.h"
 
 namespace fsdp::models {
@@ -122,14 +123,11 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& ta
 void GPTImpl::init_parameter(const std::string& name, torch::Tensor& param) const {
   torch::NoGradGuard no_grad;
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.layers));
-  auto ends_with = [&](const std::string& suffix) {
-    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  if (ends_with(".bias")) {
+  if (ends_with(name, ".bias")) {
     param.zero_();
-  } else if (ends_with("ln_1.weight") || ends_with("ln_2.weight") || ends_with("ln_f.weight")) {
+  } else if (ends_with(name, "ln_1.weight") || ends_with(name, "ln_2.weight") || ends_with(name, "ln_f.weight")) {
     param.fill_(1.0);
-  } else if (ends_with("c_proj.weight")) {
+  } else if (ends_with(name, "c_proj.weight")) {
     param.normal_(0.0, proj_std);
   } else {
     param.normal_(0.0, 0.02);

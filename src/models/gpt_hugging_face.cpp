@@ -14,10 +14,6 @@ namespace {
 
 using nlohmann::json;
 
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 const char* kTransformerPrefix = "transformer.";
 
 class Gpt2Adapter : public Adapter {

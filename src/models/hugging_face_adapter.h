@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "base/strings.h"
 #include "fsdp/model_config.h"
 #include "fsdp/safetensors.h"
 

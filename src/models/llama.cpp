@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "fsdp/fully_shard.h"
+#include "base/strings.h"
 
 namespace fsdp::models {
 namespace {
@@ -306,7 +307,7 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const torch::Tensor& 
 void LlamaImpl::init_parameter(const std::string& name, torch::Tensor& param) const {
   torch::NoGradGuard no_grad;
   const std::string suffix = "norm.weight";  // input_layernorm, post_attention_layernorm, norm
-  if (name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+  if (ends_with(name, suffix)) {
     param.fill_(1.0);
   } else {
     param.normal_(0.0, 0.02);

@@ -192,10 +192,7 @@ class LlamaAdapter : public Adapter {
   std::optional<std::string> from_hf_name(const models::ModelConfig& config, const std::string& hf_name) const override {
     // The same names; old files kept RoPE's inverse frequencies; a tied head
     // written out anyway is the embedding's copy.
-    const std::string buffer = ".rotary_emb.inv_freq";
-    const bool is_buffer = hf_name.size() >= buffer.size() &&
-                           hf_name.compare(hf_name.size() - buffer.size(), buffer.size(), buffer) == 0;
-    if (is_buffer || is_tied_head(config, hf_name)) return std::nullopt;
+    if (ends_with(hf_name, ".rotary_emb.inv_freq") || is_tied_head(config, hf_name)) return std::nullopt;
     return hf_name;
   }
 

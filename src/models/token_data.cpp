@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/strings.h"
+
 namespace fsdp::models {
 
 DataOrder parse_data_order(const std::string& name) {
@@ -51,11 +53,7 @@ TokenData::TokenData(const std::string& path, int64_t context, int64_t vocab, To
               std::strerror(map_errno));
   if (map) mapping_ = std::shared_ptr<const void>(map, [file_bytes](const void* p) { ::munmap(const_cast<void*>(p), file_bytes); });
   bytes_ = static_cast<const unsigned char*>(map);
-  const auto ends_with = [&path](const char* suffix) {
-    const size_t n = std::strlen(suffix);
-    return path.size() >= n && path.compare(path.size() - n, n, suffix) == 0;
-  };
-  token_bytes_ = ends_with(".bin") ? 2 : ends_with(".u32") ? 4 : 1;
+  token_bytes_ = ends_with(path, ".bin") ? 2 : ends_with(path, ".u32") ? 4 : 1;
   TORCH_CHECK(token_bytes_ != 2 || file_bytes % 2 == 0, "data file '", path,
               "' is a .bin of uint16 tokens but has an odd size (", file_bytes, " bytes)");
   TORCH_CHECK(token_bytes_ != 4 || file_bytes % 4 == 0, "data file '", path, "' is a .u32 of uint32 tokens but its ",

@@ -16,6 +16,7 @@
 #include "fsdp/wrap_policy.h"
 #include "state_dict/checkpoint_json.h"
 #include "base/file_io.h"
+#include "base/strings.h"
 #include "models/hugging_face_adapter.h"
 
 namespace fsdp::hugging_face {
@@ -23,10 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // The folder a path names: itself, or the one holding the file.
 fs::path folder_of(const std::string& path) {

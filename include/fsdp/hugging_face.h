@@ -44,6 +44,10 @@ struct ModelFiles {
   int64_t weight_bytes() const;
 };
 
+/// The config.json of the Hugging Face model at `path`: its folder, its
+/// model.safetensors or the config.json itself (all a planner reads: the
+/// weights need not be there); throws naming what is missing.
+std::string find_config(const std::string& path);
 /// Whether `path` is a Hugging Face model: a folder holding config.json, or a
 /// .safetensors file with config.json beside it (find_model says what is wrong with it).
 bool is_model(const std::string& path);

@@ -1,5 +1,6 @@
 // Sharded checkpoints at W = 2, 3 and 4: every shardable optimizer resumes
-// bit for bit; another optimizer's state, and files with wrong tensors
+// bit for bit (AdamW also on the Llama of every hub family's switch);
+// another optimizer's state, and files with wrong tensors
 // (of another dtype or shape, extra, missing), are refused naming the file
 // and the tensor. The files themselves
 // (safetensors, checksums) are tested in test_checkpoint_files.cpp.

@@ -18,7 +18,9 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/fused_adamw.h"
 #include "fsdp/gpt.h"
+#include "fsdp/memory.h"
 #include "fsdp/memory_plan.h"
+#include "fsdp/model_config.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/token_data.h"
 #include "mpi_test_env.h"
@@ -70,12 +72,36 @@ inline std::map<std::string, torch::Tensor> full_values(FsdpState& state) {
   return values;
 }
 
-inline models::TokenData data_for(const models::GPTConfig& c) {
+inline models::TokenData data_for(const models::ModelConfig& config) {
+  const TransformerShape c = config.shape();
   return models::TokenData(make_token_file("strategies", 20000, c.vocab), c.context, c.vocab);
 }
 
 inline std::string name_of(ShardingStrategy s) { return strategy_name(s); }
 inline std::string name_of(const models::GPTConfig& c) { return c.width == tiny().width ? "tiny" : "uneven"; }
+inline std::string name_of(const models::ModelConfig& c) {
+  return c.kind() == models::ModelKind::kGpt ? name_of(c.gpt()) : "every-switch llama";
+}
+
+// The model of `config` sharded with `options`: initialized whole from
+// `seed`; or, with `sharded_init`, built without values (memory::DeferredInit)
+// and initialized unit by unit inside fully_shard from the same draws, as
+// fsdp-train --sharded-init does.
+inline FullyShardedModule<models::LanguageModel> shard_model(const models::ModelConfig& config,
+                                                             FullyShardOptions options, bool sharded_init = false,
+                                                             uint64_t seed = 1) {
+  if (!sharded_init) return fully_shard(make_model(config, seed), world_group, std::move(options));
+  std::shared_ptr<models::LanguageModel> model;
+  {
+    memory::DeferredInit deferred;
+    model = config.new_model();
+  }
+  torch::manual_seed(seed);
+  const models::LanguageModel* initializer = model.get();  // raw: the model outlives the state keeping the options
+  options.param_init_fn(
+      [initializer](const std::string& name, torch::Tensor& p) { initializer->init_parameter(name, p); });
+  return fully_shard(model, world_group, std::move(options));
+}
 
 // A sharded GPT and the single-process reference it must track, built from
 // the same seed, each with the spec's AdamW.

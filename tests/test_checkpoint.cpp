@@ -1,5 +1,6 @@
 // Sharded checkpoints at W = 2, 3 and 4: every shardable optimizer resumes
-// bit for bit; another optimizer's state, and files with wrong tensors
+// bit for bit (AdamW also on the Llama of every hub family's switch);
+// another optimizer's state, and files with wrong tensors
 // (of another dtype or shape, extra, missing), are refused naming the file
 // and the tensor. The files themselves
 // (safetensors, checksums) are tested in test_checkpoint_files.cpp.
@@ -34,8 +35,10 @@ using fsdp::testing::world_group;
 using fsdp::testing::batch;
 using fsdp::testing::block_units;
 using fsdp::testing::data_for;
+using fsdp::testing::every_switch_llama;
 using fsdp::testing::expect_same_params;
 using fsdp::testing::make_gpt;
+using fsdp::testing::make_model;
 using fsdp::testing::options_for;
 using fsdp::testing::spec_adamw;
 using fsdp::testing::tiny;
@@ -45,34 +48,38 @@ namespace {
 
 // Checkpoints keep every shardable optimizer's state: stopped after 2 steps,
 // saved, reloaded into a fresh model and optimizer, and continued, the
-// model equals one trained straight through, bit for bit.
+// model equals one trained straight through, bit for bit. The model is
+// `config`'s with a unit per block (decoder layer), trained on `data`.
 template <class Optimizer, class Options>
-void expect_exact_resume(const Options& options, const std::string& name, fsdp::CheckpointFormat format) {
+void expect_exact_resume(const Options& options, const std::string& name, fsdp::CheckpointFormat format,
+                         const fsdp::models::ModelConfig& config = tiny(),
+                         const fsdp::models::TokenData& data = token_data()) {
   const std::string dir = "/tmp/fsdp_api_ckpt_" + name + "_" + std::to_string(world_group->size());
   if (world_group->rank() == 0) std::filesystem::remove_all(dir);
   world_group->barrier()->wait();
   auto train = [&](auto& model, auto& train_step, int64_t from, int64_t to) {
     for (int64_t step = from; step < to; ++step) {
       train_step([&](int64_t micro) {
-        auto [x, y] = batch(token_data(), step, micro, 1, 2);
+        auto [x, y] = batch(data, step, micro, 1, 2);
         return model(x, y);
       });
     }
   };
-  auto straight = fsdp::fully_shard(make_gpt(tiny()), world_group, block_units());
+  const fsdp::FullyShardOptions units = fsdp::FullyShardOptions().wrap_policy(config.wrap_policy(false));
+  auto straight = fsdp::fully_shard(make_model(config), world_group, units);
   Optimizer opt_straight(straight.parameters(), options);
   fsdp::TrainStep step_straight(straight, opt_straight);
   train(straight, step_straight, 0, 4);
 
   std::string path;
   {
-    auto first = fsdp::fully_shard(make_gpt(tiny()), world_group, block_units());
+    auto first = fsdp::fully_shard(make_model(config), world_group, units);
     Optimizer opt_first(first.parameters(), options);
     fsdp::TrainStep step_first(first, opt_first);
     train(first, step_first, 0, 2);
     path = fsdp::save_checkpoint(first.state(), opt_first, dir, 2, {}, format);
   }
-  auto resumed = fsdp::fully_shard(make_gpt(tiny(), 99), world_group, block_units());
+  auto resumed = fsdp::fully_shard(make_model(config, 99), world_group, units);
   Optimizer opt_resumed(resumed.parameters(), options);
   const fsdp::CheckpointInfo info = fsdp::load_checkpoint(resumed.state(), opt_resumed, path);
   EXPECT_EQ(info.optimizer_type, fsdp::OptimizerState(opt_resumed).type());
@@ -93,6 +100,9 @@ TEST(Checkpoint, EveryShardableOptimizerResumesExactly) {
     expect_exact_resume<torch::optim::SGD>(torch::optim::SGDOptions(0.05).momentum(0.9).dampening(0.1), "sgd_momentum",
                                            format);
     expect_exact_resume<torch::optim::SGD>(torch::optim::SGDOptions(0.05), "sgd", format);
+    // The hub families' switches (their biases, q/k norms, the tied head as one tensor) saved and resumed.
+    expect_exact_resume<torch::optim::AdamW>(spec_adamw(), "adamw_every_switch_llama", format, every_switch_llama(),
+                                             data_for(every_switch_llama()));
   }
 }
 

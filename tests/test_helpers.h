@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/gpt.h"
+#include "fsdp/model_config.h"
 #include "fsdp/options.h"
 #include "fsdp/wrap_policy.h"
 
@@ -69,6 +71,32 @@ inline models::GPTConfig uneven() {
   models::GPTConfig c;
   c.vocab = 256, c.context = 17, c.layers = 2, c.heads = 5, c.width = 35, c.batch = 2;
   return c;
+}
+
+// A Llama with every switch of the hub's families on at once (llama.h):
+// the head tied to the embedding, biases on q, k, v and o, per-head q/k
+// norms, a head_dim (10) that is not width / heads (35 / 4), llama3 rope
+// scaling whose wavelengths (6 to 10^4 positions against an original
+// context of 64) fall in all three of its bands, and a sliding window as
+// long as the context. Its units pad at W = 2, 3 and 4 as uneven()'s do:
+// the root (257 C = 8995 elements, the head tied) and a decoder layer
+// (9445) are odd and not multiples of 3.
+inline models::LlamaConfig every_switch_llama() {
+  models::LlamaConfig c;
+  c.vocab = 256, c.context = 16, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.width = 35, c.hidden = 48, c.batch = 2;
+  c.tie_word_embeddings = c.attention_bias = c.qkv_bias = c.qk_norm = true;
+  c.explicit_head_dim = 10;
+  c.rope_scaling.kind = models::RopeScaling::Kind::kLlama3;
+  c.rope_scaling.factor = 8.0, c.rope_scaling.original_context = 64;
+  c.sliding_window = c.context;
+  return c;
+}
+
+// A model of any family, initialized from `seed` (init_weights).
+inline std::shared_ptr<models::LanguageModel> make_model(const models::ModelConfig& config, uint64_t seed = 1) {
+  std::shared_ptr<models::LanguageModel> model = config.new_model();
+  model->init_weights(seed);
+  return model;
 }
 
 // The GPT's unit sizes (block units) from the spec's shapes, not from the

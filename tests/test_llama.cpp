@@ -201,7 +201,7 @@ TEST(LlamaModel, PlanDescriptionHasTheModelsUnits) {
   EXPECT_EQ(d.layer_units, numels(*llama, fsdp::module_type_policy<LlamaDecoderLayerImpl>()));
   EXPECT_EQ(d.sublayer_units, numels(*llama, fsdp::module_type_policy<LlamaAttentionImpl, LlamaMLPImpl>()));
   EXPECT_EQ(d.num_parameters(), llama->num_parameters());
-  EXPECT_EQ(d.shape.extra_layer_activations, 9);
+  EXPECT_EQ(d.shape.extra_layer_activations, 9 * small_config().width);
   // The hub families' switches change the units' sizes: the description follows.
   LlamaConfig switched = small_config();
   switched.tie_word_embeddings = switched.qkv_bias = switched.attention_bias = switched.qk_norm = true;

@@ -200,12 +200,12 @@ TEST(Planner, RunPlanAddsTheModelsActivationsAndTheRunAhead) {
   gpt.shape = fsdp::TransformerShape{64, 16, 2, 2, 8, 2};
   gpt.layer_units = gpt.shape.unit_numels();
   fsdp::ModelDescription llama = gpt;
-  llama.shape.extra_layer_activations = 9;
+  const int64_t M = 2 * 16, C = 8, fp32 = 4;
+  llama.shape.extra_layer_activations = 9 * C;
   fsdp::RunSettings settings;
   settings.world = 2;
   const auto plain = fsdp::FullyShardOptions();
   const auto checkpointed = fsdp::FullyShardOptions().activation_checkpointing(true);
-  const int64_t M = 2 * 16, C = 8, fp32 = 4;
 
   const fsdp::RunPlan base = fsdp::plan_run(gpt, false, plain, settings);
   EXPECT_EQ(base.peak.total(), fsdp::estimate_step_peak(gpt.shape, ShardingStrategy::kFullShard, 2, 2,

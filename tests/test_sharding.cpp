@@ -4,7 +4,11 @@
 // gradient zero) and training; the communication of the strategy table to
 // the byte; tied weights; units below a layer; the strategies' names.
 // Besides the tiny preset (whose units pad only at W = 3), a model whose
-// units pad at every W (uneven()), so that padding is in every comparison.
+// units pad at every W (uneven()), so that padding is in every comparison;
+// and for the gradients and the training, the Llama with every switch of
+// the hub's families at once (every_switch_llama(): tied head, biases, q/k
+// norms, explicit head_dim, llama3 rope scaling, sliding window), trained
+// also per sublayer, recomputed, initialized sharded and offloaded.
 
 #include <gtest/gtest.h>
 
@@ -27,18 +31,20 @@
 
 using fsdp::models::GPTConfig;
 using fsdp::models::GPT;
+using fsdp::models::ModelConfig;
 using fsdp::ShardingStrategy;
 using fsdp::testing::world_group;
-using fsdp::testing::ShardedAndReference;
 using fsdp::testing::batch;
 using fsdp::testing::block_units;
 using fsdp::testing::data_for;
+using fsdp::testing::every_switch_llama;
 using fsdp::testing::expect_gradients_match;
 using fsdp::testing::full_values;
 using fsdp::testing::gather_flat;
 using fsdp::testing::gpt_unit_numels;
 using fsdp::testing::kAllStrategies;
 using fsdp::testing::make_gpt;
+using fsdp::testing::make_model;
 using fsdp::testing::name_of;
 using fsdp::testing::options_for;
 using fsdp::testing::padded_sum;
@@ -108,8 +114,8 @@ TEST(Sharding, FullShardTrainsTheSameModelAsOneProcessWithTheGlobalBatch) {
 
 // The first step's gradients, gathered over each unit's shard group, equal
 // a single process's with the global batch, and the padding's are zero:
-// every strategy, on the tiny preset and on a model whose units pad at
-// every W, and hybrid with every node size that divides W (from nodes of
+// every strategy, on the tiny preset, on a model whose units pad at
+// every W and on the Llama of every switch, and hybrid with every node size that divides W (from nodes of
 // one rank, where the replicas' all-reduce does all the averaging, to one
 // node of the whole world). The training below compares losses and
 // weights, which cannot show a gradient that is uniformly wrong: Adam's
@@ -119,11 +125,11 @@ TEST(Sharding, FullShardTrainsTheSameModelAsOneProcessWithTheGlobalBatch) {
 TEST(Sharding, FirstStepGradientsEqualOneProcessWithTheGlobalBatch) {
   const int W = world_group->size(), r = world_group->rank();
   const int64_t B = 2;
-  for (const GPTConfig& config : {tiny(), uneven()}) {
+  for (const ModelConfig& config : {ModelConfig(tiny()), ModelConfig(uneven()), ModelConfig(every_switch_llama())}) {
     auto data = data_for(config);
     auto [x, y] = data.batch(0, 0, r, W, 1, B);
     auto [gx, gy] = data.batch(0, 0, 0, 1, 1, W * B);
-    GPT reference = fsdp::testing::make_gpt(config);
+    std::shared_ptr<fsdp::models::LanguageModel> reference = make_model(config);
     reference->forward(gx, gy).backward();
     for (ShardingStrategy strategy : kAllStrategies) {
       std::vector<int> node_sizes = {ranks_per_node()};
@@ -135,8 +141,8 @@ TEST(Sharding, FirstStepGradientsEqualOneProcessWithTheGlobalBatch) {
       for (int per_node : node_sizes) {
         const std::string context = " (" + name_of(config) + ", " + name_of(strategy) +
                                     (fsdp::is_hybrid(strategy) ? ", nodes of " + std::to_string(per_node) : "") + ")";
-        auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(config), world_group,
-                                         options_for(strategy, torch::kFloat, per_node));
+        auto options = options_for(strategy, torch::kFloat, per_node).wrap_policy(config.wrap_policy(false));
+        auto sharded = fsdp::fully_shard(make_model(config), world_group, options);
         sharded.forward(x, y).backward();
         fsdp::testing::expect_gradients_match(sharded.state(), *reference, 1e-4, context);
       }
@@ -144,38 +150,94 @@ TEST(Sharding, FirstStepGradientsEqualOneProcessWithTheGlobalBatch) {
   }
 }
 
+namespace {
+
+// One way of sharding a model in Sharding.EveryStrategyTrainsTheSameModelAsOneProcess.
+struct ShardingCase {
+  std::string name;
+  fsdp::FullyShardOptions options;
+  bool sharded_init = false;
+};
+
+// Every strategy with a unit per block (decoder layer); for the Llama of
+// every switch also the other ways a run shards a model: units per
+// attention and per MLP, recomputed activations, sharded initialization and
+// CPU offload. (The GPT's are proved by their own tests:
+// SublayerUnitsGiveTheGradientsOfOneProcess, ActivationCheckpointing.*,
+// StateDict.ShardedInitializationGivesTheShardsOfTheWholeModel, CpuOffload.*.)
+std::vector<ShardingCase> sharding_cases(const ModelConfig& config) {
+  auto units = [&](ShardingStrategy strategy, bool per_sublayer = false) {
+    return options_for(strategy).wrap_policy(config.wrap_policy(per_sublayer));
+  };
+  std::vector<ShardingCase> cases;
+  for (ShardingStrategy strategy : kAllStrategies) cases.push_back({name_of(strategy), units(strategy)});
+  if (config.kind() == fsdp::models::ModelKind::kLlama) {
+    const ShardingStrategy full = ShardingStrategy::kFullShard;
+    cases.push_back({"sublayer units", units(full, true)});
+    cases.push_back({"activation checkpointing", units(full).activation_checkpointing(true)});
+    cases.push_back({"sublayer units, activation checkpointing", units(full, true).activation_checkpointing(true)});
+    cases.push_back({"sharded initialization", units(full), /*sharded_init=*/true});
+    cases.push_back({"cpu offload", units(full).cpu_offload(true)});
+  }
+  return cases;
+}
+
+std::set<std::string> unique_parameter_names(const torch::nn::Module& module) {
+  std::set<std::string> names;
+  for (const auto& p : fsdp::unique_named_parameters(module)) names.insert(p.first);
+  return names;
+}
+
+}  // namespace
+
 // Tolerances as in Sharding.FullShardTrainsTheSameModelAsOneProcessWithTheGlobalBatch:
-// relative 1e-5 per loss, absolute 1e-4 on the final weights. On the model
-// whose units pad at every W: the optimizer steps padded shards, whose
-// padding must stay zero.
+// relative 1e-5 per loss, absolute 1e-4 on the final weights. On models
+// whose units pad at every W (uneven() and every_switch_llama()): the
+// optimizer steps padded shards, whose padding must stay zero. The Llama
+// with every hub family's switch trains the same way under every case of
+// sharding_cases(), and its tied head stays the embedding's tensor: one
+// parameter of the sharded module (by identity) and one entry of its flat
+// parameters. A head given its own copy would fail both, and train apart
+// from the single process's tied one.
 TEST(Sharding, EveryStrategyTrainsTheSameModelAsOneProcess) {
   const int W = world_group->size(), r = world_group->rank();
   const int64_t B = 2, steps = 10;
-  const GPTConfig config = uneven();
-  auto data = data_for(config);
-  for (ShardingStrategy strategy : kAllStrategies) {
-    SCOPED_TRACE(name_of(strategy));
-    ShardedAndReference pair(options_for(strategy), config);
-    auto& [sharded, sharded_opt, reference, reference_params, reference_opt] = pair;
+  for (const ModelConfig& config : {ModelConfig(uneven()), ModelConfig(every_switch_llama())}) {
+    auto data = data_for(config);
+    // The single process with the global batch, trained once: its losses, then its weights.
+    std::shared_ptr<fsdp::models::LanguageModel> reference = make_model(config);
+    torch::optim::AdamW reference_opt(fsdp::testing::unique_parameters(*reference), spec_adamw());
+    std::vector<double> reference_losses;
     for (int64_t step = 0; step < steps; ++step) {
-      auto [x, y] = data.batch(step, 0, r, W, 1, B);
-      torch::Tensor loss = sharded.forward(x, y);
-      loss.backward();
-      sharded_opt.step();
-      sharded_opt.zero_grad();
-      sharded.state().check_idle();
-      world_group->all_reduce(loss, fsdp::ReduceOp::kAvg)->wait();
-
       auto [gx, gy] = data.batch(step, 0, 0, 1, 1, W * B);
       torch::Tensor reference_loss = reference->forward(gx, gy);
       reference_loss.backward();
       reference_opt.step();
       reference_opt.zero_grad();
-      EXPECT_NEAR(loss.item<double>(), reference_loss.item<double>(), 1e-5 * reference_loss.item<double>())
-          << "step " << step;
+      reference_losses.push_back(reference_loss.item<double>());
     }
-    for (const auto& [name, value] : full_values(sharded.state())) {
-      EXPECT_LT((value - reference->named_parameters()[name].detach()).abs().max().item<double>(), 1e-4) << name;
+    for (const ShardingCase& c : sharding_cases(config)) {
+      SCOPED_TRACE(name_of(config) + ", " + c.name);
+      auto sharded = fsdp::testing::shard_model(config, c.options, c.sharded_init);
+      torch::optim::AdamW sharded_opt(sharded.parameters(), spec_adamw());
+      for (int64_t step = 0; step < steps; ++step) {
+        auto [x, y] = data.batch(step, 0, r, W, 1, B);
+        torch::Tensor loss = sharded.forward(x, y);
+        loss.backward();
+        sharded_opt.step();
+        sharded_opt.zero_grad();
+        sharded.state().check_idle();
+        world_group->all_reduce(loss, fsdp::ReduceOp::kAvg)->wait();
+        EXPECT_NEAR(loss.item<double>(), reference_losses[step], 1e-5 * reference_losses[step]) << "step " << step;
+      }
+      const auto values = full_values(sharded.state());
+      std::set<std::string> flat_names;
+      for (const auto& [name, value] : values) {
+        flat_names.insert(name);
+        EXPECT_LT((value - reference->named_parameters()[name].detach()).abs().max().item<double>(), 1e-4) << name;
+      }
+      EXPECT_EQ(flat_names, unique_parameter_names(*reference));
+      EXPECT_EQ(unique_parameter_names(sharded.module()), unique_parameter_names(*reference));
     }
   }
 }

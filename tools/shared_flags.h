@@ -1,5 +1,5 @@
 // The flags fsdp-train and fsdp-plan share, bound once: the model's
-// (--model, --preset, the shape's overrides, --kv-heads) and ZeRO++'s, with
+// (--model, --preset, the shape's overrides, --kv-heads, --init-from) and ZeRO++'s, with
 // the model configs and options they make, so that the two tools plan one
 // run alike. Header only (both tools include LibTorch already).
 #pragma once
@@ -9,14 +9,19 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
-#include "fsdp/model_config.h"
 #include "fsdp/error.h"
+#include "fsdp/hugging_face.h"
+#include "fsdp/model_config.h"
 #include "fsdp/options.h"
 #include "fsdp/run_plan.h"
 #include "tool_support.h"
 
 namespace fsdp_tools {
+
+// fsdp-train's --preset when none is given (and so its batch with --init-from).
+inline constexpr const char* kTrainerPreset = "small";
 
 // The command line's model, as given.
 struct ModelFlags {
@@ -24,6 +29,10 @@ struct ModelFlags {
   std::string preset;         // tiny, small, medium, large or xl
   std::optional<int64_t> vocab, context, layers, heads, width, batch;
   std::optional<int64_t> kv_heads;  // --model llama
+  // A model to start from: for both tools a Hugging Face model gives the
+  // shape (its config.json: init_from_config); fsdp-train also reads its
+  // weights, or a .safetensors file of ours.
+  std::string init_from;
 
   // --model's family; throws naming the flag and the names it takes.
   fsdp::models::ModelKind kind() const {
@@ -35,8 +44,10 @@ struct ModelFlags {
   }
 };
 
-// Binds the flags; `preset_help` says what the tool does without --preset.
-inline void add_model_flags(CLI::App& app, ModelFlags& f, const std::string& preset_help) {
+// Binds the flags; `preset_help` says what the tool does without --preset,
+// `init_from_help` what it reads of --init-from.
+inline void add_model_flags(CLI::App& app, ModelFlags& f, const std::string& preset_help,
+                            const std::string& init_from_help) {
   app.add_option("--model", f.model,
                  "gpt (the reference GPT, fsdp/gpt.h) or llama (Hugging Face's LlamaForCausalLM, fsdp/llama.h)")
       ->capture_default_str();
@@ -52,6 +63,7 @@ inline void add_model_flags(CLI::App& app, ModelFlags& f, const std::string& pre
   app.add_option("--kv-heads", f.kv_heads,
                  "--model llama: key-value heads, dividing --heads (default: the preset's, or --heads when that is given)")
       ->check(positive());
+  app.add_option("--init-from", f.init_from, init_from_help);
 }
 
 // Refuses a model kind the tools do not know, and --kv-heads without a Llama.
@@ -91,6 +103,38 @@ inline fsdp::models::LlamaConfig llama_config(const ModelFlags& f, const fsdp::m
 inline fsdp::models::ModelConfig model_config(const ModelFlags& f, const fsdp::models::GPTConfig& shape) {
   if (f.kind() == fsdp::models::ModelKind::kLlama) return llama_config(f, shape);
   return shape;
+}
+
+// --init-from's config.json (at `config_path`): the model it describes, in
+// place of `ours` (the flags' model), with ours' batch and, for a model with
+// rotary positions, --context or else config.json's (the training sequence
+// length is free: the positions are not learned). A shape flag that says
+// otherwise than config.json is refused; what config.json sets that the model
+// ignores (dropout) is added to `ignored`, one sentence each.
+inline fsdp::models::ModelConfig init_from_config(const ModelFlags& f, const std::string& config_path,
+                                                  const fsdp::models::ModelConfig& ours,
+                                                  std::vector<std::string>& ignored) {
+  const fsdp::hugging_face::HubConfig hub = fsdp::hugging_face::read_config(config_path);
+  const fsdp::models::ModelKind kind = hub.model.kind();
+  TORCH_CHECK(kind == f.kind(), "--init-from '", f.init_from, "' holds a ", fsdp::models::model_kind_name(kind),
+              " model: pass --model ", fsdp::models::model_kind_name(kind));
+  ignored.insert(ignored.end(), hub.ignored.begin(), hub.ignored.end());
+  const fsdp::TransformerShape shape = hub.model.shape();
+  auto check = [&](const char* flag, const std::optional<int64_t>& given, int64_t value) {
+    TORCH_CHECK(!given || *given == value, "--", flag, " ", given.value_or(0), " contradicts --init-from '",
+                f.init_from, "', whose config.json says ", value, " (leave --", flag, " out)");
+  };
+  check("vocab", f.vocab, shape.vocab);
+  check("layers", f.layers, shape.layers);
+  check("heads", f.heads, shape.heads);
+  check("width", f.width, shape.width);
+  const bool learned_positions = kind == fsdp::models::ModelKind::kGpt;
+  if (learned_positions) check("context", f.context, shape.context);
+  if (kind == fsdp::models::ModelKind::kLlama) check("kv-heads", f.kv_heads, hub.model.llama().kv_heads);
+  fsdp::models::ModelConfig config = hub.model;
+  config.set_batch(ours.shape().batch);
+  if (!learned_positions) config.set_context(f.context ? *f.context : shape.context);
+  return config;
 }
 
 // The run's settings both tools take, with fsdp-train's names, defaults and

@@ -56,6 +56,11 @@ struct ModelFiles {
 /// where they differ): what a fine-tuned export is written in by default.
 torch::ScalarType stored_dtype(const ModelFiles& files);
 
+/// The config.json of the Hugging Face model at `path`: its folder, its
+/// model.safetensors or the config.json itself (all a planner reads: the
+/// weights need not be there); throws naming what is missing.
+std::string find_config(const std::string& path);
+
 /// Whether `path` is a Hugging Face model: a folder holding config.json, or a
 /// .safetensors file with config.json beside it (find_model says what is wrong with it).
 bool is_model(const std::string& path);

@@ -101,7 +101,9 @@ struct LlamaConfig {
   /// keeps about 9 M C activation elements more than the GPT block the
   /// planner's formula counts (RMSNorm's fp32 steps, the rotary halves, the
   /// repeated kv heads, SwiGLU's three hidden-wide tensors): measured 9.2,
-  /// 9.0 and 10.6 M C on small, medium and tiny at W = 2.
+  /// 9.0 and 10.6 M C on small, medium and tiny at W = 2; with an explicit
+  /// head_dim 4 M more per query channel beyond C, with q/k norms 3 M per
+  /// query and key channel.
   ModelDescription plan_description() const;
 };
 

@@ -186,8 +186,9 @@ struct TransformerShape {
   /// trainer's `--wrap sublayer`); the norms then belong to the root.
   bool sublayer_units = false;
   /// The activation elements a layer keeps beyond the reference GPT block's,
-  /// per token and per width element, in the param dtype: 0 for the GPT, 9
-  /// for a Llama decoder layer (models::LlamaConfig::plan_description says why).
+  /// per token, in the param dtype: 0 for the GPT, 9 C for a Llama decoder
+  /// layer of width C, more with its families' switches
+  /// (models::LlamaConfig::plan_description says why).
   /// A checkpointed run keeps them for the one layer being recomputed.
   int64_t extra_layer_activations = 0;
   /// The units fully_shard makes: the root (the embeddings and the final

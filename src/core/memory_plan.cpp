@@ -292,7 +292,7 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
   const int64_t outside = 2 * M * C * p + M * shape.vocab * 4 + T * T;
   peak.activations = activation_checkpointing ? shape.layers * kept_per_layer + largest_unit_activations + outside
                                               : shape.layers * per_block + outside;
-  const int64_t layer_extra = shape.extra_layer_activations * M * C * p;  // a model's own, beyond the GPT block's
+  const int64_t layer_extra = shape.extra_layer_activations * M * p;  // a model's own, beyond the GPT block's
   peak.activations += activation_checkpointing ? layer_extra : shape.layers * layer_extra;
   // Backward's own buffers at its peak: at its start the loss's gradients
   // (the log-probabilities' and the logits', fp32); later, in a unit, its

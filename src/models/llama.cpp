@@ -156,8 +156,16 @@ ModelDescription LlamaConfig::plan_description() const {
   validate();
   ModelDescription d;
   d.shape = TransformerShape{vocab, context, layers, heads, width, batch};
-  d.shape.extra_layer_activations = 9;
   const int64_t C = width, q = heads * head_dim(), kv = kv_heads * head_dim();
+  // Per token: 9 C measured for a layer whose queries are C wide; 4 more for
+  // each query channel beyond C (the rotated q, the repeated k and v and the
+  // attention's output are q wide); with q/k norms about 3 more for each
+  // query and key channel (the norms' fp32 steps). Measured at W = 2 on
+  // tests/trainer/cases/planner.sh's Qwen3-style shape (C 64, 4 heads, 2 kv
+  // heads, batch 2, context 128), one switch at a time: head_dim 24 instead
+  // of 16 keeps 124 elements a token a layer more (4 (q - C) = 128), q/k
+  // norms 294 (3 (q + kv) = 288).
+  d.shape.extra_layer_activations = 9 * C + 4 * (q - C) + (qk_norm ? 3 * (q + kv) : 0);
   const int64_t biases = (attention_bias || qkv_bias ? q + 2 * kv : 0) + (attention_bias ? C : 0);
   const int64_t attention = 2 * C * q + 2 * C * kv + biases + (qk_norm ? 2 * head_dim() : 0);
   const int64_t mlp = 3 * C * hidden, norms = 2 * C;

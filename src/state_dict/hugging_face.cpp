@@ -170,13 +170,21 @@ torch::ScalarType stored_dtype(const ModelFiles& files) {
   return dtype.value_or(torch::kFloat);
 }
 
-ModelFiles find_model(const std::string& path) {
+std::string find_config(const std::string& path) {
   TORCH_CHECK(fs::exists(path), "'", path, "' does not exist");
+  if (!fs::is_directory(path) && ends_with(path, ".json")) return path;
+  const std::string config = (folder_of(path) / "config.json").string();
+  TORCH_CHECK(fs::exists(config), "'", path, "' is not a Hugging Face model: '", config,
+              "' is missing (it gives the model's shape)");
+  return config;
+}
+
+ModelFiles find_model(const std::string& path) {
+  TORCH_CHECK(fs::is_directory(path) || !ends_with(path, ".json"), "'", path,
+              "' is a model's config.json, not its weights: give its folder");
   const fs::path folder = folder_of(path);
   ModelFiles files;
-  files.config = (folder / "config.json").string();
-  TORCH_CHECK(fs::exists(files.config), "'", path, "' is not a Hugging Face model: '", files.config,
-              "' is missing (it gives the model's shape)");
+  files.config = find_config(path);
   const fs::path single = fs::is_directory(path) ? folder / "model.safetensors" : fs::path(path);
   const fs::path index = folder / "model.safetensors.index.json";
   if (fs::exists(single) || !fs::is_directory(path) || !fs::exists(index)) {

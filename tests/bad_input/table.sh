@@ -71,6 +71,11 @@ row fsdp-plan 1 "the cluster description 'fifo.json' is not a regular file" "$pl
 row fsdp-plan 1 "the cluster description 'missing.json' does not exist" "$plan" --preset small --cluster missing.json
 row fsdp-plan 1 "'not-json.json': expected {flops" "$plan" --preset small --cluster not-json.json
 row fsdp-plan 1 "--bogus" "$plan" --preset small --bogus
+# --init-from reads only a Hugging Face model's config.json: what is not one is named.
+row fsdp-plan 1 "'missing' does not exist" "$plan" --model llama --init-from missing
+row fsdp-plan 1 "'dir' is not a Hugging Face model: 'dir/config.json' is missing" "$plan" --model llama --init-from dir
+row fsdp-plan 1 "'fifo.json' is not a regular file" "$plan" --model llama --init-from fifo.json
+row fsdp-plan 1 "'not-json.json' is not valid JSON" "$plan" --model llama --init-from not-json.json
 
 # ---- fsdp-ckpt ----
 row fsdp-ckpt 1 "missing.safetensors" "$ckpt" inspect missing.safetensors

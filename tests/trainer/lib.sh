@@ -144,6 +144,23 @@ safetensors_header() {
   head -c $(( n + 8 )) "$1" | tail -c "$n"
 }
 
+# zero_safetensors FILE SHAPES: a safetensors file of F32 zeros holding one
+# tensor per entry of the JSON object SHAPES ({"name": [dims...], ...}), in
+# its order: weights of a given layout, for runs that measure memory, not
+# what a model learns.
+zero_safetensors() {
+  local header bytes length
+  header=$(jq -c 'reduce to_entries[] as $t ({tensors: {}, end: 0};
+      (reduce $t.value[] as $d (4; . * $d)) as $bytes
+      | .tensors[$t.key] = {dtype: "F32", shape: $t.value, data_offsets: [.end, .end + $bytes]} | .end += $bytes)
+    | .tensors' <<<"$2") || fail "zero_safetensors: SHAPES is not a JSON object of shapes"
+  bytes=$(jq '[.[].data_offsets[1]] | max' <<<"$header")
+  length=$(printf '%016x' "${#header}")  # the header's length as 8 little-endian bytes
+  { printf "$(sed -E 's/(..)(..)(..)(..)(..)(..)(..)(..)/\\x\8\\x\7\\x\6\\x\5\\x\4\\x\3\\x\2\\x\1/' <<<"$length")"
+    printf '%s' "$header"
+    head -c "$bytes" /dev/zero; } > "$1"
+}
+
 # same_safetensors A B: the two files hold the same tensors (names, dtypes,
 # shapes, offsets) with the same bytes; their __metadata__ may differ.
 same_safetensors() {

@@ -9,6 +9,7 @@
 //   fsdp-plan --params 70e9 --layers 80 --width 8192 --world 8 --param-dtype bf16
 //   fsdp-plan --preset large --world 16 --nodes 2 --cluster cluster.json
 //   fsdp-plan --preset tiny --world 4 --budget 800000 --json
+//   fsdp-plan --model llama --init-from Qwen2.5-0.5B --world 4 --batch 1 --context 2048
 //   build/fsdp-run -n 2 -- build/fsdp-plan calibrate > cluster.json
 //
 // The program's parts (plan/plan.h says what they share): this file (the
@@ -23,9 +24,12 @@
 #include <cmath>
 #include <iostream>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "fsdp/error.h"
 #include "fsdp/host_memory.h"
+#include "fsdp/hugging_face.h"
 #include "fsdp/memory_plan.h"
 #include "fsdp/run_plan.h"
 #include "fsdp/train_step.h"
@@ -37,7 +41,11 @@ namespace fsdp_plan {
 namespace {
 
 void add_plan_options(CLI::App& app, PlanInputs& in) {
-  fsdp_tools::add_model_flags(app, in, " (the model fsdp-train --preset trains); or give --params");
+  fsdp_tools::add_model_flags(app, in, " (the model fsdp-train --preset trains); or give --params or --init-from",
+                              "a Hugging Face model (its folder, its model.safetensors or its config.json): plan the "
+                              "model its config.json describes, every switch of its family counted, as fsdp-train "
+                              "--init-from trains it (only config.json is read; the batch is --batch, else --preset's, "
+                              "else fsdp-train's default preset's)");
   app.add_option("--params", in.params,
                  "or a reference GPT of this many parameters (with --layers; e.g. 70e9): --width defaults from the "
                  "count, --vocab to 32000, --context to 4096, --heads to width / 128, --batch to 1")
@@ -71,7 +79,8 @@ void add_plan_options(CLI::App& app, PlanInputs& in) {
 }
 
 void check_inputs(const PlanInputs& in) {
-  TORCH_CHECK(in.preset.empty() != (in.params == 0), "give --preset or --params (with --layers), not both");
+  TORCH_CHECK(in.params == 0 ? !in.preset.empty() || !in.init_from.empty() : in.preset.empty() && in.init_from.empty(),
+              "give --preset or --params (with --layers), not both; or --init-from a Hugging Face model");
   fsdp_tools::check_model_flags(in);
   TORCH_CHECK(in.kind() == fsdp::models::ModelKind::kGpt || in.params == 0, "--params plans the reference GPT's blocks; --model ", in.model,
               " needs --preset");
@@ -115,13 +124,27 @@ fsdp::ModelDescription describe_by_count(const PlanInputs& in, bool sublayer) {
   return d;
 }
 
+// The model of --preset and the shape's flags, or of --init-from's config.json
+// (over fsdp-train's default preset where --preset is not given, as fsdp-train
+// --init-from takes its batch from it). What config.json sets that the model
+// ignores goes to `ignored`.
+fsdp::models::ModelConfig configured_model(const PlanInputs& in, std::vector<std::string>& ignored) {
+  fsdp_tools::ModelFlags flags = in;
+  if (flags.preset.empty()) flags.preset = fsdp_tools::kTrainerPreset;
+  const fsdp::models::ModelConfig ours = fsdp_tools::model_config(flags, fsdp_tools::gpt_config(flags));
+  if (in.init_from.empty()) return ours;
+  return fsdp_tools::init_from_config(in, fsdp::hugging_face::find_config(in.init_from), ours, ignored);
+}
+
 PlannedModel plan_model(const PlanInputs& in) {
   const bool sublayer = in.wrap == "sublayer";
   PlannedModel m;
-  if (in.preset.empty()) {
+  if (in.params > 0) {
     m.description = describe_by_count(in, sublayer);
   } else {
-    m.description = fsdp_tools::model_config(in, fsdp_tools::gpt_config(in)).plan_description();
+    const fsdp::models::ModelConfig config = configured_model(in, m.ignored);
+    m.description = config.plan_description();
+    m.described = config.describe();
   }
   m.shape = m.description.shape;
   m.shape.sublayer_units = sublayer;
@@ -239,8 +262,8 @@ Report make_report(const PlanInputs& in) {
   r.compute = r.cluster ? (in.activation_checkpointing ? 8.0 : 6.0) * r.model.total_params *
                               static_cast<double>(r.model.shape.batch * r.model.shape.context) / r.cluster->flops
                         : 0.0;
-  if (r.cluster && !in.preset.empty() && r.cluster->model_step_preset == in.preset && !in.layers && !in.width &&
-      !in.batch && !in.context && !in.vocab && !in.heads &&
+  if (r.cluster && !in.preset.empty() && r.cluster->model_step_preset == in.preset && in.init_from.empty() &&
+      !in.layers && !in.width && !in.batch && !in.context && !in.vocab && !in.heads &&
       in.kind() == fsdp::models::ModelKind::kGpt) {
     r.compute = r.cluster->model_step_s * (in.activation_checkpointing ? 8.0 / 6.0 : 1.0);
   }
@@ -291,6 +314,7 @@ int main(int argc, char** argv) {
   }
   return fsdp_plan::reporting_errors([&] {
     const fsdp_plan::Report report = fsdp_plan::make_report(in);
+    for (const std::string& warning : report.model.ignored) std::cerr << "fsdp-plan: warning: " << warning << "\n";
     if (in.json) {
       fsdp_plan::print_json(report);
     } else {

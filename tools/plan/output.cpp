@@ -102,6 +102,7 @@ nlohmann::json inputs_json(const Report& r) {
   const nlohmann::json null_json(nullptr);
   return {{"model", in.model},
           {"preset", in.preset.empty() ? null_json : nlohmann::json(in.preset)},
+          {"init_from", in.init_from.empty() ? null_json : nlohmann::json(in.init_from)},
           {"params", in.params > 0 ? nlohmann::json(in.params) : null_json},
           {"layers", shape.layers},
           {"width", shape.width},
@@ -152,7 +153,8 @@ nlohmann::json cluster_json(const Report& r) {
 void print_json(const Report& r) {
   nlohmann::json out;
   out["inputs"] = inputs_json(r);
-  out["model"] = {{"parameters", r.model.total_params},
+  out["model"] = {{"config", r.model.described.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.model.described)},
+                  {"parameters", r.model.total_params},
                   {"unit_numels", r.model.units},
                   {"largest_unit_numel", r.model.largest_unit}};
   out["strategies"] = nlohmann::json::array();
@@ -184,8 +186,9 @@ void print_strategy_table(const Report& r) {
   std::cout << "model: " << r.model.total_params << " parameters in " << r.model.units.size() << " units ("
             << shape.layers << " blocks, " << r.in.wrap << " units, the largest " << r.model.largest_unit
             << "); vocab " << shape.vocab << ", context " << shape.context << ", width " << shape.width << ", heads "
-            << shape.heads << ", batch " << shape.batch << " per rank\n"
-            << "world: " << r.in.world << " ranks on " << r.in.nodes << " node(s); params "
+            << shape.heads << ", batch " << shape.batch << " per rank\n";
+  if (!r.in.init_from.empty()) std::cout << "from " << r.in.init_from << ": " << r.model.described << "\n";
+  std::cout << "world: " << r.in.world << " ranks on " << r.in.nodes << " node(s); params "
             << fsdp::dtype_name(r.mp.param_dtype()) << ", reduce " << fsdp::dtype_name(r.mp.effective_reduce_dtype())
             << "; prefetch " << (r.in.prefetch ? "on" : "off") << "; activation checkpointing "
             << (r.in.activation_checkpointing ? "on" : "off") << "; offload " << r.in.offload << "\n"

@@ -71,6 +71,10 @@ struct PlannedModel {
   fsdp::TransformerShape shape;
   std::vector<int64_t> units;
   int64_t total_params = 0, largest_unit = 0;
+  // The model's configuration (ModelConfig::describe(): its family's switches too); "" for --params.
+  std::string described;
+  // What --init-from's config.json sets that the model ignores (printed as warnings).
+  std::vector<std::string> ignored;
 };
 
 // Everything fsdp-plan prints, computed once for both its outputs.

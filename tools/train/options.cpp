@@ -7,7 +7,11 @@ namespace {
 
 // The model, the optimizer, the device.
 void add_model_options(CLI::App& app, TrainOptions& o) {
-  fsdp_tools::add_model_flags(app, o, "");
+  fsdp_tools::add_model_flags(app, o, "",
+                              "initial weights: a .safetensors of the spec's names, or a Hugging Face model (a folder "
+                              "with config.json and model.safetensors or the shards its model.safetensors.index.json "
+                              "names, or that model.safetensors: the shape from config.json; each rank reads only its "
+                              "own shards)");
   app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
   app.add_option("--adamw", o.adamw, "fused (fsdp::FusedAdamW: one vectorized, multi-threaded pass) or torch "
@@ -62,10 +66,6 @@ void add_data_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--tokenizer", o.tokenizer,
                  "a Hugging Face tokenizer.json: the vocabulary, --prompt encoded, the sample decoded (--data: its ids)")
       ->check(CLI::ExistingFile);
-  app.add_option("--init-from", o.init_from,
-                 "initial weights: a .safetensors of the spec's names, or a Hugging Face model (a folder with "
-                 "config.json and model.safetensors or the shards its model.safetensors.index.json names, or that "
-                 "model.safetensors: the shape from config.json; each rank reads only its own shards)");
   app.add_option("--save-final", o.save_final, "write the trained weights here (.safetensors; --save-format hf: a folder)");
   app.add_option("--save-format", o.save_format,
                  "spec: one .safetensors of the spec's names; hf: a Hugging Face folder (model.safetensors or its "

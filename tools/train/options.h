@@ -16,7 +16,7 @@ namespace fsdp_train {
 // The model's flags (--model, --preset, the shape, --kv-heads), ZeRO++'s and
 // the run's settings (RunFlags) are the ones fsdp-plan takes too (shared_flags.h).
 struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags, fsdp_tools::RunFlags {
-  TrainOptions() { preset = "small"; }
+  TrainOptions() { preset = fsdp_tools::kTrainerPreset; }
   int64_t steps = 100;
   double lr = 1e-3;
   uint64_t seed = 1337;
@@ -26,7 +26,6 @@ struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags, fsd
   double val_fraction = 0.1;
   int64_t eval_every = 0;
   std::optional<int64_t> eval_sequences;
-  std::string init_from;
   std::string save_final;
   std::string save_format = "spec";  // --save-final as the spec's file, or a Hugging Face folder (hf)
   std::string save_dtype = "source";  // --save-format hf: the weights' dtype (source: --init-from's, else fp32)

@@ -199,33 +199,11 @@ std::unique_ptr<fsdp::models::TokenData> make_data(const TrainOptions& o, const 
                                                        .val_fraction(o.val_fraction));
 }
 
-// --init-from a Hugging Face model: its config.json gives the shape; a shape
-// option that says otherwise is refused (Llama's --context, the training
-// sequence length, is free: its positions are rotary, not learned).
+// --init-from a Hugging Face model: its config.json gives the model (fsdp_tools::init_from_config).
 void apply_hugging_face_config(const TrainOptions& o, Run& run) {
   if (!fsdp::hugging_face::is_model(o.init_from)) return;
-  namespace hf = fsdp::hugging_face;
-  const hf::HubConfig hub = hf::read_config(hf::find_model(o.init_from).config);
-  const fsdp::models::ModelKind kind = hub.model.kind();
-  TORCH_CHECK(kind == o.kind(), "--init-from '", o.init_from, "' holds a ", fsdp::models::model_kind_name(kind),
-              " model: pass --model ", fsdp::models::model_kind_name(kind));
-  run.warnings.insert(run.warnings.end(), hub.ignored.begin(), hub.ignored.end());
-  const fsdp::TransformerShape shape = hub.model.shape();
-  auto check = [&](const char* flag, const std::optional<int64_t>& given, int64_t value) {
-    TORCH_CHECK(!given || *given == value, "--", flag, " ", given.value_or(0), " contradicts --init-from '",
-                o.init_from, "', whose config.json says ", value, " (leave --", flag, " out)");
-  };
-  check("vocab", o.vocab, shape.vocab);
-  check("layers", o.layers, shape.layers);
-  check("heads", o.heads, shape.heads);
-  check("width", o.width, shape.width);
-  const bool learned_positions = kind == fsdp::models::ModelKind::kGpt;
-  if (learned_positions) check("context", o.context, shape.context);
-  if (kind == fsdp::models::ModelKind::kLlama) check("kv-heads", o.kv_heads, hub.model.llama().kv_heads);
-  const fsdp::TransformerShape ours = run.model_config.shape();
-  run.model_config = hub.model;
-  run.model_config.set_batch(ours.batch);
-  if (!learned_positions) run.model_config.set_context(o.context ? *o.context : shape.context);
+  run.model_config = fsdp_tools::init_from_config(o, fsdp::hugging_face::find_model(o.init_from).config,
+                                                  run.model_config, run.warnings);
 }
 
 // The whole model on every rank (initialized), or its shapes only for

@@ -3,15 +3,45 @@
 # them; the peak within 8%, the README's figure (measured: within 5.6%, the
 # worst being tiny, full_shard), and equal to the trainer's own
 # prediction; the host memory the trainer's preflight asked for equal to
-# fsdp-plan's (one plan, fsdp::plan_run, for all three; a Llama too); the textbook 70B table; a recommendation for a budget; a
+# fsdp-plan's (one plan, fsdp::plan_run, for all three; a Llama too, and a
+# hub model's config.json with the switches of its family, through
+# --init-from); the textbook 70B table; a recommendation for a budget; a
 # calibrated step-time estimate. Medium runs at batch 1 (two steps, the
 # second with the optimizer state and prefetch in place, in ~10 s); large is
 # not run.
 plan="$build/fsdp-plan"
 
+# A model downloaded from the hub, as fsdp-plan --init-from and fsdp-train
+# --init-from read it: a Qwen3-style config.json with the switches that
+# change the units' sizes (the head tied to the embedding, biases on q, k, v
+# and o, per-head q/k norms, a head_dim of 24 where width / heads is 16),
+# and weights of its layout in Hugging Face's names (zeros: the runs below
+# measure memory).
+mkdir -p "$work/qwen3"
+cat > "$work/qwen3/config.json" <<'EOF'
+{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 256, "hidden_size": 64,
+ "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+ "head_dim": 24, "max_position_embeddings": 128, "attention_bias": true, "tie_word_embeddings": true,
+ "rms_norm_eps": 1e-06, "rope_theta": 1000000.0}
+EOF
+zero_safetensors "$work/qwen3/model.safetensors" "$(jq -c '
+  .hidden_size as $c | .head_dim as $d | (.num_attention_heads * $d) as $q | (.num_key_value_heads * $d) as $kv
+  | .intermediate_size as $h
+  | {"model.embed_tokens.weight": [.vocab_size, $c], "model.norm.weight": [$c]}
+    + ([range(.num_hidden_layers) | "model.layers.\(.)." as $p | {
+         ($p + "input_layernorm.weight"): [$c], ($p + "post_attention_layernorm.weight"): [$c],
+         ($p + "self_attn.q_proj.weight"): [$q, $c], ($p + "self_attn.q_proj.bias"): [$q],
+         ($p + "self_attn.k_proj.weight"): [$kv, $c], ($p + "self_attn.k_proj.bias"): [$kv],
+         ($p + "self_attn.v_proj.weight"): [$kv, $c], ($p + "self_attn.v_proj.bias"): [$kv],
+         ($p + "self_attn.o_proj.weight"): [$c, $q], ($p + "self_attn.o_proj.bias"): [$c],
+         ($p + "self_attn.q_norm.weight"): [$d], ($p + "self_attn.k_norm.weight"): [$d],
+         ($p + "mlp.gate_proj.weight"): [$h, $c], ($p + "mlp.up_proj.weight"): [$h, $c],
+         ($p + "mlp.down_proj.weight"): [$c, $h]}] | add)' "$work/qwen3/config.json")"
+
 for cfg in "tiny 2 full_shard" "tiny 4 zero1" "small 2 no_shard" "small 2 full_shard --activation-checkpointing" \
            "small 2 full_shard --activation-checkpointing --wrap sublayer" "tiny 2 zero1 --param-dtype bf16" \
-           "medium 2 full_shard --batch 1" "small 2 full_shard --model llama --activation-checkpointing"; do
+           "medium 2 full_shard --batch 1" "small 2 full_shard --model llama --activation-checkpointing" \
+           "small 2 full_shard --model llama --init-from $work/qwen3 --batch 2"; do
   read -r preset world strategy extra <<<"$cfg"
   train_run s "$world" --preset "$preset" --steps 2 --strategy "$strategy" $extra
   "$plan" --preset "$preset" --world "$world" --strategy "$strategy" $extra --json > "$work/plan.json" ||
@@ -34,6 +64,25 @@ for cfg in "tiny 2 full_shard" "tiny 4 zero1" "small 2 no_shard" "small 2 full_s
   echo "ok: $cfg: model state $(jq '.strategies[0].model_state_bytes' "$work/plan.json") B as planned;" \
        "peak $(jq '.peak_tensor_bytes | max' "$work/s.json") B measured, $(jq .strategies[0].device_total_bytes "$work/plan.json") B planned"
 done
+
+# --init-from reads config.json alone: the folder, its model.safetensors and
+# the file itself plan the same model, every switch named in its
+# configuration; without --preset, at the batch of fsdp-train's default
+# preset (small: 8), as fsdp-train --init-from trains it.
+for from in "$work/qwen3" "$work/qwen3/model.safetensors" "$work/qwen3/config.json"; do
+  "$plan" --model llama --init-from "$from" --world 2 --json > "$work/from.json" || fail "fsdp-plan --init-from $from failed"
+  jq -e --arg from "$from" '.inputs.init_from == $from and .inputs.batch == 8 and .inputs.context == 128
+         and (.model.config | test("tie_word_embeddings 1, attention_bias 1, qk_norm 1, head_dim 24, hub_family qwen3"))' \
+    "$work/from.json" >/dev/null || fail "--init-from $from planned $(jq -c '[.inputs, .model.config]' "$work/from.json")"
+  [ -z "${unit_numels:-}" ] || [ "$(jq -c .model.unit_numels "$work/from.json")" = "$unit_numels" ] ||
+    fail "--init-from $from planned units $(jq -c .model.unit_numels "$work/from.json"), not $unit_numels"
+  unit_numels=$(jq -c .model.unit_numels "$work/from.json")
+done
+echo "ok: --init-from's folder, weights and config.json plan the same units $unit_numels"
+expect_error "holds a llama model: pass --model llama" "$plan" --init-from "$work/qwen3"
+expect_error "--width 128 contradicts --init-from" "$plan" --model llama --init-from "$work/qwen3" --width 128
+expect_error "give --preset or --params (with --layers), not both; or --init-from" "$plan" --params 1e9 --layers 4 \
+  --model llama --init-from "$work/qwen3"
 
 # The plan's own arithmetic: the device total is the sum of its parts, the
 # budget's figure the model state plus at most the gathered bytes, and the

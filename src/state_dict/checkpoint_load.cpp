@@ -240,11 +240,12 @@ CheckpointInfo load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimi
   const nlohmann::json& saved_units = meta.at("units");
   const nlohmann::json our_units = unit_layout(state);
   TORCH_CHECK(saved_units.size() == our_units.size(), "checkpoint '", path, "' holds ", saved_units.size(),
-              " units, this model has ", our_units.size(), " (another model configuration or wrap policy)");
+              " units, this model has ", our_units.size(),
+              " (another model configuration, wrap policy, or set of frozen parameters)");
   for (size_t u = 0; u < our_units.size(); ++u) {
     TORCH_CHECK(saved_units[u].at("params") == our_units[u].at("params"), "checkpoint '", path, "': unit '",
                 our_units[u].at("name").get<std::string>(), "' was saved with other parameters or shapes ",
-                "(another model configuration): saved ", saved_units[u].at("params").dump(), ", model has ",
+                "(another model configuration or set of frozen parameters): saved ", saved_units[u].at("params").dump(), ", model has ",
                 our_units[u].at("params").dump());
   }
   // The optimizer must keep the state that was saved (Adam and AdamW keep
@@ -278,7 +279,10 @@ CheckpointInfo load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimi
     const int64_t begin = std::min(flat.shard_rank() * flat.shard_numel(), flat.numel());
     const int64_t end = std::min(begin + flat.shard_numel(), flat.numel());
     std::vector<torch::Tensor> targets = {flat.shard().detach()};
-    if (has_state) {
+    if (flat.frozen()) {
+      // Not among the optimizer's parameters: no state is made for it (its
+      // saved moments are the zeros OptimizerState::value gave at the save).
+    } else if (has_state) {
       for (const auto& name : our_names) targets.push_back(optimizer_state.tensor(flat.shard(), name));
       optimizer_state.set_step(flat.shard(), optimizer_step);
     } else {

@@ -66,6 +66,10 @@ void add_data_options(CLI::App& app, TrainOptions& o) {
                  "initial weights: a .safetensors of the spec's names, or a Hugging Face model (a folder with "
                  "config.json and model.safetensors or the shards its model.safetensors.index.json names, or that "
                  "model.safetensors: the shape from config.json; each rank reads only its own shards)");
+  app.add_option("--freeze", o.freeze,
+                 "freeze the parameters whose names this ECMAScript regex matches (searched anywhere in the name, "
+                 "e.g. 'wte|h\\.[0-5]\\.'): they are gathered for compute but get no gradient, no optimizer state "
+                 "and no weight decay (partial fine-tuning; docs/fine-tuning.md)");
   app.add_option("--save-final", o.save_final, "write the trained weights here (.safetensors; --save-format hf: a folder)");
   app.add_option("--save-format", o.save_format,
                  "spec: one .safetensors of the spec's names; hf: a Hugging Face folder (model.safetensors or its "

@@ -167,8 +167,12 @@ void print_banner(const ReportContext& c) {
   const int W = c.world_size;
   const bool scaling = c.train_step.scaler() != nullptr, skip_sync = c.train_step.syncs_only_last_micro_step();
   std::cout << "fsdp-train: " << family_title(run.model_config.kind()) << ", " << shape_source(o) << " ("
-            << run.model->describe() << "), " << c.predicted.num_params
-            << " parameters\n"
+            << run.model->describe() << "), " << c.predicted.num_params << " parameters";
+  if (!o.freeze.empty()) {
+    std::cout << ", " << run.trainable_params << " trainable (--freeze '" << o.freeze << "' froze "
+              << c.predicted.num_params - run.trainable_params << ")";
+  }
+  std::cout << "\n"
             << "  " << fsdp::strategy_name(run.fsdp_options.strategy()) << " over " << W << " rank(s)";
   if (state.shard_group()) std::cout << ", shard group of " << state.shard_group()->size();
   if (state.replicate_group()) std::cout << ", replicate group of " << state.replicate_group()->size();

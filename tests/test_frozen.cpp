@@ -113,9 +113,10 @@ TEST(FrozenParameters, NeverChangeAndHoldNoGradientOrOptimizerBytes) {
       optimizer = std::make_unique<torch::optim::AdamW>(model.parameters(), fsdp::testing::spec_adamw().weight_decay(0.5));
     }
     fsdp::TrainStep train_step(model, *optimizer, options);
+    fsdp::StepResult last;
     for (int64_t step = 0; step < 3; ++step) {
       auto [x, y] = fsdp::testing::batch(data, step, 0, 1, 2);
-      train_step([&](int64_t) { return model.forward(x, y); });
+      last = train_step([&](int64_t) { return model.forward(x, y); });
     }
     const auto after = fsdp::testing::full_params(model.state());
     ASSERT_EQ(after.size(), initial.size());  // the frozen ones under their names too
@@ -152,6 +153,20 @@ TEST(FrozenParameters, NeverChangeAndHoldNoGradientOrOptimizerBytes) {
     }
     EXPECT_EQ(state_numel, 2 * trainable);
 
+    // A step's collectives (full_shard, fp32): every unit gathered in
+    // forward and again in backward, frozen parts too; only the trainable
+    // parts reduce-scattered.
+    if (c.strategy == ShardingStrategy::kFullShard && c.param_dtype == torch::kFloat) {
+      int64_t gathered = 0, reduced = 0;
+      for (const auto& unit : units) {
+        gathered += unit->flat_param().padded_numel();
+        if (!unit->is_frozen_part()) reduced += unit->flat_param().padded_numel();
+      }
+      const auto bytes = [&](fsdp::CollectiveKind kind) { return last.comm.bytes[static_cast<size_t>(kind)]; };
+      EXPECT_EQ(bytes(fsdp::CollectiveKind::kReduceScatter), 4 * reduced);
+      EXPECT_EQ(bytes(fsdp::CollectiveKind::kAllGather), 2 * 4 * gathered);
+    }
+
     // The counters: gradients and moments of the trainable shards only
     // (zero1 keeps each trainable unit's whole gradient; the moments may
     // come with a small step tensor per shard).
@@ -175,15 +190,23 @@ TEST(FrozenParameters, NeverChangeAndHoldNoGradientOrOptimizerBytes) {
 // The same frozen set on one process with the global batch: the same losses
 // and weights (tolerances as Sharding's equivalence tests), under AdamW's
 // own decay, which PyTorch applies only to the parameters the optimizer
-// steps; first-step gradients of the trainable parameters match too.
+// steps; first-step gradients of the trainable parameters match too. Every
+// strategy's kind of unit life (resharded after forward or not, parameters
+// persistent, replicas), and a recomputed forward.
 TEST(FrozenParameters, TrainTheSameModelAsOneProcess) {
   const int W = world_group->size();
   const int64_t B = 2, steps = 5;
   const auto& data = fsdp::testing::token_data();
-  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
-                                    ShardingStrategy::kZero1, ShardingStrategy::kHybridShard}) {
-    SCOPED_TRACE(fsdp::testing::name_of(strategy));
-    auto sharded = fsdp::fully_shard(make_partly_frozen_gpt(), world_group, fsdp::testing::options_for(strategy));
+  struct Case {
+    ShardingStrategy strategy;
+    bool recompute;  // activation checkpointing: the frozen part gathered again for the recompute
+  };
+  for (const Case c : {Case{ShardingStrategy::kFullShard, false}, Case{ShardingStrategy::kFullShard, true},
+                       Case{ShardingStrategy::kShardGradOp, false}, Case{ShardingStrategy::kZero1, false},
+                       Case{ShardingStrategy::kHybridShard, false}}) {
+    SCOPED_TRACE(fsdp::testing::name_of(c.strategy) + (c.recompute ? " with activation checkpointing" : ""));
+    auto sharded = fsdp::fully_shard(make_partly_frozen_gpt(), world_group,
+                                     fsdp::testing::options_for(c.strategy).activation_checkpointing(c.recompute));
     const auto adamw = fsdp::testing::spec_adamw().weight_decay(0.5);
     torch::optim::AdamW sharded_opt(sharded.parameters(), adamw);
     GPT reference = make_partly_frozen_gpt();

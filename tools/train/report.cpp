@@ -201,7 +201,10 @@ void print_banner(const ReportContext& c) {
   std::cout << "  construction (model built and sharded" << (o.sharded_init ? ", sharded initialization" : "")
             << "): rank 0's tensor memory peaked at " << format_mib(c.predicted.construction_peak) << "\n";
   std::cout << "  per-rank model state by formula: " << predicted.total() << " B (params " << predicted.params
-            << ", grads " << predicted.grads << ", optimizer " << predicted.optimizer << ")\n";
+            << ", grads " << predicted.grads << ", optimizer " << predicted.optimizer << ")"
+            << (o.freeze.empty() ? "" : ", counting the frozen parameters as trainable (an upper bound: the "
+                                        "planner does not know --freeze yet; the summary's figures are measured)")
+            << "\n";
   if (o.ckpt_async && !o.ckpt_dir.empty()) {
     std::cout << "  checkpoints in the background (--ckpt-async): rank 0's staging copy "
               << format_mib(c.predicted.checkpoint_staging) << ", held beside the steps until written\n";

@@ -65,7 +65,7 @@ std::vector<bool> split_frozen_parameters(std::vector<UnitPlan>& plans) {
   std::vector<UnitPlan> split;
   std::vector<bool> frozen;
   for (auto& plan : plans) {
-    UnitPlan frozen_part{plan.name + "#frozen", plan.module, {}};
+    UnitPlan frozen_part{(plan.name.empty() ? "<root>" : plan.name) + "#frozen", plan.module, {}};
     std::vector<std::pair<std::string, torch::Tensor>> trainable;
     for (auto& named : plan.params) (named.second.requires_grad() ? trainable : frozen_part.params).push_back(named);
     plan.params = std::move(trainable);
@@ -665,7 +665,8 @@ void FsdpStateImpl::recover_from_failed_backward() {
 void FsdpStateImpl::rethrow_forward_error(const c10::Error& error) const {
   std::string never_entered;
   for (const auto& unit : units_) {
-    if (!unit->entered_in_this_forward_ && !unit->is_frozen_part()) never_entered += (never_entered.empty() ? "" : ", ") + unit->display_name();
+    if (unit->entered_in_this_forward_ || unit->is_frozen_part()) continue;  // a frozen part enters with its owner
+    never_entered += (never_entered.empty() ? "" : ", ") + unit->display_name();
   }
   if (never_entered.empty()) throw;  // the error being handled, with its own type
   TORCH_CHECK(false, error.what_without_backtrace(),

@@ -191,22 +191,29 @@ TEST(FrozenParameters, NeverChangeAndHoldNoGradientOrOptimizerBytes) {
 // and weights (tolerances as Sharding's equivalence tests), under AdamW's
 // own decay, which PyTorch applies only to the parameters the optimizer
 // steps; first-step gradients of the trainable parameters match too. Every
-// strategy's kind of unit life (resharded after forward or not, parameters
-// persistent, replicas), and a recomputed forward.
+// kind of unit life: resharded after forward or not, persistent parameters,
+// replicas, a recomputed forward, a secondary partition.
 TEST(FrozenParameters, TrainTheSameModelAsOneProcess) {
   const int W = world_group->size();
   const int64_t B = 2, steps = 5;
   const auto& data = fsdp::testing::token_data();
-  struct Case {
-    ShardingStrategy strategy;
-    bool recompute;  // activation checkpointing: the frozen part gathered again for the recompute
+  using fsdp::testing::options_for;
+  std::vector<std::pair<std::string, fsdp::FullyShardOptions>> cases = {
+      {"full_shard", options_for(ShardingStrategy::kFullShard)},
+      // The frozen part gathered again for the recompute.
+      {"full_shard, activation checkpointing", options_for(ShardingStrategy::kFullShard).activation_checkpointing(true)},
+      {"shard_grad_op", options_for(ShardingStrategy::kShardGradOp)},
+      {"zero1", options_for(ShardingStrategy::kZero1)},
+      {"hybrid_shard", options_for(ShardingStrategy::kHybridShard)},
   };
-  for (const Case c : {Case{ShardingStrategy::kFullShard, false}, Case{ShardingStrategy::kFullShard, true},
-                       Case{ShardingStrategy::kShardGradOp, false}, Case{ShardingStrategy::kZero1, false},
-                       Case{ShardingStrategy::kHybridShard, false}}) {
-    SCOPED_TRACE(fsdp::testing::name_of(c.strategy) + (c.recompute ? " with activation checkpointing" : ""));
-    auto sharded = fsdp::fully_shard(make_partly_frozen_gpt(), world_group,
-                                     fsdp::testing::options_for(c.strategy).activation_checkpointing(c.recompute));
+  if (W > 1) {  // ZeRO++'s secondary partition (exact), the frozen part's kept too: hosts of W / 2 ranks (or 1)
+    const int host_ranks = W % 2 == 0 ? W / 2 : 1;
+    cases.emplace_back("full_shard, hpZ", options_for(ShardingStrategy::kFullShard, torch::kFloat, host_ranks)
+                                              .zero_plus_plus(fsdp::ZeroPlusPlus().secondary_partition(true)));
+  }
+  for (const auto& [name, options] : cases) {
+    SCOPED_TRACE(name);
+    auto sharded = fsdp::fully_shard(make_partly_frozen_gpt(), world_group, options);
     const auto adamw = fsdp::testing::spec_adamw().weight_decay(0.5);
     torch::optim::AdamW sharded_opt(sharded.parameters(), adamw);
     GPT reference = make_partly_frozen_gpt();

@@ -474,7 +474,7 @@ case_ckpt_keep() {
   [ "$(ls "$work/ck1" | paste -sd' ')" = "step-2" ] || fail "with --ckpt-keep 1: $(ls "$work/ck1" | paste -sd' ')"
 }
 
-row freeze "--freeze REGEX: the banner and summary count the trainable parameters; checkpoints hold the frozen parameters without optimizer state and verify; resume bit for bit in both checkpoint formats, resharded 2 -> 4 within 1e-5; a checkpoint resumed without its --freeze, and a pattern that matches nothing, everything, or does not parse, are refused"
+row freeze "--freeze REGEX: the banner and summary count the trainable parameters; the measured model state holds no gradient or moments for the frozen ones; checkpoints hold the frozen parameters without optimizer state and verify; resume bit for bit in both checkpoint formats, resharded 2 -> 4 within 1e-5; a checkpoint resumed without its --freeze, and a pattern that matches nothing, everything, or does not parse, are refused"
 case_freeze() {
   # That frozen parameters never change, hold no gradient or optimizer
   # bytes, and train as one process does at W = 1..4 is FrozenParameters.*'s
@@ -484,6 +484,11 @@ case_freeze() {
   train_run straight 2 "${common[@]}" --steps 6
   grep -qF "trainable (--freeze 'wpe|h\.0\.' froze 52032)" "$work/straight.out" || fail "the banner lacks the trainable count"
   json_ok "$work/straight.json" '.parameters - .trainable_parameters == 52032' "summary: not 52032 frozen parameters"
+  # The measured model state per rank, by hand: the trainable flats (root's
+  # wte + ln_f, 16512; block 1's 49984) are 8256 + 24992 = 33248 elements a
+  # rank, the frozen ones (wpe 2048; block 0, 49984) 1024 + 24992 = 26016:
+  # params 4 x 59264, grads 4 x 33248, moments 8 x 33248 = 636032 bytes.
+  json_is "$work/straight.json" '.model_state_bytes | @csv' "636032,636032"
   # Evaluation (forwards without autograd) and sampling (an UnshardScope) gather the frozen parts too.
   train_run eval-and-sample 2 "${common[@]}" --steps 2 --eval-every 2 --sample 8
   json_ok "$work/eval-and-sample.json" '.final_val_loss | type == "number"' "no validation loss with --freeze"

@@ -1,9 +1,10 @@
 // Frozen parameters (requires_grad false before fully_shard), at W = 1 to 4:
 // they never change (weight decay, the optimizer's own or TrainStep's,
-// clipping, both AdamWs, bf16 params, CPU offload), hold no gradient and no
-// optimizer bytes, are in the full state dicts under their names, and a
+// clipping, a step skipped by loss scaling, both AdamWs, bf16 params, CPU
+// offload), hold no gradient, optimizer or reduce-scatter bytes, are in the
+// full state dicts under their names (sharded init fills them), and a
 // model with frozen parameters trains as one process with the same ones
-// frozen. The frozen set makes every kind of unit: the root mixed (wpe),
+// frozen (every strategy, recompute, hpZ). The frozen set makes every kind of unit: the root mixed (wpe),
 // block 0 all frozen, block 1 mixed (its attention's c_attn).
 
 #include <gtest/gtest.h>
@@ -91,12 +92,18 @@ TEST(FrozenParameters, NeverChangeAndHoldNoGradientOrOptimizerBytes) {
     bool clip;            // TrainStep clips the global norm
     torch::ScalarType param_dtype;
     bool cpu_offload;
+    bool skip_first;  // loss scaling from a scale that overflows: the first step is skipped
   };
   const Case cases[] = {
-      {"AdamW's own decay, full_shard", ShardingStrategy::kFullShard, false, false, torch::kFloat, false},
-      {"FusedAdamW, TrainStep's decay and clipping, full_shard", ShardingStrategy::kFullShard, true, true, torch::kFloat, false},
-      {"AdamW's own decay and clipping, zero1, bf16 params", ShardingStrategy::kZero1, false, true, torch::kBFloat16, false},
-      {"FusedAdamW, TrainStep's decay, cpu_offload", ShardingStrategy::kFullShard, true, false, torch::kFloat, true},
+      {"AdamW's own decay, full_shard", ShardingStrategy::kFullShard, false, false, torch::kFloat, false, false},
+      {"FusedAdamW, TrainStep's decay and clipping, full_shard", ShardingStrategy::kFullShard, true, true,
+       torch::kFloat, false, false},
+      {"AdamW's own decay and clipping, zero1, bf16 params", ShardingStrategy::kZero1, false, true, torch::kBFloat16,
+       false, false},
+      {"FusedAdamW, TrainStep's decay, cpu_offload", ShardingStrategy::kFullShard, true, false, torch::kFloat, true,
+       false},
+      {"FusedAdamW, TrainStep's decay and clipping, a skipped step", ShardingStrategy::kFullShard, true, true,
+       torch::kFloat, false, true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -106,6 +113,9 @@ TEST(FrozenParameters, NeverChangeAndHoldNoGradientOrOptimizerBytes) {
     const auto initial = fsdp::testing::full_params(model.state());
     std::unique_ptr<torch::optim::AdamW> optimizer;
     auto options = fsdp::TrainStepOptions().gather_rank_figures(false).clip_grad_norm(c.clip ? 0.01 : 0.0);
+    if (c.skip_first) {
+      options.loss_scaling(true).grad_scaler(fsdp::GradScalerOptions().init_scale(1e38).backoff_factor(1e-30));
+    }
     if (c.fused) {
       optimizer = std::make_unique<fsdp::FusedAdamW>(model.parameters(), fsdp::testing::spec_adamw());
       options.weight_decay(0.5);
@@ -117,6 +127,7 @@ TEST(FrozenParameters, NeverChangeAndHoldNoGradientOrOptimizerBytes) {
     for (int64_t step = 0; step < 3; ++step) {
       auto [x, y] = fsdp::testing::batch(data, step, 0, 1, 2);
       last = train_step([&](int64_t) { return model.forward(x, y); });
+      EXPECT_EQ(last.stepped, !(c.skip_first && step == 0)) << "step " << step;
     }
     const auto after = fsdp::testing::full_params(model.state());
     ASSERT_EQ(after.size(), initial.size());  // the frozen ones under their names too

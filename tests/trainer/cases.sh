@@ -474,7 +474,7 @@ case_ckpt_keep() {
   [ "$(ls "$work/ck1" | paste -sd' ')" = "step-2" ] || fail "with --ckpt-keep 1: $(ls "$work/ck1" | paste -sd' ')"
 }
 
-row freeze "--freeze REGEX: the banner and summary count the trainable parameters; the measured model state holds no gradient or moments for the frozen ones; checkpoints hold the frozen parameters without optimizer state and verify; resume bit for bit in both checkpoint formats, resharded 2 -> 4 within 1e-5; a checkpoint resumed without its --freeze, and a pattern that matches nothing, everything, or does not parse, are refused"
+row freeze "--freeze REGEX: the banner and summary count the trainable parameters; the measured model state holds no gradient or moments for the frozen ones; checkpoints hold the frozen parameters without optimizer state and verify; resume bit for bit in both checkpoint formats, resharded 2 -> 4 within 1e-5; a checkpoint resumed without its --freeze, a pattern that matches nothing, everything, or does not parse, and --freeze with nvme offload are refused"
 case_freeze() {
   # That frozen parameters never change, hold no gradient or optimizer
   # bytes, and train as one process does at W = 1..4 is FrozenParameters.*'s
@@ -514,6 +514,8 @@ case_freeze() {
   expect_error "--freeze 'nothing_like_this' matches none of the model's" "$run" -n 2 -- "$train" --preset tiny --freeze 'nothing_like_this'
   expect_error "matches all" "$run" -n 2 -- "$train" --preset tiny --freeze '.'
   expect_error "is not an ECMAScript regular expression" "$run" -n 2 -- "$train" --preset tiny --freeze '('
+  expect_error "--freeze with --offload-optimizer nvme or --offload-params nvme is not supported" \
+    "$run" -n 2 -- "$train" --preset tiny --freeze wpe --offload-optimizer nvme --offload-dir "$work"
 }
 
 row checkpoint "full-format resume bit for bit; resharded resume (W = 1, 4 hybrid; W = 2 -> 3 -> 4 padded) within 1e-5; bad checkpoints refused; a kill mid-save leaves the last one"

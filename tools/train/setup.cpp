@@ -256,6 +256,9 @@ void make_model(const TrainOptions& o, Run& run) {
 // that matches nothing (a typo) or everything (nothing left to train) is
 // refused: either would train something other than what was asked.
 void freeze_parameters(const TrainOptions& o, Run& run) {
+  TORCH_CHECK(o.freeze.empty() || (o.offload_optimizer != "nvme" && o.offload_params != "nvme"),
+              "--freeze with --offload-optimizer nvme or --offload-params nvme is not supported (the disk offload "
+              "keeps optimizer state for every unit): leave --freeze out, or use --offload cpu");
   int64_t total = 0, frozen = 0, frozen_tensors = 0, tensors = 0;
   std::regex pattern;
   if (!o.freeze.empty()) {

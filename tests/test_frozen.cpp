@@ -120,7 +120,8 @@ TEST(FrozenParameters, NeverChangeAndHoldNoGradientOrOptimizerBytes) {
       optimizer = std::make_unique<fsdp::FusedAdamW>(model.parameters(), fsdp::testing::spec_adamw());
       options.weight_decay(0.5);
     } else {
-      optimizer = std::make_unique<torch::optim::AdamW>(model.parameters(), fsdp::testing::spec_adamw().weight_decay(0.5));
+      optimizer =
+          std::make_unique<torch::optim::AdamW>(model.parameters(), fsdp::testing::spec_adamw().weight_decay(0.5));
     }
     fsdp::TrainStep train_step(model, *optimizer, options);
     fsdp::StepResult last;
@@ -186,7 +187,8 @@ TEST(FrozenParameters, NeverChangeAndHoldNoGradientOrOptimizerBytes) {
     int64_t gradient_numel = 0;
     for (const auto& unit : units) {
       const fsdp::FlatParam& flat = unit->flat_param();
-      if (!unit->is_frozen_part()) gradient_numel += flat.config().full_gradients ? flat.padded_numel() : flat.shard_numel();
+      if (unit->is_frozen_part()) continue;
+      gradient_numel += flat.config().full_gradients ? flat.padded_numel() : flat.shard_numel();
     }
     if (!c.cpu_offload) {  // (offloaded gradients live in pinned host blocks, counted apart)
       EXPECT_EQ(now.live(Category::kGradientShard) - before.live(Category::kGradientShard), gradient_numel * f32)
@@ -212,7 +214,8 @@ TEST(FrozenParameters, TrainTheSameModelAsOneProcess) {
   std::vector<std::pair<std::string, fsdp::FullyShardOptions>> cases = {
       {"full_shard", options_for(ShardingStrategy::kFullShard)},
       // The frozen part gathered again for the recompute.
-      {"full_shard, activation checkpointing", options_for(ShardingStrategy::kFullShard).activation_checkpointing(true)},
+      {"full_shard, activation checkpointing",
+       options_for(ShardingStrategy::kFullShard).activation_checkpointing(true)},
       {"shard_grad_op", options_for(ShardingStrategy::kShardGradOp)},
       {"zero1", options_for(ShardingStrategy::kZero1)},
       {"hybrid_shard", options_for(ShardingStrategy::kHybridShard)},

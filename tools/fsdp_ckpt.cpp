@@ -130,8 +130,9 @@ int verify(const std::string& path) {
     for (size_t u = 0; u < units.size(); ++u) {
       const int64_t numel = units[u].at("numel").get<int64_t>();
       torch::Tensor scratch = torch::empty({numel});
+      const bool frozen = units[u].value("frozen", false);  // its param alone: no optimizer state
       for (const char* what : {"param", "exp_avg", "exp_avg_sq"}) {
-        if (what == std::string("param") || !units[u].value("frozen", false)) saved.read_range(u, what, 0, numel, scratch);
+        if (what == std::string("param") || !frozen) saved.read_range(u, what, 0, numel, scratch);
       }
     }
     std::cout << "ok: " << path << ": " << saved.metadata().json.at("files").size() << " files, checksums match, "

@@ -273,7 +273,8 @@ void FlatParam::write_back_shard() {
 }
 
 void FlatParam::start_reduce_gradients() {
-  TORCH_CHECK(!config_.frozen, "FlatParam: unit ", unit_index(), " holds frozen parameters, which have no gradient to reduce");
+  TORCH_CHECK(!config_.frozen, "FlatParam: unit ", unit_index(),
+              " holds frozen parameters, which have no gradient to reduce");
   TORCH_CHECK(!pending_reduce_, "FlatParam: a gradient reduction is already in flight");
   torch::NoGradGuard no_grad;
   const torch::ScalarType reduce_dtype = config_.mixed_precision.effective_reduce_dtype();

@@ -22,6 +22,7 @@
 #include "fsdp/fused_adamw.h"
 #include "fsdp/gpt.h"
 #include "fsdp/memory.h"
+#include "fsdp/safetensors.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/train_step.h"
 #include "mpi_test_env.h"
@@ -262,9 +263,10 @@ TEST(FrozenParameters, TrainTheSameModelAsOneProcess) {
   }
 }
 
-// The full state dict holds the frozen parameters under their names and
-// loads back into them; sharded initialization (param_init_fn) fills them
-// as it fills the others.
+// The full and sharded state dicts hold the frozen parameters under their
+// names and load back into them; save_full_state_dict writes them to the
+// model file and no state of theirs to the optimizer's; sharded
+// initialization (param_init_fn) fills them as it fills the others.
 TEST(FrozenParameters, StateDictsAndShardedInitCoverThem) {
   auto model = fsdp::fully_shard(make_partly_frozen_gpt(), world_group, fsdp::testing::block_units());
   fsdp::StateDict dict = fsdp::full_state_dict(model.state());
@@ -285,6 +287,33 @@ TEST(FrozenParameters, StateDictsAndShardedInitCoverThem) {
   fsdp::load_full_state_dict(other.state(), dict);
   fsdp::testing::expect_same_params(model.state(), other.state(), "after load_full_state_dict");
 
+  // After a step: the sharded state dict holds the frozen ones too, and
+  // loads back; the full files hold them in the model file and nothing of
+  // them in the optimizer's.
+  const auto& data = fsdp::testing::token_data();
+  auto [x, y] = fsdp::testing::batch(data, 0, 0, 1, 2);
+  fsdp::FusedAdamW optimizer(model.parameters(), fsdp::testing::spec_adamw());
+  model.forward(x, y).backward();
+  optimizer.step();
+  fsdp::load_sharded_state_dict(other.state(), fsdp::sharded_state_dict(model.state()));
+  fsdp::testing::expect_same_params(model.state(), other.state(), "after load_sharded_state_dict");
+  const std::string path = "/tmp/fsdp_test_frozen_w" + std::to_string(world_group->size());
+  fsdp::save_full_state_dict(model.state(), path + ".model.safetensors", {}, &optimizer,
+                             path + ".optimizer.safetensors");
+  GPT unsharded{fsdp::testing::tiny()};
+  fsdp::load_full_weights(*unsharded, path + ".model.safetensors");
+  const auto saved = fsdp::testing::full_params(model.state());
+  for (const auto& [name, param] : fsdp::unique_named_parameters(*unsharded)) {
+    EXPECT_TRUE(torch::equal(param, saved.at(name))) << name << " in the saved model file";
+  }
+  int moments = 0;
+  const fsdp::safetensors::Reader optimizer_file(path + ".optimizer.safetensors");
+  for (const auto& t : optimizer_file.tensors()) {
+    EXPECT_FALSE(is_frozen(t.spec.name)) << t.spec.name << " has optimizer state in the file";
+    ++moments;
+  }
+  EXPECT_EQ(moments, 2 * static_cast<int>(saved.size() - frozen));
+
   // Sharded init: every parameter, frozen or not, drawn as make_gpt draws it.
   GPT deferred = [] {
     fsdp::memory::DeferredInit no_values;
@@ -301,7 +330,9 @@ TEST(FrozenParameters, StateDictsAndShardedInitCoverThem) {
         torch::NoGradGuard no_grad;
         param.copy_(by_name.at(name));
       }));
-  fsdp::testing::expect_same_params(model.state(), initialized.state(), "after sharded init");
+  for (const auto& [name, value] : fsdp::testing::full_params(initialized.state())) {
+    EXPECT_TRUE(torch::equal(value, *dict.find(name))) << name << " after sharded init";
+  }
   EXPECT_EQ(initialized.parameters().size(), model.parameters().size());
 }
 

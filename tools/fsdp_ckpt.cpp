@@ -56,7 +56,8 @@ void inspect_checkpoint(const std::string& path) {
             << " of each):\n";
   for (const auto& unit : m.at("units")) {
     std::string name = unit.at("name").get<std::string>();
-    std::cout << "    unit " << (name.empty() ? "<root>" : name) << ": " << unit.at("numel") << " elements\n";
+    std::cout << "    unit " << (name.empty() ? "<root>" : name) << ": " << unit.at("numel") << " elements"
+              << (unit.value("frozen", false) ? " (frozen: no optimizer state)" : "") << "\n";
     for (const auto& p : unit.at("params")) {
       auto shape = p.at("shape").get<std::vector<int64_t>>();
       std::cout << "      " << std::left << std::setw(44) << p.at("name").get<std::string>() << " F32 "
@@ -129,7 +130,10 @@ int verify(const std::string& path) {
     for (size_t u = 0; u < units.size(); ++u) {
       const int64_t numel = units[u].at("numel").get<int64_t>();
       torch::Tensor scratch = torch::empty({numel});
-      for (const char* what : {"param", "exp_avg", "exp_avg_sq"}) saved.read_range(u, what, 0, numel, scratch);
+      const bool frozen = units[u].value("frozen", false);  // its param alone: no optimizer state
+      for (const char* what : {"param", "exp_avg", "exp_avg_sq"}) {
+        if (what == std::string("param") || !frozen) saved.read_range(u, what, 0, numel, scratch);
+      }
     }
     std::cout << "ok: " << path << ": " << saved.metadata().json.at("files").size() << " files, checksums match, "
               << units.size() << " units readable\n";

@@ -102,10 +102,10 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, 
     // initialize_views() frees it.
     if (!config_.persistent_params) memory::count_gathered_bytes(static_cast<int64_t>(unsharded_.nbytes()));
   }
-  shard_.requires_grad_(true);
+  shard_.requires_grad_(!config_.frozen);
   gathered_version_ = shard_._version();
   stale_ = !shard_is_view;
-  if (config_.full_gradients) {
+  if (config_.full_gradients && !config_.frozen) {
     MemoryCategoryScope scope(Category::kGradientShard);
     full_grad_ = torch::zeros({padded_numel()}, on_device.dtype(torch::kFloat));
     shard_.mutable_grad() = alias(full_grad_, r * shard_numel_, shard_numel_);
@@ -273,6 +273,8 @@ void FlatParam::write_back_shard() {
 }
 
 void FlatParam::start_reduce_gradients() {
+  TORCH_CHECK(!config_.frozen, "FlatParam: unit ", unit_index(),
+              " holds frozen parameters, which have no gradient to reduce");
   TORCH_CHECK(!pending_reduce_, "FlatParam: a gradient reduction is already in flight");
   torch::NoGradGuard no_grad;
   const torch::ScalarType reduce_dtype = config_.mixed_precision.effective_reduce_dtype();
@@ -372,7 +374,7 @@ torch::Tensor FlatParam::finish_quantized_reduce() {
 }
 
 void FlatParam::prepare_gradient_buffer() {
-  if (config_.full_gradients || !config_.shard_group || gradient_buffer_.defined() ||
+  if (config_.frozen || config_.full_gradients || !config_.shard_group || gradient_buffer_.defined() ||
       config_.mixed_precision.effective_reduce_dtype() != config_.mixed_precision.param_dtype()) {
     return;
   }

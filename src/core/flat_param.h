@@ -52,6 +52,14 @@ struct FlatParamConfig {
   // stream): src/core/gather_order.h.
   GatherOrder* gather_order = nullptr;
   size_t unit_index = 0;  // the unit's position in detail::units()
+  // The parameters never change (requires_grad false when sharded): the
+  // shard is no leaf that requires grad and is not among
+  // FsdpState::parameters(), so no optimizer steps, decays or clips it; it
+  // gets no gradient buffer and is never reduced. A unit's frozen
+  // parameters are a FlatParam of their own (Unit::frozen_part()), so that
+  // its trainable one keeps gradients, reductions and optimizer state for
+  // trainable elements only.
+  bool frozen = false;
   // ZeRO++ (FullyShardOptions::zero_plus_plus; world-sharded strategies):
   // the ranks of this host and one rank of each host (FsdpState::host_group()),
   // and for quantized reductions the world ranks in host-major order
@@ -81,6 +89,7 @@ class FlatParam {
   int shard_group_size() const { return config_.shard_group ? config_.shard_group->size() : 1; }
   int shard_rank() const { return config_.shard_group ? config_.shard_group->rank() : 0; }
   const FlatParamConfig& config() const { return config_; }
+  bool frozen() const { return config_.frozen; }
   // The unit's position in detail::units() (its place in the orders units run in).
   size_t unit_index() const { return config_.unit_index; }
   // What the model's offload keeps of this unit (core/shard_offload.h), or
@@ -90,7 +99,8 @@ class FlatParam {
   void set_offload_state(std::unique_ptr<offload::UnitOffloadState> state) const { offload_state_ = std::move(state); }
   // Where the parameters compute (the shard is on the host with cpu_offload).
   c10::Device device() const { return unsharded_.device(); }
-  // The local shard: an fp32 leaf that optimizers step. Padding stays zero.
+  // The local shard: an fp32 leaf that optimizers step (a plain tensor
+  // that requires no grad where frozen()). Padding stays zero.
   const torch::Tensor& shard() const { return shard_; }
   const std::vector<FlatParamEntry>& entries() const { return entries_; }
   bool is_unsharded() const { return is_unsharded_; }

@@ -81,10 +81,12 @@ struct FsdpStateImpl {
   void issue_deferred_prefetches();
   void make_groups();
   // Builds a Unit per plan (root first), materializing and initializing
-  // parameters through options().param_init_fn() when one is given.
-  void build_units(std::vector<UnitPlan> plans, const FlatParamConfig& config);
-  // Builds the unit at position `index` of units_.
-  std::unique_ptr<Unit> make_unit(UnitPlan plan, const FlatParamConfig& config, size_t index);
+  // parameters through options().param_init_fn() when one is given, and
+  // links each frozen part (frozen[u]) to the unit before it.
+  void build_units(std::vector<UnitPlan> plans, const std::vector<bool>& frozen, const FlatParamConfig& config);
+  void build_unit_list(std::vector<UnitPlan> plans, const std::vector<bool>& frozen, const FlatParamConfig& config);
+  // Builds the unit at position `index` of units_ (a frozen part: see Unit::frozen_part()).
+  std::unique_ptr<Unit> make_unit(UnitPlan plan, const FlatParamConfig& config, size_t index, bool frozen);
   // Every rank must have planned the same units with the same sizes, or the
   // first collective would pair different buffers: checked at construction.
   void check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans) const;

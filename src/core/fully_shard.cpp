@@ -56,6 +56,29 @@ std::vector<compat::NodePtr> make_accumulators(const std::vector<FlatParamEntry>
   return accumulators;
 }
 
+// Moves each unit's frozen parameters (requires_grad false) into a plan of
+// their own right after it (see Unit::frozen_part()); returns, per plan,
+// whether it is such a frozen part. A unit without frozen parameters is
+// planned as before, so a model that trains every parameter is sharded, and
+// trains, exactly as without this split.
+std::vector<bool> split_frozen_parameters(std::vector<UnitPlan>& plans) {
+  std::vector<UnitPlan> split;
+  std::vector<bool> frozen;
+  for (auto& plan : plans) {
+    UnitPlan frozen_part{(plan.name.empty() ? "<root>" : plan.name) + "#frozen", plan.module, {}};
+    std::vector<std::pair<std::string, torch::Tensor>> trainable;
+    for (auto& named : plan.params) (named.second.requires_grad() ? trainable : frozen_part.params).push_back(named);
+    plan.params = std::move(trainable);
+    split.push_back(std::move(plan));
+    frozen.push_back(false);
+    if (frozen_part.params.empty()) continue;
+    split.push_back(std::move(frozen_part));
+    frozen.push_back(true);
+  }
+  plans = std::move(split);
+  return frozen;
+}
+
 }  // namespace
 
 const char* unit_state_name(UnitState state) {
@@ -96,19 +119,36 @@ void Unit::transition(std::initializer_list<UnitState> from, UnitState to) {
               unit_state_name(state_), " (expected ", expected,
               "). Is the unit's module called outside fsdp::unit_forward, or twice in one forward?");
   state_ = to;
+  if (frozen_part_) frozen_part_->state_ = to;  // gathered and freed with this unit
+}
+
+void Unit::start_gathers() {
+  flat_.start_unshard();
+  if (frozen_part_) frozen_part_->flat_.start_unshard();
+}
+
+void Unit::finish_gathers() {
+  flat_.unshard();
+  if (frozen_part_) frozen_part_->flat_.unshard();
+}
+
+void Unit::reshard_all() {
+  flat_.reshard();
+  if (frozen_part_) frozen_part_->flat_.reshard();
 }
 
 void Unit::pre_forward() {
   owner_->on_forward_entered(*this);
   transition({UnitState::kSharded, UnitState::kUnsharded}, UnitState::kForward);
   flat_.drop_secondary();  // left by a forward whose backward never came
+  if (frozen_part_) frozen_part_->flat_.drop_secondary();
   span_begin_us_ = trace::enabled() ? trace::now_us() : -1.0;
   owner_->on_unit_started(*this);
   // Our own gather is issued first, the next unit's after it: every rank
   // issues the same sequence.
-  flat_.start_unshard();
+  start_gathers();
   if (owner_->options().forward_prefetch()) owner_->prefetch_after(*this, /*backward=*/false);
-  flat_.unshard();
+  finish_gathers();
 }
 
 void Unit::post_forward() {
@@ -119,8 +159,9 @@ void Unit::post_forward() {
   transition({UnitState::kForward}, reshard ? UnitState::kSharded : UnitState::kUnsharded);
   if (reshard && torch::GradMode::is_enabled() && owner_->options().zero_plus_plus().secondary_partition()) {
     flat_.keep_secondary();  // backward gathers it inside the host
+    if (frozen_part_) frozen_part_->flat_.keep_secondary();
   }
-  if (reshard) flat_.reshard();
+  if (reshard) reshard_all();
   trace::complete("forward " + display_name(), "forward", span_begin_us_);
   if (this == &owner_->root_unit() && !torch::GradMode::is_enabled()) owner_->finish_forward_without_backward();
 }
@@ -136,9 +177,9 @@ void Unit::pre_backward() {
   transition({UnitState::kSharded, UnitState::kUnsharded}, UnitState::kBackward);
   span_begin_us_ = trace::enabled() ? trace::now_us() : -1.0;
   owner_->on_unit_started(*this);
-  flat_.start_unshard();
+  start_gathers();
   if (owner_->options().backward_prefetch() == BackwardPrefetch::kPre) owner_->prefetch_after(*this, /*backward=*/true);
-  flat_.unshard();
+  finish_gathers();
   // A checkpointed unit recomputes its forward first: its gradient buffer
   // waits until then (before_recomputed_gradients).
   if (owner_->requires_gradient_sync() && !checkpointed()) flat_.prepare_gradient_buffer();
@@ -172,9 +213,9 @@ void Unit::post_backward() {
     // finish the previous units' (overlapped with this unit's backward)
     // before starting ours, so at most one is in flight.
     owner_->finish_reductions_in_flight(/*wait_for_host_copies=*/false);
-    flat_.start_reduce_gradients();
+    flat_.start_reduce_gradients();  // the trainable parameters' only: frozen ones have none
   }
-  flat_.reshard();
+  reshard_all();
   trace::complete("backward " + display_name(), "backward", span_begin_us_);
 }
 
@@ -193,6 +234,10 @@ void FsdpStateImpl::build() {
   TORCH_CHECK(module_, "fully_shard: the module is null");
   TORCH_CHECK(group_, "fully_shard: the process group is null");
   std::vector<UnitPlan> plans = plan_units(*module_, options_.wrap_policy());
+  const std::vector<bool> frozen = split_frozen_parameters(plans);
+  TORCH_CHECK(!options_.nvme_offload() || std::find(frozen.begin(), frozen.end(), true) == frozen.end(),
+              "fully_shard: frozen parameters (requires_grad false) with nvme_offload are not supported: the disk "
+              "offload keeps optimizer state for every unit it holds; freeze nothing, or use cpu_offload");
   // Everything is checked before any parameter is touched: a refused model stays intact.
   // Where the units compute: the option, else the first parameter's device
   // (and then every other parameter must be there too).
@@ -233,7 +278,7 @@ void FsdpStateImpl::build() {
   config.host_group = host_group_;
   config.cross_host_group = cross_host_group_;
   config.host_major_ranks = host_major_ranks_;
-  build_units(std::move(plans), config);
+  build_units(std::move(plans), frozen, config);
   offload_->attach(self_);
   if (options_.cache_host_blocks() && device_context_->on_host() && memory::counting_allocator_installed()) {
     int64_t largest = 0;
@@ -247,7 +292,9 @@ void FsdpStateImpl::build() {
     buffer.set_data(buffer.is_floating_point() ? buffer.to(to, buffer_dtype) : buffer.to(to));
   }
   std::lock_guard<std::mutex> lock(registry_mutex);
-  for (const auto& unit : units_) registry()[unit->module()] = unit.get();
+  for (const auto& unit : units_) {
+    if (!unit->is_frozen_part()) registry()[unit->module()] = unit.get();
+  }
 }
 
 void FsdpStateImpl::set_unsharded_scope(bool on, bool writeback) {
@@ -290,7 +337,16 @@ UnshardScope::~UnshardScope() {
   }
 }
 
-void FsdpStateImpl::build_units(std::vector<UnitPlan> plans, const FlatParamConfig& config) {
+void FsdpStateImpl::build_units(std::vector<UnitPlan> plans, const std::vector<bool>& frozen,
+                                const FlatParamConfig& config) {
+  build_unit_list(std::move(plans), frozen, config);
+  for (size_t u = 1; u < units_.size(); ++u) {
+    if (units_[u]->is_frozen_part()) units_[u - 1]->frozen_part_ = units_[u].get();
+  }
+}
+
+void FsdpStateImpl::build_unit_list(std::vector<UnitPlan> plans, const std::vector<bool>& frozen,
+                                    const FlatParamConfig& config) {
   const ParamInitFn& init = options_.param_init_fn();
   if (!init) {
     for (const auto& plan : plans) {
@@ -299,7 +355,7 @@ void FsdpStateImpl::build_units(std::vector<UnitPlan> plans, const FlatParamConf
                     "' was created under memory::DeferredInit and has no values: give FullyShardOptions::param_init_fn");
       }
     }
-    for (auto& plan : plans) units_.push_back(make_unit(std::move(plan), config, units_.size()));
+    for (size_t u = 0; u < plans.size(); ++u) units_.push_back(make_unit(std::move(plans[u]), config, u, frozen[u]));
     return;
   }
   // Sharded initialization: parameters in named_parameters() order, each
@@ -311,7 +367,7 @@ void FsdpStateImpl::build_units(std::vector<UnitPlan> plans, const FlatParamConf
     remaining[u] = plans[u].params.size();
   }
   std::vector<std::unique_ptr<Unit>> built(plans.size());
-  auto build = [&](size_t u) { built[u] = make_unit(std::move(plans[u]), config, u); };
+  auto build = [&](size_t u) { built[u] = make_unit(std::move(plans[u]), config, u, frozen[u]); };
   for (size_t u = 0; u < plans.size(); ++u)
     if (remaining[u] == 0) build(u);  // a unit without parameters of its own
   for (auto& [name, param] : unique_named_parameters(*module_)) {
@@ -338,9 +394,11 @@ void FsdpStateImpl::build_units(std::vector<UnitPlan> plans, const FlatParamConf
   }
 }
 
-std::unique_ptr<Unit> FsdpStateImpl::make_unit(UnitPlan plan, const FlatParamConfig& config, size_t index) {
+std::unique_ptr<Unit> FsdpStateImpl::make_unit(UnitPlan plan, const FlatParamConfig& config, size_t index,
+                                               bool frozen) {
   FlatParamConfig own = config;
   own.unit_index = index;
+  own.frozen = frozen;
   return std::make_unique<Unit>(this, std::move(plan), std::move(own));
 }
 
@@ -384,14 +442,18 @@ void FsdpStateImpl::check_same_plan_on_every_rank(const std::vector<UnitPlan>& p
 
 FsdpState::~FsdpState() {
   std::lock_guard<std::mutex> lock(registry_mutex);
-  for (auto& unit : impl_->units_) registry().erase(unit->module());
+  for (auto& unit : impl_->units_) {
+    if (!unit->is_frozen_part()) registry().erase(unit->module());
+  }
 }
 
 std::optional<offload::NvmeOffloadInfo> FsdpState::nvme_offload() const { return impl_->offload_->nvme_info(); }
 
 std::vector<torch::Tensor> FsdpState::parameters() const {
   std::vector<torch::Tensor> shards;
-  for (const auto& unit : impl_->units_) shards.push_back(unit->flat_param().shard());
+  for (const auto& unit : impl_->units_) {
+    if (!unit->is_frozen_part()) shards.push_back(unit->flat_param().shard());
+  }
   return shards;
 }
 
@@ -548,7 +610,7 @@ void FsdpStateImpl::issue_prefetch(Unit* unit, bool backward) {
     deferred_prefetches_.emplace_back(unit, backward);
     return;
   }
-  unit->flat_param().start_unshard();
+  unit->start_gathers();
   unit->prefetched_ = true;
   max_prefetched_unused_ = std::max(max_prefetched_unused_, ++prefetched_unused_);
 }
@@ -576,8 +638,8 @@ void FsdpStateImpl::release_unused_prefetches() {
   for (auto& unit : units_) {
     if (!unit->prefetched_) continue;
     unit->prefetched_ = false;
-    unit->flat_param().unshard();  // waits for the gather every rank issued
-    unit->flat_param().reshard();
+    unit->finish_gathers();  // waits for the gathers every rank issued
+    unit->reshard_all();
   }
   prefetched_unused_ = 0;
 }
@@ -603,7 +665,8 @@ void FsdpStateImpl::recover_from_failed_backward() {
 void FsdpStateImpl::rethrow_forward_error(const c10::Error& error) const {
   std::string never_entered;
   for (const auto& unit : units_) {
-    if (!unit->entered_in_this_forward_) never_entered += (never_entered.empty() ? "" : ", ") + unit->display_name();
+    if (unit->entered_in_this_forward_ || unit->is_frozen_part()) continue;  // a frozen part enters with its owner
+    never_entered += (never_entered.empty() ? "" : ", ") + unit->display_name();
   }
   if (never_entered.empty()) throw;  // the error being handled, with its own type
   TORCH_CHECK(false, error.what_without_backtrace(),
@@ -647,7 +710,7 @@ void FsdpStateImpl::finish_backward() {
   // Units some of whose parameters got no gradient in this pass never
   // counted down to zero: reduce them now (missing gradients count as zero).
   for (auto& unit : units_) {
-    if (unit->state() == UnitState::kBackward) unit->post_backward();
+    if (unit->state() == UnitState::kBackward && !unit->is_frozen_part()) unit->post_backward();
   }
   finish_reductions_in_flight();
   release_unused_prefetches();

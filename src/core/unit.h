@@ -35,6 +35,16 @@ class Unit {
   const FlatParam& flat_param() const { return flat_; }
   FlatParam& flat_param() { return flat_; }
   const torch::nn::Module* module() const { return module_; }
+  // Frozen parameters (requires_grad false when sharded) are a unit of
+  // their own, right after their owner in detail::units(): the owner gathers
+  // and frees them with its own (same boundary, prefetch and reshard) and
+  // moves their state with its own, but never reduces them. Every path that
+  // walks the units (state dicts, checkpoints, residency, memory) so sees
+  // them under their names, and only FsdpState::parameters() leaves them out.
+  // frozen_part(): the owner's frozen unit, or null; is_frozen_part(): this
+  // is one (its module is the owner's; it is not registered for it).
+  Unit* frozen_part() const { return frozen_part_; }
+  bool is_frozen_part() const { return flat_.frozen(); }
 
   // Activation checkpointing: whether this unit's forward runs without
   // keeping activations, and the body that runs (and reruns) it.
@@ -53,11 +63,16 @@ class Unit {
 
  private:
   void transition(std::initializer_list<UnitState> from, UnitState to);
+  // The unit's gathers and frees, of its frozen part too.
+  void start_gathers();
+  void finish_gathers();
+  void reshard_all();
 
   detail::FsdpStateImpl* owner_;
   std::string name_;
   torch::nn::Module* module_;
   FlatParam flat_;
+  Unit* frozen_part_ = nullptr;  // set by FsdpStateImpl::build_units
   // Held here because autograd keeps gradient accumulators only weakly: a
   // dropped one is recreated later without our post hook. Created while the
   // parameters have their full shape and compute dtype, which they fix.

@@ -30,6 +30,7 @@ using detail::kOptimizerFile;
 using detail::read_metadata;
 using detail::shard_file;
 using detail::state_names;
+using detail::unit_state_names;
 using detail::tensor_name;
 using detail::throw_first_rank_error;
 using detail::unit_layout;
@@ -199,9 +200,9 @@ void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t f
   const nlohmann::json& meta = metadata_->json;
   const nlohmann::json& units = meta.at("units");
   TORCH_CHECK(unit < units.size(), "checkpoint '", path_, "' has ", units.size(), " units, asked for unit ", unit);
-  const std::vector<std::string> names = state_names(meta);
+  const std::vector<std::string> names = unit_state_names(meta, unit);
   TORCH_CHECK(std::find(names.begin(), names.end(), what) != names.end(), "read_range: checkpoint '", path_,
-              "' holds no state '", what, "' (it holds ", nlohmann::json(names).dump(), ")");
+              "' holds no state '", what, "' of unit ", unit, " (it holds ", nlohmann::json(names).dump(), ")");
   TORCH_CHECK(0 <= from && from <= to && to <= units[unit].at("numel").get<int64_t>() && out.numel() == to - from,
               "read_range: [", from, ", ", to, ") does not fit unit ", unit, " or the output of ", out.numel());
   if (!in_host_memory(out)) {  // a GPU run's shard: read on the host, then copied over
@@ -240,11 +241,13 @@ CheckpointInfo load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimi
   const nlohmann::json& saved_units = meta.at("units");
   const nlohmann::json our_units = unit_layout(state);
   TORCH_CHECK(saved_units.size() == our_units.size(), "checkpoint '", path, "' holds ", saved_units.size(),
-              " units, this model has ", our_units.size(), " (another model configuration or wrap policy)");
+              " units, this model has ", our_units.size(),
+              " (another model configuration, wrap policy, or set of frozen parameters)");
   for (size_t u = 0; u < our_units.size(); ++u) {
     TORCH_CHECK(saved_units[u].at("params") == our_units[u].at("params"), "checkpoint '", path, "': unit '",
                 our_units[u].at("name").get<std::string>(), "' was saved with other parameters or shapes ",
-                "(another model configuration): saved ", saved_units[u].at("params").dump(), ", model has ",
+                "(another model configuration), or another set of frozen parameters: saved ",
+                saved_units[u].at("params").dump(), ", model has ",
                 our_units[u].at("params").dump());
   }
   // The optimizer must keep the state that was saved (Adam and AdamW keep
@@ -278,7 +281,9 @@ CheckpointInfo load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimi
     const int64_t begin = std::min(flat.shard_rank() * flat.shard_numel(), flat.numel());
     const int64_t end = std::min(begin + flat.shard_numel(), flat.numel());
     std::vector<torch::Tensor> targets = {flat.shard().detach()};
-    if (has_state) {
+    if (flat.frozen()) {
+      // Not among the optimizer's parameters: no state, saved or made.
+    } else if (has_state) {
       for (const auto& name : our_names) targets.push_back(optimizer_state.tensor(flat.shard(), name));
       optimizer_state.set_step(flat.shard(), optimizer_step);
     } else {

@@ -44,9 +44,10 @@ void write_shard_file(FsdpState& state, const OptimizerState& optimizer, const n
                              {{"format", format_tag(CheckpointFormat::kSharded)}, {"shard", std::to_string(shard_index)}});
   for (size_t u = 0; u < detail::units(state).size(); ++u) {
     ResidentScope resident(state, *detail::units(state)[u], &optimizer.optimizer());
-    const torch::Tensor& shard = detail::units(state)[u]->flat_param().shard();
-    writer.write(shard.detach());
-    for (const auto& name : optimizer.tensor_names()) writer.write(optimizer.value(shard, name));
+    const FlatParam& flat = detail::units(state)[u]->flat_param();
+    writer.write(flat.shard().detach());
+    if (flat.frozen()) continue;  // no optimizer state (unit_state_names)
+    for (const auto& name : optimizer.tensor_names()) writer.write(optimizer.value(flat.shard(), name));
     if (u == 0) detail::maybe_kill_for_test(state.group()->rank());
   }
   writer.commit();
@@ -192,8 +193,10 @@ std::vector<StagedCheckpoint::File> stage_shard_file(FsdpState& state, const Opt
   StagedCheckpoint::File file{(temp_dir / name).string(), std::move(specs), header, {}};
   for (size_t u = 0; u < detail::units(state).size(); ++u) {
     ResidentScope resident(state, *detail::units(state)[u], &optimizer.optimizer());
-    const torch::Tensor& shard = detail::units(state)[u]->flat_param().shard();
+    const FlatParam& flat = detail::units(state)[u]->flat_param();
+    const torch::Tensor& shard = flat.shard();
     file.tensors.push_back(staging.copy(shard));
+    if (flat.frozen()) continue;  // no optimizer state (unit_state_names)
     for (const auto& tensor : optimizer.tensor_names()) {
       file.tensors.push_back(staging.copy(optimizer.value(shard, tensor)));
     }
@@ -230,6 +233,7 @@ std::vector<StagedCheckpoint::File> stage_full_files(FsdpState& state, const Opt
     const FlatParam& flat = detail::units(state)[u]->flat_param();
     ResidentScope resident(state, *detail::units(state)[u], &optimizer.optimizer(), /*agree=*/true);
     keep(flat, flat.shard(), model, nullptr);  // the fp32 masters
+    if (flat.frozen()) continue;               // no optimizer state (unit_state_names)
     for (const auto& name : optimizer.tensor_names()) {
       keep(flat, optimizer.value(flat.shard(), name), moments, name.c_str());
     }

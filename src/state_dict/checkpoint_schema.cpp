@@ -99,6 +99,7 @@ void check_layout(const nlohmann::json& meta, CheckpointFormat format, const std
     const int64_t numel = integer_field(unit, "numel", 0, unit_field + ".numel", file);
     const int64_t shard_numel = integer_field(unit, "shard_numel", 0, unit_field + ".shard_numel", file);
     require_field(unit.contains("params") && unit["params"].is_array(), unit_field + ".params", "an array", file);
+    require_field(!unit.contains("frozen") || unit["frozen"].is_boolean(), unit_field + ".frozen", "a boolean", file);
     int64_t packed = 0;  // elements of the parameters before this one
     for (size_t k = 0; k < unit["params"].size(); ++k) {
       const std::string field = unit_field + ".params[" + std::to_string(k) + "]";
@@ -155,6 +156,7 @@ nlohmann::json unit_layout(const FsdpState& state) {
     for (const auto& e : flat.entries()) params.push_back({{"name", e.name}, {"shape", e.shape}, {"offset", e.offset}});
     units.push_back({{"name", unit->name()}, {"numel", flat.numel()}, {"shard_numel", flat.shard_numel()},
                      {"params", params}});
+    if (flat.frozen()) units.back()["frozen"] = true;
   }
   return units;
 }
@@ -170,6 +172,11 @@ std::vector<std::string> state_names(const nlohmann::json& meta) {
   return names;
 }
 
+std::vector<std::string> unit_state_names(const nlohmann::json& meta, size_t unit) {
+  if (meta.at("units").at(unit).value("frozen", false)) return {"param"};
+  return state_names(meta);
+}
+
 FileSpecs expected_files(const nlohmann::json& meta, CheckpointFormat format) {
   const nlohmann::json& units = meta.at("units");
   FileSpecs files;
@@ -178,16 +185,16 @@ FileSpecs expected_files(const nlohmann::json& meta, CheckpointFormat format) {
       std::vector<safetensors::TensorSpec> specs;
       for (size_t u = 0; u < units.size(); ++u) {
         const int64_t S = units[u].at("shard_numel").get<int64_t>();
-        for (const auto& what : state_names(meta)) specs.push_back({tensor_name(u, what), torch::kFloat, {S}});
+        for (const auto& what : unit_state_names(meta, u)) specs.push_back({tensor_name(u, what), torch::kFloat, {S}});
       }
       files.emplace_back(shard_file(q), std::move(specs));
     }
     return files;
   }
-  const std::vector<std::string> names = state_names(meta);
   std::vector<safetensors::TensorSpec> params, moments;
-  for (const auto& unit : units) {
-    for (const auto& p : unit.at("params")) {
+  for (size_t u = 0; u < units.size(); ++u) {
+    const std::vector<std::string> names = unit_state_names(meta, u);
+    for (const auto& p : units[u].at("params")) {
       const std::string name = p.at("name").get<std::string>();
       const auto shape = p.at("shape").get<std::vector<int64_t>>();
       params.push_back({name, torch::kFloat, shape});

@@ -34,13 +34,17 @@ std::string tensor_name(size_t unit, const std::string& what);
 void fsync_path(const std::filesystem::path& path);
 
 // metadata.json's "units": every unit's name, numel, shard_numel and
-// parameters (name, shape, offset), as `state` lays them out.
+// parameters (name, shape, offset), as `state` lays them out; "frozen":
+// true on a unit's frozen part (Unit::frozen_part()), absent elsewhere.
 nlohmann::json unit_layout(const FsdpState& state);
 
 // What a checkpoint holds of every unit: "param" (the fp32 master), then
 // the optimizer's element-wise state tensors. Checkpoints from before other
 // optimizers were supported hold AdamW's two moments and say nothing.
 std::vector<std::string> state_names(const nlohmann::json& meta);
+// What the checkpoint holds of unit `unit`: state_names(meta), or "param"
+// alone for frozen parameters, which have no optimizer state.
+std::vector<std::string> unit_state_names(const nlohmann::json& meta, size_t unit);
 
 using FileSpecs = std::vector<std::pair<std::string, std::vector<safetensors::TensorSpec>>>;
 

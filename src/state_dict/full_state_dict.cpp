@@ -217,7 +217,7 @@ void stream_full(FsdpState& state, const OpenWeightWriter& open_model, torch::op
       std::vector<safetensors::TensorSpec> params, moments;
       for (const auto& unit : detail::units(state)) {
         for (const auto& e : unit->flat_param().entries()) params.push_back({e.name, torch::kFloat, e.shape});
-        if (!optimizer_state) continue;
+        if (!optimizer_state || unit->flat_param().frozen()) continue;  // frozen: no optimizer state
         for (const auto& name : optimizer_state->tensor_names()) {
           for (const auto& e : unit->flat_param().entries()) {
             moments.push_back({optimizer_tensor_name(e.name, name), torch::kFloat, e.shape});
@@ -250,7 +250,7 @@ void stream_full(FsdpState& state, const OpenWeightWriter& open_model, torch::op
     const FlatParam& flat = detail::units(state)[u]->flat_param();
     ResidentScope resident(state, *detail::units(state)[u], optimizer, /*agree=*/true);
     stream(flat, flat.shard(), model_writer.get());  // the fp32 masters, not the compute-dtype copies
-    if (optimizer_state) {
+    if (optimizer_state && !flat.frozen()) {
       for (const auto& name : optimizer_state->tensor_names()) {
         stream(flat, optimizer_state->value(flat.shard(), name), optimizer_writer.get());
       }

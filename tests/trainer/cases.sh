@@ -474,6 +474,50 @@ case_ckpt_keep() {
   [ "$(ls "$work/ck1" | paste -sd' ')" = "step-2" ] || fail "with --ckpt-keep 1: $(ls "$work/ck1" | paste -sd' ')"
 }
 
+row freeze "--freeze REGEX: the banner and summary count the trainable parameters; the measured model state holds no gradient or moments for the frozen ones; checkpoints hold the frozen parameters without optimizer state and verify; resume bit for bit in both checkpoint formats, resharded 2 -> 4 within 1e-5; a checkpoint resumed without its --freeze, a pattern that matches nothing, everything, or does not parse, and --freeze with nvme offload are refused"
+case_freeze() {
+  # That frozen parameters never change, hold no gradient or optimizer
+  # bytes, and train as one process does at W = 1..4 is FrozenParameters.*'s
+  # (tests/test_frozen.cpp); here, the flag as a user runs it, with weight
+  # decay on. Frozen: wpe (2048) and block 0 (49984) of the tiny GPT.
+  common=(--preset tiny --freeze 'wpe|h\.0\.' --weight-decay 0.1)
+  train_run straight 2 "${common[@]}" --steps 6
+  grep -qF "trainable (--freeze 'wpe|h\.0\.' froze 52032)" "$work/straight.out" || fail "the banner lacks the trainable count"
+  json_ok "$work/straight.json" '.parameters - .trainable_parameters == 52032' "summary: not 52032 frozen parameters"
+  # The measured model state per rank, by hand: the trainable flats (root's
+  # wte + ln_f, 16512; block 1's 49984) are 8256 + 24992 = 33248 elements a
+  # rank, the frozen ones (wpe 2048; block 0, 49984) 1024 + 24992 = 26016:
+  # params 4 x 59264, grads 4 x 33248, moments 8 x 33248 = 636032 bytes.
+  json_is "$work/straight.json" '.model_state_bytes | @csv' "636032,636032"
+  # Evaluation (forwards without autograd) and sampling (an UnshardScope) gather the frozen parts too.
+  train_run eval-and-sample 2 "${common[@]}" --steps 2 --eval-every 2 --sample 8
+  json_ok "$work/eval-and-sample.json" '.final_val_loss | type == "number"' "no validation loss with --freeze"
+  for format in sharded full; do
+    ck="$work/ck-$format"
+    train_run "resumed-$format" 2 "${common[@]}" --steps 3 --ckpt-dir "$ck" --ckpt-format "$format"
+    # The frozen parameters saved once, without optimizer state.
+    "$build/fsdp-ckpt" verify "$ck/step-3" > /dev/null || fail "the $format checkpoint with --freeze does not verify"
+    [ "$("$build/fsdp-ckpt" inspect "$ck/step-3" | grep -c 'frozen: no optimizer state')" = 2 ] ||
+      fail "the $format checkpoint does not hold 2 frozen parts (the root's wpe, block 0)"
+    train_run "resumed-$format" 2 "${common[@]}" --steps 6 --ckpt-dir "$ck" --ckpt-format "$format" --resume
+    json_is "$work/resumed-$format.json" .first_step 3
+    require_step_numbers "$work/resumed-$format.jsonl" 1 6
+    same_losses "$work/resumed-$format.jsonl" "$work/straight.jsonl" 6
+    echo "ok: bitwise resume with --freeze ($format)"
+  done
+  # The sharded step-3 checkpoint on 4 ranks (the same global batch).
+  rm -rf "$work/ck-sharded/step-6"
+  train_run resharded 4 "${common[@]}" --steps 6 --batch 2 --ckpt-dir "$work/ck-sharded" --resume
+  log_steps "$work/straight.jsonl" 4 6 > "$work/straight-4-6.jsonl"
+  compare_losses "$work/resharded.jsonl" "$work/straight-4-6.jsonl" 1e-5 3
+  expect_error "set of frozen parameters" "$run" -n 2 -- "$train" --preset tiny --steps 6 --ckpt-dir "$work/ck-sharded" --resume
+  expect_error "--freeze 'nothing_like_this' matches none of the model's" "$run" -n 2 -- "$train" --preset tiny --freeze 'nothing_like_this'
+  expect_error "matches all" "$run" -n 2 -- "$train" --preset tiny --freeze '.'
+  expect_error "is not an ECMAScript regular expression" "$run" -n 2 -- "$train" --preset tiny --freeze '('
+  expect_error "--freeze with --offload-optimizer nvme or --offload-params nvme is not supported" \
+    "$run" -n 2 -- "$train" --preset tiny --freeze wpe --offload-optimizer nvme --offload-dir "$work"
+}
+
 row checkpoint "full-format resume bit for bit; resharded resume (W = 1, 4 hybrid; W = 2 -> 3 -> 4 padded) within 1e-5; bad checkpoints refused; a kill mid-save leaves the last one"
 
 row checkpoint-async "--ckpt-async, both formats: losses and every checkpoint file as the synchronous run's; a second save waits and says so; blocked and background time in the summary; resume bit for bit; a rank killed in a background write leaves the previous checkpoint"

@@ -26,6 +26,7 @@ struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags, fsd
   double val_fraction = 0.1;
   int64_t eval_every = 0;
   std::optional<int64_t> eval_sequences;
+  std::string freeze;  // ECMAScript regex: the parameters whose names it matches stay as they are (partial fine-tuning)
   std::string save_final;
   std::string save_format = "spec";  // --save-final as the spec's file, or a Hugging Face folder (hf)
   std::string save_dtype = "source";  // --save-format hf: the weights' dtype (source: --init-from's, else fp32)

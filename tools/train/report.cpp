@@ -168,8 +168,12 @@ void print_banner(const ReportContext& c) {
   const int W = c.world_size;
   const bool scaling = c.train_step.scaler() != nullptr, skip_sync = c.train_step.syncs_only_last_micro_step();
   std::cout << "fsdp-train: " << family_title(run.model_config.kind()) << ", " << shape_source(o) << " ("
-            << run.model->describe() << "), " << c.predicted.num_params
-            << " parameters\n"
+            << run.model->describe() << "), " << c.predicted.num_params << " parameters";
+  if (!o.freeze.empty()) {
+    std::cout << ", " << run.trainable_params << " trainable (--freeze '" << o.freeze << "' froze "
+              << c.predicted.num_params - run.trainable_params << ")";
+  }
+  std::cout << "\n"
             << "  " << fsdp::strategy_name(run.fsdp_options.strategy()) << " over " << W << " rank(s)";
   if (state.shard_group()) std::cout << ", shard group of " << state.shard_group()->size();
   if (state.replicate_group()) std::cout << ", replicate group of " << state.replicate_group()->size();
@@ -198,7 +202,10 @@ void print_banner(const ReportContext& c) {
   std::cout << "  construction (model built and sharded" << (o.sharded_init ? ", sharded initialization" : "")
             << "): rank 0's tensor memory peaked at " << format_mib(c.predicted.construction_peak) << "\n";
   std::cout << "  per-rank model state by formula: " << predicted.total() << " B (params " << predicted.params
-            << ", grads " << predicted.grads << ", optimizer " << predicted.optimizer << ")\n";
+            << ", grads " << predicted.grads << ", optimizer " << predicted.optimizer << ")"
+            << (o.freeze.empty() ? "" : ", counting the frozen parameters as trainable (an upper bound: the "
+                                        "planner does not know --freeze yet; the summary's figures are measured)")
+            << "\n";
   if (o.ckpt_async && !o.ckpt_dir.empty()) {
     std::cout << "  checkpoints in the background (--ckpt-async): rank 0's staging copy "
               << format_mib(c.predicted.checkpoint_staging) << ", held beside the steps until written\n";

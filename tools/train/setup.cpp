@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
 #include <thread>
 
 #include "fsdp/device_choice.h"
@@ -227,6 +228,41 @@ void make_model(const TrainOptions& o, Run& run) {
   }
 }
 
+// --freeze REGEX: the parameters whose names it matches (searched anywhere
+// in the name) stop requiring grad before fully_shard, which then keeps
+// them out of the gradients, the reductions and the optimizer. A pattern
+// that matches nothing (a typo) or everything (nothing left to train) is
+// refused: either would train something other than what was asked.
+void freeze_parameters(const TrainOptions& o, Run& run) {
+  TORCH_CHECK(o.freeze.empty() || (o.offload_optimizer != "nvme" && o.offload_params != "nvme"),
+              "--freeze with --offload-optimizer nvme or --offload-params nvme is not supported (the disk offload "
+              "keeps optimizer state for every unit): leave --freeze out, or use --offload cpu");
+  int64_t total = 0, frozen = 0, frozen_tensors = 0, tensors = 0;
+  std::regex pattern;
+  if (!o.freeze.empty()) {
+    try {
+      pattern = std::regex(o.freeze, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      TORCH_CHECK(false, "--freeze '", o.freeze, "' is not an ECMAScript regular expression: ", e.what());
+    }
+  }
+  for (auto& [name, param] : fsdp::unique_named_parameters(*run.model)) {
+    total += param.numel();
+    ++tensors;
+    if (o.freeze.empty() || !std::regex_search(name, pattern)) continue;
+    param.requires_grad_(false);
+    frozen += param.numel();
+    ++frozen_tensors;
+  }
+  run.trainable_params = total - frozen;
+  if (o.freeze.empty()) return;
+  TORCH_CHECK(frozen_tensors > 0, "--freeze '", o.freeze, "' matches none of the model's ", tensors,
+              " parameter names (e.g. '", fsdp::unique_named_parameters(*run.model).front().first,
+              "'): expected a pattern that freezes some of them");
+  TORCH_CHECK(frozen_tensors < tensors, "--freeze '", o.freeze, "' matches all ", tensors,
+              " parameters of the model: expected some left to train");
+}
+
 // --device, --backend (fsdp/device_choice.h), named in its errors.
 void choose_device(const TrainOptions& o, const fsdp::ProcessGroupPtr& world, Run& run) {
   const auto backend = o.backend == "nccl" ? fsdp::CollectiveBackend::kNccl
@@ -320,6 +356,7 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   // come before anything asks LibTorch about CUDA (src/comm/cuda_module.h).
   choose_device(o, world, run);
   make_model(o, run);
+  freeze_parameters(o, run);
   if (o.strategy == "auto") run.fsdp_options.strategy(pick_strategy(o, run, world->size()));
   run.fsdp_options.cpu_offload(o.offload == "cpu");
   prepare_outputs(o, run, world->rank());

@@ -48,6 +48,7 @@ struct Run {
   // tokenizer's shared ids, config.json's ignored dropout): rank 0 prints
   // them at the end of prepare.
   std::vector<std::string> warnings;
+  int64_t trainable_params = 0;  // the parameters left trainable by --freeze (all without it)
 };
 
 // Checks the options and builds the run (collective only with --device cuda).

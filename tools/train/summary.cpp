@@ -148,6 +148,8 @@ nlohmann::json run_summary(const ReportContext& c, const RunFigures& figures) {
   return {{"model", o.model},
           {"preset", o.preset},
           {"world_size", c.world_size},
+          {"parameters", c.predicted.num_params},
+          {"trainable_parameters", c.run.trainable_params},
           {"strategy", fsdp::strategy_name(c.run.fsdp_options.strategy())},
           {"param_dtype", fsdp::dtype_name(mp.param_dtype())},
           {"reduce_dtype", fsdp::dtype_name(mp.effective_reduce_dtype())},

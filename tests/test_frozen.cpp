@@ -1,0 +1,352 @@
+// Frozen parameters (requires_grad false before fully_shard), at W = 1 to 4:
+// they never change (weight decay, the optimizer's own or TrainStep's,
+// clipping, a step skipped by loss scaling, both AdamWs, bf16 params, CPU
+// offload), hold no gradient, optimizer or reduce-scatter bytes, are in the
+// full state dicts under their names (sharded init fills them), and a
+// model with frozen parameters trains as one process with the same ones
+// frozen (every strategy, recompute, hpZ). The frozen set makes every kind of unit: the root mixed (wpe),
+// block 0 all frozen, block 1 mixed (its attention's c_attn).
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "core/fsdp_state_impl.h"
+#include "base/compat.h"
+#include "core/unit.h"
+#include "fsdp/error.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/fused_adamw.h"
+#include "fsdp/gpt.h"
+#include "fsdp/memory.h"
+#include "fsdp/safetensors.h"
+#include "fsdp/state_dict.h"
+#include "fsdp/train_step.h"
+#include "mpi_test_env.h"
+#include "sharded_test_helpers.h"
+#include "test_helpers.h"
+
+using fsdp::ShardingStrategy;
+using fsdp::memory::Category;
+using fsdp::models::GPT;
+using fsdp::testing::world_group;
+
+namespace {
+
+const std::regex kFrozen(R"(wpe|h\.0\.|h\.1\.attn\.c_attn\.)");
+
+// The tiny GPT with the parameters kFrozen names frozen.
+GPT make_partly_frozen_gpt() {
+  GPT model = fsdp::testing::make_gpt(fsdp::testing::tiny());
+  for (auto& [name, param] : fsdp::unique_named_parameters(*model)) {
+    if (std::regex_search(name, kFrozen)) param.requires_grad_(false);
+  }
+  return model;
+}
+
+bool is_frozen(const std::string& name) { return std::regex_search(name, kFrozen); }
+
+// The elements of the shards the optimizer gets.
+int64_t trainable_shard_numel(const fsdp::FsdpState& state) {
+  int64_t n = 0;
+  for (const auto& shard : state.parameters()) n += shard.numel();
+  return n;
+}
+
+// The trainable units' reduced gradients, gathered, against the reference's
+// (relative 1e-4, as Sharding's gradient test); the frozen parts have none.
+void expect_trainable_gradients_match(const fsdp::FsdpState& state, const torch::nn::Module& reference) {
+  const auto expected = reference.named_parameters();
+  for (const auto& unit : fsdp::detail::units(state)) {
+    const fsdp::FlatParam& flat = unit->flat_param();
+    if (unit->is_frozen_part()) {
+      EXPECT_FALSE(flat.shard().grad().defined()) << unit->display_name();
+      continue;
+    }
+    if (flat.entries().empty()) continue;
+    ASSERT_TRUE(flat.shard().grad().defined()) << unit->display_name();
+    const torch::Tensor full = flat.gather_full(flat.shard().grad());
+    for (const auto& e : flat.entries()) {
+      EXPECT_LT(fsdp::testing::max_relative_difference(full.narrow(0, e.offset, e.numel).view(e.shape),
+                                                       expected[e.name].grad()),
+                1e-4)
+          << "gradient of " << e.name;
+    }
+  }
+}
+
+}  // namespace
+
+// Frozen parameters stay bit for bit what they were, whatever touches the
+// shards between steps, and the trainable ones train; the optimizer holds
+// state for the trainable shards only, and the counters see gradient and
+// optimizer bytes for them only (the frozen shards are parameter bytes).
+TEST(FrozenParameters, NeverChangeAndHoldNoGradientOrOptimizerBytes) {
+  const auto& data = fsdp::testing::token_data();
+  struct Case {
+    const char* name;
+    ShardingStrategy strategy;
+    bool fused;           // fsdp::FusedAdamW with TrainStep's decay, else torch's AdamW with its own
+    bool clip;            // TrainStep clips the global norm
+    torch::ScalarType param_dtype;
+    bool cpu_offload;
+    bool skip_first;  // loss scaling from a scale that overflows: the first step is skipped
+  };
+  const Case cases[] = {
+      {"AdamW's own decay, full_shard", ShardingStrategy::kFullShard, false, false, torch::kFloat, false, false},
+      {"FusedAdamW, TrainStep's decay and clipping, full_shard", ShardingStrategy::kFullShard, true, true,
+       torch::kFloat, false, false},
+      {"AdamW's own decay and clipping, zero1, bf16 params", ShardingStrategy::kZero1, false, true, torch::kBFloat16,
+       false, false},
+      {"FusedAdamW, TrainStep's decay, cpu_offload", ShardingStrategy::kFullShard, true, false, torch::kFloat, true,
+       false},
+      {"FusedAdamW, TrainStep's decay and clipping, a skipped step", ShardingStrategy::kFullShard, true, true,
+       torch::kFloat, false, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const fsdp::memory::Usage before = fsdp::memory::usage();
+    auto model = fsdp::fully_shard(make_partly_frozen_gpt(), world_group,
+                                   fsdp::testing::options_for(c.strategy, c.param_dtype).cpu_offload(c.cpu_offload));
+    const auto initial = fsdp::testing::full_params(model.state());
+    std::unique_ptr<torch::optim::AdamW> optimizer;
+    auto options = fsdp::TrainStepOptions().gather_rank_figures(false).clip_grad_norm(c.clip ? 0.01 : 0.0);
+    if (c.skip_first) {
+      options.loss_scaling(true).grad_scaler(fsdp::GradScalerOptions().init_scale(1e38).backoff_factor(1e-30));
+    }
+    if (c.fused) {
+      optimizer = std::make_unique<fsdp::FusedAdamW>(model.parameters(), fsdp::testing::spec_adamw());
+      options.weight_decay(0.5);
+    } else {
+      optimizer =
+          std::make_unique<torch::optim::AdamW>(model.parameters(), fsdp::testing::spec_adamw().weight_decay(0.5));
+    }
+    fsdp::TrainStep train_step(model, *optimizer, options);
+    fsdp::StepResult last;
+    for (int64_t step = 0; step < 3; ++step) {
+      auto [x, y] = fsdp::testing::batch(data, step, 0, 1, 2);
+      last = train_step([&](int64_t) { return model.forward(x, y); });
+      EXPECT_EQ(last.stepped, !(c.skip_first && step == 0)) << "step " << step;
+    }
+    const auto after = fsdp::testing::full_params(model.state());
+    ASSERT_EQ(after.size(), initial.size());  // the frozen ones under their names too
+    int frozen = 0;
+    for (const auto& [name, value] : after) {
+      if (is_frozen(name)) {
+        ++frozen;
+        EXPECT_TRUE(torch::equal(value, initial.at(name))) << name << " (frozen) changed";
+      } else {
+        EXPECT_FALSE(torch::equal(value, initial.at(name))) << name << " (trainable) did not train";
+      }
+    }
+    EXPECT_GT(frozen, 0);
+
+    // No frozen shard among the optimizer's, none with a gradient.
+    const auto& units = fsdp::detail::units(model.state());
+    int64_t frozen_shard_numel = 0;
+    for (const auto& unit : units) {
+      const fsdp::FlatParam& flat = unit->flat_param();
+      if (!unit->is_frozen_part()) continue;
+      frozen_shard_numel += flat.shard_numel();
+      EXPECT_FALSE(flat.shard().requires_grad() || flat.shard().grad().defined()) << unit->display_name();
+      for (const auto& e : flat.entries()) EXPECT_TRUE(is_frozen(e.name)) << e.name;
+    }
+    EXPECT_GT(frozen_shard_numel, 0);
+    const int64_t trainable = trainable_shard_numel(model.state());
+    int64_t state_numel = 0;
+    for (const auto& shard : model.parameters()) {
+      auto it = optimizer->state().find(fsdp::compat::optimizer_state_key(*optimizer, shard));
+      if (it == optimizer->state().end()) continue;  // a unit with no trainable element
+      const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+      EXPECT_EQ(s.exp_avg().numel(), shard.numel());
+      state_numel += s.exp_avg().numel() + s.exp_avg_sq().numel();
+    }
+    EXPECT_EQ(state_numel, 2 * trainable);
+
+    // A step's collectives (full_shard, fp32): every unit gathered in
+    // forward and again in backward, frozen parts too; only the trainable
+    // parts reduce-scattered.
+    if (c.strategy == ShardingStrategy::kFullShard && c.param_dtype == torch::kFloat) {
+      int64_t gathered = 0, reduced = 0;
+      for (const auto& unit : units) {
+        gathered += unit->flat_param().padded_numel();
+        if (!unit->is_frozen_part()) reduced += unit->flat_param().padded_numel();
+      }
+      const auto bytes = [&](fsdp::CollectiveKind kind) { return last.comm.bytes[static_cast<size_t>(kind)]; };
+      EXPECT_EQ(bytes(fsdp::CollectiveKind::kReduceScatter), 4 * reduced);
+      EXPECT_EQ(bytes(fsdp::CollectiveKind::kAllGather), 2 * 4 * gathered);
+    }
+
+    // The counters: gradients and moments of the trainable shards only
+    // (zero1 keeps each trainable unit's whole gradient; the moments may
+    // come with a small step tensor per shard).
+    const fsdp::memory::Usage now = fsdp::memory::usage();
+    const int64_t f32 = 4;
+    int64_t gradient_numel = 0;
+    for (const auto& unit : units) {
+      const fsdp::FlatParam& flat = unit->flat_param();
+      if (unit->is_frozen_part()) continue;
+      gradient_numel += flat.config().full_gradients ? flat.padded_numel() : flat.shard_numel();
+    }
+    if (!c.cpu_offload) {  // (offloaded gradients live in pinned host blocks, counted apart)
+      EXPECT_EQ(now.live(Category::kGradientShard) - before.live(Category::kGradientShard), gradient_numel * f32)
+          << "gradient bytes";
+    }
+    const int64_t moments = now.live(Category::kOptimizerState) - before.live(Category::kOptimizerState);
+    EXPECT_GE(moments, 2 * trainable * f32);
+    EXPECT_LT(moments, 2 * trainable * f32 + 64 * static_cast<int64_t>(units.size()));
+  }
+}
+
+// The same frozen set on one process with the global batch: the same losses
+// and weights (tolerances as Sharding's equivalence tests), under AdamW's
+// own decay, which PyTorch applies only to the parameters the optimizer
+// steps; first-step gradients of the trainable parameters match too. Every
+// kind of unit life: resharded after forward or not, persistent parameters,
+// replicas, a recomputed forward, a secondary partition.
+TEST(FrozenParameters, TrainTheSameModelAsOneProcess) {
+  const int W = world_group->size();
+  const int64_t B = 2, steps = 5;
+  const auto& data = fsdp::testing::token_data();
+  using fsdp::testing::options_for;
+  std::vector<std::pair<std::string, fsdp::FullyShardOptions>> cases = {
+      {"full_shard", options_for(ShardingStrategy::kFullShard)},
+      // The frozen part gathered again for the recompute.
+      {"full_shard, activation checkpointing",
+       options_for(ShardingStrategy::kFullShard).activation_checkpointing(true)},
+      {"shard_grad_op", options_for(ShardingStrategy::kShardGradOp)},
+      {"zero1", options_for(ShardingStrategy::kZero1)},
+      {"hybrid_shard", options_for(ShardingStrategy::kHybridShard)},
+  };
+  if (W > 1) {  // ZeRO++'s secondary partition (exact), the frozen part's kept too: hosts of W / 2 ranks (or 1)
+    const int host_ranks = W % 2 == 0 ? W / 2 : 1;
+    cases.emplace_back("full_shard, hpZ", options_for(ShardingStrategy::kFullShard, torch::kFloat, host_ranks)
+                                              .zero_plus_plus(fsdp::ZeroPlusPlus().secondary_partition(true)));
+  }
+  for (const auto& [name, options] : cases) {
+    SCOPED_TRACE(name);
+    auto sharded = fsdp::fully_shard(make_partly_frozen_gpt(), world_group, options);
+    const auto adamw = fsdp::testing::spec_adamw().weight_decay(0.5);
+    torch::optim::AdamW sharded_opt(sharded.parameters(), adamw);
+    GPT reference = make_partly_frozen_gpt();
+    std::vector<torch::Tensor> reference_params;
+    for (const auto& p : fsdp::testing::unique_parameters(*reference))
+      if (p.requires_grad()) reference_params.push_back(p);
+    torch::optim::AdamW reference_opt(reference_params, adamw);
+    for (int64_t step = 0; step < steps; ++step) {
+      auto [x, y] = fsdp::testing::batch(data, step, 0, 1, B);
+      torch::Tensor loss = sharded.forward(x, y);
+      loss.backward();
+      auto [gx, gy] = data.batch(step, 0, 0, 1, 1, W * B);  // the global batch, as one rank of one
+      torch::Tensor reference_loss = reference->forward(gx, gy);
+      reference_loss.backward();
+      if (step == 0) expect_trainable_gradients_match(sharded.state(), *reference);
+      sharded_opt.step();
+      sharded_opt.zero_grad();
+      reference_opt.step();
+      reference_opt.zero_grad();
+      world_group->all_reduce(loss, fsdp::ReduceOp::kAvg)->wait();
+      EXPECT_NEAR(loss.item<double>(), reference_loss.item<double>(), 1e-5 * reference_loss.item<double>())
+          << "step " << step;
+    }
+    for (const auto& [name, value] : fsdp::testing::full_values(sharded.state())) {
+      const torch::Tensor expected = reference->named_parameters()[name].detach();
+      if (is_frozen(name)) {
+        EXPECT_TRUE(torch::equal(value, expected)) << name;
+      } else {
+        EXPECT_LT((value - expected).abs().max().item<double>(), 1e-4) << name;
+      }
+    }
+  }
+}
+
+// The full and sharded state dicts hold the frozen parameters under their
+// names and load back into them; save_full_state_dict writes them to the
+// model file and no state of theirs to the optimizer's; sharded
+// initialization (param_init_fn) fills them as it fills the others.
+TEST(FrozenParameters, StateDictsAndShardedInitCoverThem) {
+  auto model = fsdp::fully_shard(make_partly_frozen_gpt(), world_group, fsdp::testing::block_units());
+  fsdp::StateDict dict = fsdp::full_state_dict(model.state());
+  GPT plain = fsdp::testing::make_gpt(fsdp::testing::tiny());
+  int frozen = 0;
+  for (const auto& [name, param] : fsdp::unique_named_parameters(*plain)) {
+    const torch::Tensor* value = dict.find(name);
+    ASSERT_TRUE(value) << name;
+    EXPECT_TRUE(torch::equal(*value, param.detach())) << name;
+    frozen += is_frozen(name);
+  }
+  EXPECT_GT(frozen, 0);
+  // Into a model of other values, and back out the same.
+  GPT other_model = fsdp::testing::make_gpt(fsdp::testing::tiny(), /*seed=*/2);
+  for (auto& [name, param] : fsdp::unique_named_parameters(*other_model))
+    if (is_frozen(name)) param.requires_grad_(false);
+  auto other = fsdp::fully_shard(other_model, world_group, fsdp::testing::block_units());
+  fsdp::load_full_state_dict(other.state(), dict);
+  fsdp::testing::expect_same_params(model.state(), other.state(), "after load_full_state_dict");
+
+  // After a step: the sharded state dict holds the frozen ones too, and
+  // loads back; the full files hold them in the model file and nothing of
+  // them in the optimizer's.
+  const auto& data = fsdp::testing::token_data();
+  auto [x, y] = fsdp::testing::batch(data, 0, 0, 1, 2);
+  fsdp::FusedAdamW optimizer(model.parameters(), fsdp::testing::spec_adamw());
+  model.forward(x, y).backward();
+  optimizer.step();
+  fsdp::load_sharded_state_dict(other.state(), fsdp::sharded_state_dict(model.state()));
+  fsdp::testing::expect_same_params(model.state(), other.state(), "after load_sharded_state_dict");
+  const std::string path = "/tmp/fsdp_test_frozen_w" + std::to_string(world_group->size());
+  fsdp::save_full_state_dict(model.state(), path + ".model.safetensors", {}, &optimizer,
+                             path + ".optimizer.safetensors");
+  GPT unsharded{fsdp::testing::tiny()};
+  fsdp::load_full_weights(*unsharded, path + ".model.safetensors");
+  const auto saved = fsdp::testing::full_params(model.state());
+  for (const auto& [name, param] : fsdp::unique_named_parameters(*unsharded)) {
+    EXPECT_TRUE(torch::equal(param, saved.at(name))) << name << " in the saved model file";
+  }
+  int moments = 0;
+  const fsdp::safetensors::Reader optimizer_file(path + ".optimizer.safetensors");
+  for (const auto& t : optimizer_file.tensors()) {
+    EXPECT_FALSE(is_frozen(t.spec.name)) << t.spec.name << " has optimizer state in the file";
+    ++moments;
+  }
+  EXPECT_EQ(moments, 2 * static_cast<int>(saved.size() - frozen));
+
+  // Sharded init: every parameter, frozen or not, drawn as make_gpt draws it.
+  GPT deferred = [] {
+    fsdp::memory::DeferredInit no_values;
+    GPT m{fsdp::testing::tiny()};
+    for (auto& [name, param] : fsdp::unique_named_parameters(*m))
+      if (is_frozen(name)) param.requires_grad_(false);
+    return m;
+  }();
+  auto init_values = fsdp::unique_named_parameters(*plain);
+  std::map<std::string, torch::Tensor> by_name(init_values.begin(), init_values.end());
+  auto initialized = fsdp::fully_shard(
+      deferred, world_group,
+      fsdp::testing::block_units().param_init_fn([&](const std::string& name, torch::Tensor& param) {
+        torch::NoGradGuard no_grad;
+        param.copy_(by_name.at(name));
+      }));
+  for (const auto& [name, value] : fsdp::testing::full_params(initialized.state())) {
+    EXPECT_TRUE(torch::equal(value, *dict.find(name))) << name << " after sharded init";
+  }
+  EXPECT_EQ(initialized.parameters().size(), model.parameters().size());
+}
+
+// Disk offload keeps optimizer state for every unit it holds: a frozen
+// parameter there is refused, by name of the option, before anything moves.
+TEST(FrozenParameters, DiskOffloadIsRefused) {
+  const std::string dir = "/tmp/fsdp_test_frozen_nvme_" + std::to_string(world_group->rank());
+  try {
+    fsdp::fully_shard(make_partly_frozen_gpt(), world_group,
+                      fsdp::testing::block_units().nvme_offload(fsdp::NvmeOffloadOptions(dir)));
+    ADD_FAILURE() << "accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(fsdp::error_message(e).find("frozen parameters (requires_grad false) with nvme_offload"),
+              std::string::npos)
+        << fsdp::error_message(e);
+  }
+}

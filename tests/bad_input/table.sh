@@ -137,6 +137,8 @@ row fsdp-run 1 "-n needs a positive number of ranks, got 'two'" "$run" -n two --
 row fsdp-run 1 "--threads needs a positive number, got '0'" "$run" -n 1 --threads 0 -- true
 row fsdp-run 1 "unknown option '--bogus'" "$run" --bogus -n 1 -- true
 row fsdp-run 1 "no program given after --" "$run" -n 1 --
+row fsdp-run 127 "cannot run 'missing-program': no such program" "$run" -n 2 -- missing-program
+row fsdp-run 127 "cannot run './text.txt': no such program" "$run" -n 1 -- ./text.txt
 row fsdp-run 1 "cannot read the hostfile 'missing.hosts'" "$run" --hostfile missing.hosts -- true
 row fsdp-run 0 "usage: fsdp-run" "$run" --help
 # SIGTERM to the launcher's whole process group (a scheduler's preemption):

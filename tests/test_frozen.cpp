@@ -21,6 +21,7 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/fused_adamw.h"
 #include "fsdp/gpt.h"
+#include "fsdp/lora.h"
 #include "fsdp/memory.h"
 #include "fsdp/safetensors.h"
 #include "fsdp/state_dict.h"
@@ -348,5 +349,75 @@ TEST(FrozenParameters, DiskOffloadIsRefused) {
     EXPECT_NE(fsdp::error_message(e).find("frozen parameters (requires_grad false) with nvme_offload"),
               std::string::npos)
         << fsdp::error_message(e);
+  }
+}
+
+// LoRA (fsdp::lora::apply before fully_shard) at W = 1 to 4: the adapters
+// train as one process with the global batch trains them (relative 1e-4 on
+// the gradients, as above), the base stays bit for bit what it was, the
+// optimizer holds moments for the adapters' shards only, and one step
+// reduce-scatters the trainable parts' bytes only.
+TEST(Lora, TrainsTheSameAdaptersAsOneProcess) {
+  const int W = world_group->size();
+  const int64_t B = 2, steps = 4;
+  const auto& data = fsdp::testing::token_data();
+  auto make = [] {
+    GPT model = fsdp::testing::make_gpt(fsdp::testing::tiny());
+    fsdp::lora::apply(*model, fsdp::lora::LoraOptions().rank(4).alpha(8).targets({"c_attn", "c_proj"}).seed(3));
+    return model;
+  };
+  using fsdp::testing::options_for;
+  const std::vector<std::pair<std::string, fsdp::FullyShardOptions>> cases = {
+      {"full_shard", options_for(ShardingStrategy::kFullShard)},
+      {"full_shard, activation checkpointing", options_for(ShardingStrategy::kFullShard).activation_checkpointing(true)},
+      {"zero1", options_for(ShardingStrategy::kZero1)},
+  };
+  for (const auto& [name, options] : cases) {
+    SCOPED_TRACE(name);
+    auto sharded = fsdp::fully_shard(make(), world_group, options);
+    const auto initial = fsdp::testing::full_params(sharded.state());
+    const auto adamw = fsdp::testing::spec_adamw().weight_decay(0.5);
+    torch::optim::AdamW sharded_opt(sharded.parameters(), adamw);
+    GPT reference = make();
+    std::vector<torch::Tensor> reference_params;
+    for (const auto& p : fsdp::testing::unique_parameters(*reference))
+      if (p.requires_grad()) reference_params.push_back(p);
+    torch::optim::AdamW reference_opt(reference_params, adamw);
+    fsdp::TrainStep train_step(sharded, sharded_opt, fsdp::TrainStepOptions().gather_rank_figures(false));
+    for (int64_t step = 0; step < steps; ++step) {
+      auto [x, y] = fsdp::testing::batch(data, step, 0, 1, B);
+      torch::Tensor loss;
+      const fsdp::StepResult result = train_step([&](int64_t) { return loss = sharded.forward(x, y); });
+      auto [gx, gy] = data.batch(step, 0, 0, 1, 1, W * B);
+      torch::Tensor reference_loss = reference->forward(gx, gy);
+      reference_loss.backward();
+      reference_opt.step();
+      reference_opt.zero_grad();
+      EXPECT_NEAR(result.loss, reference_loss.item<double>(), 1e-5 * reference_loss.item<double>()) << "step " << step;
+      if (step == 0 && name == "full_shard") {
+        int64_t reduced = 0;
+        for (const auto& unit : fsdp::detail::units(sharded.state()))
+          if (!unit->is_frozen_part()) reduced += unit->flat_param().padded_numel();
+        EXPECT_EQ(result.comm.bytes[static_cast<size_t>(fsdp::CollectiveKind::kReduceScatter)], 4 * reduced);
+      }
+    }
+    int64_t state_numel = 0;
+    for (const auto& shard : sharded.parameters()) {
+      auto it = sharded_opt.state().find(fsdp::compat::optimizer_state_key(sharded_opt, shard));
+      if (it == sharded_opt.state().end()) continue;
+      const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+      state_numel += s.exp_avg().numel() + s.exp_avg_sq().numel();
+    }
+    EXPECT_EQ(state_numel, 2 * trainable_shard_numel(sharded.state()));
+    for (const auto& [param_name, value] : fsdp::testing::full_values(sharded.state())) {
+      const torch::Tensor expected = reference->named_parameters()[param_name].detach();
+      if (fsdp::lora::is_adapter_parameter(param_name)) {
+        EXPECT_LT((value - expected).abs().max().item<double>(), 1e-4) << param_name;
+        EXPECT_FALSE(torch::equal(value, initial.at(param_name))) << param_name << " did not train";
+      } else {
+        EXPECT_TRUE(torch::equal(value, initial.at(param_name))) << param_name << " (frozen) changed";
+        EXPECT_TRUE(torch::equal(value, expected)) << param_name;
+      }
+    }
   }
 }

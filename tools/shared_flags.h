@@ -8,13 +8,16 @@
 
 #include <cstdint>
 #include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
 #include "fsdp/error.h"
 #include "fsdp/hugging_face.h"
 #include "fsdp/model_config.h"
+#include "fsdp/lora.h"
 #include "fsdp/options.h"
+#include "fsdp/wrap_policy.h"
 #include "fsdp/run_plan.h"
 #include "tool_support.h"
 
@@ -217,6 +220,97 @@ inline void add_zero_plus_plus_flags(CLI::App& app, ZeroPlusPlusFlags& f) {
                  "elements per int8 block (each with its own fp32 scale) of --gather-quantization and "
                  "--gradient-quantization")
       ->capture_default_str();
+}
+
+// What of the model trains (docs/fine-tuning.md): all of it, all but what
+// --freeze names, or LoRA adapters on the --lora-targets (everything else
+// frozen). Both tools apply them to the model they build, so that fsdp-plan
+// counts what fsdp-train will have.
+struct FineTuneFlags {
+  std::string freeze;        // ECMAScript regex: the parameters whose names it matches stay as they are
+  int64_t lora_rank = 0;     // 0: no LoRA
+  double lora_alpha = 16.0;  // the update is scaled by alpha / rank
+  double lora_dropout = 0.0;
+  std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj"};
+  bool lora() const { return lora_rank > 0; }
+};
+
+inline void add_fine_tune_flags(CLI::App& app, FineTuneFlags& f) {
+  app.add_option("--freeze", f.freeze,
+                 "freeze the parameters whose names this ECMAScript regex matches (searched anywhere in the name, "
+                 "e.g. 'wte|h\\.[0-5]\\.'): they are gathered for compute but get no gradient, no optimizer state "
+                 "and no weight decay (partial fine-tuning; docs/fine-tuning.md)");
+  app.add_option("--lora-rank", f.lora_rank,
+                 "train LoRA adapters of this rank on --lora-targets and freeze everything else (0: no LoRA)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--lora-alpha", f.lora_alpha, "LoRA's alpha: the adapters' update is scaled by alpha / rank")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lora-dropout", f.lora_dropout, "dropout on the adapters' input while training")
+      ->check(CLI::Range(0.0, 0.999))
+      ->capture_default_str();
+  app.add_option("--lora-targets", f.lora_targets,
+                 "the linears to adapt, by name or its last part (PEFT's target_modules), comma-separated; "
+                 "all-linear: every linear but the output head. The Llama's: q_proj, k_proj, v_proj, o_proj, "
+                 "gate_proj, up_proj, down_proj; the GPT's: c_attn, c_proj, c_fc")
+      ->delimiter(',')
+      ->capture_default_str();
+}
+
+// What apply_fine_tuning did.
+struct FineTuned {
+  int64_t parameters = 0;  // every parameter's elements (a tied one once)
+  int64_t trainable = 0;   // those left to train
+  int64_t frozen_by_pattern = 0;  // --freeze's
+  std::vector<std::string> adapted;  // --lora-rank's linears
+};
+
+// Applies --freeze and the LoRA flags to `model` (before fully_shard):
+// refuses a --freeze pattern that does not parse, matches none of the
+// parameters (a typo) or all of them (nothing left to train), and --freeze
+// with LoRA (LoRA freezes everything but its adapters already).
+inline FineTuned apply_fine_tuning(const FineTuneFlags& f, torch::nn::Module& model, uint64_t seed) {
+  TORCH_CHECK(f.freeze.empty() || !f.lora(),
+              "--freeze with --lora-rank: LoRA freezes every parameter but its adapters already (leave --freeze out)");
+  FineTuned done;
+  if (f.lora()) {
+    const auto report = fsdp::lora::apply(model, fsdp::lora::LoraOptions()
+                                                     .rank(f.lora_rank)
+                                                     .alpha(f.lora_alpha)
+                                                     .dropout(f.lora_dropout)
+                                                     .targets(f.lora_targets)
+                                                     .seed(seed));
+    done.parameters = report.parameters;
+    done.trainable = report.trainable;
+    done.adapted = report.adapted;
+    return done;
+  }
+  std::regex pattern;
+  if (!f.freeze.empty()) {
+    try {
+      pattern = std::regex(f.freeze, std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      TORCH_CHECK(false, "--freeze '", f.freeze, "' is not an ECMAScript regular expression: ", e.what());
+    }
+  }
+  int64_t frozen_tensors = 0, tensors = 0;
+  const auto named = fsdp::unique_named_parameters(model);
+  for (const auto& [name, param] : named) {
+    done.parameters += param.numel();
+    ++tensors;
+    if (f.freeze.empty() || !std::regex_search(name, pattern)) continue;
+    param.requires_grad_(false);
+    done.frozen_by_pattern += param.numel();
+    ++frozen_tensors;
+  }
+  done.trainable = done.parameters - done.frozen_by_pattern;
+  if (f.freeze.empty()) return done;
+  TORCH_CHECK(frozen_tensors > 0, "--freeze '", f.freeze, "' matches none of the model's ", tensors,
+              " parameter names (e.g. '", named.front().first, "'): expected a pattern that freezes some of them");
+  TORCH_CHECK(frozen_tensors < tensors, "--freeze '", f.freeze, "' matches all ", tensors,
+              " parameters of the model: expected some left to train");
+  return done;
 }
 
 }  // namespace fsdp_tools

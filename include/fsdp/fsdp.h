@@ -73,6 +73,7 @@
 #include "fsdp/hugging_face.h"   // Hugging Face GPT-2 and Llama folders (config.json, model.safetensors) in and out
 #include "fsdp/language_model.h"  // LanguageModel: what the trainer needs of a GPT or a Llama
 #include "fsdp/llama.h"          // the Llama (Hugging Face LlamaForCausalLM's names and semantics)
+#include "fsdp/lora.h"            // LoRA adapters on a model's linears, as PEFT builds them
 #include "fsdp/lr_schedule.h"    // warmup, constant and cosine learning rates
 #include "fsdp/memory.h"         // exact tensor memory by category
 #include "fsdp/memory_plan.h"    // the planner: memory and communication per strategy

@@ -154,6 +154,9 @@ class UnitForwardScope {
   UnitForwardScope& operator=(const UnitForwardScope&) = delete;
   // Registers the pre-backward hook on an output that requires grad.
   void watch_output(const torch::Tensor& output) const;
+  // The input, marked so that the unit hears when its gradient is done (an
+  // identity; the input itself where there is no backward to wait for).
+  torch::Tensor watch_input(const torch::Tensor& input) const;
   // The unit's forward is to run checkpointed (the option is on, it is not
   // the root, and autograd is recording).
   bool checkpointed() const;
@@ -177,6 +180,16 @@ void watch_outputs(const UnitForwardScope& scope, const std::tuple<Ts...>& ts) {
 }
 template <class T>
 void watch_outputs(const UnitForwardScope&, const T&) {}  // outputs without tensors
+
+// A tensor argument of unit_forward, marked (UnitForwardScope::watch_input); others as they are.
+template <class A>
+decltype(auto) watch_input(const UnitForwardScope& scope, A&& arg) {
+  if constexpr (std::is_same_v<std::decay_t<A>, torch::Tensor>) {
+    return scope.watch_input(arg);
+  } else {
+    return std::forward<A>(arg);
+  }
+}
 
 // The module behind a plain module, a ModuleHolder (including the classes
 // TORCH_MODULE declares) or a shared_ptr.
@@ -206,14 +219,15 @@ auto unit_forward(M&& module, Args&&... args) {
   if (scope.checkpointed()) {
     if constexpr (sizeof...(Args) == 1 && std::is_same_v<Output, torch::Tensor> &&
                   (std::is_convertible_v<Args, torch::Tensor> && ...)) {
-      torch::Tensor output = scope.run_checkpointed([&m](const torch::Tensor& x) { return m.forward(x); }, args...);
+      torch::Tensor output = scope.run_checkpointed([&m](const torch::Tensor& x) { return m.forward(x); },
+                                                    detail::watch_input(scope, args)...);
       detail::watch_outputs(scope, output);
       return output;
     } else {
       scope.refuse_checkpointing();
     }
   }
-  auto output = m.forward(std::forward<Args>(args)...);
+  auto output = m.forward(detail::watch_input(scope, std::forward<Args>(args))...);
   detail::watch_outputs(scope, output);
   return output;
 }

@@ -139,6 +139,7 @@ void Unit::reshard_all() {
 
 void Unit::pre_forward() {
   owner_->on_forward_entered(*this);
+  inputs_watched_ = 0;
   transition({UnitState::kSharded, UnitState::kUnsharded}, UnitState::kForward);
   flat_.drop_secondary();  // left by a forward whose backward never came
   if (frozen_part_) frozen_part_->flat_.drop_secondary();
@@ -183,7 +184,7 @@ void Unit::pre_backward() {
   // A checkpointed unit recomputes its forward first: its gradient buffer
   // waits until then (before_recomputed_gradients).
   if (owner_->requires_gradient_sync() && !checkpointed()) flat_.prepare_gradient_buffer();
-  gradients_pending_ = static_cast<int64_t>(grad_accumulators_.size());
+  gradients_pending_ = static_cast<int64_t>(grad_accumulators_.size()) + inputs_watched_;
 }
 
 void Unit::before_recomputed_gradients() {
@@ -199,6 +200,13 @@ void Unit::on_gradient_ready() {
   TORCH_CHECK(state_ == UnitState::kBackward, "FSDP unit '", display_name(),
               "': a parameter gradient arrived while the unit is ", unit_state_name(state_),
               "; its parameters were used outside the unit's forward");
+  if (--gradients_pending_ == 0) post_backward();
+}
+
+void Unit::on_input_gradient() {
+  // An input's gradient outside this unit's backward (its outputs got none,
+  // or the end of backward already finished it): nothing waits for it.
+  if (state_ != UnitState::kBackward) return;
   if (--gradients_pending_ == 0) post_backward();
 }
 
@@ -807,6 +815,27 @@ UnitForwardScope::~UnitForwardScope() {
   } catch (const std::exception& e) {
     std::cerr << "fsdp: resharding unit '" << unit_->display_name() << "' failed: " << e.what() << "\n";
   }
+}
+
+// The identity on a unit's input, whose backward tells the unit that the
+// gradient of that input is done: the last node of the unit's backward for it.
+struct InputGradientFunction : torch::autograd::Function<InputGradientFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
+                               int64_t unit_address) {
+    ctx->saved_data["unit"] = unit_address;
+    return input.view_as(input);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    reinterpret_cast<Unit*>(ctx->saved_data["unit"].toInt())->on_input_gradient();
+    return {grad_outputs[0], torch::Tensor()};
+  }
+};
+
+torch::Tensor UnitForwardScope::watch_input(const torch::Tensor& input) const {
+  if (!unit_ || !input.defined() || !input.requires_grad() || !torch::GradMode::is_enabled()) return input;
+  unit_->count_input();
+  return InputGradientFunction::apply(input, reinterpret_cast<int64_t>(unit_));
 }
 
 void UnitForwardScope::watch_output(const torch::Tensor& output) const {

@@ -59,7 +59,12 @@ class Unit {
   // before its gradients are computed.
   void before_recomputed_gradients();
   void on_gradient_ready();
+  // The gradient of one of the unit's inputs is computed (watch_input's
+  // marker): the unit's backward is over for that input.
+  void on_input_gradient();
   void post_backward();
+  // unit_forward saw one more input that requires grad in this forward.
+  void count_input() { ++inputs_watched_; }
 
  private:
   void transition(std::initializer_list<UnitState> from, UnitState to);
@@ -81,7 +86,12 @@ class Unit {
   UnitState state_ = UnitState::kSharded;
   bool prefetched_ = false;  // its all-gather was issued ahead, and it has not run since
   double span_begin_us_ = -1.0;  // tracing: when the current forward or backward began
+  // Backward is over once every trainable parameter's gradient and every
+  // watched input's gradient are in: the parameters alone can be done while
+  // the input's gradient still needs the frozen ones (LoRA's base, a frozen
+  // norm), and a unit's buffers must outlive every node of its backward.
   int64_t gradients_pending_ = 0;
+  int64_t inputs_watched_ = 0;
   bool entered_in_this_forward_ = false;
   bool backward_done_in_this_pass_ = false;
   friend struct detail::FsdpStateImpl;

@@ -9,6 +9,7 @@
 
 #include "base/strings.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/lora.h"
 
 namespace fsdp::models {
 
@@ -60,14 +61,14 @@ AttentionImpl::AttentionImpl(const GPTConfig& c) : heads_(c.heads) {
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hs = C / heads_;
-  auto qkv = c_attn(x).split(C, /*dim=*/2);
+  auto qkv = lora::forward(c_attn, x).split(C, /*dim=*/2);
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, heads_, hs}).transpose(1, 2); };
   torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
   torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));
   torch::Tensor future = torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   torch::Tensor y = torch::matmul(torch::softmax(scores, -1), v);
-  return c_proj(y.transpose(1, 2).contiguous().view({B, T, C}));
+  return lora::forward(c_proj, y.transpose(1, 2).contiguous().view({B, T, C}));
 }
 
 MLPImpl::MLPImpl(const GPTConfig& c) {
@@ -75,7 +76,9 @@ MLPImpl::MLPImpl(const GPTConfig& c) {
   c_proj = register_module("c_proj", torch::nn::Linear(4 * c.width, c.width));
 }
 
-torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return c_proj(torch::gelu(c_fc(x), "tanh")); }
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  return lora::forward(c_proj, torch::gelu(lora::forward(c_fc, x), "tanh"));
+}
 
 BlockImpl::BlockImpl(const GPTConfig& c) {
   auto ln = [&] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.width}).eps(1e-5)); };

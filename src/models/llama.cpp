@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "fsdp/fully_shard.h"
+#include "fsdp/lora.h"
 #include "base/strings.h"
 
 namespace fsdp::models {
@@ -222,14 +223,14 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   };
   torch::Tensor q, k, v;
   if (qkv_proj) {  // Phi-3's one matrix: q, k and v along its output, as transformers slices it
-    const torch::Tensor qkv = qkv_proj(x);
+    const torch::Tensor qkv = lora::forward(qkv_proj, x);
     q = split(qkv.narrow(-1, 0, heads_ * hs), heads_, &q_norm);
     k = split(qkv.narrow(-1, heads_ * hs, kv_heads_ * hs), kv_heads_, &k_norm);
     v = split(qkv.narrow(-1, (heads_ + kv_heads_) * hs, kv_heads_ * hs), kv_heads_, nullptr);
   } else {
-    q = split(q_proj(x), heads_, &q_norm);
-    k = split(k_proj(x), kv_heads_, &k_norm);
-    v = split(v_proj(x), kv_heads_, nullptr);
+    q = split(lora::forward(q_proj, x), heads_, &q_norm);
+    k = split(lora::forward(k_proj, x), kv_heads_, &k_norm);
+    v = split(lora::forward(v_proj, x), kv_heads_, nullptr);
   }
   auto [cos, sin] = rotary_cos_sin(T, hs, rope_theta_, rope_scaling_, x);
   q = apply_rotary(q, cos, sin);
@@ -243,7 +244,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
   torch::Tensor y = torch::matmul(probs, v);
-  return o_proj(y.transpose(1, 2).contiguous().view({B, T, heads_ * hs}));
+  return lora::forward(o_proj, y.transpose(1, 2).contiguous().view({B, T, heads_ * hs}));
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
@@ -257,9 +258,9 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
-  if (!gate_up_proj) return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
-  const auto gate_up = gate_up_proj(x).chunk(2, -1);  // Phi-3's: the gate's half first
-  return down_proj(torch::silu(gate_up[0]) * gate_up[1]);
+  if (!gate_up_proj) return lora::forward(down_proj, torch::silu(lora::forward(gate_proj, x)) * lora::forward(up_proj, x));
+  const auto gate_up = lora::forward(gate_up_proj, x).chunk(2, -1);  // Phi-3's: the gate's half first
+  return lora::forward(down_proj, torch::silu(gate_up[0]) * gate_up[1]);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
@@ -304,7 +305,7 @@ torch::Tensor LlamaImpl::logits(const torch::Tensor& idx) {
   torch::Tensor x = model->embed_tokens(idx);
   for (const auto& layer : *model->layers) x = fsdp::unit_forward(*layer->as<LlamaDecoderLayerImpl>(), x);
   x = model->norm(x);
-  return tied_lm_head ? tied_lm_head(x) : lm_head(x);
+  return tied_lm_head ? tied_lm_head(x) : lora::forward(lm_head, x);
 }
 
 torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {

@@ -66,10 +66,7 @@ void add_data_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--tokenizer", o.tokenizer,
                  "a Hugging Face tokenizer.json: the vocabulary, --prompt encoded, the sample decoded (--data: its ids)")
       ->check(CLI::ExistingFile);
-  app.add_option("--freeze", o.freeze,
-                 "freeze the parameters whose names this ECMAScript regex matches (searched anywhere in the name, "
-                 "e.g. 'wte|h\\.[0-5]\\.'): they are gathered for compute but get no gradient, no optimizer state "
-                 "and no weight decay (partial fine-tuning; docs/fine-tuning.md)");
+  fsdp_tools::add_fine_tune_flags(app, o);
   app.add_option("--save-final", o.save_final, "write the trained weights here (.safetensors; --save-format hf: a folder)");
   app.add_option("--save-format", o.save_format,
                  "spec: one .safetensors of the spec's names; hf: a Hugging Face folder (model.safetensors or its "

@@ -15,7 +15,8 @@ namespace fsdp_train {
 // The command line as given (validated by prepare(), setup.h).
 // The model's flags (--model, --preset, the shape, --kv-heads), ZeRO++'s and
 // the run's settings (RunFlags) are the ones fsdp-plan takes too (shared_flags.h).
-struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags, fsdp_tools::RunFlags {
+struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags, fsdp_tools::RunFlags,
+                      fsdp_tools::FineTuneFlags {
   TrainOptions() { preset = fsdp_tools::kTrainerPreset; }
   int64_t steps = 100;
   double lr = 1e-3;
@@ -26,7 +27,6 @@ struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags, fsd
   double val_fraction = 0.1;
   int64_t eval_every = 0;
   std::optional<int64_t> eval_sequences;
-  std::string freeze;  // ECMAScript regex: the parameters whose names it matches stay as they are (partial fine-tuning)
   std::string save_final;
   std::string save_format = "spec";  // --save-final as the spec's file, or a Hugging Face folder (hf)
   std::string save_dtype = "source";  // --save-format hf: the weights' dtype (source: --init-from's, else fp32)

@@ -228,39 +228,14 @@ void make_model(const TrainOptions& o, Run& run) {
   }
 }
 
-// --freeze REGEX: the parameters whose names it matches (searched anywhere
-// in the name) stop requiring grad before fully_shard, which then keeps
-// them out of the gradients, the reductions and the optimizer. A pattern
-// that matches nothing (a typo) or everything (nothing left to train) is
-// refused: either would train something other than what was asked.
+// --freeze or LoRA (fsdp_tools::apply_fine_tuning), before fully_shard.
+// The disk offload keeps optimizer state for every unit: refused with either.
 void freeze_parameters(const TrainOptions& o, Run& run) {
-  TORCH_CHECK(o.freeze.empty() || (o.offload_optimizer != "nvme" && o.offload_params != "nvme"),
-              "--freeze with --offload-optimizer nvme or --offload-params nvme is not supported (the disk offload "
-              "keeps optimizer state for every unit): leave --freeze out, or use --offload cpu");
-  int64_t total = 0, frozen = 0, frozen_tensors = 0, tensors = 0;
-  std::regex pattern;
-  if (!o.freeze.empty()) {
-    try {
-      pattern = std::regex(o.freeze, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      TORCH_CHECK(false, "--freeze '", o.freeze, "' is not an ECMAScript regular expression: ", e.what());
-    }
-  }
-  for (auto& [name, param] : fsdp::unique_named_parameters(*run.model)) {
-    total += param.numel();
-    ++tensors;
-    if (o.freeze.empty() || !std::regex_search(name, pattern)) continue;
-    param.requires_grad_(false);
-    frozen += param.numel();
-    ++frozen_tensors;
-  }
-  run.trainable_params = total - frozen;
-  if (o.freeze.empty()) return;
-  TORCH_CHECK(frozen_tensors > 0, "--freeze '", o.freeze, "' matches none of the model's ", tensors,
-              " parameter names (e.g. '", fsdp::unique_named_parameters(*run.model).front().first,
-              "'): expected a pattern that freezes some of them");
-  TORCH_CHECK(frozen_tensors < tensors, "--freeze '", o.freeze, "' matches all ", tensors,
-              " parameters of the model: expected some left to train");
+  TORCH_CHECK((o.freeze.empty() && !o.lora()) || (o.offload_optimizer != "nvme" && o.offload_params != "nvme"),
+              "--freeze or --lora-rank with --offload-optimizer nvme or --offload-params nvme is not supported (the "
+              "disk offload keeps optimizer state for every unit): leave them out, or use --offload cpu");
+  const fsdp_tools::FineTuned done = fsdp_tools::apply_fine_tuning(o, *run.model, o.seed);
+  run.trainable_params = done.trainable;
 }
 
 // --device, --backend (fsdp/device_choice.h), named in its errors.

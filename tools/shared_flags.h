@@ -232,6 +232,7 @@ struct FineTuneFlags {
   double lora_alpha = 16.0;  // the update is scaled by alpha / rank
   double lora_dropout = 0.0;
   std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj"};
+  std::string base_dtype = "fp32";  // bf16: the frozen base held, gathered and computed in bf16 (with LoRA)
   bool lora() const { return lora_rank > 0; }
 };
 
@@ -256,6 +257,11 @@ inline void add_fine_tune_flags(CLI::App& app, FineTuneFlags& f) {
                  "gate_proj, up_proj, down_proj; the GPT's: c_attn, c_proj, c_fc")
       ->delimiter(',')
       ->capture_default_str();
+  app.add_option("--base-dtype", f.base_dtype,
+                 "with --lora-rank: fp32, or bf16 to hold the frozen base in bf16 (half its memory and gathers; "
+                 "the base computes in bf16, the adapters in fp32, as PEFT with a bf16 base)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
 }
 
 // What apply_fine_tuning did.
@@ -273,6 +279,9 @@ struct FineTuned {
 inline FineTuned apply_fine_tuning(const FineTuneFlags& f, torch::nn::Module& model, uint64_t seed) {
   TORCH_CHECK(f.freeze.empty() || !f.lora(),
               "--freeze with --lora-rank: LoRA freezes every parameter but its adapters already (leave --freeze out)");
+  TORCH_CHECK(f.base_dtype == "fp32" || f.lora(),
+              "--base-dtype ", f.base_dtype, " needs --lora-rank: a frozen base in another dtype than the parameters "
+              "that train mixes dtypes inside the model, which only LoRA's adapters convert at their boundary");
   FineTuned done;
   if (f.lora()) {
     const auto report = fsdp::lora::apply(model, fsdp::lora::LoraOptions()

@@ -219,6 +219,14 @@ struct FullyShardOptions {
   /// the parameters being gathered and the gradients being reduced. Sharded
   /// strategies only.
   TORCH_ARG(bool, cpu_offload) = false;
+  /// The dtype frozen parameters (requires_grad false) are held, gathered and
+  /// computed in, apart from the others: kBFloat16 halves a LoRA base's
+  /// memory and its gathers while the adapters keep fp32 masters and
+  /// optimizer state (fsdp-train --base-dtype bf16). Their values are rounded
+  /// to it once, when sharded; state dicts and checkpoints hold them in fp32
+  /// (exactly those values). Unset: as the other parameters. Not with
+  /// cpu_offload, nvme_offload or quantized gathers.
+  TORCH_ARG(std::optional<torch::ScalarType>, frozen_param_dtype) = std::nullopt;
   /// Offload to disk (see NvmeOffloadOptions); CPU units only.
   TORCH_ARG(std::optional<NvmeOffloadOptions>, nvme_offload) = std::nullopt;
   /// The device the units compute on (FSDP1's device_id): parameters and

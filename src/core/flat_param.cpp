@@ -84,7 +84,7 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, 
   torch::Tensor flat;
   {
     MemoryCategoryScope scope(shard_is_view ? Category::kParameterShard : Category::kOther);
-    flat = torch::zeros({padded_numel()}, on_device.dtype(torch::kFloat));
+    flat = torch::zeros({padded_numel()}, on_device.dtype(config_.shard_dtype));
   }
   for (const auto& e : entries_) flat.narrow(0, e.offset, e.numel).copy_(e.param.reshape({-1}));
   if (shard_is_view) {

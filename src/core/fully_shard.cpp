@@ -246,6 +246,14 @@ void FsdpStateImpl::build() {
   TORCH_CHECK(!options_.nvme_offload() || std::find(frozen.begin(), frozen.end(), true) == frozen.end(),
               "fully_shard: frozen parameters (requires_grad false) with nvme_offload are not supported: the disk "
               "offload keeps optimizer state for every unit it holds; freeze nothing, or use cpu_offload");
+  if (const auto dtype = options_.frozen_param_dtype()) {
+    TORCH_CHECK(*dtype == torch::kFloat || *dtype == torch::kBFloat16 || *dtype == torch::kHalf,
+                "fully_shard: frozen_param_dtype must be float32, bfloat16 or float16, got ", *dtype);
+    TORCH_CHECK(!options_.cpu_offload() && !options_.nvme_offload() &&
+                    options_.zero_plus_plus().gather_quantization() == Quantization::kNone,
+                "fully_shard: frozen_param_dtype with cpu_offload, nvme_offload or quantized gathers is not "
+                "supported: the offloads and ZeRO++'s quantization hold float32 shards; leave it unset");
+  }
   // Everything is checked before any parameter is touched: a refused model stays intact.
   // Where the units compute: the option, else the first parameter's device
   // (and then every other parameter must be there too).
@@ -407,6 +415,10 @@ std::unique_ptr<Unit> FsdpStateImpl::make_unit(UnitPlan plan, const FlatParamCon
   FlatParamConfig own = config;
   own.unit_index = index;
   own.frozen = frozen;
+  if (frozen && options_.frozen_param_dtype()) {  // held, gathered and computed in its own dtype
+    own.shard_dtype = *options_.frozen_param_dtype();
+    own.mixed_precision = MixedPrecision().param_dtype(own.shard_dtype).reduce_dtype(own.shard_dtype);
+  }
   return std::make_unique<Unit>(this, std::move(plan), std::move(own));
 }
 

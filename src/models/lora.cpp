@@ -146,10 +146,15 @@ torch::Tensor forward(const torch::nn::Linear& linear, const torch::Tensor& x) {
   if (!down) return module->forward(x);
   namespace F = torch::nn::functional;
   torch::Tensor result = F::linear(x, down->base_weight, module->bias);
-  torch::Tensor h =
-      down->dropout > 0 ? F::dropout(x, F::DropoutFuncOptions().p(down->dropout).training(module->is_training())) : x;
+  // A base held in another dtype than the adapters (fsdp-train --base-dtype
+  // bf16): the adapters compute in theirs, and their update joins the
+  // base's output in its dtype, as PEFT does. (No-ops where they agree.)
+  torch::Tensor h = x.to(down->weight.scalar_type());
+  if (down->dropout > 0) h = F::dropout(h, F::DropoutFuncOptions().p(down->dropout).training(module->is_training()));
   // PEFT's order: the base, then B(A(x)) scaled (peft/tuners/lora/layer.py).
-  return result + F::linear(F::linear(h, down->weight), down->up_weight) * (down->alpha / static_cast<double>(down->rank));
+  const torch::Tensor update =
+      F::linear(F::linear(h, down->weight), down->up_weight) * (down->alpha / static_cast<double>(down->rank));
+  return result + update.to(result.scalar_type());
 }
 
 std::vector<AdapterInfo> adapters(const torch::nn::Module& model) {

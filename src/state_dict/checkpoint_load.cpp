@@ -205,8 +205,10 @@ void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t f
               "' holds no state '", what, "' of unit ", unit, " (it holds ", nlohmann::json(names).dump(), ")");
   TORCH_CHECK(0 <= from && from <= to && to <= units[unit].at("numel").get<int64_t>() && out.numel() == to - from,
               "read_range: [", from, ", ", to, ") does not fit unit ", unit, " or the output of ", out.numel());
-  if (!in_host_memory(out)) {  // a GPU run's shard: read on the host, then copied over
-    torch::Tensor host = torch::empty(out.sizes(), out.options().device(torch::kCPU));
+  if (!in_host_memory(out) || out.scalar_type() != torch::kFloat) {
+    // A GPU run's shard, or a frozen part held in another dtype
+    // (frozen_param_dtype): read as saved, in float32 on the host, then copied over.
+    torch::Tensor host = torch::empty(out.sizes(), out.options().device(torch::kCPU).dtype(torch::kFloat));
     read_range(unit, what, from, to, host);
     out.copy_(host);
     return;

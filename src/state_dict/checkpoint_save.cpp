@@ -45,7 +45,7 @@ void write_shard_file(FsdpState& state, const OptimizerState& optimizer, const n
   for (size_t u = 0; u < detail::units(state).size(); ++u) {
     ResidentScope resident(state, *detail::units(state)[u], &optimizer.optimizer());
     const FlatParam& flat = detail::units(state)[u]->flat_param();
-    writer.write(flat.shard().detach());
+    writer.write(flat.shard().detach().to(torch::kFloat));  // a frozen part held in bf16 saved exactly, in fp32
     if (flat.frozen()) continue;  // no optimizer state (unit_state_names)
     for (const auto& name : optimizer.tensor_names()) writer.write(optimizer.value(flat.shard(), name));
     if (u == 0) detail::maybe_kill_for_test(state.group()->rank());
@@ -195,7 +195,7 @@ std::vector<StagedCheckpoint::File> stage_shard_file(FsdpState& state, const Opt
     ResidentScope resident(state, *detail::units(state)[u], &optimizer.optimizer());
     const FlatParam& flat = detail::units(state)[u]->flat_param();
     const torch::Tensor& shard = flat.shard();
-    file.tensors.push_back(staging.copy(shard));
+    file.tensors.push_back(staging.copy(shard.to(torch::kFloat)));  // fp32 on disk, whatever the frozen dtype
     if (flat.frozen()) continue;  // no optimizer state (unit_state_names)
     for (const auto& tensor : optimizer.tensor_names()) {
       file.tensors.push_back(staging.copy(optimizer.value(shard, tensor)));
@@ -219,7 +219,7 @@ std::vector<StagedCheckpoint::File> stage_full_files(FsdpState& state, const Opt
   StagedCheckpoint::File moments{(temp_dir / kOptimizerFile).string(), {}, optimizer_metadata, {}};
   auto keep = [&](const FlatParam& flat, const torch::Tensor& local, StagedCheckpoint::File& file,
                   const char* state_name) {
-    torch::Tensor full = flat.gather_full(local);
+    torch::Tensor full = flat.gather_full(local).to(torch::kFloat);  // (a frozen part held in bf16: exact)
     if (!writer) return;
     // no_shard's gather_full is the shard itself: copied, as is a device tensor.
     full = full.is_alias_of(local) || !full.is_cpu() ? staged_copy(full) : full;

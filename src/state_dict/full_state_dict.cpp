@@ -54,7 +54,8 @@ StateDict full_state_dict(FsdpState& state, FullStateDictOptions options) {
   for (const auto& unit : detail::units(state)) {
     const FlatParam& flat = unit->flat_param();
     ResidentScope resident(state, *unit, nullptr, /*agree=*/true);
-    torch::Tensor full = flat.gather_full(flat.shard());  // the fp32 masters, one unit at a time
+    // The fp32 masters, one unit at a time (a frozen part held in bf16: its values, exactly, in fp32).
+    torch::Tensor full = flat.gather_full(flat.shard()).to(torch::kFloat);
     if (!keep) continue;
     for (const auto& e : flat.entries()) gathered[e.name] = full.narrow(0, e.offset, e.numel).view(e.shape).clone();
   }
@@ -132,7 +133,7 @@ ShardedStateDict sharded_state_dict(const FsdpState& state) {
       if (lo >= hi) {
         dict.insert(e.name, ShardedTensor{e.shape, 0, torch::empty({0}, torch::kFloat)});
       } else {
-        dict.insert(e.name, ShardedTensor{e.shape, lo - e.offset, flat.shard().detach().narrow(0, lo - begin, hi - lo).clone()});
+        dict.insert(e.name, ShardedTensor{e.shape, lo - e.offset, flat.shard().detach().narrow(0, lo - begin, hi - lo).to(torch::kFloat, false, /*copy=*/true)});
       }
     }
   }
@@ -238,7 +239,7 @@ void stream_full(FsdpState& state, const OpenWeightWriter& open_model, torch::op
   }
   throw_if_any_rank_failed(group, error);
   auto stream = [&](const FlatParam& flat, const torch::Tensor& local, auto* writer) {
-    torch::Tensor full = flat.gather_full(local);
+    torch::Tensor full = flat.gather_full(local).to(torch::kFloat);  // (a frozen part held in bf16: exact)
     if (!writer || !error.empty()) return;  // the other ranks keep joining the gathers
     try {
       for (const auto& e : flat.entries()) writer->write(full.narrow(0, e.offset, e.numel).view(e.shape));

@@ -78,6 +78,7 @@ fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o, const Run& run)
                      .cache_host_blocks(!o.no_block_cache)
                      .activation_checkpointing(o.activation_checkpointing)
                      .zero_plus_plus(o.zero_plus_plus());
+  if (o.base_dtype == "bf16") options.frozen_param_dtype(torch::kBFloat16);  // (with LoRA: apply_fine_tuning)
   TORCH_CHECK(o.prefetch_depth >= 1, "--prefetch-depth must be at least 1, got ", o.prefetch_depth);
   if (o.strategy != "auto") options.strategy(fsdp::parse_strategy(o.strategy));
   set_nvme_offload(o, options);
@@ -232,8 +233,9 @@ void make_model(const TrainOptions& o, Run& run) {
 // The disk offload keeps optimizer state for every unit: refused with either.
 void freeze_parameters(const TrainOptions& o, Run& run) {
   TORCH_CHECK((o.freeze.empty() && !o.lora()) || (o.offload_optimizer != "nvme" && o.offload_params != "nvme"),
-              "--freeze or --lora-rank with --offload-optimizer nvme or --offload-params nvme is not supported (the "
-              "disk offload keeps optimizer state for every unit): leave them out, or use --offload cpu");
+              o.lora() ? "--lora-rank" : "--freeze",
+              " with --offload-optimizer nvme or --offload-params nvme is not supported (the disk offload keeps "
+              "optimizer state for every unit): leave it out, or use --offload cpu");
   const fsdp_tools::FineTuned done = fsdp_tools::apply_fine_tuning(o, *run.model, o.seed);
   run.trainable_params = done.trainable;
 }

@@ -7,8 +7,11 @@
 
 #include <gtest/gtest.h>
 
+#include "fsdp/lora.h"
 #include "fsdp/memory_plan.h"
+#include "fsdp/model_config.h"
 #include "fsdp/run_plan.h"
+#include "test_helpers.h"
 
 #include <string>
 #include <vector>
@@ -257,4 +260,142 @@ TEST(Planner, StepTimeFromMeasuredCollectivesOrRings) {
   EXPECT_GT(ring.comm, 0);
   EXPECT_GT(ring.step, 1e3);  // the first unit's gather is not hidden
   EXPECT_LT(ring.step, 1e3 + ring.comm);
+}
+
+// Fine-tuning (docs/fine-tuning.md): a unit's frozen parameters are a flat
+// buffer of their own, padded on its own, with a parameter shard and no
+// gradient, no optimizer state and no reduction; gathered with their unit.
+// A LoRA-like layout over K = 4 ranks: the root wholly frozen (1002
+// elements, padded to 1004, shards of 251), a block with 40 adapter
+// elements on 1000 frozen ones (shards 10 and 250), a block of 300 that
+// trains whole (shard 75). Trainable shards 0 + 10 + 75 = 85 elements,
+// padded 340; frozen shards 251 + 250 = 501, padded 2004.
+namespace {
+const std::vector<int64_t> kTrainable = {0, 40, 300}, kFrozen = {1002, 1000, 0};
+}  // namespace
+
+TEST(Planner, FrozenPartsHoldParameterBytesAlone) {
+  const fsdp::MixedPrecision fp32, bf16 = fsdp::MixedPrecision().param_dtype(torch::kBFloat16);
+  auto state = [](ShardingStrategy s, const fsdp::MixedPrecision& mp) {
+    return fsdp::estimate_model_state(kTrainable, s, kWorld, kHostRanks, mp, 8, kFrozen);
+  };
+  // full_shard, fp32: 4 B a shard element, trainable or frozen.
+  fsdp::ModelStateBytes b = state(ShardingStrategy::kFullShard, fp32);
+  EXPECT_EQ(b.params, 4 * 85 + 4 * 501);
+  EXPECT_EQ(b.frozen_params, 4 * 501);
+  EXPECT_EQ(b.grads, 4 * 85);
+  EXPECT_EQ(b.optimizer, 8 * 85);
+  // Gathered: the root with its frozen part (4 x 1004) and the largest other
+  // unit with its frozen part (4 x (40 + 1000)), not the one of 300.
+  EXPECT_EQ(b.gathered_peak, 4 * 1004 + 4 * 1040);
+  // no_shard, fp32: whole copies, of the frozen parameters too, but no gradient for them.
+  b = state(ShardingStrategy::kNoShard, fp32);
+  EXPECT_EQ(b.params, 4 * 340 + 4 * 2002);
+  EXPECT_EQ(b.frozen_params, 4 * 2002);
+  EXPECT_EQ(b.grads, 4 * 340);
+  EXPECT_EQ(b.optimizer, 8 * 340);
+  EXPECT_EQ(b.gathered_peak, 0);
+  // zero1, bf16: a bf16 copy of each padded buffer and its fp32 master shard.
+  b = state(ShardingStrategy::kZero1, bf16);
+  EXPECT_EQ(b.frozen_params, (2 * 1004 + 4 * 251) + (2 * 1000 + 4 * 250));
+  EXPECT_EQ(b.params, (2 * 40 + 4 * 10) + (2 * 300 + 4 * 75) + b.frozen_params);
+  EXPECT_EQ(b.grads, 4 * 340);
+  EXPECT_EQ(b.optimizer, 8 * 85);
+  // Nothing frozen, as a list of zeros or as none: today's figures.
+  for (ShardingStrategy s : {ShardingStrategy::kNoShard, ShardingStrategy::kZero1, ShardingStrategy::kShardGradOp,
+                             ShardingStrategy::kFullShard, ShardingStrategy::kHybridShard}) {
+    const auto none = fsdp::estimate_model_state(kUnits, s, kWorld, kHostRanks, bf16);
+    const auto zeros = fsdp::estimate_model_state(kUnits, s, kWorld, kHostRanks, bf16, 8, {0, 0});
+    EXPECT_EQ(none.params, zeros.params);
+    EXPECT_EQ(none.gathered_peak, zeros.gathered_peak);
+    EXPECT_EQ(zeros.frozen_params, 0);
+    expect_bytes(fsdp::estimate_comm_per_step(kUnits, s, kWorld, kHostRanks, bf16, ZeroPlusPlus(), {0, 0}),
+                 [&] {
+                   const auto c = fsdp::estimate_comm_per_step(kUnits, s, kWorld, kHostRanks, bf16);
+                   return Expected{c.all_gather, c.reduce_scatter, c.all_reduce, c.all_to_all, c.cross_host};
+                 }());
+  }
+  EXPECT_THROW(fsdp::estimate_model_state(kTrainable, ShardingStrategy::kFullShard, kWorld, kHostRanks, fp32, 8, {1}),
+               c10::Error);
+}
+
+// Frozen parts are gathered as their units are (twice a step for
+// full_shard) and reduce nothing; replicated strategies move no bytes for them.
+TEST(Planner, FrozenPartsAreGatheredAndNeverReduced) {
+  auto comm = [](ShardingStrategy s, int ranks_per_node) {
+    return fsdp::estimate_comm_per_step(kTrainable, s, kWorld, ranks_per_node, fsdp::MixedPrecision(), ZeroPlusPlus(),
+                                        kFrozen);
+  };
+  // Gathered per pass: 0 + 40 + 300 trainable and 1004 + 1000 frozen elements, 4 B each.
+  const int64_t gathered = 4 * (340 + 2004), reduced = 4 * 340;
+  expect_bytes(comm(ShardingStrategy::kFullShard, 0), {2 * gathered, reduced, 0, 0, 0});
+  expect_bytes(comm(ShardingStrategy::kFullShard, kHostRanks), {2 * gathered, reduced, 0, 0, 2 * gathered + reduced});
+  expect_bytes(comm(ShardingStrategy::kShardGradOp, 0), {gathered, reduced, 0, 0, 0});
+  // hybrid_shard over hosts of 2: the frozen parts pad to 1002 and 1000; the
+  // shard's all-reduce across hosts is the trainable shards' alone (0 + 20 + 150).
+  expect_bytes(comm(ShardingStrategy::kHybridShard, kHostRanks),
+               {2 * 4 * (340 + 2002), reduced, 4 * 170, 0, 4 * 170});
+  expect_bytes(comm(ShardingStrategy::kNoShard, 0), {0, 0, reduced, 0, 0});
+  expect_bytes(comm(ShardingStrategy::kZero1, 0), {reduced, 0, reduced, 0, 0});
+}
+
+// The step's peak: the unit gathered ahead is the largest with its frozen
+// part, backward's gradient buffers are the largest trainable part's
+// (here the block of 300), as for a model of the trainable parts alone;
+// checkpoint staging saves the frozen shards without optimizer state.
+TEST(Planner, FrozenPartsInTheStepPeakAndCheckpointStaging) {
+  const fsdp::TransformerShape shape{64, 16, 2, 2, 8, 2};
+  const fsdp::MixedPrecision fp32;
+  const auto peak = fsdp::estimate_step_peak(shape, ShardingStrategy::kFullShard, kWorld, 0, fp32, true, false,
+                                             kTrainable, ZeroPlusPlus(), kFrozen);
+  const auto trainable_only = fsdp::estimate_step_peak(shape, ShardingStrategy::kFullShard, kWorld, 0, fp32, true,
+                                                       false, kTrainable);
+  EXPECT_EQ(peak.gathered, 4 * 1004 + 4 * 1040 + 4 * 1040);  // the root, the largest other, one more ahead
+  EXPECT_EQ(peak.activations, trainable_only.activations);
+  EXPECT_EQ(peak.backward_transient, trainable_only.backward_transient);
+  EXPECT_EQ(peak.state.total(), trainable_only.state.total() + 4 * 501);
+  const auto sharded = fsdp::estimate_checkpoint_staging(kTrainable, ShardingStrategy::kFullShard, kWorld, 0, false, 8,
+                                                         kFrozen);
+  EXPECT_EQ(sharded.rank0, 12 * 85 + 4 * 501);
+  EXPECT_EQ(sharded.per_rank, sharded.rank0);
+  const auto full = fsdp::estimate_checkpoint_staging(kTrainable, ShardingStrategy::kFullShard, kWorld, 0, true, 8,
+                                                      kFrozen);
+  EXPECT_EQ(full.rank0, 12 * 340 + 4 * 2004);
+  // The disk offload refuses frozen parameters, as fully_shard does.
+  fsdp::ModelDescription model;
+  model.shape = shape;
+  model.layer_units = kTrainable;
+  model.layer_frozen = kFrozen;
+  fsdp::RunSettings settings;
+  settings.world = kWorld;
+  EXPECT_THROW(fsdp::plan_run(model, false, fsdp::FullyShardOptions().nvme_offload(fsdp::NvmeOffloadOptions("/tmp")),
+                              settings),
+               c10::Error);
+  EXPECT_EQ(fsdp::plan_run(model, false, fsdp::FullyShardOptions(), settings).peak.state.frozen_params, 4 * 501);
+}
+
+// describe_units splits a real model as fully_shard does: LoRA on the tiny
+// GPT's c_attn and c_proj freezes every base parameter (the config's units,
+// now frozen parts) and trains 4 (in + out) elements per adapted linear in
+// the block or sublayer unit that holds it; a model that freezes nothing
+// is described as its config describes it.
+TEST(Planner, DescribeUnitsSplitsTrainableAndFrozenAsFullyShardDoes) {
+  const fsdp::models::ModelConfig config = fsdp::testing::tiny();
+  const fsdp::ModelDescription plain = config.plan_description();
+  fsdp::models::GPT model = fsdp::testing::make_gpt(fsdp::testing::tiny());
+  fsdp::ModelDescription described = plain;
+  for (bool sublayer : {false, true}) described.describe_units(sublayer, *model, config.wrap_policy(sublayer));
+  EXPECT_EQ(described.layer_units, plain.layer_units);
+  EXPECT_EQ(described.sublayer_units, plain.sublayer_units);
+  EXPECT_TRUE(described.layer_frozen.empty() && described.sublayer_frozen.empty());
+
+  fsdp::lora::apply(*model, fsdp::lora::LoraOptions().rank(4).targets({"c_attn", "c_proj"}));
+  for (bool sublayer : {false, true}) described.describe_units(sublayer, *model, config.wrap_policy(sublayer));
+  const int64_t C = 64, attention = 4 * ((C + 3 * C) + (C + C)), mlp = 4 * (4 * C + C);
+  EXPECT_EQ(described.layer_units, (std::vector<int64_t>{0, attention + mlp, attention + mlp}));
+  EXPECT_EQ(described.layer_frozen, plain.layer_units);
+  EXPECT_EQ(described.sublayer_units, (std::vector<int64_t>{0, attention, mlp, attention, mlp}));
+  EXPECT_EQ(described.sublayer_frozen, plain.sublayer_units);
+  EXPECT_EQ(described.num_trainable(), 2 * (attention + mlp));
+  EXPECT_EQ(described.num_parameters(), plain.num_parameters() + 2 * (attention + mlp));
 }

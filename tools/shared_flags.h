@@ -16,6 +16,7 @@
 #include "fsdp/hugging_face.h"
 #include "fsdp/model_config.h"
 #include "fsdp/lora.h"
+#include "fsdp/memory.h"
 #include "fsdp/options.h"
 #include "fsdp/wrap_policy.h"
 #include "fsdp/run_plan.h"
@@ -320,6 +321,26 @@ inline FineTuned apply_fine_tuning(const FineTuneFlags& f, torch::nn::Module& mo
   TORCH_CHECK(frozen_tensors < tensors, "--freeze '", f.freeze, "' matches all ", tensors,
               " parameters of the model: expected some left to train");
   return done;
+}
+
+// The model's description for the planner, as fsdp-train will shard it
+// (fsdp-plan's figures, fsdp-train's preflight and prediction): the config's;
+// with --freeze or --lora-rank, each unit's trainable and frozen elements
+// (ModelDescription::describe_units) of the model built with the flags
+// applied, its shapes only (DeferredInit), wrapped as fully_shard wraps it
+// (the config's wrap policy), for both wraps. Refuses what apply_fine_tuning
+// refuses. `done` (optional): what apply_fine_tuning did.
+inline fsdp::ModelDescription plan_description(const FineTuneFlags& f, const fsdp::models::ModelConfig& config,
+                                               FineTuned* done = nullptr) {
+  fsdp::ModelDescription description = config.plan_description();
+  if (f.freeze.empty() && !f.lora()) return description;  // no model to build: the config says it all
+  fsdp::memory::install_counting_allocator();  // DeferredInit's (fsdp-train's main installed it already)
+  fsdp::memory::DeferredInit shapes_only;
+  const auto model = config.new_model();
+  const FineTuned applied = apply_fine_tuning(f, *model, /*seed=*/0);  // the seed draws values, not shapes
+  for (bool sublayer : {false, true}) description.describe_units(sublayer, *model, config.wrap_policy(sublayer));
+  if (done) *done = applied;
+  return description;
 }
 
 }  // namespace fsdp_tools

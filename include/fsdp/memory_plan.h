@@ -14,6 +14,9 @@ namespace fsdp {
 /// The model state a strategy keeps per rank, in bytes (estimate_model_state).
 struct ModelStateBytes {
   int64_t params = 0;     ///< parameter shards (replicated strategies: the full copies)
+  /// Of `params`, the frozen parts' (fine-tuning: the parameters that train
+  /// not): their only bytes, since they have no gradient and no optimizer state.
+  int64_t frozen_params = 0;
   int64_t grads = 0;      ///< gradient shards (no_shard, zero1: the full reduced gradient)
   int64_t optimizer = 0;  ///< optimizer state
   /// The most gathered (unsharded) parameters held at once during a step, on
@@ -41,9 +44,19 @@ int shard_group_size(ShardingStrategy strategy, int world, int ranks_per_node);
 ///   others:    params 4S, grads 4S, optimizer 8S
 /// \endcode
 /// (p = bytes of the param dtype; the fp32 master shard is always kept).
+///
+/// `frozen_numels` (empty: nothing frozen; else one count per unit, 0 for a
+/// unit that freezes nothing): the elements of each unit's frozen part, the
+/// separate flat buffer fully_shard makes of a unit's parameters that require
+/// no gradient (docs/fine-tuning.md). A frozen part of F elements is padded
+/// on its own (Fp = ceil(F / K) * K) and has the params above for F, no
+/// gradient and no optimizer state; it is gathered with its unit, so a
+/// gathered unit holds Np + Fp elements. The trainable counts in
+/// `unit_numels` are then the rest of each unit (0 for one wholly frozen).
 ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                      int ranks_per_node, const MixedPrecision& mixed_precision,
-                                     int64_t optimizer_bytes_per_element = 8);
+                                     int64_t optimizer_bytes_per_element = 8,
+                                     const std::vector<int64_t>& frozen_numels = {});
 
 /// Bytes each collective kind moves per rank in one step (as the
 /// communicator counts them: a gather's full output, a reduction's full
@@ -82,11 +95,16 @@ struct CommBytes {
 ///                      (hpZ's gathers, qgZ's first step, the hybrids'
 ///                      gathers and reduce-scatters) stay inside
 /// \endcode
+/// A frozen part (`frozen_numels`, as estimate_model_state's) is gathered
+/// as its unit is, and reduces nothing: with no_shard and zero1 it moves no
+/// bytes in a step (its parameters never change, so zero1 never gathers them
+/// again).
 /// Throws, with fully_shard's reasons, for the combinations it refuses
 /// (check_zero_plus_plus_plan).
 CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                  int ranks_per_node, const MixedPrecision& mixed_precision,
-                                 const ZeroPlusPlus& zero_plus_plus = ZeroPlusPlus());
+                                 const ZeroPlusPlus& zero_plus_plus = ZeroPlusPlus(),
+                                 const std::vector<int64_t>& frozen_numels = {});
 /// Throws, with the reason fully_shard gives, where ZeRO++'s options cannot
 /// be used with `strategy` (no_shard and zero1; secondary_partition except
 /// with full_shard; gradient_quantization with the hybrids; a block that is
@@ -123,9 +141,11 @@ struct StrategyCandidate {
   int64_t needed() const { return state.total_with_gathered(); }
 };
 
-/// Every candidate for the world and nodes, in the order tried, with its figures.
+/// Every candidate for the world and nodes, in the order tried, with its
+/// figures (`frozen_numels`: the units' frozen parts, as estimate_model_state's).
 std::vector<StrategyCandidate> strategy_candidates(const std::vector<int64_t>& unit_numels, int world,
-                                                   int ranks_per_node, const MixedPrecision& mixed_precision);
+                                                   int ranks_per_node, const MixedPrecision& mixed_precision,
+                                                   const std::vector<int64_t>& frozen_numels = {});
 
 /// What choose_strategy() chose, and why.
 struct StrategyChoice {
@@ -140,7 +160,8 @@ struct StrategyChoice {
 /// The first candidate whose needed() is at most `budget` bytes; throws
 /// naming the budget and every candidate's need when none fits.
 StrategyChoice choose_strategy(const std::vector<int64_t>& unit_numels, int world, int ranks_per_node,
-                               const MixedPrecision& mixed_precision, int64_t budget);
+                               const MixedPrecision& mixed_precision, int64_t budget,
+                               const std::vector<int64_t>& frozen_numels = {});
 
 /// The host block cache's limit that fully_shard sets (FullyShardOptions::
 /// cache_host_blocks): six of the largest unit's fp32 buffers, three with disk
@@ -162,6 +183,8 @@ int64_t host_block_cache_limit(int64_t largest_padded_unit_numel, bool nvme_offl
 ///   full     rank 0 alone, the whole model gathered: (4 + o) Np per unit
 ///            (Np = S G, the padded unit), the other ranks nothing
 /// \endcode
+/// A frozen part (`frozen_numels`) is saved too, without optimizer state:
+/// 4 bytes where a trainable element has 4 + o.
 struct CheckpointStaging {
   int64_t per_rank = 0;  ///< the most any rank but rank 0 stages
   int64_t rank0 = 0;     ///< what rank 0 stages
@@ -172,7 +195,8 @@ struct CheckpointStaging {
 /// checkpoint's format (full_format: the full layout, else the sharded one).
 CheckpointStaging estimate_checkpoint_staging(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy,
                                               int world, int ranks_per_node, bool full_format,
-                                              int64_t optimizer_bytes_per_element = 8);
+                                              int64_t optimizer_bytes_per_element = 8,
+                                              const std::vector<int64_t>& frozen_numels = {});
 
 /// A decoder-only transformer as shared/spec/gpt.md builds it (pre-norm
 /// blocks, a 4x MLP, materialized attention scores, a tied head), and the
@@ -219,10 +243,18 @@ struct StepPeak {
 /// `zero_plus_plus`: hpZ's slices (secondary_partition), and with
 /// gather_quantization a quantized gather's packed buffers in `gathered`
 /// (the packed shard and the K packed rows of the largest unit).
+/// `frozen_numels`: the units' frozen parts (estimate_model_state's),
+/// gathered with their units (and kept, and prefetched, with them); backward's
+/// gradient buffers are the trainable parts' alone. The activations are the
+/// whole model's: an overestimate where autograd keeps less, the input of a
+/// frozen linear without an adapter (LoRA on the tiny GPT's c_attn and c_proj
+/// alone, its c_fc frozen: the peak 8% over the measured, where adapting
+/// every linear is 4.4% over) or a frozen prefix's activations.
 StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy strategy, int world, int ranks_per_node,
                             const MixedPrecision& mixed_precision, bool prefetch, bool activation_checkpointing,
                             const std::vector<int64_t>& unit_numels = {},
-                            const ZeroPlusPlus& zero_plus_plus = ZeroPlusPlus());
+                            const ZeroPlusPlus& zero_plus_plus = ZeroPlusPlus(),
+                            const std::vector<int64_t>& frozen_numels = {});
 
 /// Disk offload (FullyShardOptions::nvme_offload), per rank: what leaves
 /// memory, what the scratch file holds, and one step's disk traffic, from the

@@ -12,6 +12,7 @@
 
 #include "fsdp/memory_plan.h"
 #include "fsdp/options.h"
+#include "fsdp/wrap_policy.h"
 
 namespace fsdp {
 
@@ -24,13 +25,33 @@ struct ModelDescription {
   /// The element counts of the units fully_shard makes of it, the root first:
   /// one unit per layer, and one per attention and per MLP (the trainer's
   /// `--wrap sublayer`, whose layer norms then belong to the root).
+  /// With frozen parameters, each unit's trainable elements only.
   ///@{
   std::vector<int64_t> layer_units, sublayer_units;
   ///@}
+  /// Fine-tuning: per unit of each wrap (as layer_units, sublayer_units),
+  /// the elements of its frozen part, the parameters that require no
+  /// gradient (estimate_model_state says what they cost); empty where
+  /// nothing is frozen.
+  ///@{
+  std::vector<int64_t> layer_frozen, sublayer_frozen;
+  ///@}
   /// The units of one wrap: sublayer_units or layer_units.
   const std::vector<int64_t>& units(bool sublayer) const { return sublayer ? sublayer_units : layer_units; }
-  /// The parameters' element count.
+  /// Their frozen parts: sublayer_frozen or layer_frozen.
+  const std::vector<int64_t>& frozen(bool sublayer) const { return sublayer ? sublayer_frozen : layer_frozen; }
+  /// The parameters' element count, frozen ones included.
   int64_t num_parameters() const;
+  /// The elements that train: num_parameters() less the frozen ones.
+  int64_t num_trainable() const;
+  /// Sets one wrap's units (`sublayer`: sublayer_units and sublayer_frozen,
+  /// else the layer ones) to those fully_shard makes of `model` with
+  /// `policy` (plan_units, root first), each split as fully_shard splits it
+  /// into its trainable elements and its frozen part's: for a model whose
+  /// parameters are partly frozen (requires_grad false), or that has more of
+  /// them (LoRA's adapters), than its config describes. `model` may be one
+  /// built under memory::DeferredInit: only its shapes are read.
+  void describe_units(bool sublayer, torch::nn::Module& model, const WrapPolicy& policy);
 };
 
 /// What a run adds to fully_shard's options for its plan.
@@ -59,7 +80,8 @@ struct RunPlan {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;  ///< the options' strategy
   ZeroPlusPlus zero_plus_plus;  ///< the options' ZeRO++ collectives
   int world = 1;                ///< ranks in all
-  std::vector<int64_t> unit_numels;  ///< the units planned, the root first
+  std::vector<int64_t> unit_numels;  ///< the units planned, the root first (their trainable elements)
+  std::vector<int64_t> frozen_numels;  ///< their frozen parts' elements (empty: nothing frozen)
   int ranks_per_node = 1;  ///< ranks a host, as planned (the world on one host)
   int shard_group = 1;     ///< the shard group's size (shard_group_size)
   /// The in-memory step's peak by category, the model's own activations and
@@ -79,7 +101,8 @@ struct RunPlan {
 /// wrap (`sublayer`: a unit per attention and per MLP), with fully_shard's
 /// `options` (strategy, precision, prefetch, ZeRO++, disk offload) and the
 /// run's `settings`. Throws where the options refuse the world
-/// (check_zero_plus_plus_plan, a hybrid's node size).
+/// (check_zero_plus_plus_plan, a hybrid's node size), and, as fully_shard
+/// does, for frozen parameters with disk offload.
 RunPlan plan_run(const ModelDescription& model, bool sublayer, const FullyShardOptions& options,
                  const RunSettings& settings);
 

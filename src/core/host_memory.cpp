@@ -71,13 +71,17 @@ RunPlan plan_host_memory_run(const HostMemoryRun& run, const HostMemorySettings&
 
 int64_t host_memory_needed(const RunPlan& plan, bool sharded_init) {
   const std::vector<int64_t>& units = plan.unit_numels;
-  const int64_t params = std::accumulate(units.begin(), units.end(), int64_t{0});
+  const std::vector<int64_t>& frozen = plan.frozen_numels;
+  const int64_t params = std::accumulate(units.begin(), units.end(), int64_t{0}) +
+                         std::accumulate(frozen.begin(), frozen.end(), int64_t{0});
+  // The largest flat buffer: a unit's trainable part or its frozen part, each flattened on its own.
+  int64_t largest = *std::max_element(units.begin(), units.end());
+  if (!frozen.empty()) largest = std::max(largest, *std::max_element(frozen.begin(), frozen.end()));
   int64_t step = plan.step_peak;
   if (plan.nvme) step += nvme_block_cache(units, plan.shard_group);
   // Building the whole model on every rank, then flattening its largest
   // unit; sharded, every unit's fp32 shard exists before it is offloaded.
-  const int64_t construction = sharded_init ? (plan.nvme ? plan.peak.state.params : 0)
-                                            : 4 * (params + *std::max_element(units.begin(), units.end()));
+  const int64_t construction = sharded_init ? (plan.nvme ? plan.peak.state.params : 0) : 4 * (params + largest);
   step += plan.staging.per_rank;  // a staging copy beside every step until its background write ends
   return std::max(step, construction) + kHostRuntimeBytes;
 }

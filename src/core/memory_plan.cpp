@@ -19,35 +19,57 @@ int shard_group_size(ShardingStrategy strategy, int world, int ranks_per_node) {
   return ranks_per_node;
 }
 
+namespace {
+
+// The elements of unit u's frozen part: frozen_numels[u], or 0 where nothing
+// is frozen (an empty list); a list of another length is refused.
+int64_t frozen_at(const std::vector<int64_t>& frozen_numels, size_t u) {
+  return frozen_numels.empty() ? 0 : frozen_numels[u];
+}
+void check_frozen(const std::vector<int64_t>& unit_numels, const std::vector<int64_t>& frozen_numels, const char* what) {
+  TORCH_CHECK(frozen_numels.empty() || frozen_numels.size() == unit_numels.size(), what,
+              ": expected no frozen counts or one per unit (", unit_numels.size(), "), got ", frozen_numels.size());
+}
+
+// n elements sharded over K ranks: padded to a multiple of K.
+int64_t padded_numel(int64_t n, int64_t K) { return (n + K - 1) / K * K; }
+
+}  // namespace
+
 ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                      int ranks_per_node, const MixedPrecision& mixed_precision,
-                                     int64_t optimizer_bytes_per_element) {
+                                     int64_t optimizer_bytes_per_element, const std::vector<int64_t>& frozen_numels) {
+  check_frozen(unit_numels, frozen_numels, "estimate_model_state");
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
   const bool low_precision = mixed_precision.param_dtype() != c10::ScalarType::Float;
+  // A flat buffer's parameters (a unit's trainable part or its frozen part).
+  auto param_bytes = [&](int64_t padded) {
+    const int64_t shard = padded / K;
+    if (!keeps_params_unsharded(strategy)) return 4 * shard;
+    return low_precision ? p * padded + 4 * shard : 4 * padded;
+  };
   ModelStateBytes bytes;
   int64_t largest_other_unit = 0;
   for (size_t u = 0; u < unit_numels.size(); ++u) {
-    const int64_t n = unit_numels[u];
-    const int64_t shard = (n + K - 1) / K, padded = shard * K;
+    const int64_t padded = padded_numel(unit_numels[u], K), shard = padded / K;
+    const int64_t frozen_padded = padded_numel(frozen_at(frozen_numels, u), K);
+    const int64_t gathered = p * (padded + frozen_padded);  // a frozen part is gathered with its unit
     if (!keeps_params_unsharded(strategy)) {
       if (!reshards_after_forward(strategy)) {
-        bytes.gathered_peak += p * padded;
+        bytes.gathered_peak += gathered;
       } else if (u == 0) {
-        bytes.gathered_peak += p * padded;  // the root's forward and backward span every other unit's
+        bytes.gathered_peak += gathered;  // the root's forward and backward span every other unit's
       } else {
-        largest_other_unit = std::max(largest_other_unit, p * padded);
+        largest_other_unit = std::max(largest_other_unit, gathered);
       }
     }
     bytes.optimizer += optimizer_bytes_per_element * shard;
-    if (keeps_params_unsharded(strategy)) {
-      bytes.params += low_precision ? p * padded + 4 * shard : 4 * padded;
-      bytes.grads += 4 * padded;
-    } else {
-      bytes.params += 4 * shard;
-      bytes.grads += 4 * shard;
-    }
+    bytes.params += param_bytes(padded);
+    bytes.grads += 4 * (keeps_params_unsharded(strategy) ? padded : shard);
+    bytes.frozen_params += param_bytes(frozen_padded);  // no gradient, no optimizer state
   }
+  bytes.params += bytes.frozen_params;
   bytes.gathered_peak += largest_other_unit;
   return bytes;
 }
@@ -77,8 +99,9 @@ struct UnitComm {
 
 // The sharded strategies (not no_shard, zero1) with ZeRO++'s options, for a
 // unit of n elements: K = the shard group, over `hosts` hosts.
+// A frozen part (`frozen`) is gathered alike and reduces nothing.
 UnitComm sharded_unit_comm(int64_t n, ShardingStrategy strategy, int64_t K, int64_t hosts, int64_t p, int64_t r,
-                           const ZeroPlusPlus& z) {
+                           const ZeroPlusPlus& z, bool frozen = false) {
   const int64_t S = (n + K - 1) / K, Np = S * K, block = z.quantization_block();
   const bool spans_hosts = !is_hybrid(strategy) && hosts > 1;  // the shard group's collectives
   UnitComm c;
@@ -93,6 +116,7 @@ UnitComm sharded_unit_comm(int64_t n, ShardingStrategy strategy, int64_t K, int6
       gather(gathered, spans_hosts);
     }
   }
+  if (frozen) return c;
   if (z.gradient_quantization() != Quantization::kNone) {
     c.reduce_scatter_inside += Np * r;  // the whole flat gradient, inside the host
     (hosts > 1 ? c.all_to_all_across : c.all_to_all_inside) += hosts * quantized_bytes(S, block);
@@ -106,18 +130,22 @@ UnitComm sharded_unit_comm(int64_t n, ShardingStrategy strategy, int64_t K, int6
 // hpZ: from the end of forward to its backward every unit keeps its host's
 // slice, Np / host_ranks elements in the param dtype, all of them at once
 // when forward ends. qwZ: a quantized gather in flight holds its packed
-// shard and the packed gathered rows (K + 1 rows of the largest unit).
-void add_zero_plus_plus_memory(StepPeak& peak, const std::vector<int64_t>& units, int64_t K, int64_t host_ranks,
-                               int64_t p, const ZeroPlusPlus& z) {
-  int64_t largest_shard = 0;
-  for (int64_t n : units) {
-    const int64_t S = (n + K - 1) / K;
-    largest_shard = std::max(largest_shard, S);
-    if (z.secondary_partition()) peak.secondary_partition += S * K / host_ranks * p;
+// shard and the packed gathered rows (K + 1 rows of the largest unit; a
+// unit's frozen part, gathered at once with it, adds its own).
+void add_zero_plus_plus_memory(StepPeak& peak, const std::vector<int64_t>& units,
+                               const std::vector<int64_t>& frozen_numels, int64_t K, int64_t host_ranks, int64_t p,
+                               const ZeroPlusPlus& z) {
+  int64_t largest_packed = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    int64_t packed = 0;
+    for (int64_t n : {units[u], frozen_at(frozen_numels, u)}) {
+      const int64_t S = (n + K - 1) / K;
+      packed += quantized_bytes(S, z.quantization_block());
+      if (z.secondary_partition()) peak.secondary_partition += S * K / host_ranks * p;
+    }
+    largest_packed = std::max(largest_packed, packed);
   }
-  if (z.gather_quantization() != Quantization::kNone) {
-    peak.gathered += (K + 1) * quantized_bytes(largest_shard, z.quantization_block());
-  }
+  if (z.gather_quantization() != Quantization::kNone) peak.gathered += (K + 1) * largest_packed;
 }
 
 }  // namespace
@@ -130,15 +158,17 @@ void check_zero_plus_plus_plan(ShardingStrategy strategy, int world, int ranks_p
 
 CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                  int ranks_per_node, const MixedPrecision& mixed_precision,
-                                 const ZeroPlusPlus& zero_plus_plus) {
+                                 const ZeroPlusPlus& zero_plus_plus, const std::vector<int64_t>& frozen_numels) {
   check_zero_plus_plus_plan(strategy, world, ranks_per_node, zero_plus_plus);
+  check_frozen(unit_numels, frozen_numels, "estimate_comm_per_step");
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t hosts = is_hybrid(strategy) ? world / K : host_count(world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
   const int64_t r = c10::elementSize(mixed_precision.effective_reduce_dtype());
   CommBytes bytes;
   if (world == 1 && strategy == ShardingStrategy::kNoShard) return bytes;
-  if (keeps_params_unsharded(strategy)) {  // no_shard, zero1: whole gradients all-reduced over the world
+  // no_shard, zero1: whole gradients all-reduced over the world (frozen parts have none, and stay gathered)
+  if (keeps_params_unsharded(strategy)) {
     int64_t padded = 0;
     for (int64_t n : unit_numels) padded += (n + K - 1) / K * K;
     bytes.all_reduce = r * padded;
@@ -146,19 +176,24 @@ CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, Shardi
     if (hosts > 1) bytes.cross_host = bytes.total();
     return bytes;
   }
-  for (int64_t n : unit_numels) {
-    const UnitComm c = sharded_unit_comm(n, strategy, K, hosts, p, r, zero_plus_plus);
+  auto add = [&](const UnitComm& c) {
     bytes.all_gather += c.gather_across + c.gather_inside;
     bytes.reduce_scatter += c.reduce_scatter_across + c.reduce_scatter_inside;
     bytes.all_reduce += c.all_reduce_across + c.all_reduce_inside;
     bytes.all_to_all += c.all_to_all_across + c.all_to_all_inside;
     bytes.cross_host += c.gather_across + c.reduce_scatter_across + c.all_reduce_across + c.all_to_all_across;
+  };
+  for (size_t u = 0; u < unit_numels.size(); ++u) {
+    add(sharded_unit_comm(unit_numels[u], strategy, K, hosts, p, r, zero_plus_plus));
+    const int64_t frozen = frozen_at(frozen_numels, u);
+    if (frozen > 0) add(sharded_unit_comm(frozen, strategy, K, hosts, p, r, zero_plus_plus, /*frozen=*/true));
   }
   return bytes;
 }
 
 std::vector<StrategyCandidate> strategy_candidates(const std::vector<int64_t>& unit_numels, int world,
-                                                   int ranks_per_node, const MixedPrecision& mixed_precision) {
+                                                   int ranks_per_node, const MixedPrecision& mixed_precision,
+                                                   const std::vector<int64_t>& frozen_numels) {
   using S = ShardingStrategy;
   std::vector<S> order = {S::kNoShard, S::kZero1, S::kShardGradOp, S::kFullShard};
   if (ranks_per_node > 0 && ranks_per_node < world) {
@@ -166,8 +201,9 @@ std::vector<StrategyCandidate> strategy_candidates(const std::vector<int64_t>& u
   }
   std::vector<StrategyCandidate> candidates;
   for (S s : order) {
-    candidates.push_back({s, estimate_model_state(unit_numels, s, world, ranks_per_node, mixed_precision),
-                          estimate_comm_per_step(unit_numels, s, world, ranks_per_node, mixed_precision)});
+    candidates.push_back(
+        {s, estimate_model_state(unit_numels, s, world, ranks_per_node, mixed_precision, 8, frozen_numels),
+         estimate_comm_per_step(unit_numels, s, world, ranks_per_node, mixed_precision, ZeroPlusPlus(), frozen_numels)});
   }
   return candidates;
 }
@@ -188,11 +224,12 @@ std::string describe_needs(const std::vector<StrategyCandidate>& candidates) {
 }  // namespace
 
 StrategyChoice choose_strategy(const std::vector<int64_t>& unit_numels, int world, int ranks_per_node,
-                               const MixedPrecision& mixed_precision, int64_t budget) {
+                               const MixedPrecision& mixed_precision, int64_t budget,
+                               const std::vector<int64_t>& frozen_numels) {
   TORCH_CHECK(budget > 0, "a memory budget must be a positive number of bytes, got ", budget);
   StrategyChoice choice;
   choice.budget = budget;
-  choice.candidates = strategy_candidates(unit_numels, world, ranks_per_node, mixed_precision);
+  choice.candidates = strategy_candidates(unit_numels, world, ranks_per_node, mixed_precision, frozen_numels);
   std::string order;
   for (const auto& c : choice.candidates) order += (order.empty() ? "" : ", ") + std::string(strategy_name(c.strategy));
   const auto fits = std::find_if(choice.candidates.begin(), choice.candidates.end(),
@@ -260,19 +297,27 @@ std::vector<int64_t> TransformerShape::unit_numels() const {
 
 StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy strategy, int world, int ranks_per_node,
                             const MixedPrecision& mixed_precision, bool prefetch, bool activation_checkpointing,
-                            const std::vector<int64_t>& unit_numels, const ZeroPlusPlus& zero_plus_plus) {
+                            const std::vector<int64_t>& unit_numels, const ZeroPlusPlus& zero_plus_plus,
+                            const std::vector<int64_t>& frozen_numels) {
   const std::vector<int64_t> units = unit_numels.empty() ? shape.unit_numels() : unit_numels;
   check_zero_plus_plus_plan(strategy, world, ranks_per_node, zero_plus_plus);
+  check_frozen(units, frozen_numels, "estimate_step_peak");
   StepPeak peak;
-  peak.state = estimate_model_state(units, strategy, world, ranks_per_node, mixed_precision);
+  peak.state = estimate_model_state(units, strategy, world, ranks_per_node, mixed_precision, 8, frozen_numels);
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
   const int64_t r = c10::elementSize(mixed_precision.effective_reduce_dtype());
-  int64_t largest = 0;  // the largest unit but the root, padded
-  for (size_t u = 1; u < units.size(); ++u) largest = std::max(largest, (units[u] + K - 1) / K * K);
+  // The largest unit but the root, padded: gathered with its frozen part
+  // (`largest`), and its trainable part alone, which has gradients.
+  int64_t largest = 0, largest_trainable = 0;
+  for (size_t u = 1; u < units.size(); ++u) {
+    largest = std::max(largest, padded_numel(units[u], K) + padded_numel(frozen_at(frozen_numels, u), K));
+    largest_trainable = std::max(largest_trainable, padded_numel(units[u], K));
+  }
   peak.gathered = peak.state.gathered_peak;
   if (prefetch && reshards_after_forward(strategy)) peak.gathered += p * largest;  // one unit gathered ahead
-  add_zero_plus_plus_memory(peak, units, K, world / host_count(world, ranks_per_node), p, zero_plus_plus);
+  add_zero_plus_plus_memory(peak, units, frozen_numels, K, world / host_count(world, ranks_per_node), p,
+                            zero_plus_plus);
   // What autograd keeps, M = batch x context tokens: per block the first
   // norm's output, q/k/v, the attention probabilities, the attention
   // output, the residual, the second norm's output, the MLP's two 4C
@@ -306,11 +351,11 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
   const bool flat_in_place = mixed_precision.effective_reduce_dtype() == mixed_precision.param_dtype();
   int64_t unit_gradients = 0;
   if (keeps_full_gradients(strategy)) {
-    unit_gradients = p * largest;
+    unit_gradients = p * largest_trainable;
   } else if (activation_checkpointing) {
-    unit_gradients = (flat_in_place ? p : p + r) * largest;
+    unit_gradients = (flat_in_place ? p : p + r) * largest_trainable;
   } else {
-    unit_gradients = (p + 2 * r) * largest;
+    unit_gradients = (p + 2 * r) * largest_trainable;
   }
   peak.backward_transient =
       std::max(2 * M * shape.vocab * 4,
@@ -325,20 +370,27 @@ int64_t host_block_cache_limit(int64_t largest_padded_unit_numel, bool nvme_offl
 
 CheckpointStaging estimate_checkpoint_staging(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy,
                                               int world, int ranks_per_node, bool full_format,
-                                              int64_t optimizer_bytes_per_element) {
+                                              int64_t optimizer_bytes_per_element,
+                                              const std::vector<int64_t>& frozen_numels) {
+  check_frozen(unit_numels, frozen_numels, "estimate_checkpoint_staging");
   const int64_t G = shard_group_size(strategy, world, ranks_per_node);
-  int64_t shards = 0, padded = 0;  // elements: every unit's shard, every unit padded
-  for (int64_t n : unit_numels) {
-    const int64_t shard = (n + G - 1) / G;
-    shards += shard;
-    padded += shard * G;
+  // Bytes per element: the fp32 master and the optimizer's state; a frozen
+  // part's the master alone.
+  const int64_t per_element = 4 + optimizer_bytes_per_element, per_frozen_element = 4;
+  int64_t shards = 0, padded = 0;  // bytes: every unit's shard, every unit padded
+  for (size_t u = 0; u < unit_numels.size(); ++u) {
+    for (const auto& [n, bytes] : {std::pair<int64_t, int64_t>{unit_numels[u], per_element},
+                                   {frozen_at(frozen_numels, u), per_frozen_element}}) {
+      const int64_t shard = (n + G - 1) / G;
+      shards += bytes * shard;
+      padded += bytes * shard * G;
+    }
   }
-  const int64_t per_element = 4 + optimizer_bytes_per_element;  // the fp32 master and the optimizer's state
   CheckpointStaging staging;
   if (full_format) {
-    staging.rank0 = per_element * padded;  // every gathered tensor kept until written
+    staging.rank0 = padded;  // every gathered tensor kept until written
   } else {
-    staging.rank0 = per_element * shards;  // rank 0 always writes shard-0
+    staging.rank0 = shards;  // rank 0 always writes shard-0
     if (G > 1 && world > 1) staging.per_rank = staging.rank0;  // no_shard: only rank 0 writes
   }
   return staging;

@@ -11,7 +11,26 @@
 namespace fsdp {
 
 int64_t ModelDescription::num_parameters() const {
+  return num_trainable() + std::accumulate(layer_frozen.begin(), layer_frozen.end(), int64_t{0});
+}
+
+int64_t ModelDescription::num_trainable() const {
   return std::accumulate(layer_units.begin(), layer_units.end(), int64_t{0});
+}
+
+void ModelDescription::describe_units(bool sublayer, torch::nn::Module& model, const WrapPolicy& policy) {
+  std::vector<int64_t> trainable, frozen;
+  bool any_frozen = false;
+  for (const UnitPlan& unit : plan_units(model, policy)) {
+    trainable.push_back(0);
+    frozen.push_back(0);
+    // fully_shard's split (split_frozen_parameters): by requires_grad.
+    for (const auto& [name, param] : unit.params) (param.requires_grad() ? trainable : frozen).back() += param.numel();
+    any_frozen = any_frozen || frozen.back() > 0;
+  }
+  if (!any_frozen) frozen.clear();  // planned exactly as a model that freezes nothing
+  (sublayer ? sublayer_units : layer_units) = std::move(trainable);
+  (sublayer ? sublayer_frozen : layer_frozen) = std::move(frozen);
 }
 
 RunPlan plan_run(const ModelDescription& model, bool sublayer, const FullyShardOptions& options,
@@ -27,19 +46,27 @@ RunPlan plan_run(const ModelDescription& model, bool sublayer, const FullyShardO
   plan.zero_plus_plus = options.zero_plus_plus();
   plan.world = world;
   plan.unit_numels = model.units(sublayer);
+  plan.frozen_numels = model.frozen(sublayer);
   plan.ranks_per_node = settings.ranks_per_node > 0 ? settings.ranks_per_node : world;
   plan.shard_group = shard_group_size(strategy, world, plan.ranks_per_node);
   const std::vector<int64_t>& units = plan.unit_numels;
+  const std::vector<int64_t>& frozen = plan.frozen_numels;
+  TORCH_CHECK(frozen.empty() || !options.nvme_offload(),
+              "plan_run: frozen parameters with nvme_offload are not supported (fully_shard refuses them: the disk "
+              "offload keeps optimizer state for every unit it holds); freeze nothing, or use cpu_offload");
 
   TransformerShape shape = model.shape;
   shape.sublayer_units = sublayer;
   const bool prefetch = options.forward_prefetch() || options.backward_prefetch() != BackwardPrefetch::kNone;
   plan.peak = estimate_step_peak(shape, strategy, world, plan.ranks_per_node, mp, prefetch,
-                                 options.activation_checkpointing(), units, options.zero_plus_plus());
+                                 options.activation_checkpointing(), units, options.zero_plus_plus(), frozen);
   if (settings.gathers_run_ahead && !keeps_params_unsharded(strategy)) {
     const int64_t K = plan.shard_group;
-    int64_t largest = 0;  // padded, the root's aside
-    for (size_t u = 1; u < units.size(); ++u) largest = std::max(largest, (units[u] + K - 1) / K * K);
+    int64_t largest = 0;  // padded, the root's aside, with its frozen part
+    for (size_t u = 1; u < units.size(); ++u) {
+      const int64_t frozen_part = frozen.empty() ? 0 : (frozen[u] + K - 1) / K * K;
+      largest = std::max(largest, (units[u] + K - 1) / K * K + frozen_part);
+    }
     plan.peak.gathered += largest * static_cast<int64_t>(c10::elementSize(mp.param_dtype()));
   }
   if (const auto& nvme = options.nvme_offload()) {
@@ -50,9 +77,11 @@ RunPlan plan_run(const ModelDescription& model, bool sublayer, const FullyShardO
                                       nvme->read_ahead());
   }
   plan.step_peak = plan.nvme ? peak_with_nvme_offload(plan.peak, *plan.nvme) : plan.peak.total();
-  plan.comm = estimate_comm_per_step(units, strategy, world, plan.ranks_per_node, mp, options.zero_plus_plus());
+  plan.comm =
+      estimate_comm_per_step(units, strategy, world, plan.ranks_per_node, mp, options.zero_plus_plus(), frozen);
   if (settings.async_checkpoint) {
-    plan.staging = estimate_checkpoint_staging(units, strategy, world, plan.shard_group, settings.full_checkpoint);
+    plan.staging =
+        estimate_checkpoint_staging(units, strategy, world, plan.shard_group, settings.full_checkpoint, 8, frozen);
   }
   return plan;
 }

@@ -587,7 +587,7 @@ case_preflight() {
   FSDP_PREFLIGHT_AVAILABLE_BYTES=500000000 train_run forced 2 --preset small --steps 1 --no-preflight
 }
 
-row planner "fsdp-plan --json's model state equals the measured to the byte, its peak within 8% and the trainer's prediction (a hub model's config.json too, through --init-from); the 70B table; budgets; step time"
+row planner "fsdp-plan --json's model state equals the measured to the byte, its peak within 8% and the trainer's prediction (a hub model's config.json too, through --init-from; LoRA and --freeze: the trainable count, the frozen parts' parameter bytes alone); the 70B table; budgets; step time"
 
 row auto "fsdp-train --strategy auto and fsdp-plan --budget pick the same strategy for the same reason"
 

@@ -71,6 +71,10 @@ void add_plan_options(CLI::App& app, PlanInputs& in) {
                  "--memory-budget picks (the first that fits, from least to most communication)")
       ->check(fsdp_tools::positive());
   fsdp_tools::add_zero_plus_plus_flags(app, in);
+  fsdp_tools::add_fine_tune_flags(app, in);
+  app.add_flag("--trainable", in.trainable,
+               "print how many parameters train, and the model state per rank by category with the frozen "
+               "parameters' apart (printed anyway with --freeze or --lora-rank)");
   app.add_option("--cluster", in.cluster_path, "cluster JSON (fsdp-plan calibrate writes one): estimate step time");
   app.add_flag("--seed-accounting", in.seed_accounting,
                "also print the textbook DDP-versus-FSDP table, with the optimizer state at 4 B per parameter "
@@ -84,6 +88,8 @@ void check_inputs(const PlanInputs& in) {
   fsdp_tools::check_model_flags(in);
   TORCH_CHECK(in.kind() == fsdp::models::ModelKind::kGpt || in.params == 0, "--params plans the reference GPT's blocks; --model ", in.model,
               " needs --preset");
+  TORCH_CHECK(!in.fine_tuning() || in.params == 0, "--freeze and --lora-rank plan the model fsdp-train builds, by its "
+              "parameters' names: give --preset or --init-from, not --params (a count without names)");
   TORCH_CHECK(in.world > 0 && in.nodes > 0 && in.world % in.nodes == 0, "--world must be a positive multiple of --nodes");
   TORCH_CHECK(in.offload == "none" || in.offload == "cpu" || in.offload == "nvme" || in.offload == "nvme-optimizer",
               "--offload must be none, cpu, nvme or nvme-optimizer, got '", in.offload, "'");
@@ -143,14 +149,20 @@ PlannedModel plan_model(const PlanInputs& in) {
     m.description = describe_by_count(in, sublayer);
   } else {
     const fsdp::models::ModelConfig config = configured_model(in, m.ignored);
-    m.description = config.plan_description();
+    m.description = fsdp_tools::plan_description(in, config, &m.fine_tuned);
     m.described = config.describe();
   }
   m.shape = m.description.shape;
   m.shape.sublayer_units = sublayer;
   m.units = m.description.units(sublayer);
-  for (int64_t n : m.units) m.total_params += n;
-  m.largest_unit = *std::max_element(m.units.begin() + 1, m.units.end());
+  m.frozen = m.description.frozen(sublayer);
+  // (Of the wrap asked for: --params describes that one alone.)
+  for (size_t u = 0; u < m.units.size(); ++u) {
+    const int64_t whole = m.units[u] + (m.frozen.empty() ? 0 : m.frozen[u]);
+    m.trainable_params += m.units[u];
+    m.total_params += whole;
+    if (u > 0) m.largest_unit = std::max(m.largest_unit, whole);
+  }
   return m;
 }
 
@@ -229,13 +241,13 @@ Plan plan_strategy(const Report& r, fsdp::ShardingStrategy s) {
   return plan;
 }
 
-Recommendation recommend(const std::vector<int64_t>& units, int world, int per_node, const fsdp::MixedPrecision& mp,
+Recommendation recommend(const PlannedModel& model, int world, int per_node, const fsdp::MixedPrecision& mp,
                          int64_t budget) {
   Recommendation r;
   r.budget = budget;
-  r.candidates = fsdp::strategy_candidates(units, world, per_node, mp);
+  r.candidates = fsdp::strategy_candidates(model.units, world, per_node, mp, model.frozen);
   try {
-    r.choice = fsdp::choose_strategy(units, world, per_node, mp, budget);
+    r.choice = fsdp::choose_strategy(model.units, world, per_node, mp, budget, model.frozen);
     r.reason = r.choice->reason;
   } catch (const c10::Error& e) {  // nothing fits: an answer too, not a failure of the planner
     r.reason = fsdp::error_message(e);
@@ -254,7 +266,7 @@ Report make_report(const PlanInputs& in) {
   for (auto s : strategies_asked(in)) r.plans.push_back(plan_strategy(r, s));
   if (in.budget > 0) {
     r.recommendation =
-        recommend(r.model.units, in.world, r.per_node, r.mp, static_cast<int64_t>(std::llround(in.budget)));
+        recommend(r.model, in.world, r.per_node, r.mp, static_cast<int64_t>(std::llround(in.budget)));
   }
   if (!in.cluster_path.empty()) r.cluster = Cluster::load(in.cluster_path);
   // 6 N FLOPs per token for forward and backward, 2 N more to recompute;

@@ -52,6 +52,7 @@ nlohmann::json plan_json(const Plan& plan) {
   return {{"strategy", fsdp::strategy_name(plan.run.strategy)},
           {"shard_group_size", plan.run.shard_group},
           {"params_bytes", st.params},
+          {"frozen_params_bytes", st.frozen_params},
           {"grads_bytes", st.grads},
           {"optimizer_bytes", st.optimizer},
           {"model_state_bytes", st.total()},
@@ -148,6 +149,16 @@ nlohmann::json cluster_json(const Report& r) {
           {"strategies", times}};
 }
 
+// --freeze or LoRA as asked, and what they did (null without them).
+nlohmann::json fine_tuning_json(const Report& r) {
+  if (!r.in.fine_tuning()) return nullptr;
+  const nlohmann::json null_json(nullptr);
+  return {{"freeze", r.in.freeze.empty() ? null_json : nlohmann::json(r.in.freeze)},
+          {"lora_rank", r.in.lora() ? nlohmann::json(r.in.lora_rank) : null_json},
+          {"lora_targets", r.in.lora() ? nlohmann::json(r.in.lora_targets) : null_json},
+          {"lora_adapted", r.model.fine_tuned.adapted}};
+}
+
 }  // namespace
 
 void print_json(const Report& r) {
@@ -155,7 +166,10 @@ void print_json(const Report& r) {
   out["inputs"] = inputs_json(r);
   out["model"] = {{"config", r.model.described.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.model.described)},
                   {"parameters", r.model.total_params},
+                  {"trainable_parameters", r.model.trainable_params},
                   {"unit_numels", r.model.units},
+                  {"frozen_unit_numels", r.model.frozen},
+                  {"fine_tuning", fine_tuning_json(r)},
                   {"largest_unit_numel", r.model.largest_unit}};
   out["strategies"] = nlohmann::json::array();
   for (const auto& plan : r.plans) {
@@ -205,6 +219,34 @@ void print_strategy_table(const Report& r) {
               << std::setw(12) << gib(plan.run.peak.gathered) << std::setw(15) << gib(plan.run.peak.activations)
               << std::setw(15) << gib(plan.run.peak.backward_transient) << std::setw(15) << gib(plan.device())
               << std::setw(15) << gib(plan.host) << std::setw(15) << gib(plan.run.comm.total()) << "\n";
+  }
+}
+
+// What trains, and the model state by category with the frozen parameters'
+// bytes apart (--trainable, --freeze, --lora-rank).
+void print_trainable(const Report& r) {
+  const PlanInputs& in = r.in;
+  std::ostringstream how;
+  if (in.lora()) {
+    how << "LoRA rank " << in.lora_rank << ": " << r.model.fine_tuned.adapted.size() << " linears adapted, the rest frozen";
+  } else if (!in.freeze.empty()) {
+    how << "--freeze '" << in.freeze << "'";
+  } else {
+    how << "nothing frozen";
+  }
+  std::cout << "trainable " << r.model.trainable_params << " of " << r.model.total_params << " parameters (" << how.str()
+            << ")\nmodel state per rank by category (a unit's frozen parameters are a flat buffer of their own, "
+               "gathered with it: a parameter shard, no gradient, no optimizer state, no reduction):\n";
+  const char* columns[] = {"strategy", "trainable params", "frozen params", "grads", "optimizer", "model state"};
+  std::cout << "  " << std::left << std::setw(20) << columns[0];
+  for (int i = 1; i < 6; ++i) std::cout << std::right << std::setw(18) << columns[i];
+  std::cout << "\n";
+  for (const auto& plan : r.plans) {
+    const auto& st = plan.run.peak.state;
+    std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.run.strategy) << std::right
+              << std::setw(18) << gib(st.params - st.frozen_params) << std::setw(18) << gib(st.frozen_params)
+              << std::setw(18) << gib(st.grads) << std::setw(18) << gib(st.optimizer) << std::setw(18)
+              << gib(st.total()) << "\n";
   }
 }
 
@@ -301,6 +343,7 @@ void print_staging(const Report& r) {
 
 void print_text(const Report& r) {
   print_strategy_table(r);
+  if (r.in.trainable || r.in.fine_tuning()) print_trainable(r);
   if (r.in.nodes > 1 || r.in.zero_plus_plus().any()) print_hosts_table(r);
   if (r.in.offload.rfind("nvme", 0) == 0) print_nvme_table(r);
   if (r.in.ckpt_async != "none") print_staging(r);

@@ -53,14 +53,17 @@ struct Recommendation {
   std::string reason;  // choice->reason, or the error naming every candidate's need
 };
 
-// What fsdp-plan was asked, as its command line gives it; the model's and
-// ZeRO++'s flags are fsdp-train's (shared_flags.h).
-struct PlanInputs : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags, fsdp_tools::RunFlags {
+// What fsdp-plan was asked, as its command line gives it; the model's,
+// ZeRO++'s and fine-tuning's flags are fsdp-train's (shared_flags.h).
+struct PlanInputs : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags, fsdp_tools::RunFlags,
+                    fsdp_tools::FineTuneFlags {
   double params = 0;
   int world = 2, nodes = 1;
   std::string strategy = "all", cluster_path, offload = "none";
   std::string ckpt_async = "none";  // fsdp-train --ckpt-async with this --ckpt-format
   bool prefetch = true, seed_accounting = false, json = false;
+  bool trainable = false;  // --trainable: the model state by category, frozen apart, whatever the flags
+  bool fine_tuning() const { return !freeze.empty() || lora(); }
   double budget = 0;
 };
 
@@ -69,8 +72,11 @@ struct PlanInputs : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags, fsdp_
 struct PlannedModel {
   fsdp::ModelDescription description;
   fsdp::TransformerShape shape;
-  std::vector<int64_t> units;
-  int64_t total_params = 0, largest_unit = 0;
+  std::vector<int64_t> units;   // each unit's trainable elements
+  std::vector<int64_t> frozen;  // each unit's frozen part's elements (empty: nothing frozen)
+  int64_t total_params = 0, trainable_params = 0;
+  int64_t largest_unit = 0;  // but the root, with its frozen part: the most one unit gathers
+  fsdp_tools::FineTuned fine_tuned;  // --freeze or LoRA: what they did to the model
   // The model's configuration (ModelConfig::describe(): its family's switches too); "" for --params.
   std::string described;
   // What --init-from's config.json sets that the model ignores (printed as warnings).

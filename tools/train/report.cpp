@@ -49,7 +49,7 @@ int ranks_per_host(const Run& run, const fsdp::FsdpState& state, int world) {
 
 Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState& state, int64_t num_params,
                     int world) {
-  const fsdp::RunPlan plan = fsdp::plan_run(run.model->plan_description(), o.wrap == "sublayer", run.fsdp_options,
+  const fsdp::RunPlan plan = fsdp::plan_run(run.plan_description, o.wrap == "sublayer", run.fsdp_options,
                                             run_settings(o, run, world, ranks_per_host(run, state, world),
                                                          state.gathers_run_ahead()));
   Predictions p;
@@ -202,10 +202,9 @@ void print_banner(const ReportContext& c) {
   std::cout << "  construction (model built and sharded" << (o.sharded_init ? ", sharded initialization" : "")
             << "): rank 0's tensor memory peaked at " << format_mib(c.predicted.construction_peak) << "\n";
   std::cout << "  per-rank model state by formula: " << predicted.total() << " B (params " << predicted.params
-            << ", grads " << predicted.grads << ", optimizer " << predicted.optimizer << ")"
-            << (o.freeze.empty() ? "" : ", counting the frozen parameters as trainable (an upper bound: the "
-                                        "planner does not know --freeze yet; the summary's figures are measured)")
-            << "\n";
+            << ", grads " << predicted.grads << ", optimizer " << predicted.optimizer << ")";
+  if (predicted.frozen_params > 0) std::cout << ", of the params the frozen parameters' " << predicted.frozen_params;
+  std::cout << "\n";
   if (o.ckpt_async && !o.ckpt_dir.empty()) {
     std::cout << "  checkpoints in the background (--ckpt-async): rank 0's staging copy "
               << format_mib(c.predicted.checkpoint_staging) << ", held beside the steps until written\n";

@@ -90,21 +90,21 @@ fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o, const Run& run)
 fsdp::ShardingStrategy pick_strategy(const TrainOptions& o, Run& run, int world) {
   TORCH_CHECK(o.memory_budget > 0,
               "--strategy auto needs --memory-budget BYTES (per-rank model state plus gathered parameters)");
+  const bool sublayer = o.wrap == "sublayer";
   const fsdp::StrategyChoice choice =
-      fsdp::choose_strategy(run.model_config.plan_description().units(o.wrap == "sublayer"), world,
-                            run.fsdp_options.ranks_per_node(),
-                            run.fsdp_options.mixed_precision(), o.memory_budget);
+      fsdp::choose_strategy(run.plan_description.units(sublayer), world, run.fsdp_options.ranks_per_node(),
+                            run.fsdp_options.mixed_precision(), o.memory_budget, run.plan_description.frozen(sublayer));
   run.strategy_reason = choice.reason;
   return choice.strategy;
 }
 
 // The preflight (fsdp/host_memory.h) of this run on the CPU: a GPU run's
 // host memory is not the step's peak. Before the model is built: its
-// config's description is what the plan needs.
+// description (run.plan_description) is what the plan needs.
 void preflight(const TrainOptions& o, Run& run, int world) {
   if (o.no_preflight || o.device != "cpu") return;
   fsdp::HostMemoryRun plan;
-  plan.model = run.model_config.plan_description();
+  plan.model = run.plan_description;
   plan.options = run.fsdp_options;
   if (o.strategy == "auto") plan.options.strategy(fsdp::ShardingStrategy::kFullShard);
   plan.ranks_here = fsdp::ranks_on_this_host(world);
@@ -176,6 +176,10 @@ void check_values(const TrainOptions& o, int world) {
   TORCH_CHECK(o.offload == "none" || o.offload == "cpu", "--offload must be none or cpu, got '", o.offload, "'",
               o.offload == "nvme" ? " (offload to disk: --offload-optimizer nvme, --offload-params nvme)" : "");
   TORCH_CHECK(o.device == "cuda" || o.backend != "nccl", "--backend nccl needs --device cuda");
+  TORCH_CHECK((o.freeze.empty() && !o.lora()) || (o.offload_optimizer != "nvme" && o.offload_params != "nvme"),
+              o.lora() ? "--lora-rank" : "--freeze",
+              " with --offload-optimizer nvme or --offload-params nvme is not supported (the disk offload keeps "
+              "optimizer state for every unit): leave it out, or use --offload cpu");
 }
 
 fsdp::LrSchedule make_schedule(const TrainOptions& o) {
@@ -229,13 +233,9 @@ void make_model(const TrainOptions& o, Run& run) {
   }
 }
 
-// --freeze or LoRA (fsdp_tools::apply_fine_tuning), before fully_shard.
-// The disk offload keeps optimizer state for every unit: refused with either.
+// --freeze or LoRA (fsdp_tools::apply_fine_tuning), before fully_shard
+// (with disk offload refused by check_values).
 void freeze_parameters(const TrainOptions& o, Run& run) {
-  TORCH_CHECK((o.freeze.empty() && !o.lora()) || (o.offload_optimizer != "nvme" && o.offload_params != "nvme"),
-              o.lora() ? "--lora-rank" : "--freeze",
-              " with --offload-optimizer nvme or --offload-params nvme is not supported (the disk offload keeps "
-              "optimizer state for every unit): leave it out, or use --offload cpu");
   const fsdp_tools::FineTuned done = fsdp_tools::apply_fine_tuning(o, *run.model, o.seed);
   run.trainable_params = done.trainable;
 }
@@ -327,6 +327,8 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   run.schedule = make_schedule(o);
   run.ckpt_format = fsdp::parse_checkpoint_format(o.ckpt_format);
   run.fsdp_options = make_fsdp_options(o, run);
+  // Before anything is allocated: a bad --freeze or LoRA flag is refused here.
+  run.plan_description = fsdp_tools::plan_description(o, run.model_config);
   preflight(o, run, world->size());
   run.data = make_data(o, run);
   // Before the model's seed: --device cuda loads the CUDA module, which must

@@ -49,6 +49,10 @@ struct Run {
   // them at the end of prepare.
   std::vector<std::string> warnings;
   int64_t trainable_params = 0;  // the parameters left trainable by --freeze (all without it)
+  // What the planner plans (the preflight, --strategy auto, the prediction):
+  // the config's description, with --freeze or LoRA the units' trainable and
+  // frozen elements (fsdp_tools::plan_description).
+  fsdp::ModelDescription plan_description;
 };
 
 // Checks the options and builds the run (collective only with --device cuda).

@@ -1,6 +1,6 @@
 # fsdp-plan --json against real runs: the model state to the byte, split
 # into parameters, gradients and optimizer state as the allocator counts
-# them; the peak within 8%, the README's figure (measured: within 5.6%, the
+# them (with LoRA and --freeze too: the frozen parts' parameter bytes alone); the peak within 8%, the README's figure (measured: within 5.6%, the
 # worst being tiny, full_shard), and equal to the trainer's own
 # prediction; the host memory the trainer's preflight asked for equal to
 # fsdp-plan's (one plan, fsdp::plan_run, for all three; a Llama too, and a
@@ -41,7 +41,8 @@ zero_safetensors "$work/qwen3/model.safetensors" "$(jq -c '
 for cfg in "tiny 2 full_shard" "tiny 4 zero1" "small 2 no_shard" "small 2 full_shard --activation-checkpointing" \
            "small 2 full_shard --activation-checkpointing --wrap sublayer" "tiny 2 zero1 --param-dtype bf16" \
            "medium 2 full_shard --batch 1" "small 2 full_shard --model llama --activation-checkpointing" \
-           "small 2 full_shard --model llama --init-from $work/qwen3 --batch 2"; do
+           "small 2 full_shard --model llama --init-from $work/qwen3 --batch 2" \
+           "tiny 2 full_shard --lora-rank 4 --lora-targets all-linear" "tiny 2 zero1 --param-dtype bf16 --freeze wte|h\.0\."; do
   read -r preset world strategy extra <<<"$cfg"
   train_run s "$world" --preset "$preset" --steps 2 --strategy "$strategy" $extra
   "$plan" --preset "$preset" --world "$world" --strategy "$strategy" $extra --json > "$work/plan.json" ||
@@ -61,6 +62,12 @@ for cfg in "tiny 2 full_shard" "tiny 4 zero1" "small 2 no_shard" "small 2 full_s
     fail "$cfg: peak measured $(jq -c .peak_tensor_bytes "$work/s.json"), trainer predicted $(jq .peak_tensor_bytes_predicted "$work/s.json"), planned $(jq .strategies[0].device_total_bytes "$work/plan.json")"
   jq -e --slurpfile s "$work/s.json" '.strategies[0].preflight_bytes == $s[0].ram_bytes_predicted' "$work/plan.json" >/dev/null ||
     fail "$cfg: the trainer's preflight asked for $(jq .ram_bytes_predicted "$work/s.json") B a rank, fsdp-plan plans $(jq .strategies[0].preflight_bytes "$work/plan.json")"
+  # Fine-tuning: the parameters that train, and the frozen ones' bytes apart (parameter bytes only).
+  jq -e --slurpfile s "$work/s.json" '.model.parameters == $s[0].parameters
+      and .model.trainable_parameters == $s[0].trainable_parameters
+      and ((.model.frozen_unit_numels | length > 0) == (.model.fine_tuning != null))
+      and ((.strategies[0].frozen_params_bytes > 0) == (.model.fine_tuning != null))' "$work/plan.json" >/dev/null ||
+    fail "$cfg: trainer's parameters $(jq -c '[.parameters, .trainable_parameters]' "$work/s.json"), planned $(jq -c '.model | [.parameters, .trainable_parameters, .frozen_unit_numels]' "$work/plan.json")"
   echo "ok: $cfg: model state $(jq '.strategies[0].model_state_bytes' "$work/plan.json") B as planned;" \
        "peak $(jq '.peak_tensor_bytes | max' "$work/s.json") B measured, $(jq .strategies[0].device_total_bytes "$work/plan.json") B planned"
 done

@@ -423,7 +423,7 @@ TEST(Lora, TrainsTheSameAdaptersAsOneProcess) {
   }
 }
 
-// FullyShardOptions::frozen_param_dtype(bf16) under LoRA (fsdp-train
+// MixedPrecision::frozen_param_dtype(bf16) under LoRA (fsdp-train
 // --base-dtype bf16): the base's shards are held in bf16 (2 bytes an
 // element), gathered and computed in it, its values rounded once and then
 // never changed; the fp32 adapters train as one process with the same bf16
@@ -439,7 +439,7 @@ TEST(Lora, HoldsTheBaseInBf16AsOneProcessWould) {
     return model;
   };
   const fsdp::memory::Usage before = fsdp::memory::usage();
-  auto sharded = fsdp::fully_shard(make(), world_group, fsdp::testing::block_units().frozen_param_dtype(torch::kBFloat16));
+  auto sharded = fsdp::fully_shard(make(), world_group, fsdp::testing::block_units().mixed_precision(fsdp::MixedPrecision().frozen_param_dtype(torch::kBFloat16)));
   int64_t frozen_numel = 0, trainable_numel = 0;
   for (const auto& unit : fsdp::detail::units(sharded.state())) {
     const fsdp::FlatParam& flat = unit->flat_param();

@@ -301,6 +301,19 @@ TEST(Planner, FrozenPartsHoldParameterBytesAlone) {
   EXPECT_EQ(b.params, (2 * 40 + 4 * 10) + (2 * 300 + 4 * 75) + b.frozen_params);
   EXPECT_EQ(b.grads, 4 * 340);
   EXPECT_EQ(b.optimizer, 8 * 85);
+  // A base held in bf16 (MixedPrecision::frozen_param_dtype, fp32 adapters):
+  // 2 B a frozen shard element, gathered in bf16 beside the fp32 trainable part.
+  const fsdp::MixedPrecision bf16_base = fsdp::MixedPrecision().frozen_param_dtype(torch::kBFloat16);
+  b = state(ShardingStrategy::kFullShard, bf16_base);
+  EXPECT_EQ(b.frozen_params, 2 * 501);
+  EXPECT_EQ(b.params, 4 * 85 + 2 * 501);
+  EXPECT_EQ(b.gathered_peak, 2 * 1004 + (4 * 40 + 2 * 1000));
+  // no_shard: the bf16 buffer and its bf16 shard (no fp32 master for what never steps).
+  b = state(ShardingStrategy::kNoShard, bf16_base);
+  EXPECT_EQ(b.frozen_params, (2 * 1002 + 2 * 1002) + (2 * 1000 + 2 * 1000));
+  expect_bytes(fsdp::estimate_comm_per_step(kTrainable, ShardingStrategy::kFullShard, kWorld, 0, bf16_base,
+                                            ZeroPlusPlus(), kFrozen),
+               {2 * (4 * 340 + 2 * 2004), 4 * 340, 0, 0, 0});
   // Nothing frozen, as a list of zeros or as none: today's figures.
   for (ShardingStrategy s : {ShardingStrategy::kNoShard, ShardingStrategy::kZero1, ShardingStrategy::kShardGradOp,
                              ShardingStrategy::kFullShard, ShardingStrategy::kHybridShard}) {

@@ -50,6 +50,8 @@ struct MixedPrecision {
   torch::ScalarType effective_reduce_dtype() const { return reduce_dtype_.value_or(param_dtype_); }
   /// What module buffers are cast to: buffer_dtype, else param_dtype.
   torch::ScalarType effective_buffer_dtype() const { return buffer_dtype_.value_or(param_dtype_); }
+  /// What frozen parameters are gathered and computed in: frozen_param_dtype, else param_dtype.
+  torch::ScalarType effective_frozen_param_dtype() const { return frozen_param_dtype_.value_or(param_dtype_); }
 
   /// What parameters are gathered and computed in (fp32 by default).
   TORCH_ARG(torch::ScalarType, param_dtype) = torch::kFloat;
@@ -57,6 +59,15 @@ struct MixedPrecision {
   TORCH_ARG(std::optional<torch::ScalarType>, reduce_dtype) = std::nullopt;
   /// What module buffers are cast to (unset: param_dtype).
   TORCH_ARG(std::optional<torch::ScalarType>, buffer_dtype) = std::nullopt;
+  /// The dtype frozen parameters (requires_grad false) are held, gathered and
+  /// computed in, apart from the others: kBFloat16 halves a LoRA base's
+  /// memory and its gathers while the adapters keep fp32 masters and
+  /// optimizer state (fsdp-train --base-dtype bf16). Their values are rounded
+  /// to it once, when sharded; state dicts and checkpoints hold them in fp32
+  /// (exactly those values). Unset: as the other parameters (fp32 shards,
+  /// gathered in param_dtype). Not with cpu_offload, nvme_offload or
+  /// quantized gathers.
+  TORCH_ARG(std::optional<torch::ScalarType>, frozen_param_dtype) = std::nullopt;
 };
 
 const char* dtype_name(torch::ScalarType type);  ///< "fp32", "bf16", "fp16"
@@ -219,14 +230,6 @@ struct FullyShardOptions {
   /// the parameters being gathered and the gradients being reduced. Sharded
   /// strategies only.
   TORCH_ARG(bool, cpu_offload) = false;
-  /// The dtype frozen parameters (requires_grad false) are held, gathered and
-  /// computed in, apart from the others: kBFloat16 halves a LoRA base's
-  /// memory and its gathers while the adapters keep fp32 masters and
-  /// optimizer state (fsdp-train --base-dtype bf16). Their values are rounded
-  /// to it once, when sharded; state dicts and checkpoints hold them in fp32
-  /// (exactly those values). Unset: as the other parameters. Not with
-  /// cpu_offload, nvme_offload or quantized gathers.
-  TORCH_ARG(std::optional<torch::ScalarType>, frozen_param_dtype) = std::nullopt;
   /// Offload to disk (see NvmeOffloadOptions); CPU units only.
   TORCH_ARG(std::optional<NvmeOffloadOptions>, nvme_offload) = std::nullopt;
   /// The device the units compute on (FSDP1's device_id): parameters and

@@ -61,7 +61,7 @@ struct FlatParamConfig {
   // trainable elements only.
   bool frozen = false;
   // The dtype the shard is held in: float32, or for a frozen part
-  // FullyShardOptions::frozen_param_dtype (its mixed_precision's param dtype).
+  // MixedPrecision::frozen_param_dtype (its mixed_precision's param dtype).
   torch::ScalarType shard_dtype = torch::kFloat;
   // ZeRO++ (FullyShardOptions::zero_plus_plus; world-sharded strategies):
   // the ranks of this host and one rank of each host (FsdpState::host_group()),

@@ -246,7 +246,7 @@ void FsdpStateImpl::build() {
   TORCH_CHECK(!options_.nvme_offload() || std::find(frozen.begin(), frozen.end(), true) == frozen.end(),
               "fully_shard: frozen parameters (requires_grad false) with nvme_offload are not supported: the disk "
               "offload keeps optimizer state for every unit it holds; freeze nothing, or use cpu_offload");
-  if (const auto dtype = options_.frozen_param_dtype()) {
+  if (const auto dtype = options_.mixed_precision().frozen_param_dtype()) {
     TORCH_CHECK(*dtype == torch::kFloat || *dtype == torch::kBFloat16 || *dtype == torch::kHalf,
                 "fully_shard: frozen_param_dtype must be float32, bfloat16 or float16, got ", *dtype);
     TORCH_CHECK(!options_.cpu_offload() && !options_.nvme_offload() &&
@@ -415,8 +415,8 @@ std::unique_ptr<Unit> FsdpStateImpl::make_unit(UnitPlan plan, const FlatParamCon
   FlatParamConfig own = config;
   own.unit_index = index;
   own.frozen = frozen;
-  if (frozen && options_.frozen_param_dtype()) {  // held, gathered and computed in its own dtype
-    own.shard_dtype = *options_.frozen_param_dtype();
+  if (frozen && options_.mixed_precision().frozen_param_dtype()) {  // held, gathered and computed in its own dtype
+    own.shard_dtype = *options_.mixed_precision().frozen_param_dtype();
     own.mixed_precision = MixedPrecision().param_dtype(own.shard_dtype).reduce_dtype(own.shard_dtype);
   }
   return std::make_unique<Unit>(this, std::move(plan), std::move(own));

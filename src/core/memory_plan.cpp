@@ -43,18 +43,24 @@ ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, Sh
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
   const bool low_precision = mixed_precision.param_dtype() != c10::ScalarType::Float;
-  // A flat buffer's parameters (a unit's trainable part or its frozen part).
-  auto param_bytes = [&](int64_t padded) {
+  // A frozen part is held in frozen_param_dtype where one is set (else fp32)
+  // and gathered in effective_frozen_param_dtype().
+  const int64_t f = c10::elementSize(mixed_precision.frozen_param_dtype().value_or(c10::ScalarType::Float));
+  const int64_t pf = c10::elementSize(mixed_precision.effective_frozen_param_dtype());
+  // A flat buffer's parameters (a unit's trainable part or its frozen part):
+  // the shard of `held` bytes an element, and a persistent buffer gathered
+  // in `gathered` bytes an element (the shard itself where they agree in fp32).
+  auto param_bytes = [&](int64_t padded, int64_t held, int64_t gathered) {
     const int64_t shard = padded / K;
-    if (!keeps_params_unsharded(strategy)) return 4 * shard;
-    return low_precision ? p * padded + 4 * shard : 4 * padded;
+    if (!keeps_params_unsharded(strategy)) return held * shard;
+    return gathered != 4 || held != 4 ? gathered * padded + held * shard : 4 * padded;
   };
   ModelStateBytes bytes;
   int64_t largest_other_unit = 0;
   for (size_t u = 0; u < unit_numels.size(); ++u) {
     const int64_t padded = padded_numel(unit_numels[u], K), shard = padded / K;
     const int64_t frozen_padded = padded_numel(frozen_at(frozen_numels, u), K);
-    const int64_t gathered = p * (padded + frozen_padded);  // a frozen part is gathered with its unit
+    const int64_t gathered = p * padded + pf * frozen_padded;  // a frozen part is gathered with its unit
     if (!keeps_params_unsharded(strategy)) {
       if (!reshards_after_forward(strategy)) {
         bytes.gathered_peak += gathered;
@@ -65,9 +71,9 @@ ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, Sh
       }
     }
     bytes.optimizer += optimizer_bytes_per_element * shard;
-    bytes.params += param_bytes(padded);
+    bytes.params += param_bytes(padded, 4, p);
     bytes.grads += 4 * (keeps_params_unsharded(strategy) ? padded : shard);
-    bytes.frozen_params += param_bytes(frozen_padded);  // no gradient, no optimizer state
+    bytes.frozen_params += param_bytes(frozen_padded, f, pf);  // no gradient, no optimizer state
   }
   bytes.params += bytes.frozen_params;
   bytes.gathered_peak += largest_other_unit;
@@ -134,14 +140,14 @@ UnitComm sharded_unit_comm(int64_t n, ShardingStrategy strategy, int64_t K, int6
 // unit's frozen part, gathered at once with it, adds its own).
 void add_zero_plus_plus_memory(StepPeak& peak, const std::vector<int64_t>& units,
                                const std::vector<int64_t>& frozen_numels, int64_t K, int64_t host_ranks, int64_t p,
-                               const ZeroPlusPlus& z) {
+                               int64_t pf, const ZeroPlusPlus& z) {
   int64_t largest_packed = 0;
   for (size_t u = 0; u < units.size(); ++u) {
     int64_t packed = 0;
-    for (int64_t n : {units[u], frozen_at(frozen_numels, u)}) {
+    for (auto [n, bytes] : {std::pair{units[u], p}, std::pair{frozen_at(frozen_numels, u), pf}}) {
       const int64_t S = (n + K - 1) / K;
       packed += quantized_bytes(S, z.quantization_block());
-      if (z.secondary_partition()) peak.secondary_partition += S * K / host_ranks * p;
+      if (z.secondary_partition()) peak.secondary_partition += S * K / host_ranks * bytes;
     }
     largest_packed = std::max(largest_packed, packed);
   }
@@ -164,6 +170,7 @@ CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, Shardi
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t hosts = is_hybrid(strategy) ? world / K : host_count(world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
+  const int64_t pf = c10::elementSize(mixed_precision.effective_frozen_param_dtype());
   const int64_t r = c10::elementSize(mixed_precision.effective_reduce_dtype());
   CommBytes bytes;
   if (world == 1 && strategy == ShardingStrategy::kNoShard) return bytes;
@@ -186,7 +193,7 @@ CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, Shardi
   for (size_t u = 0; u < unit_numels.size(); ++u) {
     add(sharded_unit_comm(unit_numels[u], strategy, K, hosts, p, r, zero_plus_plus));
     const int64_t frozen = frozen_at(frozen_numels, u);
-    if (frozen > 0) add(sharded_unit_comm(frozen, strategy, K, hosts, p, r, zero_plus_plus, /*frozen=*/true));
+    if (frozen > 0) add(sharded_unit_comm(frozen, strategy, K, hosts, pf, r, zero_plus_plus, /*frozen=*/true));
   }
   return bytes;
 }
@@ -306,17 +313,19 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
   peak.state = estimate_model_state(units, strategy, world, ranks_per_node, mixed_precision, 8, frozen_numels);
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
+  const int64_t pf = c10::elementSize(mixed_precision.effective_frozen_param_dtype());
   const int64_t r = c10::elementSize(mixed_precision.effective_reduce_dtype());
   // The largest unit but the root, padded: gathered with its frozen part
-  // (`largest`), and its trainable part alone, which has gradients.
-  int64_t largest = 0, largest_trainable = 0;
+  // (`largest_bytes`), and its trainable part alone, which has gradients.
+  int64_t largest_bytes = 0, largest_trainable = 0;
   for (size_t u = 1; u < units.size(); ++u) {
-    largest = std::max(largest, padded_numel(units[u], K) + padded_numel(frozen_at(frozen_numels, u), K));
+    largest_bytes = std::max(largest_bytes,
+                             p * padded_numel(units[u], K) + pf * padded_numel(frozen_at(frozen_numels, u), K));
     largest_trainable = std::max(largest_trainable, padded_numel(units[u], K));
   }
   peak.gathered = peak.state.gathered_peak;
-  if (prefetch && reshards_after_forward(strategy)) peak.gathered += p * largest;  // one unit gathered ahead
-  add_zero_plus_plus_memory(peak, units, frozen_numels, K, world / host_count(world, ranks_per_node), p,
+  if (prefetch && reshards_after_forward(strategy)) peak.gathered += largest_bytes;  // one unit gathered ahead
+  add_zero_plus_plus_memory(peak, units, frozen_numels, K, world / host_count(world, ranks_per_node), p, pf,
                             zero_plus_plus);
   // What autograd keeps, M = batch x context tokens: per block the first
   // norm's output, q/k/v, the attention probabilities, the attention

@@ -67,6 +67,7 @@ fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o, const Run& run)
   fsdp::MixedPrecision mp;
   mp.param_dtype(fsdp::parse_dtype(o.param_dtype));
   if (!o.reduce_dtype.empty()) mp.reduce_dtype(fsdp::parse_dtype(o.reduce_dtype));
+  if (o.base_dtype == "bf16") mp.frozen_param_dtype(torch::kBFloat16);  // (with LoRA: apply_fine_tuning)
   auto options = fsdp::FullyShardOptions()
                      .wrap_policy(make_wrap_policy(run.model_config, o.wrap))
                      .mixed_precision(mp)
@@ -78,7 +79,6 @@ fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o, const Run& run)
                      .cache_host_blocks(!o.no_block_cache)
                      .activation_checkpointing(o.activation_checkpointing)
                      .zero_plus_plus(o.zero_plus_plus());
-  if (o.base_dtype == "bf16") options.frozen_param_dtype(torch::kBFloat16);  // (with LoRA: apply_fine_tuning)
   TORCH_CHECK(o.prefetch_depth >= 1, "--prefetch-depth must be at least 1, got ", o.prefetch_depth);
   if (o.strategy != "auto") options.strategy(fsdp::parse_strategy(o.strategy));
   set_nvme_offload(o, options);

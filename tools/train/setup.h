@@ -49,6 +49,7 @@ struct Run {
   // them at the end of prepare.
   std::vector<std::string> warnings;
   int64_t trainable_params = 0;  // the parameters left trainable by --freeze (all without it)
+  fsdp_tools::FineTuned fine_tuned;  // what --freeze or LoRA did
 };
 
 // Checks the options and builds the run (collective only with --device cuda).

@@ -310,6 +310,11 @@ FolderWriter::FolderWriter(const std::string& folder, const HubConfig& config,
   const int64_t element = c10::elementSize(options.dtype());
   int64_t in_shard = 0;
   for (const auto& t : tensors) {
+    // transformers would report them as unexpected keys and run the model without them.
+    TORCH_CHECK(!lora::is_adapter_parameter(t.name), "FolderWriter: '", t.name,
+                "' is a LoRA adapter's: a Hugging Face model folder holds none (merge them into the weights with "
+                "peft::MergingWriter, fsdp-train --merge-lora; or write them apart with peft::AdapterWriter, "
+                "fsdp-train --save-format peft)");
     names_.push_back(t.name);
     if (adapter.is_tied_head(config.model, t.name)) {  // GPT-2's files leave it out
       shard_of_.push_back(std::string::npos);

@@ -54,8 +54,9 @@ std::string adapter_config_json(const AdapterConfig& config);
 /// adapters here cannot do: another peft_type, use_dora, use_rslora, bias
 /// other than "none", lora_bias, modules_to_save, a rank_pattern or
 /// alpha_pattern, layers_to_transform, exclude_modules, target_parameters,
-/// trainable_token_indices, layer_replication, a regular expression for
-/// target_modules.
+/// trainable_token_indices, layer_replication, aLoRA and the other LoRA
+/// variants, an init_lora_weights that changes the base weights (PiSSA,
+/// OLoRA, CorDA, LoftQ...), a regular expression for target_modules.
 AdapterConfig read_adapter_config(const std::string& folder);
 
 /// PEFT's name of one of the model's adapter parameters.

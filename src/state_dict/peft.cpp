@@ -122,6 +122,18 @@ AdapterConfig read_adapter_config(const std::string& folder) {
   refuse_set(c, path, "trainable_token_indices", "training token embeddings");
   refuse_set(c, path, "layer_replication", "layer replication");
   refuse_set(c, path, "use_qalora", "QA-LoRA");
+  refuse_set(c, path, "alora_invocation_tokens", "activated LoRA");
+  for (const char* variant : {"use_bdlora", "arrow_config", "kasa_config", "velora_config", "monteclora_config"}) {
+    refuse_set(c, path, variant, "a LoRA variant");
+  }
+  // PiSSA, OLoRA, CorDA, LoftQ and the like change the base weights when they
+  // make the adapters: over the base model as downloaded, the adapters would
+  // not compute what they were trained to.
+  if (c.contains("init_lora_weights") && c.at("init_lora_weights").is_string()) {
+    const std::string init = c.at("init_lora_weights").get<std::string>();
+    TORCH_CHECK(init == "gaussian", "'", path, "': \"init_lora_weights\" is \"", init,
+                "\", which changes the base model's weights: not supported here (expected true, false or \"gaussian\")");
+  }
   const std::string bias = c.value("bias", std::string("none"));
   TORCH_CHECK(bias == "none", "'", path, "': \"bias\" is \"", bias,
               "\", but training biases beside the adapters is not supported here (expected \"none\")");

@@ -3,8 +3,9 @@
 default_libtorch_kind=debian      # the faster and leaner one here (README: Which LibTorch)
 libtorch_kinds=(debian wheel)     # the ones scripts/test.sh runs the suite against
 wheel_torch_version=2.15.0        # PyPI's torch, pinned
-# What the suite compares against besides torch (scripts/python_refs.sh), pinned.
-python_reference_packages=(tokenizers==0.23.3 transformers==5.25.0 numpy==2.4.6 sentencepiece==0.2.3)
+# What the suite compares against besides torch (scripts/python_refs.sh), pinned; peft (LoRA
+# adapters) imports accelerate and psutil, pinned here so that nothing upgrades torch or transformers.
+python_reference_packages=(tokenizers==0.23.3 transformers==5.25.0 numpy==2.4.6 sentencepiece==0.2.3 peft==0.21.2 accelerate==1.16.0 psutil==7.2.2)
 # Downloaded, not installed (python_refs.sh into .venv/assets/): whisper's sdist carries GPT-2's real
 # byte-level BPE (gpt2.tiktoken) and whisper's multilingual one, for tests/text/tiktoken_reference.py.
 python_reference_assets=(openai-whisper==20250625)

@@ -1,15 +1,22 @@
 // fsdp::lora on one process: which linears apply() adapts and how it names
 // them, what it freezes, the forward it computes (PEFT's formula, checked by
 // hand), its seeded initialization, a user's own module, and the input it
-// refuses. The sharded runs are FrozenParameters' (test_frozen.cpp), the
-// PEFT files tests/hugging_face's.
+// refuses; PEFT's adapter_config.json and the merge of --merge-lora. The
+// sharded runs are FrozenParameters' (test_frozen.cpp), the PEFT files
+// against peft itself tests/hugging_face/lora.sh's.
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "fsdp/error.h"
 #include "fsdp/gpt.h"
 #include "fsdp/llama.h"
 #include "fsdp/lora.h"
+#include "fsdp/model_config.h"
+#include "fsdp/peft.h"
 #include "fsdp/wrap_policy.h"
 #include "test_helpers.h"
 
@@ -154,4 +161,84 @@ TEST(Lora, RefusesWhatItCannotAdapt) {
   lora::apply(*gpt, lora::LoraOptions().targets({"c_attn"}));
   EXPECT_NE(refusal([&] { lora::apply(*gpt, lora::LoraOptions().targets({"c_fc"})); }).find("adapters already"),
             std::string::npos);
+}
+
+namespace {
+
+// What a MergingWriter passes on, kept.
+struct KeptWriter : fsdp::WeightWriter {
+  std::vector<torch::Tensor>* out;
+  bool* committed;
+  void write(const torch::Tensor& t) override { out->push_back(t.clone()); }
+  void commit() override { *committed = true; }
+};
+
+}  // namespace
+
+// --merge-lora's writer: W + (alpha / r) B A for an adapted weight, whether
+// its adapters come before it (a unit's trainable part, then its frozen
+// part) or after; the others passed on in their order, no adapter.
+TEST(Lora, MergingWriterMergesAsPeftDoes) {
+  namespace peft = fsdp::peft;
+  torch::manual_seed(0);
+  const torch::Tensor A = torch::randn({2, 4}), B = torch::randn({3, 2}), W = torch::randn({3, 4}),
+                      V = torch::randn({3, 4}), b = torch::randn({3});
+  const std::vector<lora::AdapterInfo> adapters{{"x.q", 2, 6.0, 0.0}, {"x.v", 2, 6.0, 0.0}};
+  const torch::Tensor merged = W + torch::matmul(B, A) * 3.0, merged_v = V + torch::matmul(B, A) * 3.0;
+  using Spec = fsdp::safetensors::TensorSpec;
+  // Adapters first (x.q), and a weight before its adapters (x.v), a bias between.
+  const std::vector<Spec> specs{{"x.q.lora_A.weight", torch::kFloat, {2, 4}}, {"x.q.lora_B.weight", torch::kFloat, {3, 2}},
+                                {"x.v.weight", torch::kFloat, {3, 4}},        {"x.q.weight", torch::kFloat, {3, 4}},
+                                {"x.q.bias", torch::kFloat, {3}},             {"x.v.lora_A.weight", torch::kFloat, {2, 4}},
+                                {"x.v.lora_B.weight", torch::kFloat, {3, 2}}};
+  EXPECT_EQ(peft::without_adapters(specs).size(), 3u);
+  std::vector<torch::Tensor> out;
+  bool committed = false;
+  auto inner = std::make_unique<KeptWriter>();
+  inner->out = &out, inner->committed = &committed;
+  peft::MergingWriter writer(specs, adapters, std::move(inner));
+  for (const torch::Tensor& t : {A, B, V, W, b, A}) writer.write(t);
+  EXPECT_TRUE(out.empty()) << "x.v waits for its adapters, and what follows it";
+  writer.write(B);
+  writer.commit();
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_TRUE(committed);
+  EXPECT_TRUE(out[0].equal(merged_v));
+  EXPECT_TRUE(out[1].equal(merged));
+  EXPECT_TRUE(out[2].equal(b));
+}
+
+// adapter_config.json as PEFT writes it, read back; PEFT features that the
+// adapters here do not have are refused by their key.
+TEST(Lora, PeftAdapterConfigReadsBackAndRefusesWhatItCannotDo) {
+  namespace peft = fsdp::peft;
+  const std::string folder = "/tmp/fsdp_test_peft_config_" + std::to_string(::getpid());
+  std::filesystem::create_directories(folder);
+  const auto gpt = fsdp::models::ModelConfig(fsdp::testing::tiny());
+  const peft::AdapterConfig written =
+      peft::adapter_config(gpt, lora::LoraOptions().rank(4).alpha(8).dropout(0.05).targets({"c_attn", "c_proj"}), "base");
+  EXPECT_TRUE(written.fan_in_fan_out) << "GPT-2's Conv1D";
+  const std::string json = peft::adapter_config_json(written);
+  auto write = [&](const std::string& text) { std::ofstream(folder + "/adapter_config.json") << text; };
+  write(json);
+  const peft::AdapterConfig read = peft::read_adapter_config(folder);
+  EXPECT_EQ(read.lora.rank(), 4);
+  EXPECT_EQ(read.lora.alpha(), 8.0);
+  EXPECT_EQ(read.lora.dropout(), 0.05);
+  EXPECT_EQ(read.lora.targets(), (std::vector<std::string>{"c_attn", "c_proj"}));
+  EXPECT_EQ(read.base_model, "base");
+  EXPECT_NE(json.find("\"lora_alpha\": 8,"), std::string::npos) << "an integral alpha as PEFT writes it: " << json;
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"use_dora", "true"}, {"use_rslora", "true"}, {"bias", "\"all\""}, {"modules_to_save", "[\"lm_head\"]"},
+           {"rank_pattern", "{\"c_attn\": 8}"}, {"layers_to_transform", "[0]"}, {"target_modules", "\".*c_attn\""}}) {
+    std::string changed = json;
+    const size_t at = changed.find("\"" + key + "\": ");
+    ASSERT_NE(at, std::string::npos) << key;
+    const size_t begin = at + key.size() + 4, end = changed.find_first_of(",\n", begin);
+    const size_t stop = key == "target_modules" ? changed.find(']', begin) + 1 : end;
+    changed.replace(begin, stop - begin, value);
+    write(changed);
+    EXPECT_NE(refusal([&] { peft::read_adapter_config(folder); }).find("\"" + key + "\""), std::string::npos) << key;
+  }
+  std::filesystem::remove_all(folder);
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "fsdp/model_config.h"
 #include "fsdp/lora.h"
 #include "fsdp/memory.h"
+#include "fsdp/peft.h"
 #include "fsdp/options.h"
 #include "fsdp/wrap_policy.h"
 #include "fsdp/run_plan.h"
@@ -234,7 +236,11 @@ struct FineTuneFlags {
   double lora_dropout = 0.0;
   std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj"};
   std::string base_dtype = "fp32";  // bf16: the frozen base held, gathered and computed in bf16 (with LoRA)
-  bool lora() const { return lora_rank > 0; }
+  // A PEFT adapter folder: its adapter_config.json gives the LoRA settings
+  // (fsdp-train also loads its adapter_model.safetensors).
+  std::string init_from_adapter;
+  std::set<std::string> lora_flags_given;  // the --lora-* flags on the command line, to check against the folder's
+  bool lora() const { return lora_rank > 0 || !init_from_adapter.empty(); }
 };
 
 inline void add_fine_tune_flags(CLI::App& app, FineTuneFlags& f) {
@@ -242,27 +248,61 @@ inline void add_fine_tune_flags(CLI::App& app, FineTuneFlags& f) {
                  "freeze the parameters whose names this ECMAScript regex matches (searched anywhere in the name, "
                  "e.g. 'wte|h\\.[0-5]\\.'): they are gathered for compute but get no gradient, no optimizer state "
                  "and no weight decay (partial fine-tuning; docs/fine-tuning.md)");
+  auto given = [&f](const char* flag) { return [&f, flag](const std::string&) { f.lora_flags_given.insert(flag); }; };
   app.add_option("--lora-rank", f.lora_rank,
                  "train LoRA adapters of this rank on --lora-targets and freeze everything else (0: no LoRA)")
       ->check(CLI::NonNegativeNumber)
+      ->each(given("--lora-rank"))
       ->capture_default_str();
   app.add_option("--lora-alpha", f.lora_alpha, "LoRA's alpha: the adapters' update is scaled by alpha / rank")
       ->check(CLI::PositiveNumber)
+      ->each(given("--lora-alpha"))
       ->capture_default_str();
   app.add_option("--lora-dropout", f.lora_dropout, "dropout on the adapters' input while training")
       ->check(CLI::Range(0.0, 0.999))
+      ->each(given("--lora-dropout"))
       ->capture_default_str();
   app.add_option("--lora-targets", f.lora_targets,
                  "the linears to adapt, by name or its last part (PEFT's target_modules), comma-separated; "
                  "all-linear: every linear but the output head. The Llama's: q_proj, k_proj, v_proj, o_proj, "
                  "gate_proj, up_proj, down_proj; the GPT's: c_attn, c_proj, c_fc")
       ->delimiter(',')
+      ->each(given("--lora-targets"))
       ->capture_default_str();
   app.add_option("--base-dtype", f.base_dtype,
                  "with --lora-rank: fp32, or bf16 to hold the frozen base in bf16 (half its memory and gathers; "
                  "the base computes in bf16, the adapters in fp32, as PEFT with a bf16 base)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
+  app.add_option("--init-from-adapter", f.init_from_adapter,
+                 "a PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors): LoRA with its r, "
+                 "lora_alpha, lora_dropout and target_modules, the adapters starting from its tensors (the base "
+                 "model from --init-from)")
+      ->check(CLI::ExistingDirectory);
+}
+
+// The LoRA settings of the flags: --init-from-adapter's adapter_config.json,
+// or --lora-rank's and the others'. A --lora-* flag given beside
+// --init-from-adapter must say what the folder says.
+inline fsdp::lora::LoraOptions lora_options(const FineTuneFlags& f, uint64_t seed) {
+  auto options = fsdp::lora::LoraOptions()
+                     .rank(f.lora_rank)
+                     .alpha(f.lora_alpha)
+                     .dropout(f.lora_dropout)
+                     .targets(f.lora_targets)
+                     .seed(seed);
+  if (f.init_from_adapter.empty()) return options;
+  const fsdp::lora::LoraOptions folder = fsdp::peft::read_adapter_config(f.init_from_adapter).lora;
+  auto check = [&](const char* flag, bool same, const auto& given, const auto& saved) {
+    TORCH_CHECK(!f.lora_flags_given.count(flag) || same, flag, " ", given, " contradicts --init-from-adapter '",
+                f.init_from_adapter, "', whose adapter_config.json says ", saved, " (leave ", flag, " out)");
+  };
+  check("--lora-rank", f.lora_rank == folder.rank(), f.lora_rank, folder.rank());
+  check("--lora-alpha", f.lora_alpha == folder.alpha(), f.lora_alpha, folder.alpha());
+  check("--lora-dropout", f.lora_dropout == folder.dropout(), f.lora_dropout, folder.dropout());
+  check("--lora-targets", f.lora_targets == folder.targets(), c10::Join(",", f.lora_targets),
+        c10::Join(",", folder.targets()));
+  return options.rank(folder.rank()).alpha(folder.alpha()).dropout(folder.dropout()).targets(folder.targets());
 }
 
 // What apply_fine_tuning did.
@@ -271,6 +311,7 @@ struct FineTuned {
   int64_t trainable = 0;   // those left to train
   int64_t frozen_by_pattern = 0;  // --freeze's
   std::vector<std::string> adapted;  // --lora-rank's linears
+  std::optional<fsdp::lora::LoraOptions> lora;  // what LoRA was applied with
 };
 
 // Applies --freeze and the LoRA flags to `model` (before fully_shard):
@@ -285,12 +326,8 @@ inline FineTuned apply_fine_tuning(const FineTuneFlags& f, torch::nn::Module& mo
               "that train mixes dtypes inside the model, which only LoRA's adapters convert at their boundary");
   FineTuned done;
   if (f.lora()) {
-    const auto report = fsdp::lora::apply(model, fsdp::lora::LoraOptions()
-                                                     .rank(f.lora_rank)
-                                                     .alpha(f.lora_alpha)
-                                                     .dropout(f.lora_dropout)
-                                                     .targets(f.lora_targets)
-                                                     .seed(seed));
+    done.lora = lora_options(f, seed);
+    const auto report = fsdp::lora::apply(model, *done.lora);
     done.parameters = report.parameters;
     done.trainable = report.trainable;
     done.adapted = report.adapted;

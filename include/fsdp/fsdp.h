@@ -74,6 +74,7 @@
 #include "fsdp/language_model.h"  // LanguageModel: what the trainer needs of a GPT or a Llama
 #include "fsdp/llama.h"          // the Llama (Hugging Face LlamaForCausalLM's names and semantics)
 #include "fsdp/lora.h"            // LoRA adapters on a model's linears, as PEFT builds them
+#include "fsdp/peft.h"            // LoRA adapters in and out of PEFT's folders, merged into the weights
 #include "fsdp/lr_schedule.h"    // warmup, constant and cosine learning rates
 #include "fsdp/memory.h"         // exact tensor memory by category
 #include "fsdp/memory_plan.h"    // the planner: memory and communication per strategy

@@ -97,17 +97,23 @@ void load_full_state_dict(FsdpState& state, const StateDict& dict) {
   });
 }
 
-void load_shards(FsdpState& state, const ParameterReader& read) {
+void load_shards(FsdpState& state, const ParameterReader& read, const ParameterFilter& only) {
   state.check_idle();
   torch::NoGradGuard no_grad;
   for (const auto& unit : detail::units(state)) {
     FlatParam& flat = unit->flat_param();
+    const auto& entries = flat.entries();
+    const bool some = !only || std::any_of(entries.begin(), entries.end(), [&](const auto& e) { return only(e.name); });
+    if (!some) continue;  // a unit none of whose parameters is asked for is not even made resident
     ResidentScope resident(state, *unit);
     // This rank's shard covers [begin, end) of the unit's flat elements.
     const int64_t begin = flat.shard_rank() * flat.shard_numel(), end = begin + flat.shard_numel();
     torch::Tensor shard = flat.shard().detach();
-    shard.zero_();  // the padding stays zero; the in-place writes mark the gathered copy stale
-    for (const auto& e : flat.entries()) {
+    // The padding stays zero; the in-place writes mark the gathered copy stale.
+    // A filtered load keeps the other parameters' values (the padding is zero already).
+    if (!only) shard.zero_();
+    for (const auto& e : entries) {
+      if (only && !only(e.name)) continue;
       const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
       if (lo >= hi) continue;
       torch::Tensor piece = shard.narrow(0, lo - begin, hi - lo);

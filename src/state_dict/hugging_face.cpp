@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,8 +14,10 @@
 #include <set>
 
 #include "fsdp/checkpoint.h"
+#include "fsdp/lora.h"
 #include "fsdp/wrap_policy.h"
 #include "state_dict/checkpoint_json.h"
+#include "state_dict/json_files.h"
 #include "base/file_io.h"
 #include "base/strings.h"
 #include "models/hugging_face_adapter.h"
@@ -28,18 +31,6 @@ using nlohmann::json;
 // The folder a path names: itself, or the one holding the file.
 fs::path folder_of(const std::string& path) {
   return fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
-}
-
-json read_json(const std::string& path) {
-  file_io::require_regular_file(path);  // a named pipe would block the open; a directory read as bad JSON
-  std::ifstream in(path);
-  TORCH_CHECK(in, "cannot open '", path, "' for reading");
-  try {
-    return json::parse(in);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "'", path, "' is not valid JSON: ", e.what());
-    throw;
-  }
 }
 
 std::vector<int64_t> hf_shape(const detail::Adapter& adapter, const safetensors::TensorSpec& spec) {
@@ -132,18 +123,6 @@ bool is_weight_file_name(const std::string& name) {
          (name.rfind("model-", 0) == 0 && ends_with(name, ".safetensors") && name.find("-of-") != std::string::npos);
 }
 
-void write_text_file(const fs::path& path, const std::string& text) {
-  const fs::path temp = path.string() + ".tmp";
-  {
-    std::ofstream out(temp, std::ios::trunc);
-    TORCH_CHECK(out, "cannot open '", temp.string(), "' for writing");
-    out << text;
-    out.flush();
-    TORCH_CHECK(out, "writing '", temp.string(), "' failed");
-  }
-  fs::rename(temp, path);
-}
-
 }  // namespace
 
 bool is_model(const std::string& path) {
@@ -197,7 +176,7 @@ ModelFiles find_model(const std::string& path) {
   // file it names is read (a tensor in another file than the map says is
   // still found, by its name).
   files.index = index.string();
-  const json map = read_json(files.index);
+  const json map = read_json_file(files.index);
   TORCH_CHECK(map.is_object() && map.contains("weight_map") && map.at("weight_map").is_object() &&
                   !map.at("weight_map").empty(),
               "'", files.index, "' has no \"weight_map\" of tensor names to files");
@@ -216,7 +195,7 @@ ModelFiles find_model(const std::string& path) {
 }
 
 HubConfig read_config(const std::string& config_path) {
-  const json c = read_json(config_path);
+  const json c = read_json_file(config_path);
   TORCH_CHECK(c.is_object(), "'", config_path, "' is not a JSON object");
   const auto model_type = detail::field<std::string>(c, config_path, "model_type", std::string());
   const detail::Adapter* adapter = detail::adapter_for_model_type(model_type);
@@ -261,6 +240,10 @@ void load_weights(torch::nn::Module& module, const ModelFiles& files, const mode
   const detail::Adapter& adapter = detail::adapter(config.kind());
   const HubTensors hub = hub_tensors(files, adapter, config);
   auto params = unique_named_parameters(module);
+  // LoRA adapters are not the base model's: they come from a PEFT folder (fsdp/peft.h) or their initialization.
+  params.erase(std::remove_if(params.begin(), params.end(),
+                              [](const auto& item) { return lora::is_adapter_parameter(item.first); }),
+               params.end());
   std::vector<safetensors::TensorSpec> specs;
   for (const auto& [name, param] : params) specs.push_back({name, torch::kFloat, param.sizes().vec()});
   check_tensors(hub, adapter, files, specs);  // everything is checked before anything changes
@@ -273,7 +256,8 @@ void load_weights(torch::nn::Module& module, const ModelFiles& files, const mode
 void load_weights(FsdpState& state, const ModelFiles& files, const models::ModelConfig& config) {
   const detail::Adapter& adapter = detail::adapter(config.kind());
   const HubTensors hub = hub_tensors(files, adapter, config);
-  check_tensors(hub, adapter, files, adapter.parameter_specs(config));
+  check_tensors(hub, adapter, files, adapter.parameter_specs(config));  // the base model's, without adapters
+  const auto base_only = [](const std::string& name) { return !lora::is_adapter_parameter(name); };
   load_shards(state, [&](const std::string& name, int64_t offset, torch::Tensor& out) {
     const HubTensors::Entry& tensor = hub.by_name.at(name);
     if (adapter.is_transposed(name)) {  // its rows are the file's columns: the whole tensor
@@ -285,7 +269,7 @@ void load_weights(FsdpState& state, const ModelFiles& files, const models::Model
     torch::Tensor piece = torch::empty({out.numel()}, stored);
     tensor.reader->read_into(tensor.entry->spec.name, offset, piece);
     out.copy_(piece);
-  });
+  }, base_only);
 }
 
 int64_t parse_size(const std::string& text) {
@@ -326,6 +310,11 @@ FolderWriter::FolderWriter(const std::string& folder, const HubConfig& config,
   const int64_t element = c10::elementSize(options.dtype());
   int64_t in_shard = 0;
   for (const auto& t : tensors) {
+    // transformers would report them as unexpected keys and run the model without them.
+    TORCH_CHECK(!lora::is_adapter_parameter(t.name), "FolderWriter: '", t.name,
+                "' is a LoRA adapter's: a Hugging Face model folder holds none (merge them into the weights with "
+                "peft::MergingWriter, fsdp-train --merge-lora; or write them apart with peft::AdapterWriter, "
+                "fsdp-train --save-format peft)");
     names_.push_back(t.name);
     if (adapter.is_tied_head(config.model, t.name)) {  // GPT-2's files leave it out
       shard_of_.push_back(std::string::npos);

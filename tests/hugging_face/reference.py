@@ -9,6 +9,13 @@
   reference.py hub DIR OUT              GPT-2 DIR as the hub serves it (no transformer. prefix, old files' attn.bias
                                         buffers; OUT/bf16.safetensors in BF16), and OUT-relu, -eps, -untied,
                                         -sharded: configs fsdp-cpp refuses
+  reference.py peft-make BASE TARGETS DIR
+                                        PEFT's own LoRA adapters (r 4, alpha 8, TARGETS comma-separated) on
+                                        from_pretrained(BASE), A and B random (seeded, B not zero), save_pretrained'd
+  reference.py peft-compare BASE ADAPTER LOGITS.json
+                                        PeftModel.from_pretrained(from_pretrained(BASE), ADAPTER): its logits for
+                                        the JSON's tokens against the JSON's (1e-5), and ADAPTER/adapter_config.json
+                                        with the keys PEFT writes
 Several commands in one run, between "+" (one interpreter start instead of one per command:
 importing torch and transformers is most of each):
   reference.py compare A A.json + same X Y + ...
@@ -142,7 +149,50 @@ def hub(src, dst):
         f.write("{}")
 
 
-COMMANDS = {"make": (make, 2), "compare": (compare, 2), "same": (same, 2), "hub": (hub, 2)}
+def base_model(folder):
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+
+
+def peft_make(base, targets, folder):
+    import peft
+    model = base_model(base)
+    gpt2 = model.config.model_type == "gpt2"
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets.split(","), lora_dropout=0.0,
+                             fan_in_fan_out=gpt2, task_type="CAUSAL_LM")
+    model = peft.get_peft_model(model, config)
+    torch.manual_seed(1)
+    with torch.no_grad():  # B starts at zero: random, so that the adapters change the logits
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.1 * torch.randn_like(p))
+    model.save_pretrained(folder)
+
+
+def peft_compare(base, adapter, logits_path):
+    import peft
+    with open(os.path.join(adapter, "adapter_config.json")) as f:
+        ours = json.load(f)
+    written = peft.LoraConfig(r=4, target_modules=["x"], task_type="CAUSAL_LM").to_dict()
+    missing = set(written) - set(ours) - {"peft_version"}  # to_dict() has no version; save_pretrained adds it
+    if missing or set(ours) - set(written) - {"peft_version"}:
+        print(f"{adapter}/adapter_config.json lacks {sorted(missing)}, has extra "
+              f"{sorted(set(ours) - set(written) - {'peft_version'})}", file=sys.stderr)
+        return 1
+    model = peft.PeftModel.from_pretrained(base_model(base), adapter)
+    model.eval()
+    with open(logits_path) as f:
+        theirs = json.load(f)
+    tokens = torch.tensor([theirs["tokens"]])
+    with torch.no_grad():
+        logits = model(tokens).logits[0]
+    diff = (logits - torch.tensor(theirs["logits"])).abs().max().item()
+    print(f"max abs logit difference {diff:.3g} over {logits.numel()} logits (PEFT's LoRA over "
+          f"{type(model.base_model.model).__name__}, {adapter.split('/')[-1]})")
+    return 0 if diff <= TOLERANCE else 1
+
+
+COMMANDS = {"make": (make, 2), "compare": (compare, 2), "same": (same, 2), "hub": (hub, 2),
+            "peft-make": (peft_make, 3), "peft-compare": (peft_compare, 3)}
 
 if __name__ == "__main__":
     args = sys.argv[1:]

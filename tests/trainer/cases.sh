@@ -514,8 +514,47 @@ case_freeze() {
   expect_error "--freeze 'nothing_like_this' matches none of the model's" "$run" -n 2 -- "$train" --preset tiny --freeze 'nothing_like_this'
   expect_error "matches all" "$run" -n 2 -- "$train" --preset tiny --freeze '.'
   expect_error "is not an ECMAScript regular expression" "$run" -n 2 -- "$train" --preset tiny --freeze '('
-  expect_error "--freeze with --offload-optimizer nvme or --offload-params nvme is not supported" \
+  expect_error "--freeze or --lora-rank with --offload-optimizer nvme or --offload-params nvme is not supported" \
     "$run" -n 2 -- "$train" --preset tiny --freeze wpe --offload-optimizer nvme --offload-dir "$work"
+}
+
+row lora "LoRA (--lora-rank): the banner and summary say r, alpha, the linears and the trainable count; --sharded-init trains bit for bit as the default initialization; resume bit for bit in both checkpoint formats; a checkpoint resumed with other LoRA settings or without LoRA, --init-from-adapter beside a contradicting --lora-rank, --save-format hf without --merge-lora, and --save-format peft without LoRA are refused"
+case_lora() {
+  # That adapters train as one process does at W = 1..4 is Lora.*'s
+  # (tests/test_lora.cpp); PEFT's files and merges, tests/hugging_face/lora.sh.
+  # Here the flags as a user runs them: the tiny GPT (width 64) has 2 blocks,
+  # each with c_attn and two c_proj (6 linears); at r = 4 their A and B hold
+  # 4 x 64 + 192 x 4, 4 x 64 + 64 x 4 and 4 x 256 + 64 x 4 elements a block.
+  common=(--preset tiny --lora-rank 4 --lora-alpha 8 --lora-targets c_attn,c_proj --lr 1e-2)
+  train_run straight 2 "${common[@]}" --steps 6
+  grep -qF "trainable (LoRA r=4 alpha=8 on 6 linears (c_attn,c_proj))" "$work/straight.out" ||
+    fail "the banner lacks LoRA's settings: $(grep parameters "$work/straight.out")"
+  json_ok "$work/straight.json" '.trainable_parameters == 2 * (4*64 + 192*4 + 4*64 + 64*4 + 4*256 + 64*4)' \
+    "summary: not the adapters' 5632 trainable parameters"
+  json_ok "$work/straight.json" '.lora.rank == 4 and .lora.alpha == 8 and .lora.adapted_linears == 6' "summary: no LoRA settings"
+  # The adapters' initial values are seeded by their names: sharded initialization gives the same ones.
+  train_run sharded-init 2 "${common[@]}" --steps 6 --sharded-init
+  same_losses "$work/sharded-init.jsonl" "$work/straight.jsonl" 6
+  for format in sharded full; do
+    ck="$work/ck-$format"
+    train_run "resumed-$format" 2 "${common[@]}" --steps 3 --ckpt-dir "$ck" --ckpt-format "$format"
+    train_run "resumed-$format" 2 "${common[@]}" --steps 6 --ckpt-dir "$ck" --ckpt-format "$format" --resume
+    json_is "$work/resumed-$format.json" .first_step 3
+    require_step_numbers "$work/resumed-$format.jsonl" 1 6
+    same_losses "$work/resumed-$format.jsonl" "$work/straight.jsonl" 6
+    echo "ok: bitwise resume with LoRA ($format)"
+  done
+  expect_error "was trained with LoRA r=4 alpha=8 dropout=0 targets=c_attn,c_proj, but this run has LoRA r=2" \
+    "$run" -n 2 -- "$train" --preset tiny --lora-rank 2 --lora-alpha 8 --lora-targets c_attn,c_proj --steps 7 \
+    --ckpt-dir "$work/ck-sharded" --resume
+  expect_error "but this run has LoRA none" "$run" -n 2 -- "$train" --preset tiny --steps 7 --ckpt-dir "$work/ck-sharded" --resume
+  # The PEFT folder of the straight run's settings, read back for its settings.
+  train_run adapter 2 "${common[@]}" --steps 1 --save-final "$work/adapter" --save-format peft
+  expect_error "--lora-rank 8 contradicts --init-from-adapter" "$run" -n 2 -- "$train" --preset tiny --steps 1 \
+    --init-from-adapter "$work/adapter" --lora-rank 8
+  expect_error "pass --merge-lora" "$run" -n 2 -- "$train" "${common[@]}" --steps 1 --save-final "$work/hf" --save-format hf
+  expect_error "--save-format peft writes LoRA adapters" "$run" -n 2 -- "$train" --preset tiny --steps 1 \
+    --save-final "$work/peft" --save-format peft
 }
 
 row checkpoint "full-format resume bit for bit; resharded resume (W = 1, 4 hybrid; W = 2 -> 3 -> 4 padded) within 1e-5; bad checkpoints refused; a kill mid-save leaves the last one"

@@ -12,7 +12,7 @@ void add_model_options(CLI::App& app, TrainOptions& o) {
                               "with config.json and model.safetensors or the shards its model.safetensors.index.json "
                               "names, or that model.safetensors: the shape from config.json; each rank reads only its "
                               "own shards)");
-  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps (0: none, the model as loaded written to --save-final)")->capture_default_str();
   app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
   app.add_option("--adamw", o.adamw, "fused (fsdp::FusedAdamW: one vectorized, multi-threaded pass) or torch "
                                      "(torch::optim::AdamW); checkpoints of either resume with either")
@@ -71,13 +71,18 @@ void add_data_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--save-format", o.save_format,
                  "spec: one .safetensors of the spec's names; hf: a Hugging Face folder (model.safetensors or its "
                  "shards and index, config.json, --init-from's tokenizer and chat template files, --tokenizer's "
-                 "tokenizer.json) that transformers' from_pretrained loads, streamed from the gathered units")
-      ->check(CLI::IsMember({"spec", "hf"}))
+                 "tokenizer.json) that transformers' from_pretrained loads, streamed from the gathered units; "
+                 "peft: a LoRA run's adapters as a PEFT folder (adapter_model.safetensors, adapter_config.json) that "
+                 "peft's PeftModel.from_pretrained loads over the base model")
+      ->check(CLI::IsMember({"spec", "hf", "peft"}))
       ->capture_default_str();
   app.add_option("--save-dtype", o.save_dtype,
-                 "--save-format hf: the weights' dtype, fp32, bf16 or fp16; source: that of --init-from's Hugging "
-                 "Face weights (BF16 for a BF16 download), else fp32")
+                 "--save-format hf and peft: the weights' dtype, fp32, bf16 or fp16; source: that of --init-from's "
+                 "Hugging Face weights (BF16 for a BF16 download), else fp32 (adapters: fp32)")
       ->capture_default_str();
+  app.add_flag("--merge-lora", o.merge_lora,
+               "--save-format hf of a LoRA run: write each adapted weight as W + (alpha / r) B A under the base "
+               "model's names, without the adapters: a plain model for from_pretrained");
   app.add_option("--hf-shard-size", o.hf_shard_size,
                  "--save-format hf: the largest weight file (\"5GB\", \"500MB\", \"2GiB\" or bytes); more weights "
                  "are written in shards with model.safetensors.index.json, as save_pretrained's max_shard_size")

@@ -31,6 +31,7 @@ struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags, fsd
   std::string save_format = "spec";  // --save-final as the spec's file, or a Hugging Face folder (hf)
   std::string save_dtype = "source";  // --save-format hf: the weights' dtype (source: --init-from's, else fp32)
   std::string hf_shard_size = "5GB";  // --save-format hf: the largest weight file
+  bool merge_lora = false;  // --save-format hf of a LoRA run: the adapters merged into the base weights
   std::string log;
   int threads = 0;
   int64_t print_every = 0;

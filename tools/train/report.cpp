@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -160,6 +161,17 @@ const char* family_title(fsdp::models::ModelKind kind) {
 
 }  // namespace
 
+std::string lora_description(const Run& run, const TrainOptions& o) {
+  if (!run.fine_tuned.lora) return "";
+  const fsdp::lora::LoraOptions& l = *run.fine_tuned.lora;
+  std::ostringstream out;
+  out << "LoRA r=" << l.rank() << " alpha=" << l.alpha();
+  if (l.dropout() > 0) out << " dropout=" << l.dropout();
+  out << " on " << run.fine_tuned.adapted.size() << " linears (" << c10::Join(",", l.targets()) << ")";
+  if (!o.init_from_adapter.empty()) out << ", from the adapter " << o.init_from_adapter;
+  return out.str();
+}
+
 void print_banner(const ReportContext& c) {
   const TrainOptions& o = c.o;
   const Run& run = c.run;
@@ -172,6 +184,8 @@ void print_banner(const ReportContext& c) {
   if (!o.freeze.empty()) {
     std::cout << ", " << run.trainable_params << " trainable (--freeze '" << o.freeze << "' froze "
               << c.predicted.num_params - run.trainable_params << ")";
+  } else if (run.fine_tuned.lora) {
+    std::cout << ", " << run.trainable_params << " trainable (" << lora_description(run, o) << ")";
   }
   std::cout << "\n"
             << "  " << fsdp::strategy_name(run.fsdp_options.strategy()) << " over " << W << " rank(s)";

@@ -106,6 +106,9 @@ struct ReportContext {
   int world_size;
 };
 
+// "LoRA r=8 alpha=16 on 32 linears (q_proj,v_proj)" ("" without LoRA): the banner's and the summary's.
+std::string lora_description(const Run& run, const TrainOptions& o);
+
 // Rank 0: the run's configuration, before the first step.
 void print_banner(const ReportContext& c);
 void print_resumed(const fsdp::CheckpointResume& resumed);

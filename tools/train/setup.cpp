@@ -118,6 +118,18 @@ void preflight(const TrainOptions& o, Run& run, int world) {
   run.ram_predicted = fsdp::preflight_host_memory(plan, settings, fsdp::host_memory_available());
 }
 
+// What a LoRA run writes: its adapters (--save-format peft), the merged
+// model (hf with --merge-lora), or all its parameters under our names (spec).
+void check_lora_outputs(const TrainOptions& o) {
+  TORCH_CHECK(o.save_format != "peft" || o.lora(),
+              "--save-format peft writes LoRA adapters: it needs --lora-rank or --init-from-adapter");
+  TORCH_CHECK(!o.merge_lora || (o.lora() && o.save_format == "hf"),
+              "--merge-lora needs LoRA (--lora-rank or --init-from-adapter) and --save-format hf");
+  TORCH_CHECK(o.save_format != "hf" || !o.lora() || o.merge_lora,
+              "--save-format hf of a LoRA run: transformers' from_pretrained would not know the adapters; pass "
+              "--merge-lora (the adapters merged into the weights) or use --save-format peft (the adapters alone)");
+}
+
 // The options that are single numbers or names, checked before anything is built.
 void check_values(const TrainOptions& o, int world) {
   // inf passes the comparisons below, and trains to a NaN loss; nan fails them with a misleading message.
@@ -136,7 +148,10 @@ void check_values(const TrainOptions& o, int world) {
   }
   TORCH_CHECK(o.collective_timeout >= 0, "--collective-timeout must be >= 0 (0: the default), got ", o.collective_timeout);
   fsdp_tools::check_model_flags(o);
-  TORCH_CHECK(o.steps > 0, "--steps must be positive, got ", o.steps);
+  TORCH_CHECK(o.steps >= 0, "--steps must be >= 0, got ", o.steps);
+  TORCH_CHECK(o.steps > 0 || (!o.save_final.empty() && !o.resume),
+              "--steps 0 trains nothing: it writes the model as loaded (--init-from, --init-from-adapter) to "
+              "--save-final, which it needs (and --resume is for training on)");
   TORCH_CHECK(o.lr > 0, "--lr must be positive, got ", o.lr);
   TORCH_CHECK(o.grad_accum > 0, "--grad-accum must be positive, got ", o.grad_accum);
   TORCH_CHECK(o.sample >= 0 && o.temperature >= 0, "--sample and --temperature must be >= 0");
@@ -170,6 +185,7 @@ void check_values(const TrainOptions& o, int world) {
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "--hf-shard-size: ", fsdp::error_message(e));
   }
+  check_lora_outputs(o);
   TORCH_CHECK(o.device == "cpu" || o.device == "cuda", "--device must be cpu or cuda, got '", o.device, "'");
   TORCH_CHECK(o.backend == "auto" || o.backend == "mpi" || o.backend == "nccl",
               "--backend must be auto, mpi or nccl, got '", o.backend, "'");
@@ -238,6 +254,7 @@ void make_model(const TrainOptions& o, Run& run) {
 void freeze_parameters(const TrainOptions& o, Run& run) {
   const fsdp_tools::FineTuned done = fsdp_tools::apply_fine_tuning(o, *run.model, o.seed);
   run.trainable_params = done.trainable;
+  run.fine_tuned = done;
 }
 
 // --device, --backend (fsdp/device_choice.h), named in its errors.

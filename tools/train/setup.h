@@ -53,6 +53,7 @@ struct Run {
   // the config's description, with --freeze or LoRA the units' trainable and
   // frozen elements (fsdp_tools::plan_description).
   fsdp::ModelDescription plan_description;
+  fsdp_tools::FineTuned fine_tuned;  // what --freeze or LoRA did
 };
 
 // Checks the options and builds the run (collective only with --device cuda).

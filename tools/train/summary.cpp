@@ -140,6 +140,19 @@ void add_zero_plus_plus(nlohmann::json& summary, const ReportContext& c) {
   summary["quantization_block"] = z.quantization_block();
 }
 
+// LoRA's settings (null without LoRA).
+nlohmann::json lora_json(const ReportContext& c) {
+  if (!c.run.fine_tuned.lora) return nullptr;
+  const fsdp::lora::LoraOptions& l = *c.run.fine_tuned.lora;
+  return {{"rank", l.rank()},
+          {"alpha", l.alpha()},
+          {"dropout", l.dropout()},
+          {"targets", l.targets()},
+          {"adapted_linears", c.run.fine_tuned.adapted.size()},
+          {"init_from_adapter", c.o.init_from_adapter.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.o.init_from_adapter)},
+          {"description", lora_description(c.run, c.o)}};
+}
+
 // The summary's configuration and timing.
 nlohmann::json run_summary(const ReportContext& c, const RunFigures& figures) {
   const TrainOptions& o = c.o;
@@ -150,6 +163,7 @@ nlohmann::json run_summary(const ReportContext& c, const RunFigures& figures) {
           {"world_size", c.world_size},
           {"parameters", c.predicted.num_params},
           {"trainable_parameters", c.run.trainable_params},
+          {"lora", lora_json(c)},
           {"strategy", fsdp::strategy_name(c.run.fsdp_options.strategy())},
           {"param_dtype", fsdp::dtype_name(mp.param_dtype())},
           {"reduce_dtype", fsdp::dtype_name(mp.effective_reduce_dtype())},
@@ -330,8 +344,9 @@ void print_device_memory(const ReportContext& c, const RunFigures& figures, cons
 void print_outputs(const ReportContext& c, const RunFigures& figures, const EndFigures& end) {
   const TrainOptions& o = c.o;
   if (!o.save_final.empty()) {
+    const std::string file = o.save_format == "peft" ? o.save_final + "/adapter_model.safetensors" : o.save_final;
     const double mb = (o.save_format == "hf" ? fsdp::hugging_face::find_model(o.save_final).weight_bytes()
-                                             : static_cast<int64_t>(std::filesystem::file_size(o.save_final))) / 1e6;
+                                             : static_cast<int64_t>(std::filesystem::file_size(file))) / 1e6;
     std::cout << "saved final weights to " << o.save_final << " (" << std::setprecision(1) << mb << " MB in "
               << std::setprecision(2) << end.save_final_s << " s, " << std::setprecision(0) << mb / end.save_final_s
               << " MB/s; rank 0's tensor memory peaked " << format_mib(end.save_final_peak_extra)

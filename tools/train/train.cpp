@@ -9,12 +9,16 @@
 #include <iostream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "fsdp/checkpoint_manager.h"
 #include "fsdp/error.h"
 #include "fsdp/evaluation.h"
 #include "fsdp/fused_adamw.h"
 #include "fsdp/hugging_face.h"
+#include "fsdp/lora.h"
 #include "fsdp/memory.h"
+#include "fsdp/peft.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/trace.h"
 #include "fsdp/train_step.h"
@@ -30,24 +34,37 @@ using Model = fsdp::FullyShardedModule<fsdp::models::LanguageModel>;  // --model
 
 // A Hugging Face --init-from was built as shapes only (make_model): each
 // rank reads its own shards of the weights once they are sharded.
+// LoRA's adapters get lora::init_parameter's values, seeded by --seed and
+// their names, as lora::apply gave them on the unsharded path (they draw
+// nothing from the global generator, so the base weights' draws are those of
+// a run without LoRA); --init-from-adapter's tensors are read after sharding.
 Model shard_model(const TrainOptions& o, Run& run) {
   namespace hf = fsdp::hugging_face;
   const bool from_hub = hf::is_model(o.init_from);
+  const uint64_t seed = o.seed;
   if (o.sharded_init) {
     // The same draws as init_weights: seeded alike, parameter by parameter in named order.
     torch::manual_seed(o.seed);
     std::shared_ptr<fsdp::models::LanguageModel> model = run.model;
-    run.fsdp_options.param_init_fn(
-        [model](const std::string& name, torch::Tensor& param) { model->init_parameter(name, param); });
+    run.fsdp_options.param_init_fn([model, seed](const std::string& name, torch::Tensor& param) {
+      if (fsdp::lora::is_adapter_parameter(name)) return fsdp::lora::init_parameter(name, param, seed);
+      model->init_parameter(name, param);
+    });
   } else if (from_hub) {
-    run.fsdp_options.param_init_fn([](const std::string&, torch::Tensor&) {});  // the files' values come next
+    run.fsdp_options.param_init_fn([seed](const std::string& name, torch::Tensor& param) {
+      // The files' values come next for the base model; they hold no adapters.
+      if (fsdp::lora::is_adapter_parameter(name)) fsdp::lora::init_parameter(name, param, seed);
+    });
   }
   auto model = fsdp::fully_shard(run.model, run.group, run.fsdp_options);
   run.sharded_model = std::make_shared<Model>(model);
-  if (from_hub) {
-    const auto start = Clock::now();
-    hf::load_weights(model.state(), hf::find_model(o.init_from), run.model_config);
-    run.init_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const auto start = Clock::now();
+  if (from_hub) hf::load_weights(model.state(), hf::find_model(o.init_from), run.model_config);
+  if (!o.init_from_adapter.empty()) {
+    fsdp::peft::load_adapter(model.state(), o.init_from_adapter, run.model_config, fsdp::lora::adapters(*run.model));
+  }
+  if (from_hub || !o.init_from_adapter.empty()) {
+    run.init_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     run.init_peak_rss = fsdp_tools::peak_rss_bytes();
   }
   return model;
@@ -63,8 +80,20 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(const TrainOptions& o, Model
 
 // The objects a checkpoint saves beside the model and the optimizer (their
 // keys are those of metadata.json's "extra" that checkpoints have always had).
+// --lora-* (or --init-from-adapter's) settings as a checkpoint records them:
+// "none" without LoRA. A resume needs the same (the units' trainable and
+// frozen parts, and the parameters, follow from them).
+std::string lora_record(const Run& run) {
+  if (!run.fine_tuned.lora) return "none";
+  const fsdp::lora::LoraOptions& l = *run.fine_tuned.lora;
+  std::ostringstream out;
+  out << "r=" << l.rank() << " alpha=" << l.alpha() << " dropout=" << l.dropout() << " targets="
+      << c10::Join(",", l.targets());
+  return out.str();
+}
+
 struct CheckpointedState {
-  fsdp::RecordedValue config, preset, weight_decay;
+  fsdp::RecordedValue config, preset, weight_decay, lora;
   fsdp::DataOrderState data;
   fsdp::LrScheduleState schedule;
   std::unique_ptr<fsdp::LossScaleState> loss_scale;
@@ -72,6 +101,7 @@ struct CheckpointedState {
       : config(fsdp::RecordedValue::text(run.model->describe())),  // a GPT's is its config's
         preset(fsdp::RecordedValue::text(o.preset)),
         weight_decay(fsdp::RecordedValue::number(o.weight_decay)),
+        lora(fsdp::RecordedValue::text(lora_record(run))),
         data(run.data->options(),
              ": pass the same --data-order, --data-seed and --val-fraction to continue the same batches"),
         schedule(run.schedule, ": pass the same --lr, --lr-schedule, --warmup-steps, --min-lr (and --steps for cosine)"),
@@ -83,8 +113,23 @@ struct CheckpointedState {
     manager.add("lr_schedule", schedule);
     if (loss_scale) manager.add("loss_scale", *loss_scale);
     manager.add("weight_decay", weight_decay);
+    manager.add("lora", lora);
   }
 };
+
+// --resume: a checkpoint of another LoRA setting (or of a run with LoRA for
+// one without, or the other way) is refused before its tensors are read,
+// naming the setting, rather than by the units' layout that follows from it.
+// A checkpoint from before LoRA was recorded counts as one without it.
+void check_resumed_lora(const std::string& checkpoint, const Run& run) {
+  const fsdp::SavedCheckpoint saved(checkpoint, fsdp::SavedCheckpoint::Verify::kHeadersOnly);
+  const auto it = saved.info().extra.find("lora");
+  const std::string theirs = it == saved.info().extra.end() ? "none" : nlohmann::json::parse(it->second).get<std::string>();
+  const std::string ours = lora_record(run);
+  TORCH_CHECK(theirs == ours, "--resume: the checkpoint ", checkpoint, " was trained with LoRA ", theirs,
+              ", but this run has LoRA ", ours, ": pass the same --lora-rank, --lora-alpha, --lora-dropout and "
+              "--lora-targets (or --init-from-adapter) as the run that saved it");
+}
 
 // --sample N: rank 0 generates N tokens from --prompt with the whole
 // parameters (an UnshardScope: collective on entry and exit, nothing
@@ -147,6 +192,7 @@ class Trainer {
 
   int run() {
     if (rank_ == 0) print_banner(report_);
+    if (o_.steps == 0) return write_as_loaded();
     if (!o_.ckpt_dir.empty()) open_checkpoints();
     if (figures_.first_step >= o_.steps) {
       if (rank_ == 0) {
@@ -197,6 +243,8 @@ class Trainer {
       TORCH_CHECK(false, "--ckpt-dir: ", fsdp::error_message(e));
     }
     if (!o_.resume) return;
+    const std::string latest = fsdp::latest_checkpoint(o_.ckpt_dir);
+    if (!latest.empty()) check_resumed_lora(latest, run_);
     const auto resumed = checkpoints_->resume();
     if (!resumed) {
       if (rank_ == 0) std::cout << "  no checkpoint in " << o_.ckpt_dir << ": starting at step 0\n";
@@ -338,8 +386,13 @@ class Trainer {
     } else if (from_hub) {
       options.dtype(hf::stored_dtype(hf::find_model(o_.init_from)));
     }
-    fsdp::save_full_weights(model_.state(), [&](std::vector<fsdp::safetensors::TensorSpec> specs) {
-      return std::make_unique<hf::FolderWriter>(o_.save_final, config, specs, options);
+    fsdp::save_full_weights(model_.state(), [&](std::vector<fsdp::safetensors::TensorSpec> specs)
+                                                -> std::unique_ptr<fsdp::WeightWriter> {
+      if (!o_.merge_lora) return std::make_unique<hf::FolderWriter>(o_.save_final, config, specs, options);
+      // --merge-lora: W + (alpha / r) B A in our layout, before the folder's writer transposes GPT-2's Conv1D.
+      auto folder = std::make_unique<hf::FolderWriter>(o_.save_final, config, fsdp::peft::without_adapters(specs),
+                                                       options);
+      return std::make_unique<fsdp::peft::MergingWriter>(specs, fsdp::lora::adapters(*run_.model), std::move(folder));
     });
     if (rank_ != 0) return;
     if (from_hub) {  // the folder, also where --init-from named its model.safetensors
@@ -352,12 +405,39 @@ class Trainer {
     }
   }
 
+  // --steps 0: no step, no checkpoint; the model as it was loaded written
+  // to --save-final (a PEFT adapter merged into its base, a format converted
+  // on many ranks).
+  int write_as_loaded() {
+    EndFigures end;
+    save_final(end);
+    if (rank_ == 0) {
+      std::cout << "--steps 0: nothing trained; the weights as loaded written to " << o_.save_final << " ("
+                << o_.save_format << ") in " << end.save_final_s << " s\n";
+    }
+    return 0;
+  }
+
+  // --save-format peft: the adapters alone, streamed from the gathered
+  // units (the base weights gathered and dropped), in PEFT's folder.
+  void save_peft() {
+    namespace hf = fsdp::hugging_face;
+    const std::string base = hf::is_model(o_.init_from) ? o_.init_from : "";
+    const fsdp::peft::AdapterConfig config = fsdp::peft::adapter_config(run_.model_config, *run_.fine_tuned.lora, base);
+    const torch::ScalarType dtype = o_.save_dtype == "source" ? torch::kFloat : fsdp::parse_dtype(o_.save_dtype);
+    fsdp::save_full_weights(model_.state(), [&](std::vector<fsdp::safetensors::TensorSpec> specs) {
+      return std::make_unique<fsdp::peft::AdapterWriter>(o_.save_final, run_.model_config, config, specs, dtype);
+    });
+  }
+
   void save_final(EndFigures& end) {
     const auto start = Clock::now();
     fsdp::memory::reset_peaks();
     const int64_t live_before = fsdp::memory::usage().live_total;
     if (o_.save_format == "hf") {
       save_hugging_face();
+    } else if (o_.save_format == "peft") {
+      save_peft();
     } else {
       fsdp::save_full_state_dict(model_.state(), o_.save_final,
                                  {{"format", "pt"},

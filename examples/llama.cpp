@@ -30,7 +30,7 @@ using fsdp::models::Llama;
 using fsdp::models::LlamaConfig;
 
 struct Args {
-  int64_t steps = 20, batch = 4, micro_steps = 1, seed = 1337;
+  int64_t steps = 20, batch = 4, micro_steps = 1, seed = 1337, lora_rank = 0;
   double lr = 3e-3;
   LlamaConfig model = LlamaConfig::preset("tiny");  // width 64, 2 layers, 4 heads sharing 2 kv heads, context 32
   std::string log, data;
@@ -54,7 +54,8 @@ Args parse_args(int argc, char** argv) {
                                           {"--micro-steps", &a.micro_steps}, {"--seed", &a.seed},
                                           {"--width", &a.model.width},  {"--layers", &a.model.layers},
                                           {"--heads", &a.model.heads},  {"--context", &a.model.context},
-                                          {"--vocab", &a.model.vocab},  {"--kv-heads", &a.model.kv_heads}};
+                                          {"--vocab", &a.model.vocab},  {"--kv-heads", &a.model.kv_heads},
+                                          {"--lora-rank", &a.lora_rank}};
   std::map<std::string, std::string*> strings = {{"--log", &a.log}, {"--data", &a.data}};
   for (int i = 1; i < argc; i += 2) {
     const std::string name = argv[i];
@@ -69,7 +70,7 @@ Args parse_args(int argc, char** argv) {
     } else {
       throw std::invalid_argument("unknown option " + name +
                                   " (options: --steps --batch --micro-steps --lr --seed --width --layers --heads "
-                                  "--kv-heads --context --vocab --data --log)");
+                                  "--kv-heads --context --vocab --lora-rank --data --log)");
     }
   }
   if (a.data.empty()) throw std::invalid_argument("no --data FILE given (and no built-in corpus in this build)");
@@ -89,6 +90,13 @@ int main(int argc, char** argv) {
 
     Llama net(args.model);
     net->init_weights(args.seed);  // every rank builds the same initial model
+    if (args.lora_rank > 0) {  // LoRA: adapters on the attention's linears train, the rest is frozen
+      const auto report = fsdp::lora::apply(*net, fsdp::lora::LoraOptions()
+                                                      .rank(args.lora_rank)
+                                                      .alpha(2.0 * args.lora_rank)
+                                                      .targets({"q_proj", "k_proj", "v_proj", "o_proj"}));
+      if (rank == 0) std::cout << "LoRA on " << report.adapted.size() << " linears: " << report.trainable << " trainable\n";
+    }
     const int64_t total = net->num_parameters();
     auto model = fsdp::fully_shard(  // FSDP: every decoder layer a unit, the rest the root unit
         net, group,

@@ -82,10 +82,10 @@ void init_parameter(const std::string& name, torch::Tensor& param, uint64_t seed
 /// The adapters' settings, as apply() recorded them in the model.
 struct AdapterInfo {
   std::string linear;   ///< the adapted linear's name
-  int64_t rank = 0;
-  double alpha = 0.0;
-  double dropout = 0.0;
-  double scaling() const { return alpha / static_cast<double>(rank); }
+  int64_t rank = 0;     ///< r
+  double alpha = 0.0;   ///< alpha
+  double dropout = 0.0; ///< dropout on the adapter's input while training
+  double scaling() const { return alpha / static_cast<double>(rank); }  ///< alpha / r: the update's scale
 };
 /// Every adapter of `model`, in module order (none if apply() never ran).
 std::vector<AdapterInfo> adapters(const torch::nn::Module& model);

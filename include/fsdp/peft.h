@@ -79,9 +79,13 @@ void load_adapter(FsdpState& state, const std::string& folder, const models::Mod
 /// `dtype` to adapter_model.safetensors; adapter_config.json comes last.
 class AdapterWriter : public WeightWriter {
  public:
+  /// Creates `folder` if need be; `tensors` are the model's parameters in
+  /// the order they will come (save_full_weights'), adapters among them.
   AdapterWriter(const std::string& folder, const models::ModelConfig& model, const AdapterConfig& config,
                 const std::vector<safetensors::TensorSpec>& tensors, torch::ScalarType dtype = torch::kFloat);
+  /// The next parameter in the order given: written if it is an adapter's, else skipped.
   void write(const torch::Tensor& tensor) override;
+  /// After the last tensor: adapter_model.safetensors finished, then adapter_config.json.
   void commit() override;
 
  private:
@@ -107,10 +111,15 @@ class MergingWriter : public WeightWriter {
   /// `tensors`: what comes in; `inner` was opened for without_adapters(tensors).
   MergingWriter(const std::vector<safetensors::TensorSpec>& tensors, const std::vector<lora::AdapterInfo>& adapters,
                 std::unique_ptr<WeightWriter> inner);
+  /// The next tensor in the order given: passed on, merged into its
+  /// linear's weight, or held until the rest of its linear arrives.
   void write(const torch::Tensor& tensor) override;
+  /// After the last tensor: everything held passed on, then `inner`'s commit.
   void commit() override;
 
  private:
+  /// A tensor written but not yet passed on: a base weight or an adapter
+  /// waiting for the rest of its linear.
   struct Pending {
     std::string weight;  // an adapted linear's weight name ("" for a tensor passed on as it is)
     torch::Tensor value;

@@ -305,6 +305,16 @@ inline fsdp::lora::LoraOptions lora_options(const FineTuneFlags& f, uint64_t see
   return options.rank(folder.rank()).alpha(folder.alpha()).dropout(folder.dropout()).targets(folder.targets());
 }
 
+// The dtypes of both tools' runs: --param-dtype, --reduce-dtype, and
+// --base-dtype's frozen parameters.
+inline fsdp::MixedPrecision mixed_precision(const RunFlags& run, const FineTuneFlags& fine_tune) {
+  fsdp::MixedPrecision mp;
+  mp.param_dtype(fsdp::parse_dtype(run.param_dtype));
+  if (!run.reduce_dtype.empty()) mp.reduce_dtype(fsdp::parse_dtype(run.reduce_dtype));
+  if (fine_tune.base_dtype == "bf16") mp.frozen_param_dtype(torch::kBFloat16);  // (with LoRA: apply_fine_tuning)
+  return mp;
+}
+
 // What apply_fine_tuning did.
 struct FineTuned {
   int64_t parameters = 0;  // every parameter's elements (a tied one once)

@@ -260,8 +260,7 @@ Report make_report(const PlanInputs& in) {
   Report r;
   r.in = in;
   r.model = plan_model(in);
-  r.mp.param_dtype(fsdp::parse_dtype(in.param_dtype));
-  if (!in.reduce_dtype.empty()) r.mp.reduce_dtype(fsdp::parse_dtype(in.reduce_dtype));
+  r.mp = fsdp_tools::mixed_precision(in, in);
   r.per_node = in.world / in.nodes;
   for (auto s : strategies_asked(in)) r.plans.push_back(plan_strategy(r, s));
   if (in.budget > 0) {

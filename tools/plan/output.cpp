@@ -204,6 +204,7 @@ void print_strategy_table(const Report& r) {
   if (!r.in.init_from.empty()) std::cout << "from " << r.in.init_from << ": " << r.model.described << "\n";
   std::cout << "world: " << r.in.world << " ranks on " << r.in.nodes << " node(s); params "
             << fsdp::dtype_name(r.mp.param_dtype()) << ", reduce " << fsdp::dtype_name(r.mp.effective_reduce_dtype())
+            << (r.mp.frozen_param_dtype() ? std::string(", frozen base ") + fsdp::dtype_name(*r.mp.frozen_param_dtype()) : "")
             << "; prefetch " << (r.in.prefetch ? "on" : "off") << "; activation checkpointing "
             << (r.in.activation_checkpointing ? "on" : "off") << "; offload " << r.in.offload << "\n"
             << "per rank (AdamW: fp32 master + two fp32 moments = 12 B per parameter, sharded as the strategy says):\n";

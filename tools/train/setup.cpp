@@ -64,10 +64,7 @@ void set_nvme_offload(const TrainOptions& o, fsdp::FullyShardOptions& options) {
 }
 
 fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o, const Run& run) {
-  fsdp::MixedPrecision mp;
-  mp.param_dtype(fsdp::parse_dtype(o.param_dtype));
-  if (!o.reduce_dtype.empty()) mp.reduce_dtype(fsdp::parse_dtype(o.reduce_dtype));
-  if (o.base_dtype == "bf16") mp.frozen_param_dtype(torch::kBFloat16);  // (with LoRA: apply_fine_tuning)
+  const fsdp::MixedPrecision mp = fsdp_tools::mixed_precision(o, o);
   auto options = fsdp::FullyShardOptions()
                      .wrap_policy(make_wrap_policy(run.model_config, o.wrap))
                      .mixed_precision(mp)

@@ -17,3 +17,18 @@ build_dir() {
   elif [ "$1" = "$default_libtorch_kind" ]; then echo build
   else echo "build-$1"; fi
 }
+
+# venv_pip_install PACKAGE...: pip into .venv/ (made if missing), without pip's cache, so that
+# nothing but .venv/ stays on disk (torch with its CUDA libraries unpacks to 5.6 GB). Refused up front, naming the bytes, where the disk cannot hold them: a
+# full disk half-way through pip leaves a broken .venv/ and an error that names no cause.
+venv_pip_free_bytes_needed=$(( 9 * 1024 * 1024 * 1024 ))  # 5.6 GB installed + the wheels while pip unpacks them
+venv_pip_install() {
+  local free_bytes
+  free_bytes=$(( $(df -Pk . | awk 'NR == 2 { print $4 }') * 1024 ))
+  if [ "$free_bytes" -lt "$venv_pip_free_bytes_needed" ]; then
+    echo "pip into .venv/: needs about $venv_pip_free_bytes_needed bytes free on $(df -P . | awk 'NR == 2 { print $6 }'), found $free_bytes; free some space and run again" >&2
+    return 1
+  fi
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir "$@"
+}

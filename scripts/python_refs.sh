@@ -32,6 +32,5 @@ for p in python3-venv python3-pip; do
     $SUDO apt-get update -q; DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q python3-venv python3-pip; break; }
 done
 echo "python_refs: installing ${refs[*]} into .venv/ (a few GB with torch's CUDA libraries)"
-[ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check "${refs[@]}"
+venv_pip_install "${refs[@]}"
 fetch_assets

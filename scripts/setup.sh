@@ -51,8 +51,7 @@ if [ "$kind" = wheel ]; then
   # wheel; its torch/ folder is the LibTorch (headers, libraries, CMake files).
   if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
     echo "setup: installing torch==$torch_version from PyPI into .venv/ (a few GB with its CUDA libraries)"
-    python3 -m venv .venv
-    .venv/bin/python -m pip install -q --disable-pip-version-check "torch==$torch_version"
+    venv_pip_install "torch==$torch_version"
   fi
   libtorch="$(.venv/bin/python -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null)"
 fi

@@ -6,14 +6,15 @@ both in one alternating run.
 
     torchrun --standalone --nproc-per-node W bench/peer.py --engine ddp|fsdp1|fsdp2|local \
         [--preset medium] [--vocab V] [--context T] [--layers L] [--heads H] [--width C] \
-        [--batch B] [--steps S] [--dtype fp32|bf16] [--device cpu|cuda] [--summary FILE]
+        [--batch B] [--steps S] [--dtype fp32|bf16] [--device cpu|cuda] [--attention sdpa|written] [--summary FILE]
 
 Without torchrun (no RANK in the environment) a distributed engine runs as a
 1-rank group over a FileStore: W = 1 with no rendezvous at all.
 
 What is the same as fsdp-train's defaults (so that only the engine differs):
-the model code (explicit masked-softmax attention, tanh GELU, tied head: the
-same kernels as src/models/gpt.cpp, no scaled_dot_product_attention), the
+the model code (tanh GELU, tied head, and attention as --attention says:
+scaled_dot_product_attention, as fsdp-train's default on LibTorch 2.x, or
+written out, masked softmax, as src/models/attention.cpp's other path), the
 initialization scheme, the data (data/default_corpus.txt, the spec's shuffled
 order with seed 0 and a 0.1 validation split), the per-rank batch,
 threads per rank (cores / W), AdamW (lr 1e-3, betas 0.9/0.95, eps 1e-8, no
@@ -57,9 +58,10 @@ PRESETS = {  # vocab, context, layers, heads, width, batch (shared/spec/gpt.md)
 
 
 class Attention(nn.Module):
-    def __init__(self, width, heads):
+    def __init__(self, width, heads, fused):
         super().__init__()
         self.heads = heads
+        self.fused = fused
         self.c_attn = nn.Linear(width, 3 * width)
         self.c_proj = nn.Linear(width, width)
 
@@ -67,6 +69,9 @@ class Attention(nn.Module):
         B, T, C = x.shape
         hs = C // self.heads
         q, k, v = (t.view(B, T, self.heads, hs).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
+        if self.fused:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
         scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
         future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
@@ -85,10 +90,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, width, heads):
+    def __init__(self, width, heads, fused):
         super().__init__()
         self.ln_1 = nn.LayerNorm(width, eps=1e-5)
-        self.attn = Attention(width, heads)
+        self.attn = Attention(width, heads, fused)
         self.ln_2 = nn.LayerNorm(width, eps=1e-5)
         self.mlp = MLP(width)
 
@@ -98,12 +103,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab, context, layers, heads, width):
+    def __init__(self, vocab, context, layers, heads, width, fused):
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(vocab, width),
             wpe=nn.Embedding(context, width),
-            h=nn.ModuleList(Block(width, heads) for _ in range(layers)),
+            h=nn.ModuleList(Block(width, heads, fused) for _ in range(layers)),
             ln_f=nn.LayerNorm(width, eps=1e-5)))
         self.layers = layers
 
@@ -186,6 +191,8 @@ def main():
     p.add_argument("--seed", type=int, default=1337, help="initialization seed (fsdp-train's default)")
     p.add_argument("--adamw", default="fused", choices=["fused", "torch"],
                    help="fused AdamW (as fsdp-train's default) or the single-tensor loop")
+    p.add_argument("--attention", default="sdpa", choices=["sdpa", "written"],
+                   help="scaled_dot_product_attention (fsdp-train's default on LibTorch 2.x) or the masked softmax")
     p.add_argument("--summary", help="write the summary JSON here (rank 0)")
     a = p.parse_args()
 
@@ -221,7 +228,7 @@ def main():
         tokens = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
     n_train = len(tokens) - math.ceil(0.1 * len(tokens))
 
-    model = GPT(vocab, context, layers, heads, width)
+    model = GPT(vocab, context, layers, heads, width, a.attention == "sdpa")
     model.init_weights(a.seed)
     if cuda:
         model = model.to(device)

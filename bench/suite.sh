@@ -4,8 +4,11 @@
 # threads (fsdp-run gives each rank cores / ranks). Writes one JSON object
 # per variant and round (the trainer's --summary, with per-rank lists) to
 # OUT/results.jsonl and prints a table of medians and ratios.
-#   bench/suite.sh [--preset P] [--batch B] [--steps S] [--rounds R] [--out DIR] [--variants "V ..."] [--report]
-# --report: only print the table of OUT/results.jsonl.
+#   bench/suite.sh [--preset P] [--batch B] [--steps S] [--rounds R] [--out DIR] [--variants "V ..."]
+#                  [--attention auto|sdpa|written] [--report]
+# --report: only print the table of OUT/results.jsonl. --attention: fsdp-train's
+# (auto: fused where its LibTorch has scaled_dot_product_attention); the PyTorch
+# peers compute the same one (sdpa, or written where fsdp-train's is).
 # B is the per-rank batch at W = 2 (even): local runs 2B, W = 4 runs B/2.
 #
 # PyTorch itself (bench/peer.py, from the wheel in .venv/ that the LibTorch 2.x
@@ -18,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${FSDP_BUILD:-build}"
-preset=medium batch=2 steps=4 rounds=1 out=bench/results/suite report_only=0
+preset=medium batch=2 steps=4 rounds=1 out=bench/results/suite report_only=0 attention=auto
 variants="local no_shard no_shard_ac no_shard_bf16 zero1 shard_grad_op full_shard full_shard_noprefetch full_shard_ac full_shard_bf16 full_shard_lowmem no_shard_w4 full_shard_w4"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -28,6 +31,7 @@ while [ $# -gt 0 ]; do
     --rounds) rounds="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --variants) variants="$2"; shift 2 ;;
+    --attention) attention="$2"; shift 2 ;;
     --report) report_only=1; shift ;;
     *) echo "bench/suite.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -82,6 +86,16 @@ if [ "$report_only" = 0 ] && [[ " $variants " == *" torch_"* ]]; then
   echo "PyTorch side: $("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null); fsdp-cpp: $build/ ($(sed -n 's/^-- fsdp-cpp: LibTorch \([^ ]*\) .*/LibTorch \1/p' "$build.log" 2>/dev/null | tail -1))" >&2
 fi
 cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+# The peers' attention: fsdp-train's as it resolves it (its summary's
+# "attention"), from a one-step tiny run.
+peer_attention=sdpa
+if [ "$report_only" = 0 ] && [[ " $variants " == *" torch_"* ]]; then
+  probe="$(mktemp -d)"
+  "$build/fsdp-run" -n 1 -- "$build/fsdp-train" --preset tiny --steps 1 --attention "$attention" \
+    --summary "$probe/summary.json" > "$probe/out" 2>&1 || { cat "$probe/out" >&2; exit 1; }
+  peer_attention=$(jq -r .attention "$probe/summary.json")
+  rm -rf "$probe"
+fi
 
 # run_variant V ROUND: one run, its summary in $out/summary.json
 run_variant() {
@@ -94,13 +108,13 @@ run_variant() {
     local launch=("$python")
     [[ "$flags" == *"--engine local"* ]] || launch=("$python" -m torch.distributed.run --standalone --nproc-per-node "$ranks")
     # shellcheck disable=SC2086
-    OMP_NUM_THREADS=$threads "${launch[@]}" bench/peer.py --preset "$preset" --steps "$steps" $flags \
+    OMP_NUM_THREADS=$threads "${launch[@]}" bench/peer.py --preset "$preset" --steps "$steps" --attention "$peer_attention" $flags \
       --summary "$out/summary.json" > "$out/$1.r$2.out" 2>&1 || { cat "$out/$1.r$2.out" >&2; return 1; }
   else
     local single_copy="${FSDP_MPI_SINGLE_COPY:-auto}"
     [[ "$1" != *_plaincopy* ]] || single_copy=none
     # shellcheck disable=SC2086
-    FSDP_MPI_SINGLE_COPY=$single_copy "$build/fsdp-run" -n "$ranks" -- "$build/fsdp-train" --preset "$preset" --steps "$steps" $flags \
+    FSDP_MPI_SINGLE_COPY=$single_copy "$build/fsdp-run" -n "$ranks" -- "$build/fsdp-train" --preset "$preset" --steps "$steps" --attention "$attention" $flags \
       --print-every "$steps" --summary "$out/summary.json" > "$out/$1.r$2.out" 2>&1 ||
       { cat "$out/$1.r$2.out" >&2; return 1; }
   fi

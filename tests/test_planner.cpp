@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "fsdp/device_choice.h"
 #include "fsdp/lora.h"
 #include "fsdp/memory_plan.h"
 #include "fsdp/model_config.h"
@@ -411,4 +412,24 @@ TEST(Planner, DescribeUnitsSplitsTrainableAndFrozenAsFullyShardDoes) {
   EXPECT_EQ(described.sublayer_frozen, plain.sublayer_units);
   EXPECT_EQ(described.num_trainable(), 2 * (attention + mlp));
   EXPECT_EQ(described.num_parameters(), plain.num_parameters() + 2 * (attention + mlp));
+}
+
+// The tools' warning for bf16 on a CPU without bf16 instructions, from
+// /proc/cpuinfo's text: an AVX2-only AMD (the measured 30x), Zen 4 (AVX-512
+// BF16), Sapphire Rapids (AMX), an Arm with and without BF16, and a text
+// that says nothing.
+TEST(Planner, WarnsOfBf16OnACpuWithoutBf16Instructions) {
+  const std::string avx2 = "processor\t: 0\nmodel name\t: AMD EPYC 7B12\nflags\t\t: fpu sse2 avx fma avx2\n\n"
+                           "processor\t: 1\nflags\t\t: fpu avx512_bf16\n";
+  const std::string warning = fsdp::cpu_bf16_warning(avx2);
+  EXPECT_NE(warning.find("bf16 compute on this CPU (AMD EPYC 7B12; it has avx2, but neither AVX-512 BF16 nor AMX) "
+                         "runs in emulation: about 30x slower than fp32"),
+            std::string::npos)
+      << warning;
+  EXPECT_EQ(fsdp::cpu_bf16_warning("model name\t: AMD EPYC 9R14\nflags\t\t: avx2 avx512f avx512_bf16\n"), "");
+  EXPECT_EQ(fsdp::cpu_bf16_warning("model name\t: Intel Xeon 8488C\nflags\t\t: avx2 avx512f amx_bf16 amx_tile\n"), "");
+  EXPECT_EQ(fsdp::cpu_bf16_warning("processor\t: 0\nFeatures\t: fp asimd sve bf16\n"), "");
+  EXPECT_NE(fsdp::cpu_bf16_warning("processor\t: 0\nFeatures\t: fp asimd\n").find("it has asimd, but neither"),
+            std::string::npos);
+  EXPECT_EQ(fsdp::cpu_bf16_warning("processor\t: 0\n"), "");
 }

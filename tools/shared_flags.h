@@ -39,6 +39,20 @@ struct ModelFlags {
   // shape (its config.json: init_from_config); fsdp-train also reads its
   // weights, or a .safetensors file of ours.
   std::string init_from;
+  std::string attention = "auto";  // auto, sdpa or written (fsdp/attention.h)
+
+  // --attention (kAuto kept: the banner says why it resolved as it did);
+  // throws naming the flag for a name it does not know, or a kernel this
+  // LibTorch does not have.
+  fsdp::AttentionKernel attention_kernel() const {
+    try {
+      const fsdp::AttentionKernel kernel = fsdp::parse_attention_kernel(attention);
+      fsdp::resolve_attention(kernel);
+      return kernel;
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "--attention: ", e.what_without_backtrace());
+    }
+  }
 
   // --model's family; throws naming the flag and the names it takes.
   fsdp::models::ModelKind kind() const {
@@ -70,12 +84,17 @@ inline void add_model_flags(CLI::App& app, ModelFlags& f, const std::string& pre
                  "--model llama: key-value heads, dividing --heads (default: the preset's, or --heads when that is given)")
       ->check(positive());
   app.add_option("--init-from", f.init_from, init_from_help);
+  app.add_option("--attention", f.attention,
+                 "auto (LibTorch's fused scaled_dot_product_attention where it has it, 2.0 and later; else written "
+                 "out), sdpa, or written (q k^T, a causal mask, softmax: every layer keeps the B H T^2 probabilities)")
+      ->capture_default_str();
 }
 
 // Refuses a model kind the tools do not know, and --kv-heads without a Llama.
 inline void check_model_flags(const ModelFlags& f) {
   TORCH_CHECK(f.kind() == fsdp::models::ModelKind::kLlama || !f.kv_heads,
               "--kv-heads needs --model llama (the GPT's heads each have their own)");
+  f.attention_kernel();
 }
 
 // The preset's GPT with the shape's overrides.
@@ -107,8 +126,10 @@ inline fsdp::models::LlamaConfig llama_config(const ModelFlags& f, const fsdp::m
 
 // --model's configuration over `shape` (gpt_config's, or with a tokenizer's vocabulary).
 inline fsdp::models::ModelConfig model_config(const ModelFlags& f, const fsdp::models::GPTConfig& shape) {
-  if (f.kind() == fsdp::models::ModelKind::kLlama) return llama_config(f, shape);
-  return shape;
+  fsdp::models::ModelConfig config = shape;
+  if (f.kind() == fsdp::models::ModelKind::kLlama) config = llama_config(f, shape);
+  config.set_attention(f.attention_kernel());
+  return config;
 }
 
 // --init-from's config.json (at `config_path`): the model it describes, in
@@ -139,6 +160,7 @@ inline fsdp::models::ModelConfig init_from_config(const ModelFlags& f, const std
   if (kind == fsdp::models::ModelKind::kLlama) check("kv-heads", f.kv_heads, hub.model.llama().kv_heads);
   fsdp::models::ModelConfig config = hub.model;
   config.set_batch(ours.shape().batch);
+  config.set_attention(ours.attention());
   if (!learned_positions) config.set_context(f.context ? *f.context : shape.context);
   return config;
 }

@@ -58,6 +58,7 @@
 /// \namespace fsdp::trace
 /// Chrome/Perfetto traces of units, collectives and the caller's own spans.
 
+#include "fsdp/attention.h"      // causal attention, fused (scaled_dot_product_attention) or written out
 #include "fsdp/checkpoint.h"     // training checkpoints: save, load, list, prune, convert
 #include "fsdp/checkpoint_manager.h"  // CheckpointManager: interval, keep-N, resume over stateful objects
 #include "fsdp/checksum.h"       // the checksums our files carry (XXH3, FNV-1a)

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "fsdp/attention.h"
 #include "fsdp/language_model.h"
 
 namespace fsdp::models {
@@ -19,6 +20,9 @@ struct GPTConfig {
   int64_t heads = 4;  ///< attention heads (width must be a multiple)
   int64_t width = 64;  ///< the embedding width C
   int64_t batch = 4;  ///< per rank
+  /// How attention is computed (fsdp/attention.h): a property of the run, not
+  /// of the weights, so describe() leaves it out and checkpoints do not record it.
+  AttentionKernel attention = AttentionKernel::kAuto;
 
   /// "tiny", "small", "medium", "large" (shared/spec/gpt.md's table) or "xl"
   /// (1.48 B parameters: vocab 256, context 1024, 48 layers, 25 heads, width
@@ -47,6 +51,7 @@ class AttentionImpl : public torch::nn::Module {
 
  private:
   int64_t heads_;
+  AttentionKernel attention_;
 };
 /// The module holder of AttentionImpl.
 TORCH_MODULE(Attention);

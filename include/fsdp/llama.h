@@ -15,6 +15,7 @@
 
 #include <string>
 
+#include "fsdp/attention.h"
 #include "fsdp/language_model.h"
 
 namespace fsdp::models {
@@ -74,6 +75,9 @@ struct LlamaConfig {
   /// config.json's model_type for the Hugging Face family it came from and
   /// goes back to: llama, mistral, qwen2, qwen3, phi3.
   std::string hub_family = "llama";
+  /// How attention is computed (fsdp/attention.h): a property of the run, not
+  /// of the weights, so describe() leaves it out and checkpoints do not record it.
+  AttentionKernel attention = AttentionKernel::kAuto;
 
   /// "tiny", "small", "medium", "large" or "xl": the GPT presets' vocab,
   /// context, layers, heads, width and batch (GPTConfig::preset), with
@@ -146,6 +150,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   int64_t heads_, kv_heads_, head_dim_;
   double rope_theta_;
   RopeScaling rope_scaling_;
+  AttentionKernel attention_;
 };
 /// The module holder of LlamaAttentionImpl.
 TORCH_MODULE(LlamaAttention);

@@ -215,6 +215,10 @@ struct TransformerShape {
   /// (models::LlamaConfig::plan_description says why).
   /// A checkpointed run keeps them for the one layer being recomputed.
   int64_t extra_layer_activations = 0;
+  /// The attention is written out (fsdp/attention.h), so that every layer
+  /// keeps its B H T^2 probabilities (and the run one T x T mask); else
+  /// fused, which keeps one fp32 log-sum-exp per head and position instead.
+  bool attention_saves_probabilities = true;
   /// The units fully_shard makes: the root (the embeddings and the final
   /// norm) first, then each block's (or attention's and MLP's).
   std::vector<int64_t> unit_numels() const;

@@ -45,6 +45,10 @@ class ModelConfig {
   void set_context(int64_t context);
   /// Sets the sequences per rank.
   void set_batch(int64_t batch);
+  /// Sets how attention is computed (fsdp/attention.h), which no weight file records.
+  void set_attention(AttentionKernel attention);
+  /// How attention is computed.
+  AttentionKernel attention() const;
 
   /// The family's describe() text.
   std::string describe() const;

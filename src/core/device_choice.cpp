@@ -5,6 +5,10 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <vector>
 
 namespace fsdp {
 
@@ -49,6 +53,49 @@ void check_scheduler_world(int world_size) {
                 "), but MPI sees a world of 1: each task would train alone. Start the ranks through the scheduler's ",
                 "PMI (srun --mpi=pmix, with an OpenMPI built with PMIx) or with mpirun / fsdp-run inside the allocation");
   }
+}
+
+std::string cpu_bf16_warning(const std::string& cpuinfo) {
+  // The first processor's "flags" (x86) or "Features" (Arm) line, and its "model name".
+  auto field = [&](const std::string& name) -> std::string {
+    std::istringstream lines(cpuinfo);
+    for (std::string line; std::getline(lines, line);) {
+      const size_t colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      std::string key = line.substr(0, colon);
+      key.erase(key.find_last_not_of(" \t") + 1);
+      if (key == name) return line.substr(colon + 1);
+    }
+    return "";
+  };
+  std::string flags = field("flags");
+  const bool arm = flags.empty();
+  if (arm) flags = field("Features");
+  if (flags.empty()) return "";  // says nothing: no warning on a guess
+  std::set<std::string> has;
+  std::istringstream words(flags);
+  for (std::string w; words >> w;) has.insert(w);
+  if (has.count("avx512_bf16") || has.count("amx_bf16") || has.count("bf16")) return "";
+  std::vector<std::string> vector_units;
+  for (const char* f : {"avx2", "avx512f", "avx512_vnni", "asimd", "sve"}) {
+    if (has.count(f)) vector_units.emplace_back(f);
+  }
+  std::string model = field("model name");
+  model.erase(0, model.find_first_not_of(' '));
+  return c10::str("bf16 compute on this CPU (", model.empty() ? std::string("model not named") : model, "; it has ",
+                  vector_units.empty() ? std::string("none of AVX2, AVX-512F, NEON or SVE") : c10::Join(", ", vector_units),
+                  ", but neither AVX-512 BF16 nor AMX", arm ? " (nor Arm's BF16)" : "",
+                  ") runs in emulation: about 30x slower than fp32 (measured on an AVX2-only AMD EPYC: a bf16 medium "
+                  "step 42 s, 1.3 s in fp32). fp32 (--param-dtype fp32) is the faster choice here");
+}
+
+std::string cpu_bf16_warning() {
+  const char* stand_in = std::getenv("FSDP_CPUINFO");  // another machine's, for the tools' tests
+  std::ifstream in(stand_in ? stand_in : "/proc/cpuinfo");
+  if (!in) return "";
+  std::ostringstream text;
+  text << in.rdbuf();
+  return cpu_bf16_warning(text.str());
 }
 
 }  // namespace fsdp

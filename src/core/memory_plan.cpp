@@ -331,19 +331,24 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
   // norm's output, q/k/v, the attention probabilities, the attention
   // output, the residual, the second norm's output, the MLP's two 4C
   // activations, the block output (15 M C elements), the probabilities
-  // (B H T^2), and the norms' statistics (fp32); outside the blocks the
-  // embeddings' sum, the final norm's output, the mask, and the fp32
+  // (B H T^2; fused, the log-sum-exps), and the norms' statistics (fp32);
+  // outside the blocks the embeddings' sum, the final norm's output, the
+  // mask (written out), and the fp32
   // log-probabilities (M V). Checkpointed units keep only their input (per
   // block: the block's input; per sublayer: also both norms' inputs and
   // outputs, which live outside the units), and the largest unit's
   // activations exist again while it is recomputed.
   const int64_t M = shape.batch * shape.context, C = shape.width, T = shape.context;
-  const int64_t probabilities = shape.batch * shape.heads * T * T * p, norm_stats = 4 * M * 4;
+  // Written out, the probabilities (B H T^2); fused, one fp32 log-sum-exp per head and position.
+  const int64_t probabilities = shape.attention_saves_probabilities ? shape.batch * shape.heads * T * T * p
+                                                                    : shape.batch * shape.heads * T * 4;
+  const int64_t norm_stats = 4 * M * 4;
   const int64_t per_block = 15 * M * C * p + probabilities + norm_stats;
   const int64_t largest_unit_activations =
       shape.sublayer_units ? std::max(4 * M * C * p + probabilities, 8 * M * C * p) : per_block;
   const int64_t kept_per_layer = shape.sublayer_units ? 4 * M * C * p + norm_stats : M * C * p;
-  const int64_t outside = 2 * M * C * p + M * shape.vocab * 4 + T * T;
+  const int64_t mask = shape.attention_saves_probabilities ? T * T : 0;
+  const int64_t outside = 2 * M * C * p + M * shape.vocab * 4 + mask;
   peak.activations = activation_checkpointing ? shape.layers * kept_per_layer + largest_unit_activations + outside
                                               : shape.layers * per_block + outside;
   const int64_t layer_extra = shape.extra_layer_activations * M * p;  // a model's own, beyond the GPT block's

@@ -47,6 +47,7 @@ std::string GPTConfig::describe() const {
 ModelDescription GPTConfig::plan_description() const {
   ModelDescription d;
   d.shape = TransformerShape{vocab, context, layers, heads, width, batch};
+  d.shape.attention_saves_probabilities = resolve_attention(attention) == AttentionKernel::kWrittenOut;
   d.layer_units = d.shape.unit_numels();
   TransformerShape sublayer = d.shape;
   sublayer.sublayer_units = true;
@@ -54,7 +55,7 @@ ModelDescription GPTConfig::plan_description() const {
   return d;
 }
 
-AttentionImpl::AttentionImpl(const GPTConfig& c) : heads_(c.heads) {
+AttentionImpl::AttentionImpl(const GPTConfig& c) : heads_(c.heads), attention_(resolve_attention(c.attention)) {
   c_attn = register_module("c_attn", torch::nn::Linear(c.width, 3 * c.width));
   c_proj = register_module("c_proj", torch::nn::Linear(c.width, c.width));
 }
@@ -64,10 +65,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   auto qkv = lora::forward(c_attn, x).split(C, /*dim=*/2);
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, heads_, hs}).transpose(1, 2); };
   torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));
-  torch::Tensor future = torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1);
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-  torch::Tensor y = torch::matmul(torch::softmax(scores, -1), v);
+  torch::Tensor y = causal_attention(q, k, v, attention_, /*softmax_in_float=*/false);
   return lora::forward(c_proj, y.transpose(1, 2).contiguous().view({B, T, C}));
 }
 

@@ -157,6 +157,7 @@ ModelDescription LlamaConfig::plan_description() const {
   validate();
   ModelDescription d;
   d.shape = TransformerShape{vocab, context, layers, heads, width, batch};
+  d.shape.attention_saves_probabilities = resolve_attention(attention) == AttentionKernel::kWrittenOut;
   const int64_t C = width, q = heads * head_dim(), kv = kv_heads * head_dim();
   // Per token: 9 C measured for a layer whose queries are C wide; 4 more for
   // each query channel beyond C (the rotated q, the repeated k and v and the
@@ -168,14 +169,14 @@ ModelDescription LlamaConfig::plan_description() const {
   // norms 294 (3 (q + kv) = 288).
   d.shape.extra_layer_activations = 9 * C + 4 * (q - C) + (qk_norm ? 3 * (q + kv) : 0);
   const int64_t biases = (attention_bias || qkv_bias ? q + 2 * kv : 0) + (attention_bias ? C : 0);
-  const int64_t attention = 2 * C * q + 2 * C * kv + biases + (qk_norm ? 2 * head_dim() : 0);
+  const int64_t attention_numel = 2 * C * q + 2 * C * kv + biases + (qk_norm ? 2 * head_dim() : 0);
   const int64_t mlp = 3 * C * hidden, norms = 2 * C;
   const int64_t root = (tie_word_embeddings ? 1 : 2) * vocab * C + C;  // embed_tokens, lm_head, norm
   d.layer_units.assign(1, root);
-  d.layer_units.insert(d.layer_units.end(), layers, attention + mlp + norms);
+  d.layer_units.insert(d.layer_units.end(), layers, attention_numel + mlp + norms);
   d.sublayer_units.assign(1, root + layers * norms);
   for (int64_t i = 0; i < layers; ++i) {
-    d.sublayer_units.push_back(attention);
+    d.sublayer_units.push_back(attention_numel);
     d.sublayer_units.push_back(mlp);
   }
   return d;
@@ -196,7 +197,8 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
       kv_heads_(c.kv_heads),
       head_dim_(c.head_dim()),
       rope_theta_(c.rope_theta),
-      rope_scaling_(c.rope_scaling) {
+      rope_scaling_(c.rope_scaling),
+      attention_(resolve_attention(c.attention)) {
   const int64_t hs = c.head_dim();
   const bool qkv_bias = c.qkv_bias || c.attention_bias;
   if (c.fused_projections) {
@@ -235,15 +237,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   auto [cos, sin] = rotary_cos_sin(T, hs, rope_theta_, rope_scaling_, x);
   q = apply_rotary(q, cos, sin);
   k = apply_rotary(k, cos, sin);
-  if (kv_heads_ != heads_) {  // transformers' repeat_kv: head h reads kv head h / (heads / kv_heads)
-    k = k.repeat_interleave(heads_ / kv_heads_, /*dim=*/1);
-    v = v.repeat_interleave(heads_ / kv_heads_, /*dim=*/1);
-  }
-  torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));
-  torch::Tensor future = torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1);
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-  torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
-  torch::Tensor y = torch::matmul(probs, v);
+  torch::Tensor y = causal_attention(q, k, v, attention_, /*softmax_in_float=*/true);
   return lora::forward(o_proj, y.transpose(1, 2).contiguous().view({B, T, heads_ * hs}));
 }
 

@@ -92,6 +92,14 @@ void ModelConfig::set_batch(int64_t batch) {
   std::visit([&](auto& c) { c.batch = batch; }, family_);
 }
 
+void ModelConfig::set_attention(AttentionKernel attention) {
+  std::visit([&](auto& c) { c.attention = attention; }, family_);
+}
+
+AttentionKernel ModelConfig::attention() const {
+  return std::visit([](const auto& c) { return c.attention; }, family_);
+}
+
 std::string ModelConfig::describe() const {
   return std::visit([](const auto& c) { return c.describe(); }, family_);
 }

@@ -584,7 +584,7 @@ EOF
     --steps 2 --ckpt-dir "$work/ck-private"
 }
 
-row rough-edges "a resume with nothing to train, --ckpt-dir alone, one error line, a killed rank named, --sample"
+row rough-edges "a resume with nothing to train, --ckpt-dir alone, one error line, a killed rank named, bf16 on a CPU without bf16 instructions warned of, --sample"
 
 row preflight "a run that does not fit the host is refused at once with the settings that fit; --no-preflight runs it"
 case_preflight() {

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/device_choice.h"
 #include "fsdp/error.h"
 #include "fsdp/host_memory.h"
 #include "fsdp/hugging_face.h"
@@ -152,6 +153,9 @@ PlannedModel plan_model(const PlanInputs& in) {
     m.description = fsdp_tools::plan_description(in, config, &m.fine_tuned);
     m.described = config.describe();
   }
+  // (--params' shape too: the kernel is the run's, not the model's.)
+  m.description.shape.attention_saves_probabilities =
+      fsdp::resolve_attention(in.attention_kernel()) == fsdp::AttentionKernel::kWrittenOut;
   m.shape = m.description.shape;
   m.shape.sublayer_units = sublayer;
   m.units = m.description.units(sublayer);
@@ -326,6 +330,11 @@ int main(int argc, char** argv) {
   return fsdp_plan::reporting_errors([&] {
     const fsdp_plan::Report report = fsdp_plan::make_report(in);
     for (const std::string& warning : report.model.ignored) std::cerr << "fsdp-plan: warning: " << warning << "\n";
+    // The plan's step times are this machine's: bf16 without bf16 instructions is not what it should plan for.
+    if (report.mp.param_dtype() == torch::kBFloat16 || report.mp.effective_frozen_param_dtype() == torch::kBFloat16) {
+      const std::string bf16 = fsdp::cpu_bf16_warning();
+      if (!bf16.empty()) std::cerr << "fsdp-plan: warning: " << bf16 << "\n";
+    }
     if (in.json) {
       fsdp_plan::print_json(report);
     } else {

@@ -170,7 +170,8 @@ void print_json(const Report& r) {
                   {"unit_numels", r.model.units},
                   {"frozen_unit_numels", r.model.frozen},
                   {"fine_tuning", fine_tuning_json(r)},
-                  {"largest_unit_numel", r.model.largest_unit}};
+                  {"largest_unit_numel", r.model.largest_unit},
+                  {"attention", fsdp::attention_kernel_name(fsdp::resolve_attention(r.in.attention_kernel()))}};
   out["strategies"] = nlohmann::json::array();
   for (const auto& plan : r.plans) {
     out["strategies"].push_back(plan_json(plan));

@@ -159,6 +159,20 @@ const char* family_title(fsdp::models::ModelKind kind) {
   return "?";
 }
 
+// The banner's attention line: the kernel LibTorch picks for the run's heads
+// (fsdp::describe_attention), or why the attention is written out.
+std::string attention_description(const Run& run, torch::ScalarType dtype) {
+  const fsdp::models::ModelConfig& config = run.model_config;
+  const fsdp::TransformerShape shape = config.shape();
+  int64_t kv_heads = shape.heads, head_dim = shape.width / shape.heads;
+  if (config.kind() == fsdp::models::ModelKind::kLlama) {
+    kv_heads = config.llama().kv_heads;
+    head_dim = config.llama().head_dim();
+  }
+  return fsdp::describe_attention(config.attention(), torch::TensorOptions().dtype(dtype).device(run.device),
+                                  shape.heads, kv_heads, head_dim);
+}
+
 }  // namespace
 
 std::string lora_description(const Run& run, const TrainOptions& o) {
@@ -200,6 +214,7 @@ void print_banner(const ReportContext& c) {
             << "  prefetch: forward " << (o.forward_prefetch ? "on" : "off") << ", backward " << o.backward_prefetch
             << ", depth " << o.prefetch_depth << (o.no_limit_all_gathers ? ", unlimited" : ", limited to one unit ahead")
             << "; activation checkpointing " << (o.activation_checkpointing ? "on" : "off") << "\n"
+            << "  attention: " << attention_description(run, mp.param_dtype()) << "\n"
             << "  AdamW (" << (o.adamw == "fused" ? "fsdp::FusedAdamW" : "torch::optim::AdamW") << "): lr "
             << run.schedule.describe() << "; weight decay " << o.weight_decay << " (matrices only); clip grad norm "
             << o.clip_grad_norm << " (0: off)\n"

@@ -297,6 +297,17 @@ void prepare_outputs(const TrainOptions& o, Run& run, int rank) {
   }
 }
 
+// bf16 compute (the parameters, or a frozen base) on a CPU without bf16 instructions.
+void warn_of_cpu_bf16(Run& run) {
+  const fsdp::MixedPrecision& mp = run.fsdp_options.mixed_precision();
+  if (!run.device.is_cpu() ||
+      (mp.param_dtype() != torch::kBFloat16 && mp.effective_frozen_param_dtype() != torch::kBFloat16)) {
+    return;
+  }
+  const std::string warning = fsdp::cpu_bf16_warning();
+  if (!warning.empty()) run.warnings.push_back(warning);
+}
+
 }  // namespace
 
 int default_threads(int world) {
@@ -348,6 +359,7 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   // Before the model's seed: --device cuda loads the CUDA module, which must
   // come before anything asks LibTorch about CUDA (src/comm/cuda_module.h).
   choose_device(o, world, run);
+  warn_of_cpu_bf16(run);
   make_model(o, run);
   freeze_parameters(o, run);
   if (o.strategy == "auto") run.fsdp_options.strategy(pick_strategy(o, run, world->size()));

@@ -171,6 +171,7 @@ nlohmann::json run_summary(const ReportContext& c, const RunFigures& figures) {
           {"backward_prefetch", o.backward_prefetch},
           {"activation_checkpointing", o.activation_checkpointing},
           {"wrap", o.wrap},
+          {"attention", fsdp::attention_kernel_name(fsdp::resolve_attention(c.run.model_config.attention()))},
           {"threads_per_rank", torch::get_num_threads()},
           {"adamw", o.adamw},
           {"device", c.run.device.str()},

@@ -1,5 +1,6 @@
 # What a user hit: a resume with nothing left to train, a checkpoint folder
-# without --ckpt-every, an error seen by every rank, and --sample.
+# without --ckpt-every, an error seen by every rank, bf16 on a CPU without
+# bf16 instructions, and --sample.
 
 # --ckpt-dir alone saves after the last step.
 train_run first 2 --preset tiny --steps 4 --ckpt-dir "$work/ck"
@@ -29,6 +30,19 @@ echo "ok: one error line, no banner"
 out=$("$run" -n 2 -- bash -c '[ "$OMPI_COMM_WORLD_RANK" = 1 ] && kill -9 $$; sleep 5' 2>&1); status=$?
 [ "$status" -eq 137 ] || { echo "$out"; fail "a killed rank gave status $status (expected 137)"; }
 grep -qF "fsdp-run: a rank ended on signal 9 (KILL)" <<<"$out" || { echo "$out"; fail "fsdp-run did not name the signal"; }
+
+# bf16 on a CPU without bf16 instructions (an AVX2-only machine's
+# /proc/cpuinfo): both tools warn, naming the CPU and the slowdown; fp32 does not.
+printf 'processor\t: 0\nmodel name\t: AMD EPYC 7B12\nflags\t\t: fpu avx avx2\n' > "$work/cpuinfo"
+bf16_warning="warning: bf16 compute on this CPU (AMD EPYC 7B12; it has avx2, but neither AVX-512 BF16 nor AMX) runs in emulation: about 30x slower than fp32"
+out=$(FSDP_CPUINFO="$work/cpuinfo" "$run" -n 1 -- "$train" --preset tiny --steps 1 --param-dtype bf16 2>&1) ||
+  { echo "$out"; fail "a bf16 run failed"; }
+grep -qF "fsdp-train: $bf16_warning" <<<"$out" || { echo "$out"; fail "fsdp-train did not warn of bf16 without bf16 instructions"; }
+out=$(FSDP_CPUINFO="$work/cpuinfo" "$build/fsdp-plan" --preset tiny --param-dtype bf16 2>&1) || { echo "$out"; fail "fsdp-plan failed"; }
+grep -qF "fsdp-plan: $bf16_warning" <<<"$out" || { echo "$out"; fail "fsdp-plan did not warn of bf16 without bf16 instructions"; }
+out=$(FSDP_CPUINFO="$work/cpuinfo" "$run" -n 1 -- "$train" --preset tiny --steps 1 2>&1) || { echo "$out"; fail "an fp32 run failed"; }
+! grep -qF "bf16 compute" <<<"$out" || { echo "$out"; fail "an fp32 run warned of bf16"; }
+echo "ok: bf16 without bf16 instructions warned of, by both tools"
 
 # --sample: greedy generation is deterministic and as long as asked.
 for i in 1 2; do

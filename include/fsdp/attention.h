@@ -1,0 +1,55 @@
+#pragma once
+/// \file
+/// Causal self-attention as both model families compute it: LibTorch's fused
+/// scaled_dot_product_attention (2.0 and later: flash attention on CPUs and
+/// GPUs, memory-efficient or cuDNN attention where LibTorch picks them), or
+/// the written-out product, mask and softmax that LibTorch 1.13 leaves.
+///
+/// The fused kernels keep, per layer, the output and one log-sum-exp per head
+/// and position for backward; the written-out path keeps the B H T^2
+/// probabilities (48 MiB per sequence per layer in fp32 at T = 1024 and 12
+/// heads). The planner counts whichever the run computes
+/// (TransformerShape::attention_saves_probabilities).
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+namespace fsdp {
+
+/// Which attention a model computes (GPTConfig::attention, LlamaConfig::attention).
+enum class AttentionKernel {
+  kAuto,       ///< fused where this LibTorch has scaled_dot_product_attention, else written out
+  kFused,      ///< scaled_dot_product_attention(q, k, v, is_causal = true); refused on a LibTorch without it
+  kWrittenOut  ///< q k^T / sqrt(d), the causal mask, softmax, times v (LibTorch 1.13's only path)
+};
+
+/// Whether this LibTorch has scaled_dot_product_attention (2.0 and later).
+bool fused_attention_available();
+/// kAuto resolved for this LibTorch (kFused or kWrittenOut); kFused on a
+/// LibTorch without the kernel throws, naming the version.
+AttentionKernel resolve_attention(AttentionKernel kernel);
+/// "auto", "sdpa" or "written" (what the tools' --attention takes and prints).
+std::string attention_kernel_name(AttentionKernel kernel);
+/// The inverse of attention_kernel_name; throws naming the three.
+AttentionKernel parse_attention_kernel(const std::string& name);
+/// What the run computes, for its banner: for the fused path the kernel
+/// LibTorch picks for queries of `options` with `heads` heads (and
+/// `kv_heads` key-value heads) of `head_dim` ("flash", "efficient", "cudnn",
+/// "math", ...), e.g. "scaled_dot_product_attention (flash, LibTorch's
+/// choice for float on cpu)"; else "written out (...)" and why.
+std::string describe_attention(AttentionKernel kernel, const torch::TensorOptions& options, int64_t heads,
+                               int64_t kv_heads, int64_t head_dim);
+
+/// Causal attention of q [B, H, T, d] over k and v [B, Hkv, T, d], H a
+/// multiple of Hkv (grouped-query heads: query head h reads key-value head
+/// h / (H / Hkv), transformers' repeat_kv), scaled by 1 / sqrt(d): [B, H, T, d].
+/// The fused kernels accumulate the softmax in fp32 inside; the written-out
+/// path computes it in fp32 and casts back with `softmax_in_float` (the
+/// Llama's, as transformers' eager attention), else in the inputs' dtype (the
+/// reference GPT's, shared/spec/gpt.md), so that its numbers stay as they were.
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               AttentionKernel kernel, bool softmax_in_float);
+
+}  // namespace fsdp

@@ -168,6 +168,11 @@ ModelDescription LlamaConfig::plan_description() const {
   // of 16 keeps 124 elements a token a layer more (4 (q - C) = 128), q/k
   // norms 294 (3 (q + kv) = 288).
   d.shape.extra_layer_activations = 9 * C + 4 * (q - C) + (qk_norm ? 3 * (q + kv) : 0);
+  // Fused attention reads the grouped key-value heads in place: the k and v
+  // repeated to q's width are not kept (measured on LibTorch 2.15, W = 2:
+  // 2 (q - kv) a token a layer less, small at 8 heads over 4 and the Qwen3
+  // shape above; nothing less at kv_heads = heads).
+  if (!d.shape.attention_saves_probabilities) d.shape.extra_layer_activations -= 2 * (q - kv);
   const int64_t biases = (attention_bias || qkv_bias ? q + 2 * kv : 0) + (attention_bias ? C : 0);
   const int64_t attention_numel = 2 * C * q + 2 * C * kv + biases + (qk_norm ? 2 * head_dim() : 0);
   const int64_t mlp = 3 * C * hidden, norms = 2 * C;

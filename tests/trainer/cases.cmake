@@ -24,9 +24,10 @@ set_tests_properties(trainer_multi-host PROPERTIES LABELS "mpi;hosts")
 # The cases whose outcome can differ between LibTorch versions, beyond the
 # gtests (which all carry the label): the build and the package against this
 # LibTorch, its CUDA module and what a CPU run maps, checkpoints an older
-# build wrote, and the comparisons with PyTorch itself (docs/how-it-works.md,
+# build wrote, the attention kernel it has, and the comparisons with PyTorch
+# itself (docs/how-it-works.md,
 # "Which tests run against which LibTorch", says why each).
-foreach(case install libtorch-mismatch cpu-without-cuda checkpoint-compat adamw-bench-aten bench-peers)
+foreach(case install libtorch-mismatch cpu-without-cuda checkpoint-compat adamw-bench-aten bench-peers attention)
   set_tests_properties(trainer_${case} PROPERTIES LABELS "mpi;libtorch")
 endforeach()
 # The cases that need the Python references (.venv/: torch, transformers),

@@ -289,6 +289,7 @@ case_bf16_curve() {
   echo "throughput: fp32 $(jq -r '.tokens_per_s | round' "$work/fp32.json") tokens/s, bf16 $(jq -r '.tokens_per_s | round' "$work/bf16.json") tokens/s"
 }
 
+row attention "--attention: fused (LibTorch 2.x) and written-out attention train alike, GPT and Llama; the banner names the kernel; each peak within 8% of the planner; the fused peak lower by what the planner says; 1.13 refuses sdpa"
 row activation-checkpointing "recompute gathers no more, lowers the peak to one block's gradient at a time; --wrap sublayer's units"
 case_activation_checkpointing() {
   # Recomputing each block in backward: the same losses bit for bit, the same

@@ -35,12 +35,24 @@
 #                copies, without NCCL
 #   bench, bench_vs_fsdp2 on the first shape (bf16, fsdp-cpp full_shard
 #                against PyTorch FSDP2 fully_shard at W=1: tokens/s, peak
-#                device memory, MFU), then the other shapes
+#                device memory, MFU)
+#   zeropp, ckpt_async, nvme_offload, sdpa, lora: the device code written
+#                since issue 25's review (issue 42), each at W = 1 on
+#                parity's preset in fp32, against a run without it (parity_w1's
+#                GPU run where the flags are the same): ZeRO++'s int8 gather
+#                through the group of one; async checkpoint staging (a run
+#                resumed from its mid checkpoint ends where it did); NVMe
+#                offload stepping each unit in backward; SDPA against the
+#                written-out attention ("ok": null, not a failure, while
+#                fsdp-train has no --attention); LoRA (loss falls, base
+#                weights unchanged)
+#   bench, bench_vs_fsdp2 on the other shapes
 #   offload_run x2, offload  (--offload cpu against none)
 #   parity_w2_w4 W = 2, 4 ranks on the one GPU against parity_w1's GPU run
 #   tests        ctest -L gpu, but trainer_gpu, whose runs parity and
 #                offload repeat
 #   done         the failed checks, and why the script stopped if it did
+# The dry run's done line lists this order ("order"), as main runs it.
 # A check starts only before the budget and if what is left before the
 # deadline covers its least need; else its line says it was skipped and why.
 # Every command has a hard limit (timeout -k: the trainer ends at a step
@@ -136,7 +148,8 @@ emit() {
   line=$(jq -cn "${args[@]}" "$filter" 2>/dev/null) || {
     ok=false
     line="{\"check\":\"$check\",\"ok\":false,\"error\":\"gpu_check: could not write this check's figures as JSON (jq missing or a bad figure)\"}"; }
-  [ "$ok" = true ] || [[ " ${failed[*]} " == *" $check "* ]] || failed+=("$check")
+  # ok null: the check cannot apply yet (what it compares is not written), not a failure.
+  [ "$ok" = true ] || [ "$ok" = null ] || [[ " ${failed[*]} " == *" $check "* ]] || failed+=("$check")
   echo "$line" | tee -a "$jsonl"
   save_logs
 }
@@ -732,12 +745,167 @@ check_offload() {
   fi
 }
 
+# ---- the device code written since issue 25's review (issue 42). Each at
+# W = 1 (--backend auto: the group of one, no NCCL) on parity's preset in
+# fp32, against a run without it; parity_w1's GPU run is that run where
+# the flags are the same (it is made here if parity_w1 did not run).
+w1_args() {  # STEPS: parity_w1's GPU run's flags, with STEPS steps
+  echo --preset "$parity_preset" --steps "$1" --strategy full_shard --param-dtype fp32 --print-every "$1" \
+    --device "$device" --backend auto --batch 8
+}
+scratch() { local d; d="$(dirname "$logs")/gpu-scratch"; mkdir -p "$d" && echo "$d"; }  # big files, not archived
+w1_baseline() {
+  [ -s "$logs/parity_cuda_w1.json" ] || { parity_init; parity_run cuda_w1 1 --device "$device" --backend auto --batch 8; }
+}
+# loss_rel A B [TOL]: run A's losses against run B's ($logs/A.json(l)):
+# {"final_rel", "max_step_rel", "tol", "within"}; the relative differences
+# are null (and within false) where either run has no losses.
+loss_rel() {
+  local fa fb final steps
+  fa=$(figure "$logs/$1.json" final_loss); fb=$(figure "$logs/$2.json" final_loss)
+  final=null; [ "$fa" = null ] || [ "$fb" = null ] || final=$(reldiff "$fa" "$fb")
+  steps=$(paste <(jq -r .loss "$logs/$1.jsonl" 2>/dev/null) <(jq -r .loss "$logs/$2.jsonl" 2>/dev/null) |
+          awk '{ d = $1 - $2; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2; r = m > 0 ? d / m : d; if (r > x) x = r; n++ }
+               END { if (n) printf "%.3g", x; else print "null" }')
+  jq -cn --argjson f "$final" --argjson s "$steps" --argjson t "${3:-0}" \
+    '{final_rel: $f, max_step_rel: $s, tol: $t, within: ($f != null and $s != null and $f <= $t and $s <= $t)}'
+}
+# zeropp: ZeRO++'s int8 gather (qwZ) at one rank. The gather of a group of
+# one is a copy of the packed blocks (the local group on a GPU), so packing,
+# the gathered layout and unpacking all run; the traffic saved is counted,
+# not sent. hpZ and qgZ need a host of several ranks: not here.
+check_zeropp() {
+  w1_baseline
+  # shellcheck disable=SC2046
+  train w1_int8_gather 1 $(w1_args "$parity_steps") --gather-quantization int8
+  local a="$logs/w1_int8_gather.json" b="$logs/parity_cuda_w1.json"
+  [ -s "$a" ] || { emit zeropp false error "$(tail_of "$logs/w1_int8_gather.log" 12)"; return; }
+  local bytes diff ok=false
+  bytes=$(ratio "$(jq '.comm_bytes.all_gather // 0' "$a")" "$(jq '.comm_bytes.all_gather // 0' "$b" 2>/dev/null)")
+  diff=$(loss_rel w1_int8_gather parity_cuda_w1 2e-2)
+  # int8 blocks of 64 with an fp32 scale each: (64 + 4) / 256 of fp32's bytes.
+  jq -e '.within' <<<"$diff" > /dev/null && awk -v r="$bytes" 'BEGIN { exit !(r != "null" && r < 0.3) }' && ok=true
+  emit zeropp "$ok" backend "$(jq -c .backend "$a")" gather_quantization "$(jq -c .gather_quantization "$a")" \
+    gather_bytes_ratio "$bytes" vs_cuda_w1 "$diff" \
+    note '"one rank: the int8 gather runs through the group of one (its packed blocks copied), so it is checked, not its traffic; hpZ and qgZ need several ranks on a host"'
+}
+# ckpt_async: the run saves at half way and at its end in the background
+# (staged to host memory first); it trains as parity_w1's run, and a run
+# resumed from the half-way checkpoint ends where it ended: what was staged
+# is what was trained.
+check_ckpt_async() {
+  w1_baseline
+  local dir resumed half=$(( parity_steps / 2 )); dir="$(scratch)/ckpt_async"; resumed="$(scratch)/ckpt_resumed"
+  rm -rf "$dir" "$resumed"
+  # shellcheck disable=SC2046
+  train w1_ckpt_async 1 $(w1_args "$parity_steps") --ckpt-dir "$dir" --ckpt-every "$half" --ckpt-keep 4 --ckpt-async
+  local a="$logs/w1_ckpt_async.json"
+  [ -s "$a" ] || { emit ckpt_async false error "$(tail_of "$logs/w1_ckpt_async.log" 12)"; return; }
+  mkdir -p "$resumed" && cp -r "$dir/step-$half" "$resumed/" 2>/dev/null
+  # shellcheck disable=SC2046
+  train w1_ckpt_resumed 1 $(w1_args "$parity_steps") --ckpt-dir "$resumed" --resume --ckpt-async
+  local trained resume ok=false
+  trained=$(loss_rel w1_ckpt_async parity_cuda_w1 1e-5)
+  resume=$(jq -cn --argjson a "$(figure "$logs/w1_ckpt_resumed.json" final_loss)" --argjson b "$(figure "$a" final_loss)" \
+             --argjson from "$(jq -c '.resumed_from // null' "$logs/w1_ckpt_resumed.json" 2>/dev/null || echo null)" \
+             '{resumed_from: $from, final_loss: $a, uninterrupted: $b,
+               final_rel: (if $a == null or $b == null then null else (($a - $b) | fabs) / ($b | fabs) end)}')
+  jq -e --argjson t "$trained" '.final_rel != null and .final_rel <= 1e-5 and $t.within' <<<"$resume" > /dev/null &&
+    jq -e '.checkpoint.async == true and .checkpoint.saves >= 2 and .checkpoint.published == .checkpoint.saves
+          and .checkpoint.staged_bytes > 0' \
+      "$a" > /dev/null && ok=true
+  emit ckpt_async "$ok" checkpoint "$(jq -c '.checkpoint // null' "$a")" vs_cuda_w1 "$trained" resumed "$resume" tol 1e-5
+}
+# nvme_offload: parameters and optimizer state on disk, each unit stepped
+# (on the host) as its gradient arrives in backward, against the same run
+# in memory (stepped on the device: within parity's GPU/CPU tolerance).
+check_nvme_offload() {
+  local dir; dir="$(scratch)/nvme"; rm -rf "$dir"; mkdir -p "$dir"
+  # shellcheck disable=SC2046
+  train w1_clip0 1 $(w1_args "$parity_steps") --clip-grad-norm 0
+  # shellcheck disable=SC2046
+  train w1_nvme 1 $(w1_args "$parity_steps") --clip-grad-norm 0 --offload-optimizer nvme --offload-params nvme \
+    --offload-dir "$dir"
+  local a="$logs/w1_nvme.json"
+  [ -s "$a" ] || { emit nvme_offload false error "$(tail_of "$logs/w1_nvme.log" 12)"; return; }
+  local diff ok=false
+  diff=$(loss_rel w1_nvme w1_clip0 1e-4)
+  jq -e '.within' <<<"$diff" > /dev/null && ok=true
+  emit nvme_offload "$ok" vs_in_memory "$diff" \
+    bit_identical "$( [ "$(jq -r .loss "$logs/w1_nvme.jsonl" 2>/dev/null)" = "$(jq -r .loss "$logs/w1_clip0.jsonl" 2>/dev/null)" ] && echo true || echo false)" \
+    offload_engine "$(jq -c '.offload_engine // null' "$a")" read_bytes_per_step "$(figure "$a" offload_read_bytes_per_step)" \
+    written_bytes_per_step "$(figure "$a" offload_written_bytes_per_step)" offload_wait_s "$(figure "$a" offload_wait_s)"
+}
+# sdpa: fused attention (at::scaled_dot_product_attention) against the
+# written-out path, within 1e-4. Until fsdp-train has --attention there is
+# nothing to compare: "ok": null says so, and is not a failure.
+check_sdpa() {
+  if ! timeout -k 5 "$(limit 30)" "$build/fsdp-train" --help 2>/dev/null | grep -q -- '--attention'; then
+    emit sdpa null pending '"fsdp-train has no --attention flag yet (fused attention is being added): nothing compared"'
+    return
+  fi
+  # shellcheck disable=SC2046
+  train w1_attention_written 1 $(w1_args "$parity_steps") --attention written
+  # shellcheck disable=SC2046
+  train w1_attention_sdpa 1 $(w1_args "$parity_steps") --attention sdpa
+  local diff ok=false
+  diff=$(loss_rel w1_attention_sdpa w1_attention_written 1e-4)
+  jq -e '.within' <<<"$diff" > /dev/null && ok=true
+  local tails=null
+  [ "$ok" = true ] || tails=$(jq -cn --argjson w "$(tail_of "$logs/w1_attention_written.log" 4)" \
+                                --argjson s "$(tail_of "$logs/w1_attention_sdpa.log" 4)" '{written: $w, sdpa: $s}')
+  emit sdpa "$ok" vs_written "$diff" logs "$tails"
+}
+# lora: rank-8 adapters on every linear; the loss falls, and the base
+# weights saved after training are byte for byte those saved before it.
+lora_cmp_py='
+import json, struct, sys
+def tensors(path):
+    b = open(path, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in h.items()}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+base = [k for k in a if "lora_" not in k]
+print(json.dumps({"base_tensors": len(base), "base_changed": sorted(k for k in base if a[k] != b.get(k))[:5],
+                  "adapters_changed": sum(1 for k in a if "lora_" in k and a[k] != b.get(k))}))
+'
+check_lora() {
+  local before after lora=(--lora-rank 8 --lora-targets all-linear)
+  before="$(scratch)/lora_before.safetensors"; after="$(scratch)/lora_after.safetensors"; rm -f "$before" "$after"
+  # shellcheck disable=SC2046
+  train w1_lora_before 1 $(w1_args 0) "${lora[@]}" --save-final "$before"
+  # shellcheck disable=SC2046
+  train w1_lora 1 $(w1_args "$parity_steps") "${lora[@]}" --save-final "$after"
+  local a="$logs/w1_lora.json"
+  [ -s "$a" ] && [ -s "$before" ] && [ -s "$after" ] ||
+    { emit lora false error "$(tail_of "$logs/w1_lora.log" 8)" before "$(tail_of "$logs/w1_lora_before.log" 4)"; return; }
+  local first last weights ok=false
+  first=$(jq -s '.[0].loss // null' "$logs/w1_lora.jsonl"); last=$(figure "$a" final_loss)
+  weights=$(with_caller_libs timeout -k 5 "$(limit 60)" "$python" -c "$lora_cmp_py" "$before" "$after" 2>"$logs/lora_cmp.log") ||
+    weights=$(jq -cn --argjson e "$(tail_of "$logs/lora_cmp.log" 4)" '{error: $e}')
+  awk -v f="$first" -v l="$last" 'BEGIN { exit !(f != "null" && l != "null" && l < f) }' &&
+    jq -e '.base_tensors > 0 and (.base_changed | length) == 0 and .adapters_changed > 0' <<<"$weights" > /dev/null && ok=true
+  emit lora "$ok" first_loss "$first" final_loss "$last" trainable_parameters "$(figure "$a" trainable_parameters)" \
+    parameters "$(figure "$a" parameters)" weights "$weights"
+}
+
+# planned_order: the checks' names in main's order (one per run of lines:
+# a shape's bench and bench_vs_fsdp2 each), as the dry run's done line
+# lists them; tests/trainer/cases/gpu-check.sh holds main to it.
+planned_order() {
+  local first="${bench_shapes%% *}" shape order="env prefix gpu nccl_torch configure build nccl parity_w1"
+  [ -z "$first" ] || order+=" bench bench_vs_fsdp2"
+  order+=" zeropp ckpt_async nvme_offload sdpa lora"
+  for shape in ${bench_shapes#"$first"}; do order+=" bench bench_vs_fsdp2"; done
+  echo "$order offload_run offload parity_w2_w4 tests done"
+}
+
 # finish [WHY]: the done line (WHY: the script stopped early, and why), the
 # logs, and the exit status: 0 only where every check passed.
 finish() {
   [ -z "${1:-}" ] || stopped="$1"
   emit "done" "$( [ ${#failed[@]} -eq 0 ] && [ -z "$stopped" ] && echo true || echo false)" \
     dry_run "$( [ $dry = 1 ] && echo true || echo false)" launch "$(str "$launch")" \
+    order "$( [ $dry = 1 ] && planned_order | jq -Rc 'split(" ")' || echo null)" \
     stopped "$( [ -n "$stopped" ] && str "$stopped" || echo null)" \
     failed "$(printf '%s\n' "${failed[@]}" | jq -Rsc 'split("\n") | map(select(length > 0))' 2>/dev/null || echo '[]')" \
     seconds "$(elapsed)"
@@ -772,8 +940,14 @@ main() {
   fi
   if [ -x "$(test_devices)" ]; then attempt nccl 10 check_nccl; else skip nccl "no $(test_devices): the build failed"; fi
   attempt parity_w1 30 check_parity_w1
-  local shape  # the first shape right after parity_w1, then the others
-  for shape in $bench_shapes; do attempt "bench_$shape" 60 check_bench "$shape"; done
+  local shape first="${bench_shapes%% *}"  # the first shape right after parity_w1, then issue 42's checks, then the others
+  attempt "bench_$first" 60 check_bench "$first"
+  attempt zeropp 20 check_zeropp
+  attempt ckpt_async 30 check_ckpt_async
+  attempt nvme_offload 30 check_nvme_offload
+  attempt sdpa 20 check_sdpa
+  attempt lora 30 check_lora
+  for shape in ${bench_shapes#"$first"}; do attempt "bench_$shape" 60 check_bench "$shape"; done
   attempt offload 60 check_offload
   if [ "$launch" = mpirun ]; then
     attempt parity_w2_w4 60 check_parity_w2_w4

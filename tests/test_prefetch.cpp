@@ -177,7 +177,8 @@ std::vector<float> losses_over(const fsdp::ProcessGroupPtr& group) {
 // waits for the compute stream once per step (at the root's pre-forward,
 // the backward continuing the pass), and a unit's gather waits only for the
 // free of the unit two before it (so it overlaps the previous unit's
-// compute), never the newest one held. Losses do not change.
+// compute), never the newest one held; a pass ends with the stream waiting
+// for every buffer it releases. Losses do not change.
 TEST(GatherOrder, GathersWaitForTheComputeStreamOncePerPassAndOverlapThePreviousUnit) {
   const std::string trace_file = "/tmp/fsdp_test_gather_order." + std::to_string(::getpid()) + ".json";
   const std::vector<float> plain = losses_over(world_group);
@@ -207,8 +208,12 @@ TEST(GatherOrder, GathersWaitForTheComputeStreamOncePerPassAndOverlapThePrevious
     size_t a = 0, b = 0;
     if (d == "gather stream waits for the compute stream") {
       ++compute_waits;
-      held.clear();  // the previous pass released them
+      if (!held.empty()) violations.push_back(d + ": a buffer of the previous pass still held");
       pass_gathers = 0;
+    } else if (d.find(", at the end of the pass") != std::string::npos &&
+               std::sscanf(d.c_str(), "gather stream waits for the free of unit %zu,", &a) == 1) {
+      if (held.empty() || held.front() != a) violations.push_back(d + ": not the oldest held");
+      if (!held.empty()) held.erase(held.begin());
     } else if (std::sscanf(d.c_str(), "hold unit %zu's buffer", &a) == 1) {
       held.push_back(a);
     } else if (std::sscanf(d.c_str(), "gather stream waits for the free of unit %zu, before unit %zu's gather", &a,
@@ -232,4 +237,52 @@ TEST(GatherOrder, GathersWaitForTheComputeStreamOncePerPassAndOverlapThePrevious
   // block 3 for block 1's; the root and blocks 0, 1 for nothing but the pass.
   EXPECT_EQ(forward_waits, (std::set<std::string>{"gather stream waits for the free of unit 1, before unit 3's gather",
                                                   "gather stream waits for the free of unit 2, before unit 4's gather"}));
+}
+
+// A forward with autograd on whose backward never comes leaves its pass
+// open. What comes next between steps (here an UnshardScope with
+// writeback; state dicts and checkpoints go through the same check_idle())
+// ends it: the held buffers are released after the gather stream waited for
+// their users, and the scope's gathers are not issued on the gather stream
+// (they wait for the compute stream, which wrote the shards since).
+TEST(GatherOrder, AForwardWithoutBackwardLeavesNoPassOpenForAnUnshardScope) {
+  const std::string trace_file = "/tmp/fsdp_test_gather_order_open." + std::to_string(::getpid()) + ".json";
+  const int W = world_group->size(), r = world_group->rank();
+  GPTConfig config = tiny();
+  fsdp::models::TokenData data(fsdp::testing::make_token_file("gather-order", 20000, config.vocab), config.context,
+                               config.vocab);
+  auto model = fsdp::fully_shard(make_gpt(config), std::make_shared<GroupWithGatherStream>(world_group), block_units());
+  auto [x, y] = data.batch(0, 0, r, W, 1, 2);
+  fsdp::trace::enable();
+  fsdp::trace::complete("forward without backward", "order-test", fsdp::trace::now_us());
+  (void)model.forward(x, y);  // autograd on, the loss dropped
+  fsdp::trace::complete("scope", "order-test", fsdp::trace::now_us());
+  { fsdp::UnshardScope scope(model.state(), /*writeback=*/true); }
+  fsdp::trace::write(trace_file, world_group->rank());
+  fsdp::trace::enable(false);
+  std::ifstream trace_in(trace_file);
+  const nlohmann::json trace = nlohmann::json::parse(trace_in);
+  std::filesystem::remove(trace_file);
+  std::string phase;
+  std::vector<std::string> after_forward;  // the scope's decisions
+  int still_held = 0;                      // by the forward's pass when it ended
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("cat", "") == "order-test") phase = e["name"];
+    if (e.value("cat", "") != "order" || phase.empty()) continue;
+    const std::string d = e["name"];
+    if (phase == "scope") {
+      after_forward.push_back(d);
+    } else if (d.rfind("hold unit", 0) == 0) {
+      ++still_held;
+    } else if (d.rfind("gather stream waits for the free of unit", 0) == 0) {
+      --still_held;
+    }
+  }
+  ASSERT_GT(still_held, 0) << "the forward's pass held no buffer at its end: nothing to check";
+  // Exactly: the open pass's buffers released after a wait, and no gather on the gather stream.
+  EXPECT_EQ(static_cast<int>(after_forward.size()), still_held) << ::testing::PrintToString(after_forward);
+  for (const std::string& d : after_forward) {
+    EXPECT_EQ(d.rfind("gather stream waits for the free of unit ", 0), 0u) << "the scope's decision: " << d;
+    EXPECT_NE(d.find(", at the end of the pass"), std::string::npos) << "the scope's decision: " << d;
+  }
 }

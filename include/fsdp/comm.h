@@ -125,7 +125,10 @@ class ProcessGroup {
   virtual std::shared_ptr<ProcessGroup> split_shared_memory() = 0;
 
   /// The bytes and calls so far, and the time the callers' waits were
-  /// exposed (a device group measures it on the device, with events).
+  /// exposed (a device group measures it on the device, with events). On a
+  /// device the host waits here until the device has passed the waits
+  /// measured so far: fsdp::TrainStep asks once a step, just before it
+  /// reads the step's loss, which waits for all of the step's work anyway.
   virtual CommStats stats() const;
   /// Zeroes the bytes, calls and wait time.
   virtual void reset_stats();

@@ -105,7 +105,9 @@ class FsdpState {
   /// Whether backward reduces the gradients (set_requires_gradient_sync()).
   bool requires_gradient_sync() const;
   /// Throws unless every unit is at rest and no reduction is in flight (the
-  /// state between steps).
+  /// state between steps). On a device it also ends a pass that a forward
+  /// without backward left open, so that the gathers and shard writes of
+  /// what follows (state dicts, checkpoints, UnshardScope) follow the compute.
   void check_idle() const;
 
   /// Diagnostics of the all-gather limiter: the most prefetched units that

@@ -32,6 +32,16 @@ class DeviceCopyWork final : public Work {
       : device_(device), done_(device.type()), buffers_(std::move(buffers)) {
     done_.record(current_stream(device_));
   }
+  // As NcclWork: one dropped unwaited (an error between issue and wait)
+  // orders the current stream after the copy before its buffers go back to
+  // a caching allocator; any error is the one already unwinding.
+  ~DeviceCopyWork() override {
+    if (waited_) return;
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
   void wait() override {
     if (waited_) return;
     done_.block(current_stream(device_));

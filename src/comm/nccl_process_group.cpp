@@ -31,6 +31,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <optional>
 #include <mutex>
 #include <thread>
@@ -109,18 +110,27 @@ class Event {
 
 // The time compute streams stood still waiting for collectives: a pair of
 // timing events around each wait, read once the device has passed them.
+// The wait itself never depends on the timing: an event CUDA cannot make or
+// record costs the figure, not the order (review of issue 25). The caller
+// holds a guard of the stream's device, where the events are made.
 class ExposedWaits {
  public:
   ~ExposedWaits() { settle(); }
   // Runs `wait` (which queues the stream's wait) between the two events.
   template <class Wait>
   void measure(cudaStream_t stream, Wait wait) {
-    cudaEvent_t before = nullptr, after = nullptr;
-    C10_CUDA_CHECK(cudaEventCreate(&before));
-    C10_CUDA_CHECK(cudaEventCreate(&after));
-    C10_CUDA_CHECK(cudaEventRecord(before, stream));
-    wait();
-    C10_CUDA_CHECK(cudaEventRecord(after, stream));
+    cudaEvent_t before = recorded_timing_event(stream);
+    try {
+      wait();
+    } catch (...) {
+      if (before) cudaEventDestroy(before);
+      throw;
+    }
+    cudaEvent_t after = before ? recorded_timing_event(stream) : nullptr;
+    if (!after) {
+      if (before) cudaEventDestroy(before);
+      return;
+    }
     bool many = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -155,6 +165,22 @@ class ExposedWaits {
   std::mutex mutex_;
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> pending_;
   double settled_s_ = 0;  // settled early (the bound), not yet reported
+
+  // A timing event recorded on `stream` now, or null where CUDA refused
+  // (its error cleared: it is not the collective's).
+  static cudaEvent_t recorded_timing_event(cudaStream_t stream) {
+    cudaEvent_t event = nullptr;
+    if (cudaEventCreate(&event) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    if (cudaEventRecord(event, stream) != cudaSuccess) {
+      (void)cudaGetLastError();
+      cudaEventDestroy(event);
+      return nullptr;
+    }
+    return event;
+  }
 };
 
 class NcclWork final : public Work {
@@ -174,6 +200,10 @@ class NcclWork final : public Work {
   }
   void wait() override {
     if (waited_) return;
+    // The timing events are made on the current device, and must be the
+    // stream's: a caller whose current device is another GPU (a library
+    // user who never set it) would get CUDA's invalid-handle error.
+    c10::cuda::CUDAGuard on_device(device_);
     const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device_);
     waits_->measure(stream.stream(), [&] { done_->block(stream); });
     buffers_.clear();  // their next users are ordered after the collective now
@@ -229,6 +259,16 @@ class NcclProcessGroup final : public ProcessGroup {
   ~NcclProcessGroup() override {
     watchdog_.reset();
     if (!comm_.load()) return;
+    // Destroyed while an error unwinds (a library user's; fsdp-train ends
+    // the job with MPI_Abort and runs no destructor): a collective may be in
+    // flight that never ends (a dead peer), which finalize would flush for
+    // up to the timeout (600 s by default) before aborting, stalling the
+    // exit of a job that has already failed. Aborted at once; its peers'
+    // watchdogs name their own calls. Review of issue 25, "finalize".
+    if (std::uncaught_exceptions() > 0) {
+      if (ncclComm_t comm = comm_.exchange(nullptr)) ncclCommAbort(comm);
+      return;
+    }
     // Finalize flushes what is in flight; a communicator that cannot is
     // aborted rather than waited for past the timeout.
     try {

@@ -578,6 +578,14 @@ void FsdpState::check_idle() const {
     TORCH_CHECK(!unit->flat_param().reduce_pending(), "FSDP unit '", unit->display_name(),
                 "' still has a gradient reduction in flight between steps");
   }
+  // A forward whose backward never came (autograd on, the loss dropped)
+  // leaves its pass open, and in a pass gathers do not wait for the compute
+  // stream. Every caller between steps (state dicts, checkpoints, an
+  // UnshardScope, evaluation, TrainStep's end) comes through here before it
+  // gathers or writes shards on the compute stream: closing the pass makes
+  // those gathers wait for it again, and a backward after them begins a new
+  // pass (on_backward_event). Review of issue 25, "a pass left open".
+  if (impl_->gather_order_) impl_->gather_order_->end_pass();
 }
 
 void FsdpStateImpl::on_forward_entered(Unit& unit) {

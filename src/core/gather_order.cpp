@@ -36,7 +36,10 @@ GatherOrder::GatherOrder(c10::Stream gather_stream, c10::Device device)
     : gather_stream_(gather_stream), device_(device) {}
 
 GatherOrder::~GatherOrder() {
-  while (!held_.empty()) release_front();
+  try {
+    end_pass();
+  } catch (...) {  // a device already failing: its error surfaces elsewhere
+  }
 }
 
 void GatherOrder::begin_pass() {
@@ -50,18 +53,18 @@ void GatherOrder::begin_pass() {
 }
 
 void GatherOrder::end_pass() {
-  while (!held_.empty()) release_front();
+  // Released, a block goes back to the gather stream's pool, where any
+  // allocation on that stream may take it at once, before our next pass's
+  // wait: c10's streams come from a pool shared by the process's groups and
+  // models (another model's pass may be running on the same stream). So the
+  // stream waits for the block's users first, as a gather would (review of
+  // issue 25: "end_pass releases held blocks without a wait").
+  while (!held_.empty()) wait_and_release_front("at the end of the pass");
   in_pass_ = false;
 }
 
 c10::Stream GatherOrder::enter(size_t unit) {
-  while (held_.size() > 1) {
-    Held& oldest = *held_.front();
-    if (oldest.freed) oldest.freed->block(gather_stream_);
-    trace_decision("gather stream waits for the free of unit " + std::to_string(oldest.unit) + ", before unit " +
-                   std::to_string(unit) + "'s gather");
-    release_front();
-  }
+  while (held_.size() > 1) wait_and_release_front("before unit " + std::to_string(unit) + "'s gather");
   trace_decision("gather of unit " + std::to_string(unit) + " on the gather stream");
   return gather_stream_;
 }
@@ -79,8 +82,11 @@ void GatherOrder::hold(c10::DataPtr buffer, int64_t nbytes, size_t unit) {
   held_.push_back(std::move(held));
 }
 
-void GatherOrder::release_front() {
-  memory::count_gathered_bytes(-held_.front()->nbytes);
+void GatherOrder::wait_and_release_front(const std::string& when) {
+  Held& oldest = *held_.front();
+  if (oldest.freed) oldest.freed->block(gather_stream_);
+  trace_decision("gather stream waits for the free of unit " + std::to_string(oldest.unit) + ", " + when);
+  memory::count_gathered_bytes(-oldest.nbytes);
   held_.pop_front();
 }
 

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string>
 
 namespace c10 {
 class DataPtr;
@@ -52,9 +53,10 @@ class GatherOrder {
   // pass's gathers are issued on it.
   void begin_pass();
   // The pass is over (its backward finished, an evaluation forward ended, a
-  // failed pass was recovered): the held buffers are released (the next
-  // pass's start orders the gather stream after their last users), and
-  // gathers wait for the compute stream again.
+  // failed pass was recovered, the model is checked idle before a state
+  // dict, checkpoint or UnshardScope): the held buffers are released, the
+  // gather stream waiting for their last users first, and gathers wait for
+  // the compute stream again.
   void end_pass();
   bool in_pass() const { return in_pass_; }
 
@@ -70,7 +72,9 @@ class GatherOrder {
 
  private:
   struct Held;
-  void release_front();
+  // The gather stream waits for the oldest held buffer's users, then the
+  // buffer goes back to its pool; `when` is for the trace.
+  void wait_and_release_front(const std::string& when);
 
   c10::Stream gather_stream_;
   c10::Device device_;

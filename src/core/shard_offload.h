@@ -88,10 +88,10 @@ class ShardOffload {
   virtual bool begin_step_in_backward(torch::optim::Optimizer& optimizer, double matrix_weight_decay) {
     return false;
   }
-  // The shards' gradients were just zeroed in place (TrainStep, after its
-  // step): the next reduced gradient of each unit may replace its gradient
-  // instead of being added to it.
-  virtual void gradients_zeroed() {}
+  // The gradients of `optimizer`'s parameters were just zeroed in place
+  // (TrainStep, after its step): the next reduced gradient of each of those
+  // units may replace its gradient instead of being added to it.
+  virtual void gradients_zeroed(const torch::optim::Optimizer& optimizer) {}
 
   // Refuses, by name, an optimizer this placement cannot step with.
   virtual void check_optimizer(const torch::optim::Optimizer& optimizer) const {}

@@ -195,8 +195,11 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   // Zeroed, not freed, alike on every LibTorch: the gradient shards are
   // model state (what the planner counts and the memory figures measure).
   compat::zero_grad_keeping_memory(optimizer_);
-  offload.gradients_zeroed();
+  offload.gradients_zeroed(optimizer_);
   state_.check_idle();
+  // On a device this waits for the device to pass the step's collective
+  // waits (their timing events); the loss read below waits for all the
+  // step's work, the optimizer's after them, so it costs no extra stall.
   result.comm = state_.comm_stats();
   // The loss of the step is the global-batch mean: the mean of the ranks' means.
   // On the host (which waits here for a GPU's queued work, the optimizer's

@@ -9,6 +9,7 @@
 #include <exception>
 #include <optional>
 #include <iostream>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -152,10 +153,21 @@ class CpuOffload final : public ShardOffload {
     }
   }
 
-  // TrainStep zeroed the gradients in place: each unit's next one may land
-  // in its gradient instead of being added to it.
-  void gradients_zeroed() override {
-    for_each_unit_state([](HostUnitState& unit) { unit.zeroed = true; });
+  // TrainStep zeroed the gradients of `optimizer`'s parameters in place:
+  // each of those units' next one may land in its gradient instead of being
+  // added to it. Only those: a shard the optimizer does not hold keeps its
+  // gradient, which the next one must add to, as in memory (review of
+  // issue 25: "gradients_zeroed() flags shards outside the optimizer").
+  void gradients_zeroed(const torch::optim::Optimizer& optimizer) override {
+    if (!state_) return;
+    std::unordered_set<const c10::TensorImpl*> zeroed;
+    for (const auto& group : optimizer.param_groups()) {
+      for (const auto& p : group.params()) zeroed.insert(p.unsafeGetTensorImpl());
+    }
+    for (const auto& unit : detail::units(*state_)) {
+      const FlatParam& flat = unit->flat_param();
+      if (flat.offload_state() && zeroed.count(flat.shard().unsafeGetTensorImpl())) state_of(flat).zeroed = true;
+    }
   }
 
   // The host steps the shards next, so no copy of them may still be
@@ -219,9 +231,18 @@ class CpuOffload final : public ShardOffload {
 
   // The unit's pinned gradient buffer: made once and kept (so the pinned
   // memory is the same every step and counted exactly), reused when a
-  // gradient was dropped (zero_grad with set_to_none).
+  // gradient was dropped (zero_grad with set_to_none). Unless the dropped
+  // gradient is still held elsewhere (the caller kept an earlier step's
+  // .grad): the copy would overwrite that tensor under its holder, where in
+  // memory a new gradient is made. Then the old buffer is left to its
+  // holder, uncounted, and a new one made (review of issue 25: "a kept
+  // .grad aliases the reused pinned buffer").
   const torch::Tensor& gradient_buffer_of(const FlatParam& flat) {
     torch::Tensor& buffer = state_of(flat).gradient_buffer;
+    if (buffer.defined() && (buffer.use_count() > 1 || buffer.storage().use_count() > 1)) {
+      uncount(memory::Category::kGradientShard, static_cast<int64_t>(buffer.nbytes()));
+      buffer = torch::Tensor();
+    }
     if (!buffer.defined()) buffer = pinned_if_device(flat.shard_numel(), memory::Category::kGradientShard);
     return buffer;
   }

@@ -201,7 +201,12 @@ TEST(LlamaModel, PlanDescriptionHasTheModelsUnits) {
   EXPECT_EQ(d.layer_units, numels(*llama, fsdp::module_type_policy<LlamaDecoderLayerImpl>()));
   EXPECT_EQ(d.sublayer_units, numels(*llama, fsdp::module_type_policy<LlamaAttentionImpl, LlamaMLPImpl>()));
   EXPECT_EQ(d.num_parameters(), llama->num_parameters());
-  EXPECT_EQ(d.shape.extra_layer_activations, 9 * small_config().width);
+  // 9 C; with fused attention (LibTorch 2.x) less the k and v repeated to the query heads' width.
+  const LlamaConfig c = small_config();
+  const int64_t repeated_kv = 2 * (c.heads - c.kv_heads) * c.head_dim();
+  EXPECT_EQ(d.shape.extra_layer_activations,
+            9 * c.width - (fsdp::fused_attention_available() ? repeated_kv : 0));
+  EXPECT_EQ(d.shape.attention_saves_probabilities, !fsdp::fused_attention_available());
   // The hub families' switches change the units' sizes: the description follows.
   LlamaConfig switched = small_config();
   switched.tie_word_embeddings = switched.qkv_bias = switched.attention_bias = switched.qk_norm = true;

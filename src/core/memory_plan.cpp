@@ -302,6 +302,26 @@ std::vector<int64_t> TransformerShape::unit_numels() const {
   return numels;
 }
 
+namespace {
+
+// A unit's gradient buffers at backward's peak, for its `largest_trainable`
+// padded elements: its parameters' gradients (compute dtype) and, for
+// sharded gradients, the flat gradient being reduced and the previous
+// unit's reduction in flight. A recomputed unit finishes the previous
+// reduction before its gradients exist, and needs no flat copy where the
+// reduction runs in the compute dtype.
+int64_t unit_gradient_bytes(ShardingStrategy strategy, const MixedPrecision& mixed_precision,
+                            bool activation_checkpointing, int64_t largest_trainable) {
+  const int64_t p = c10::elementSize(mixed_precision.param_dtype());
+  const int64_t r = c10::elementSize(mixed_precision.effective_reduce_dtype());
+  if (keeps_full_gradients(strategy)) return p * largest_trainable;
+  if (!activation_checkpointing) return (p + 2 * r) * largest_trainable;
+  const bool flat_in_place = mixed_precision.effective_reduce_dtype() == mixed_precision.param_dtype();
+  return (flat_in_place ? p : p + r) * largest_trainable;
+}
+
+}  // namespace
+
 StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy strategy, int world, int ranks_per_node,
                             const MixedPrecision& mixed_precision, bool prefetch, bool activation_checkpointing,
                             const std::vector<int64_t>& unit_numels, const ZeroPlusPlus& zero_plus_plus,
@@ -314,7 +334,6 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
   const int64_t pf = c10::elementSize(mixed_precision.effective_frozen_param_dtype());
-  const int64_t r = c10::elementSize(mixed_precision.effective_reduce_dtype());
   // The largest unit but the root, padded: gathered with its frozen part
   // (`largest_bytes`), and its trainable part alone, which has gradients.
   int64_t largest_bytes = 0, largest_trainable = 0;
@@ -362,15 +381,8 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
   // recomputed activations are live (counted above), with the largest of
   // their gradients and one weight's gradient (4 C^2, before autograd adds
   // it into the flat buffer).
-  const bool flat_in_place = mixed_precision.effective_reduce_dtype() == mixed_precision.param_dtype();
-  int64_t unit_gradients = 0;
-  if (keeps_full_gradients(strategy)) {
-    unit_gradients = p * largest_trainable;
-  } else if (activation_checkpointing) {
-    unit_gradients = (flat_in_place ? p : p + r) * largest_trainable;
-  } else {
-    unit_gradients = (p + 2 * r) * largest_trainable;
-  }
+  const int64_t unit_gradients =
+      unit_gradient_bytes(strategy, mixed_precision, activation_checkpointing, largest_trainable);
   // Written out, the last layer's softmax backward holds two B H T^2
   // gradients (the probabilities' and the scores') beside everything still
   // kept but the fp32 log-probabilities, freed by then: at long contexts the
@@ -378,9 +390,9 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
   // without them).
   const int64_t softmax_backward = shape.attention_saves_probabilities ? 2 * probabilities - M * shape.vocab * 4 : 0;
   peak.backward_transient =
-      std::max({2 * M * shape.vocab * 4, activation_checkpointing ? int64_t{0} : softmax_backward,
-                activation_checkpointing ? unit_gradients + 4 * C * C * p + std::max(probabilities, 4 * M * C * p)
-                                         : unit_gradients - largest_unit_activations});
+      std::max(2 * M * shape.vocab * 4,
+               activation_checkpointing ? unit_gradients + 4 * C * C * p + std::max(probabilities, 4 * M * C * p)
+                                        : std::max(unit_gradients - largest_unit_activations, softmax_backward));
   return peak;
 }
 

@@ -130,6 +130,8 @@ class GPTImpl : public LanguageModel {
   TiedLMHead lm_head{nullptr};  ///< its weight IS transformer.wte.weight
 
  private:
+  /// The final norm's output [B, T, C]: what the head turns into logits.
+  torch::Tensor final_hidden(const torch::Tensor& idx);
   GPTConfig config_;
 };
 /// The module holder of GPTImpl: what fully_shard() takes.

@@ -37,6 +37,20 @@ class TiedLMHeadImpl : public torch::nn::Module {
 /// The module holder of TiedLMHeadImpl.
 TORCH_MODULE(TiedLMHead);
 
+/// The mean next-token cross-entropy, in fp32 whatever the compute dtype, of
+/// logits = hidden @ weight^T: hidden [B, T, C] (or [M, C]), weight
+/// [vocab, C], targets [B, T] (or [M]) int64, -100 ignored as in
+/// torch::nn::functional::cross_entropy. Where the rows fit in one slice
+/// (loss_slice_rows) it is exactly cross_entropy(linear(hidden, weight)).
+/// Else it runs slice by slice, and where a gradient is wanted computes it
+/// in forward from each slice's probabilities (as Liger's fused linear
+/// cross-entropy does): the B x T x vocab logits, their fp32 copy and their
+/// gradients never exist whole, nothing is recomputed, and backward only
+/// scales the gradients kept (hidden's, and the head's in fp32) by the
+/// upstream gradient, once: retain_graph through it is refused. The same
+/// loss and gradients to float rounding (only the order of the sums differs).
+torch::Tensor next_token_loss(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets);
+
 /// A next-token language model over token ids 0 ... vocab() - 1.
 class LanguageModel : public torch::nn::Module {
  public:

@@ -234,6 +234,8 @@ class LlamaImpl : public LanguageModel {
   TiedLMHead tied_lm_head{nullptr};
 
  private:
+  /// The final norm's output [B, T, C]: what the head turns into logits.
+  torch::Tensor final_hidden(const torch::Tensor& idx);
   LlamaConfig config_;
 };
 /// The module holder of LlamaImpl: what fully_shard() takes.

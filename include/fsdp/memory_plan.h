@@ -224,10 +224,20 @@ struct TransformerShape {
   std::vector<int64_t> unit_numels() const;
 };
 
+/// The next-token loss (models::next_token_loss) computes its logits in
+/// slices of at most this many elements (32 MiB in fp32), recomputed in
+/// backward, so that no B x T x vocab tensor is ever kept: at hub
+/// vocabularies (50 k to 152 k) the full logits and their gradients were
+/// the largest tensors of a step.
+constexpr int64_t kLossSliceElements = int64_t{1} << 23;
+/// The rows of one slice of the loss at `vocab` (at least 1). A step whose
+/// B x T rows fit in one slice computes the loss whole, as before slicing.
+int64_t loss_slice_rows(int64_t vocab);
+
 /// The peak tensor bytes of one training step, per rank, by category: the
 /// model state at rest, the gathered parameters, the activations autograd
 /// keeps (all of them at the start of backward), and what backward adds on
-/// top at its peak: the loss's gradients (2 M V fp32) at its start, or a
+/// top at its peak: the loss's gradients at its start (2 M V fp32 whole, one slice and the head's V C sliced), or a
 /// unit's gradient buffers once its own activations are freed. Within a few
 /// percent of what the counting allocator measures for the presets (tests/trainer/cases/planner.sh).
 struct StepPeak {

@@ -352,8 +352,7 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
   // activations, the block output (15 M C elements), the probabilities
   // (B H T^2; fused, the log-sum-exps), and the norms' statistics (fp32);
   // outside the blocks the embeddings' sum, the final norm's output, the
-  // mask (written out), and the fp32
-  // log-probabilities (M V). Checkpointed units keep only their input (per
+  // mask (written out), and the loss's (below). Checkpointed units keep only their input (per
   // block: the block's input; per sublayer: also both norms' inputs and
   // outputs, which live outside the units), and the largest unit's
   // activations exist again while it is recomputed.
@@ -367,13 +366,32 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
       shape.sublayer_units ? std::max(4 * M * C * p + probabilities, 8 * M * C * p) : per_block;
   const int64_t kept_per_layer = shape.sublayer_units ? 4 * M * C * p + norm_stats : M * C * p;
   const int64_t mask = shape.attention_saves_probabilities ? T * T : 0;
-  const int64_t outside = 2 * M * C * p + M * shape.vocab * 4 + mask;
+  // The loss (models::next_token_loss): whole, it keeps the fp32
+  // log-probabilities (M V), and backward starts with their gradient and
+  // the logits' (2 M V). Sliced, it keeps nothing of M V: from its last
+  // slice into backward it holds its gradients, the head's in an fp32
+  // accumulator (V C) and the hidden states' (M C), beside one slice's fp32
+  // logits (R V; in bf16 also the product before the cast, the gradient
+  // cast back, and the head's product before it joins the accumulator).
+  const int64_t V = shape.vocab, R = loss_slice_rows(V);
+  const bool loss_sliced = M > R;
+  const int64_t loss_kept = loss_sliced ? 0 : M * V * 4;
+  const int64_t cast_bytes = p == 4 ? 0 : p;  // what a compute dtype other than fp32 adds, per element
+  // Backward hands the head's gradient to the root unit first: with sharded
+  // gradients its flat gradient buffer exists from then on, beside the
+  // accumulator and every activation, once the slice is gone (measured, the
+  // GPT-2-124M shape: the plan was 10% low without it).
+  const int64_t root_gradients = keeps_full_gradients(strategy) ? 0 : p * padded_numel(units[0], K);
+  const int64_t loss_backward =
+      loss_sliced ? V * C * (4 + cast_bytes) + M * C * p + std::max(R * V * (4 + 2 * cast_bytes), root_gradients)
+                  : 2 * M * V * 4;
+  const int64_t outside = 2 * M * C * p + loss_kept + mask;
   peak.activations = activation_checkpointing ? shape.layers * kept_per_layer + largest_unit_activations + outside
                                               : shape.layers * per_block + outside;
   const int64_t layer_extra = shape.extra_layer_activations * M * p;  // a model's own, beyond the GPT block's
   peak.activations += activation_checkpointing ? layer_extra : shape.layers * layer_extra;
   // Backward's own buffers at its peak: at its start the loss's gradients
-  // (the log-probabilities' and the logits', fp32); later, in a unit, its
+  // (loss_backward above); later, in a unit, its
   // parameters' gradients (compute dtype) and, for sharded gradients, the
   // flat gradient being reduced and the previous unit's reduction in flight,
   // while the unit's activations are already freed. A recomputed unit
@@ -385,15 +403,20 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
       unit_gradient_bytes(strategy, mixed_precision, activation_checkpointing, largest_trainable);
   // Written out, the last layer's softmax backward holds two B H T^2
   // gradients (the probabilities' and the scores') beside everything still
-  // kept but the fp32 log-probabilities, freed by then: at long contexts the
+  // kept but the whole loss's log-probabilities, freed by then: at long contexts the
   // step's peak (measured, medium at T = 2048 on 2.15: 14% above the plan
   // without them).
-  const int64_t softmax_backward = shape.attention_saves_probabilities ? 2 * probabilities - M * shape.vocab * 4 : 0;
+  const int64_t softmax_backward = shape.attention_saves_probabilities ? 2 * probabilities - loss_kept : 0;
   peak.backward_transient =
-      std::max(2 * M * shape.vocab * 4,
+      std::max(loss_backward,
                activation_checkpointing ? unit_gradients + 4 * C * C * p + std::max(probabilities, 4 * M * C * p)
                                         : std::max(unit_gradients - largest_unit_activations, softmax_backward));
   return peak;
+}
+
+int64_t loss_slice_rows(int64_t vocab) {
+  TORCH_CHECK(vocab > 0, "loss_slice_rows: the vocabulary must be positive, got ", vocab);
+  return std::max<int64_t>(1, kLossSliceElements / vocab);
 }
 
 int64_t host_block_cache_limit(int64_t largest_padded_unit_numel, bool nvme_offload) {

@@ -107,18 +107,18 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
   lm_head = register_module("lm_head", TiedLMHead(transformer->wte->weight));
 }
 
-torch::Tensor GPTImpl::logits(const torch::Tensor& idx) {
+torch::Tensor GPTImpl::final_hidden(const torch::Tensor& idx) {
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= config_.context, "sequence length ", T, " exceeds the context ", config_.context);
   torch::Tensor x = transformer->wte(idx) + transformer->wpe(torch::arange(T, idx.options()));
   for (const auto& block : *transformer->h) x = fsdp::unit_forward(*block->as<BlockImpl>(), x);
-  return lm_head(transformer->ln_f(x));
+  return transformer->ln_f(x);
 }
 
+torch::Tensor GPTImpl::logits(const torch::Tensor& idx) { return lm_head(final_hidden(idx)); }
+
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
-  // The loss in fp32 whatever the compute dtype (a no-op for fp32 models).
-  torch::Tensor out = logits(idx).to(torch::kFloat);
-  return torch::nn::functional::cross_entropy(out.view({-1, out.size(-1)}), targets.reshape({-1}));
+  return next_token_loss(final_hidden(idx), lm_head->weight, targets);
 }
 
 void GPTImpl::init_parameter(const std::string& name, torch::Tensor& param) const {

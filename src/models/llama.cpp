@@ -294,7 +294,7 @@ LlamaImpl::LlamaImpl(const LlamaConfig& config) : config_(config) {
   }
 }
 
-torch::Tensor LlamaImpl::logits(const torch::Tensor& idx) {
+torch::Tensor LlamaImpl::final_hidden(const torch::Tensor& idx) {
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= config_.context, "sequence length ", T, " exceeds the context ", config_.context);
   TORCH_CHECK(config_.sliding_window == 0 || T <= config_.sliding_window, "sequence length ", T,
@@ -303,13 +303,20 @@ torch::Tensor LlamaImpl::logits(const torch::Tensor& idx) {
               "only within it; train on --context ", config_.sliding_window, " or less");
   torch::Tensor x = model->embed_tokens(idx);
   for (const auto& layer : *model->layers) x = fsdp::unit_forward(*layer->as<LlamaDecoderLayerImpl>(), x);
-  x = model->norm(x);
+  return model->norm(x);
+}
+
+torch::Tensor LlamaImpl::logits(const torch::Tensor& idx) {
+  const torch::Tensor x = final_hidden(idx);
   return tied_lm_head ? tied_lm_head(x) : lora::forward(lm_head, x);
 }
 
 torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
-  torch::Tensor out = logits(idx).to(torch::kFloat);  // the loss in fp32 whatever the compute dtype
-  return torch::nn::functional::cross_entropy(out.view({-1, out.size(-1)}), targets.reshape({-1}));
+  if (lm_head && lora::has_adapter(lm_head)) {  // the adapted head's logits whole (its update joins the product)
+    torch::Tensor out = lora::forward(lm_head, final_hidden(idx)).to(torch::kFloat);
+    return torch::nn::functional::cross_entropy(out.view({-1, out.size(-1)}), targets.reshape({-1}));
+  }
+  return next_token_loss(final_hidden(idx), tied_lm_head ? tied_lm_head->weight : lm_head->weight, targets);
 }
 
 void LlamaImpl::init_parameter(const std::string& name, torch::Tensor& param) const {

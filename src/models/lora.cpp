@@ -140,6 +140,8 @@ LoraReport apply(torch::nn::Module& model, const LoraOptions& options) {
   return report;
 }
 
+bool has_adapter(const torch::nn::Linear& linear) { return down_of(*linear.ptr()) != nullptr; }
+
 torch::Tensor forward(const torch::nn::Linear& linear, const torch::Tensor& x) {
   const std::shared_ptr<torch::nn::LinearImpl>& module = linear.ptr();
   const LoraDownImpl* down = down_of(*module);

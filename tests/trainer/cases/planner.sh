@@ -6,7 +6,8 @@
 # fsdp-plan's (one plan, fsdp::plan_run, for all three; a Llama too, and a
 # hub model's config.json with the switches of its family, through
 # --init-from); the textbook 70B table; a recommendation for a budget; a
-# calibrated step-time estimate. Medium runs at batch 1 (two steps, the
+# calibrated step-time estimate; at GPT-2's vocabulary, the loss computed
+# in slices (models::next_token_loss), fp32 and bf16. Medium runs at batch 1 (two steps, the
 # second with the optimizer state and prefetch in place, in ~10 s); large is
 # not run.
 plan="$build/fsdp-plan"
@@ -42,7 +43,8 @@ for cfg in "tiny 2 full_shard" "tiny 4 zero1" "small 2 no_shard" "small 2 full_s
            "small 2 full_shard --activation-checkpointing --wrap sublayer" "tiny 2 zero1 --param-dtype bf16" \
            "medium 2 full_shard --batch 1" "small 2 full_shard --model llama --activation-checkpointing" \
            "small 2 full_shard --model llama --init-from $work/qwen3 --batch 2" \
-           "tiny 2 full_shard --lora-rank 4 --lora-targets all-linear" "tiny 2 zero1 --param-dtype bf16 --freeze wte|h\.0\."; do
+           "tiny 2 full_shard --lora-rank 4 --lora-targets all-linear" "tiny 2 zero1 --param-dtype bf16 --freeze wte|h\.0\." \
+           "tiny 2 full_shard --vocab 50304 --batch 8" "tiny 2 zero1 --param-dtype bf16 --vocab 50304 --batch 8"; do
   read -r preset world strategy extra <<<"$cfg"
   train_run s "$world" --preset "$preset" --steps 2 --strategy "$strategy" $extra
   "$plan" --preset "$preset" --world "$world" --strategy "$strategy" $extra --json > "$work/plan.json" ||

@@ -18,7 +18,10 @@
 #include <memory>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "fsdp/error.h"
+#include "fsdp/trace.h"
 #include "offload/disk_store.h"
 
 using fsdp::offload::DiskStore;
@@ -80,9 +83,13 @@ TEST_P(Engines, EverySlotComesBackByteForByte) {
   const std::string dir = scratch_dir(std::string("roundtrip-") + fsdp::offload::io_engine_name(GetParam()));
   {
     std::unique_ptr<DiskStore> store_owner;
-    SKIP_WITHOUT_LIBAIO(store_owner = std::make_unique<DiskStore>(small_blocks(dir, GetParam()), kSlotBytes));
+    std::vector<std::string> labels;
+    for (size_t s = 0; s < kSlotBytes.size(); ++s) labels.push_back("s" + std::to_string(s));
+    SKIP_WITHOUT_LIBAIO(store_owner = std::make_unique<DiskStore>(small_blocks(dir, GetParam()), kSlotBytes, labels));
     DiskStore& store = *store_owner;
     std::cout << "engine: " << store.engine_description() << "\n";
+    fsdp::trace::enable();
+    const double since_us = fsdp::trace::now_us();  // the trace keeps every earlier test's events
     if (GetParam() != IoEngine::kAuto) EXPECT_EQ(store.engine(), GetParam());
     EXPECT_EQ(store.engine_description().rfind(fsdp::offload::io_engine_name(store.engine()), 0), 0)
         << store.engine_description();
@@ -99,6 +106,32 @@ TEST_P(Engines, EverySlotComesBackByteForByte) {
     for (size_t s = 0; s < kSlotBytes.size(); ++s) pending.push_back(store.read(s, back[s].data()));
     for (auto& p : pending) p.get();
     for (size_t s = 0; s < kSlotBytes.size(); ++s) EXPECT_EQ(written[s], back[s]) << "slot " << s;
+    // The I/O thread's time by cause: only libaio copies (through its
+    // O_DIRECT staging buffers); pread/pwrite move the caller's bytes.
+    const fsdp::offload::OffloadStats times = store.io_times();
+    EXPECT_GT(times.checksum_seconds, 0);
+    EXPECT_GT(times.disk_seconds, 0);
+    EXPECT_EQ(times.copy_seconds > 0, store.engine() == IoEngine::kLibaio) << times.copy_seconds;
+    // And in the trace, on its own thread: one event per request, by label.
+    const std::string trace_file = dir + "/../disk_store_trace." + std::to_string(::getpid()) + ".json";
+    fsdp::trace::write(trace_file, 0);
+    fsdp::trace::enable(false);
+    const nlohmann::json trace = nlohmann::json::parse(std::ifstream(trace_file));
+    std::filesystem::remove(trace_file);
+    int io_thread = -1, writes = 0, reads = 0;
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"] == "offload io") io_thread = e["tid"];  // the latest
+    }
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] != "X" || e.value("cat", "") != "offload" || e["ts"].get<double>() < since_us) continue;
+      EXPECT_EQ(e["tid"], io_thread) << e.dump();
+      const std::string name = e["name"];
+      writes += name.rfind("write s", 0) == 0, reads += name.rfind("read s", 0) == 0;
+      EXPECT_NE(e["args"]["detail"].get<std::string>().find(" ms, checksums "), std::string::npos) << e.dump();
+    }
+    EXPECT_GE(io_thread, 1) << "no thread named 'offload io'";
+    EXPECT_EQ(writes, static_cast<int>(kSlotBytes.size()));
+    EXPECT_EQ(reads, static_cast<int>(kSlotBytes.size()));
     int64_t total = 0;
     for (int64_t b : kSlotBytes) total += b;
     EXPECT_EQ(store.bytes_written(), total);

@@ -114,6 +114,9 @@ struct StepResult {
   int64_t offload_bytes_read = 0, offload_bytes_written = 0;
   double offload_wait_s = 0.0;
   ///@}
+  /// The offload's I/O thread's seconds in this step, by cause
+  /// (OffloadStats): staging copies, checksums, the disk.
+  double offload_copy_s = 0.0, offload_checksum_s = 0.0, offload_disk_s = 0.0;
   RankFigures figures;        ///< this rank's
   std::vector<RankFigures> per_rank;  ///< every rank's, when gathered
 };

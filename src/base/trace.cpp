@@ -26,6 +26,7 @@ std::atomic<bool> on{false};
 std::thread::id compute_thread;
 std::mutex events_mutex;
 std::vector<Event> events;
+std::map<std::thread::id, std::string> thread_names;  // guarded by events_mutex
 
 const std::chrono::steady_clock::time_point& origin() {
   static const auto start = std::chrono::steady_clock::now();
@@ -46,6 +47,11 @@ double now_us() {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - origin()).count();
 }
 
+void name_thread(std::string name) {
+  std::lock_guard<std::mutex> lock(events_mutex);
+  thread_names[std::this_thread::get_id()] = std::move(name);
+}
+
 void complete(std::string name, const char* category, double begin_us, std::string detail) {
   if (!enabled() || begin_us < 0) return;
   const double end = now_us();
@@ -60,12 +66,14 @@ Span::~Span() { complete(std::move(name_), category_, begin_us_, std::move(detai
 
 void write(const std::string& path, int rank) {
   std::vector<Event> copy;
+  std::map<std::thread::id, std::string> names;
   {
     std::lock_guard<std::mutex> lock(events_mutex);
     copy = events;
+    names = thread_names;
   }
   // The thread that enabled tracing is "compute"; the others, in order of
-  // first appearance, are communication threads.
+  // first appearance, are communication threads unless named.
   std::map<std::thread::id, int> tids{{compute_thread, 0}};
   std::vector<std::thread::id> order{compute_thread};
   for (const auto& e : copy) {
@@ -74,8 +82,12 @@ void write(const std::string& path, int rank) {
   nlohmann::json trace_events = nlohmann::json::array();
   trace_events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank)}}}});
   for (size_t i = 0; i < order.size(); ++i) {
-    trace_events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", i},
-                            {"args", {{"name", i == 0 ? std::string("compute") : "comm " + std::to_string(i)}}}});
+    const auto named = names.find(order[i]);
+    const std::string name = i == 0 ? std::string("compute")
+                             : named != names.end() ? named->second
+                                                    : "comm " + std::to_string(i);
+    trace_events.push_back(
+        {{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", i}, {"args", {{"name", name}}}});
   }
   for (const auto& e : copy) {
     nlohmann::json event = {{"ph", "X"}, {"name", e.name}, {"cat", e.category}, {"pid", rank},

@@ -213,6 +213,9 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   result.offload_bytes_read = io.bytes_read - io_before.bytes_read;
   result.offload_bytes_written = io.bytes_written - io_before.bytes_written;
   result.offload_wait_s = io.wait_seconds - io_before.wait_seconds;
+  result.offload_copy_s = io.copy_seconds - io_before.copy_seconds;
+  result.offload_checksum_s = io.checksum_seconds - io_before.checksum_seconds;
+  result.offload_disk_s = io.disk_seconds - io_before.disk_seconds;
   result.figures = figures_now(state_, optimizer_);
   if (options_.gather_rank_figures()) result.per_rank = gather_figures(state_.group(), result.figures);
   return result;

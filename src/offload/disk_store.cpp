@@ -8,11 +8,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 
 #include "fsdp/checksum.h"
+#include "fsdp/trace.h"
 
 namespace fsdp::offload {
 namespace {
@@ -22,6 +25,12 @@ constexpr uint64_t kDirectAlignment = 4096;  // O_DIRECT's: memory, offsets and 
 uint64_t round_up(uint64_t n, uint64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
 uint64_t block_checksum(const char* bytes, size_t n) { return checksum::hash(checksum::Algorithm::kXxh3_64, bytes, n); }
+
+using Clock = std::chrono::steady_clock;
+// Adds the nanoseconds since `start` to one of the worker's causes.
+void add_since(std::atomic<int64_t>& total, Clock::time_point start) {
+  total += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+}
 
 }  // namespace
 
@@ -50,8 +59,10 @@ struct DiskStore::Aio {
 
 void DiskStore::AlignedFree::operator()(char* p) const { std::free(p); }
 
-DiskStore::DiskStore(DiskStoreOptions options, std::vector<int64_t> slot_bytes) : options_(std::move(options)) {
+DiskStore::DiskStore(DiskStoreOptions options, std::vector<int64_t> slot_bytes, std::vector<std::string> slot_labels) : options_(std::move(options)), slot_labels_(std::move(slot_labels)) {
   const int64_t block = options_.block_bytes();
+  TORCH_CHECK(slot_labels_.empty() || slot_labels_.size() == slot_bytes.size(), "offload: ", slot_labels_.size(),
+              " slot labels for ", slot_bytes.size(), " slots");
   TORCH_CHECK(block > 0 && block % static_cast<int64_t>(kDirectAlignment) == 0,
               "offload: block_bytes must be a positive multiple of ", kDirectAlignment, ", got ", block);
   TORCH_CHECK(options_.queue_depth() >= 1, "offload: queue_depth must be at least 1, got ", options_.queue_depth());
@@ -200,7 +211,16 @@ std::shared_future<void> DiskStore::enqueue(bool is_write, size_t slot, char* da
   return done;
 }
 
+OffloadStats DiskStore::io_times() const {
+  OffloadStats times;
+  times.copy_seconds = copy_ns_.load() * 1e-9;
+  times.checksum_seconds = checksum_ns_.load() * 1e-9;
+  times.disk_seconds = disk_ns_.load() * 1e-9;
+  return times;
+}
+
 void DiskStore::run_worker() {
+  trace::name_thread("offload io");
   for (;;) {
     Request request;
     {
@@ -222,6 +242,8 @@ void DiskStore::run_worker() {
 void DiskStore::serve(Request& request) {
   TORCH_CHECK(broken_.empty(), broken_, " (an earlier request; the store takes no more)");
   Slot& slot = slots_[request.slot];
+  const double begin_us = trace::enabled() ? trace::now_us() : -1.0;
+  const OffloadStats before = io_times();
   if (request.is_write) {
     slot.block_checksums.clear();  // until this write completes, the slot holds nothing readable
     std::vector<uint64_t> checksums;
@@ -241,6 +263,16 @@ void DiskStore::serve(Request& request) {
       read_blocks_threads(slot, request.slot, request.data);
     }
   }
+  if (begin_us >= 0) {
+    const OffloadStats after = io_times();
+    std::ostringstream detail;
+    detail << slot.bytes << " bytes; copies " << (after.copy_seconds - before.copy_seconds) * 1e3 << " ms, checksums "
+           << (after.checksum_seconds - before.checksum_seconds) * 1e3 << " ms, disk "
+           << (after.disk_seconds - before.disk_seconds) * 1e3 << " ms";
+    trace::complete(std::string(request.is_write ? "write " : "read ") +
+                        (slot_labels_.empty() ? "slot " + std::to_string(request.slot) : slot_labels_[request.slot]),
+                    "offload", begin_us, detail.str());
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   (request.is_write ? bytes_written_ : bytes_read_) += slot.bytes;
 }
@@ -253,7 +285,10 @@ std::string DiskStore::block_name(size_t slot, size_t block) const {
 }
 
 void DiskStore::check_block(const Slot& slot, size_t index, size_t block, const char* bytes, size_t n) const {
-  TORCH_CHECK(block_checksum(bytes, n) == slot.block_checksums[block], "offload: ", block_name(index, block), " of ",
+  const Clock::time_point start = Clock::now();
+  const uint64_t sum = block_checksum(bytes, n);
+  add_since(checksum_ns_, start);
+  TORCH_CHECK(sum == slot.block_checksums[block], "offload: ", block_name(index, block), " of ",
               path_, " does not match the checksum it was written with: the scratch file was changed or corrupted");
 }
 
@@ -265,8 +300,12 @@ void DiskStore::write_blocks_threads(const Slot& slot, size_t index, const char*
   for (size_t b = 0; b < blocks; ++b) {
     const size_t n = static_cast<size_t>(std::min<int64_t>(block, slot.bytes - static_cast<int64_t>(b) * block));
     const char* bytes = data + b * block;
+    Clock::time_point start = Clock::now();
     checksums[b] = block_checksum(bytes, n);
+    add_since(checksum_ns_, start);
+    start = Clock::now();
     file_io::write_at(*file_, bytes, n, slot.offset + b * block, block_name(index, b));
+    add_since(disk_ns_, start);
   }
 }
 
@@ -276,7 +315,9 @@ void DiskStore::read_blocks_threads(const Slot& slot, size_t index, char* data) 
   for (size_t b = 0; b < blocks; ++b) {
     const size_t n = static_cast<size_t>(std::min<int64_t>(block, slot.bytes - static_cast<int64_t>(b) * block));
     char* bytes = data + b * block;
+    const Clock::time_point start = Clock::now();
     file_io::read_at(*file_, bytes, n, slot.offset + b * block, block_name(index, b));
+    add_since(disk_ns_, start);
     check_block(slot, index, b, bytes, n);
   }
 }
@@ -297,7 +338,9 @@ std::string DiskStore::aio_block_done(const Slot& slot, size_t index, size_t b, 
   if (is_write) return "";
   try {
     check_block(slot, index, b, staging, n);
+    const Clock::time_point start = Clock::now();
     std::memcpy(data + b * block, staging, n);
+    add_since(copy_ns_, start);
   } catch (const c10::Error& e) {
     return e.what_without_backtrace();
   }
@@ -337,9 +380,11 @@ void DiskStore::transfer_aio(const Slot& slot, size_t index, bool is_write, char
   size_t in_flight = 0;
   auto reap = [&] {
     int got;
+    const Clock::time_point start = Clock::now();
     do {
       got = io_getevents(aio_->context, 1, static_cast<long>(events.size()), events.data(), nullptr);
     } while (got == -EINTR);  // a signal handler ran on this thread: never restarted by the kernel
+    add_since(disk_ns_, start);
     if (got < 1) {
       // Blocks may still be in the kernel's hands: no later request may reuse their buffers.
       broken_ = "offload: io_getevents on " + path_ + " failed: " + std::strerror(-got);
@@ -362,16 +407,22 @@ void DiskStore::transfer_aio(const Slot& slot, size_t index, bool is_write, char
     iocb* cb = &aio_->blocks[buffer];
     const auto offset = static_cast<long long>(slot.offset + b * block);
     if (is_write) {
+      Clock::time_point start = Clock::now();
       std::memcpy(staging, data + b * block, n);
       std::memset(staging + n, 0, aligned - n);
+      add_since(copy_ns_, start);
+      start = Clock::now();
       checksums[b] = block_checksum(staging, n);
+      add_since(checksum_ns_, start);
       io_prep_pwrite(cb, file_->fd(), staging, aligned, offset);
     } else {
       io_prep_pread(cb, file_->fd(), staging, aligned, offset);
     }
     cb->data = reinterpret_cast<void*>(static_cast<intptr_t>(buffer));
     iocb* list[1] = {cb};
+    const Clock::time_point submitted = Clock::now();
     const int rc = io_submit(aio_->context, 1, list);
+    add_since(disk_ns_, submitted);
     if (rc != 1) {
       error = "offload: submitting " + block_name(index, b) + " of " + path_ + " failed: " +
               (rc < 0 ? std::strerror(-rc) : "the kernel took 0 of 1 blocks");

@@ -26,6 +26,7 @@
 
 #include "fsdp/offload.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -47,7 +48,9 @@ class DiskStore {
   // Creates the scratch file with room for every slot, reserved on the disk
   // up front: a folder without room is refused here, naming it, the bytes
   // needed and the bytes free, before anything has been trained.
-  DiskStore(DiskStoreOptions options, std::vector<int64_t> slot_bytes);
+  // `slot_labels` (optional, one per slot) name the slots' requests in the
+  // trace (fsdp/trace.h): "read unit 3 exp_avg"; else "read slot 12".
+  DiskStore(DiskStoreOptions options, std::vector<int64_t> slot_bytes, std::vector<std::string> slot_labels = {});
   ~DiskStore();  // finishes what is queued, then closes the file (which frees it)
   DiskStore(const DiskStore&) = delete;
   DiskStore& operator=(const DiskStore&) = delete;
@@ -74,6 +77,9 @@ class DiskStore {
   // Bytes moved so far (the slots' own bytes, not the alignment padding).
   int64_t bytes_written() const;
   int64_t bytes_read() const;
+  // The worker's seconds so far by cause (OffloadStats's copy, checksum and
+  // disk seconds); bytes and wait are the caller's to fill.
+  OffloadStats io_times() const;
 
  private:
   struct Slot {
@@ -107,6 +113,9 @@ class DiskStore {
   std::deque<Request> queue_;
   bool stopping_ = false;
   int64_t bytes_written_ = 0, bytes_read_ = 0;
+  std::vector<std::string> slot_labels_;
+  // The worker's nanoseconds by cause (io_times()).
+  mutable std::atomic<int64_t> copy_ns_{0}, checksum_ns_{0}, disk_ns_{0};
   std::string broken_;  // set (by the worker) when I/O may be left in flight: every later request fails
   std::thread worker_;
 

@@ -24,6 +24,7 @@
 #include "core/grad_utils_internal.h"
 #include "fsdp/memory.h"
 #include "fsdp/optimizer_state.h"
+#include "fsdp/trace.h"
 #include "base/fault_injection.h"
 
 namespace fsdp::detail {
@@ -140,26 +141,29 @@ void NvmeOffload::attach(FsdpState& state) {
   state_ = &state;
   const bool fp32 = param_dtype_ == torch::kFloat;
   std::vector<int64_t> slot_bytes;
-  auto add_slot = [&slot_bytes](int64_t bytes) {
+  std::vector<std::string> slot_labels;  // the trace's names of the requests: "unit 3 exp_avg"
+  size_t u = 0;
+  auto add_slot = [&](int64_t bytes, const char* what) {
     slot_bytes.push_back(bytes);
+    slot_labels.push_back("unit " + std::to_string(u) + " " + what);
     return static_cast<int>(slot_bytes.size() - 1);
   };
-  for (size_t u = 0; u < num_units(); ++u) {
+  for (; u < num_units(); ++u) {
     detail::units(state)[u]->flat_param().set_offload_state(std::make_unique<UnitSlots>());
     UnitSlots& slots = unit_slots(u);
     slots.numel = detail::units(state)[u]->flat_param().shard_numel();
     if (slots.numel == 0) continue;
     const int64_t fp32_bytes = slots.numel * 4;
-    if (offload_master_) slots.master = add_slot(fp32_bytes);
-    if (options_.params() && !fp32) slots.compute = add_slot(slots.numel * c10::elementSize(param_dtype_));
+    if (offload_master_) slots.master = add_slot(fp32_bytes, "master");
+    if (options_.params() && !fp32) slots.compute = add_slot(slots.numel * c10::elementSize(param_dtype_), "params");
     if (options_.optimizer_state()) {
-      slots.exp_avg = add_slot(fp32_bytes);
-      slots.exp_avg_sq = add_slot(fp32_bytes);
+      slots.exp_avg = add_slot(fp32_bytes, "exp_avg");
+      slots.exp_avg_sq = add_slot(fp32_bytes, "exp_avg_sq");
     }
   }
   offload::DiskStoreOptions store_options = options_.store();
   store_options.name("rank" + std::to_string(state.group()->rank()));
-  store_ = std::make_unique<DiskStore>(store_options, slot_bytes);
+  store_ = std::make_unique<DiskStore>(store_options, slot_bytes, slot_labels);
 
   // Everything offloaded leaves memory now, a unit at a time.
   torch::NoGradGuard no_grad;
@@ -193,7 +197,11 @@ void NvmeOffload::discard_read_ahead() noexcept {
 }
 
 OffloadStats NvmeOffload::stats() const {
-  return OffloadStats{store_->bytes_read(), store_->bytes_written(), wait_ns_.load() * 1e-9};
+  OffloadStats stats = store_->io_times();
+  stats.bytes_read = store_->bytes_read();
+  stats.bytes_written = store_->bytes_written();
+  stats.wait_seconds = wait_ns_.load() * 1e-9;
+  return stats;
 }
 
 std::optional<NvmeOffloadInfo> NvmeOffload::nvme_info() const {
@@ -250,6 +258,8 @@ std::optional<NvmeOffload::Moments> NvmeOffload::moments_of(size_t unit, torch::
 
 void NvmeOffload::wait(Futures& futures) {
   const auto start = Clock::now();
+  const double begin_us = trace::enabled() && !futures.empty() ? trace::now_us() : -1.0;
+  const size_t requests = futures.size();
   try {
     for (auto& f : futures) f.get();
   } catch (...) {
@@ -258,6 +268,7 @@ void NvmeOffload::wait(Futures& futures) {
   }
   futures.clear();
   wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+  trace::complete("wait for disk", "offload", begin_us, std::to_string(requests) + " requests");
 }
 
 void NvmeOffload::drain(Futures& futures) noexcept {

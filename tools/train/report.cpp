@@ -83,6 +83,9 @@ void RunFigures::record(const fsdp::StepResult& result, const fsdp::CommStats& c
     offload_wait_times.push_back(result.offload_wait_s);
     offload_read.push_back(static_cast<double>(result.offload_bytes_read));
     offload_written.push_back(static_cast<double>(result.offload_bytes_written));
+    offload_copy_times.push_back(result.offload_copy_s);
+    offload_checksum_times.push_back(result.offload_checksum_s);
+    offload_disk_times.push_back(result.offload_disk_s);
   }
   if (rank != 0) return;
   last_figures = result.per_rank;
@@ -320,6 +323,9 @@ void write_log_record(const ReportContext& c, const RunFigures& figures, const f
                          {"offload_bytes_read", result.offload_bytes_read},
                          {"offload_bytes_written", result.offload_bytes_written},
                          {"offload_wait_s", result.offload_wait_s},
+                         {"offload_io_thread_s", {{"copy", result.offload_copy_s},
+                                                  {"checksum", result.offload_checksum_s},
+                                                  {"disk", result.offload_disk_s}}},
                          {"model_state_bytes", model_state},
                          {"peak_tensor_bytes", peak}};
   if (!c.o.ckpt_dir.empty()) {  // what the checkpoints cost this step

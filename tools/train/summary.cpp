@@ -111,6 +111,9 @@ void add_offload(nlohmann::json& summary, const ReportContext& c, const RunFigur
   summary["offload_written_bytes_per_step"] = median(figures.offload_written);
   summary["offload_io_bytes_per_step_predicted"] = plan ? plan->io_per_step() : 0;
   summary["offload_wait_s"] = median(figures.offload_wait_times);
+  summary["offload_io_thread_s"] = {{"copy", median(figures.offload_copy_times)},
+                                    {"checksum", median(figures.offload_checksum_times)},
+                                    {"disk", median(figures.offload_disk_times)}};
 }
 
 // The summary's communication: rank 0's bytes of the last step by kind,
@@ -271,7 +274,9 @@ void print_training(const ReportContext& c, const RunFigures& figures) {
               << " read and " << format_mib(static_cast<int64_t>(median(figures.offload_written)))
               << " written per step (the planner: " << format_mib(c.predicted.nvme->io_per_step())
               << " in all); compute waited " << std::setprecision(3) << wait << " s (" << std::setprecision(1)
-              << 100.0 * wait / typical << "%) on it\n";
+              << 100.0 * wait / typical << "%) on it; its I/O thread copied for " << std::setprecision(3)
+              << median(figures.offload_copy_times) << " s, checksummed for " << median(figures.offload_checksum_times)
+              << " s and waited on the disk for " << median(figures.offload_disk_times) << " s\n";
   }
 }
 

@@ -3,7 +3,8 @@
 # equals the same run in memory bit for bit: zero1, full_shard and hybrid at
 # W = 2 over 5 steps (losses and the step-5 checkpoint's files), fp32 and bf16, both
 # checkpoint formats; through a resume and a reshard (W = 2 -> 1 and 4). The
-# planner's disk figures are the run's. Faults leave the last checkpoint
+# planner's disk figures are the run's, and the summary splits the I/O
+# thread's time into copies, checksums and the disk. Faults leave the last checkpoint
 # loadable: a corrupted scratch block and a truncated scratch file (clear
 # errors naming the file and the offset), and a rank killed in the middle
 # of a swap. Scratch files never outlive their run, however it ends.
@@ -44,6 +45,9 @@ for cfg in "zero1 bf16 sharded 1" "full_shard fp32 sharded 1" "full_shard bf16 f
                 .offload_file_bytes > 0' "$name: the scratch file is not the planner's size: $(jq -c '[.offload_file_bytes, .offload_file_bytes_predicted]' "$s")"
   json_ok "$s" '.offload_read_bytes_per_step + .offload_written_bytes_per_step == .offload_io_bytes_per_step_predicted' \
     "$name: the step's disk traffic is not the planner's: $(jq -c '[.offload_read_bytes_per_step, .offload_written_bytes_per_step, .offload_io_bytes_per_step_predicted]' "$s")"
+  # The I/O thread's time by cause: it checksums and waits on the disk every step.
+  json_ok "$s" '.offload_io_thread_s | .checksum > 0 and .disk > 0 and .copy >= 0' \
+    "$name: the I/O thread's seconds by cause: $(jq -c .offload_io_thread_s "$s")"
   # Between steps the offloaded state is not in memory.
   json_ok "$s" '.model_state_bytes_by_kind.optimizer | all(. == 0)' "$name: optimizer state left in memory: $(jq -c .model_state_bytes_by_kind "$s")"
   if [ "$clip" = 0 ]; then

@@ -320,6 +320,28 @@ int64_t unit_gradient_bytes(ShardingStrategy strategy, const MixedPrecision& mix
   return (flat_in_place ? p : p + r) * largest_trainable;
 }
 
+// What the loss (models::next_token_loss) holds, M = batch x context
+// tokens, in the compute dtype's `p` bytes. Whole, it keeps the fp32
+// log-probabilities (M V), and backward starts with their gradient and the
+// logits' (2 M V). Sliced, it keeps nothing of M V: from its last slice into
+// backward it holds its gradients, the head's in an fp32 accumulator (V C)
+// and the hidden states' (M C), beside one slice's fp32 logits (R V; in bf16
+// also the product before the cast, the gradient cast back, and the head's
+// product before it joins the accumulator), and, once the slice is gone,
+// the root unit's gradient buffer (`root_gradients`), which the head's
+// gradient opens (measured, the GPT-2-124M shape: the plan was 10% low
+// without it).
+struct LossMemory {
+  int64_t kept = 0;      // from forward into backward
+  int64_t backward = 0;  // at backward's start, beside what is kept
+};
+LossMemory loss_memory(const TransformerShape& shape, int64_t p, int64_t root_gradients) {
+  const int64_t M = shape.batch * shape.context, C = shape.width, V = shape.vocab, R = loss_slice_rows(V);
+  if (M <= R) return {M * V * 4, 2 * M * V * 4};
+  const int64_t cast_bytes = p == 4 ? 0 : p;  // what a compute dtype other than fp32 adds, per element
+  return {0, V * C * (4 + cast_bytes) + M * C * p + std::max(R * V * (4 + 2 * cast_bytes), root_gradients)};
+}
+
 }  // namespace
 
 StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy strategy, int world, int ranks_per_node,
@@ -366,25 +388,10 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
       shape.sublayer_units ? std::max(4 * M * C * p + probabilities, 8 * M * C * p) : per_block;
   const int64_t kept_per_layer = shape.sublayer_units ? 4 * M * C * p + norm_stats : M * C * p;
   const int64_t mask = shape.attention_saves_probabilities ? T * T : 0;
-  // The loss (models::next_token_loss): whole, it keeps the fp32
-  // log-probabilities (M V), and backward starts with their gradient and
-  // the logits' (2 M V). Sliced, it keeps nothing of M V: from its last
-  // slice into backward it holds its gradients, the head's in an fp32
-  // accumulator (V C) and the hidden states' (M C), beside one slice's fp32
-  // logits (R V; in bf16 also the product before the cast, the gradient
-  // cast back, and the head's product before it joins the accumulator).
-  const int64_t V = shape.vocab, R = loss_slice_rows(V);
-  const bool loss_sliced = M > R;
-  const int64_t loss_kept = loss_sliced ? 0 : M * V * 4;
-  const int64_t cast_bytes = p == 4 ? 0 : p;  // what a compute dtype other than fp32 adds, per element
   // Backward hands the head's gradient to the root unit first: with sharded
-  // gradients its flat gradient buffer exists from then on, beside the
-  // accumulator and every activation, once the slice is gone (measured, the
-  // GPT-2-124M shape: the plan was 10% low without it).
-  const int64_t root_gradients = keeps_full_gradients(strategy) ? 0 : p * padded_numel(units[0], K);
-  const int64_t loss_backward =
-      loss_sliced ? V * C * (4 + cast_bytes) + M * C * p + std::max(R * V * (4 + 2 * cast_bytes), root_gradients)
-                  : 2 * M * V * 4;
+  // gradients its flat gradient buffer exists from then on.
+  const LossMemory loss = loss_memory(shape, p, keeps_full_gradients(strategy) ? 0 : p * padded_numel(units[0], K));
+  const int64_t loss_kept = loss.kept, loss_backward = loss.backward;
   const int64_t outside = 2 * M * C * p + loss_kept + mask;
   peak.activations = activation_checkpointing ? shape.layers * kept_per_layer + largest_unit_activations + outside
                                               : shape.layers * per_block + outside;

@@ -138,6 +138,18 @@ TrainStep::TrainStep(FsdpState& state, torch::optim::Optimizer& optimizer, Train
   skip_sync_ = options_.micro_steps() > 1 && (keeps_full_gradients(state_.options().strategy()) || options_.no_sync());
 }
 
+namespace {
+// The step's share of the disk offload's figures: `now` less `before`.
+void record_offload(StepResult& result, const offload::OffloadStats& before, const offload::OffloadStats& now) {
+  result.offload_bytes_read = now.bytes_read - before.bytes_read;
+  result.offload_bytes_written = now.bytes_written - before.bytes_written;
+  result.offload_wait_s = now.wait_seconds - before.wait_seconds;
+  result.offload_copy_s = now.copy_seconds - before.copy_seconds;
+  result.offload_checksum_s = now.checksum_seconds - before.checksum_seconds;
+  result.offload_disk_s = now.disk_seconds - before.disk_seconds;
+}
+}  // namespace
+
 StepResult TrainStep::operator()(const LossFn& loss_fn) {
   StepResult result;
   memory::reset_peaks();
@@ -209,13 +221,7 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   result.loss = step_loss.item<double>();
   if (grad_norm.defined()) result.grad_norm = grad_norm.item<double>();
   result.step_s = seconds_since(start);
-  const offload::OffloadStats io = offload.stats();  // zeros where the shards never leave memory
-  result.offload_bytes_read = io.bytes_read - io_before.bytes_read;
-  result.offload_bytes_written = io.bytes_written - io_before.bytes_written;
-  result.offload_wait_s = io.wait_seconds - io_before.wait_seconds;
-  result.offload_copy_s = io.copy_seconds - io_before.copy_seconds;
-  result.offload_checksum_s = io.checksum_seconds - io_before.checksum_seconds;
-  result.offload_disk_s = io.disk_seconds - io_before.disk_seconds;
+  record_offload(result, io_before, offload.stats());  // zeros where the shards never leave memory
   result.figures = figures_now(state_, optimizer_);
   if (options_.gather_rank_figures()) result.per_rank = gather_figures(state_.group(), result.figures);
   return result;

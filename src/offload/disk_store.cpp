@@ -26,10 +26,49 @@ uint64_t round_up(uint64_t n, uint64_t multiple) { return (n + multiple - 1) / m
 
 uint64_t block_checksum(const char* bytes, size_t n) { return checksum::hash(checksum::Algorithm::kXxh3_64, bytes, n); }
 
-using Clock = std::chrono::steady_clock;
-// Adds the nanoseconds since `start` to one of the worker's causes.
-void add_since(std::atomic<int64_t>& total, Clock::time_point start) {
-  total += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+// Adds the nanoseconds of its scope to one of the worker's causes (io_times()).
+class ScopedTime {
+ public:
+  explicit ScopedTime(std::atomic<int64_t>& total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~ScopedTime() {
+    total_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count();
+  }
+  ScopedTime(const ScopedTime&) = delete;
+  ScopedTime& operator=(const ScopedTime&) = delete;
+
+ private:
+  std::atomic<int64_t>& total_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// Copies a block into its staging buffer, zero-padded to `aligned`, and
+// returns its checksum (the copy and the checksum timed apart).
+uint64_t stage_block(char* staging, const char* bytes, size_t n, size_t aligned, std::atomic<int64_t>& copy_ns,
+                     std::atomic<int64_t>& checksum_ns) {
+  {
+    ScopedTime copying(copy_ns);
+    std::memcpy(staging, bytes, n);
+    std::memset(staging + n, 0, aligned - n);
+  }
+  ScopedTime hashing(checksum_ns);
+  return block_checksum(staging, n);
+}
+
+// libaio's calls, timed as the disk's: one block submitted, and at least
+// one completion reaped (restarted after a signal handler ran on the thread,
+// which the kernel never restarts).
+int submit_block(io_context_t context, iocb* block, std::atomic<int64_t>& disk_ns) {
+  ScopedTime submitting(disk_ns);
+  iocb* list[1] = {block};
+  return io_submit(context, 1, list);
+}
+int reap_events(io_context_t context, std::vector<io_event>& events, std::atomic<int64_t>& disk_ns) {
+  ScopedTime waiting(disk_ns);
+  int got;
+  do {
+    got = io_getevents(context, 1, static_cast<long>(events.size()), events.data(), nullptr);
+  } while (got == -EINTR);
+  return got;
 }
 
 }  // namespace
@@ -285,9 +324,11 @@ std::string DiskStore::block_name(size_t slot, size_t block) const {
 }
 
 void DiskStore::check_block(const Slot& slot, size_t index, size_t block, const char* bytes, size_t n) const {
-  const Clock::time_point start = Clock::now();
-  const uint64_t sum = block_checksum(bytes, n);
-  add_since(checksum_ns_, start);
+  uint64_t sum;
+  {
+    ScopedTime hashing(checksum_ns_);
+    sum = block_checksum(bytes, n);
+  }
   TORCH_CHECK(sum == slot.block_checksums[block], "offload: ", block_name(index, block), " of ",
               path_, " does not match the checksum it was written with: the scratch file was changed or corrupted");
 }
@@ -300,12 +341,12 @@ void DiskStore::write_blocks_threads(const Slot& slot, size_t index, const char*
   for (size_t b = 0; b < blocks; ++b) {
     const size_t n = static_cast<size_t>(std::min<int64_t>(block, slot.bytes - static_cast<int64_t>(b) * block));
     const char* bytes = data + b * block;
-    Clock::time_point start = Clock::now();
-    checksums[b] = block_checksum(bytes, n);
-    add_since(checksum_ns_, start);
-    start = Clock::now();
+    {
+      ScopedTime hashing(checksum_ns_);
+      checksums[b] = block_checksum(bytes, n);
+    }
+    ScopedTime writing(disk_ns_);
     file_io::write_at(*file_, bytes, n, slot.offset + b * block, block_name(index, b));
-    add_since(disk_ns_, start);
   }
 }
 
@@ -315,9 +356,10 @@ void DiskStore::read_blocks_threads(const Slot& slot, size_t index, char* data) 
   for (size_t b = 0; b < blocks; ++b) {
     const size_t n = static_cast<size_t>(std::min<int64_t>(block, slot.bytes - static_cast<int64_t>(b) * block));
     char* bytes = data + b * block;
-    const Clock::time_point start = Clock::now();
-    file_io::read_at(*file_, bytes, n, slot.offset + b * block, block_name(index, b));
-    add_since(disk_ns_, start);
+    {
+      ScopedTime reading(disk_ns_);
+      file_io::read_at(*file_, bytes, n, slot.offset + b * block, block_name(index, b));
+    }
     check_block(slot, index, b, bytes, n);
   }
 }
@@ -338,9 +380,8 @@ std::string DiskStore::aio_block_done(const Slot& slot, size_t index, size_t b, 
   if (is_write) return "";
   try {
     check_block(slot, index, b, staging, n);
-    const Clock::time_point start = Clock::now();
+    ScopedTime copying(copy_ns_);
     std::memcpy(data + b * block, staging, n);
-    add_since(copy_ns_, start);
   } catch (const c10::Error& e) {
     return e.what_without_backtrace();
   }
@@ -379,12 +420,7 @@ void DiskStore::transfer_aio(const Slot& slot, size_t index, bool is_write, char
   };
   size_t in_flight = 0;
   auto reap = [&] {
-    int got;
-    const Clock::time_point start = Clock::now();
-    do {
-      got = io_getevents(aio_->context, 1, static_cast<long>(events.size()), events.data(), nullptr);
-    } while (got == -EINTR);  // a signal handler ran on this thread: never restarted by the kernel
-    add_since(disk_ns_, start);
+    const int got = reap_events(aio_->context, events, disk_ns_);
     if (got < 1) {
       // Blocks may still be in the kernel's hands: no later request may reuse their buffers.
       broken_ = "offload: io_getevents on " + path_ + " failed: " + std::strerror(-got);
@@ -407,22 +443,13 @@ void DiskStore::transfer_aio(const Slot& slot, size_t index, bool is_write, char
     iocb* cb = &aio_->blocks[buffer];
     const auto offset = static_cast<long long>(slot.offset + b * block);
     if (is_write) {
-      Clock::time_point start = Clock::now();
-      std::memcpy(staging, data + b * block, n);
-      std::memset(staging + n, 0, aligned - n);
-      add_since(copy_ns_, start);
-      start = Clock::now();
-      checksums[b] = block_checksum(staging, n);
-      add_since(checksum_ns_, start);
+      checksums[b] = stage_block(staging, data + b * block, n, aligned, copy_ns_, checksum_ns_);
       io_prep_pwrite(cb, file_->fd(), staging, aligned, offset);
     } else {
       io_prep_pread(cb, file_->fd(), staging, aligned, offset);
     }
     cb->data = reinterpret_cast<void*>(static_cast<intptr_t>(buffer));
-    iocb* list[1] = {cb};
-    const Clock::time_point submitted = Clock::now();
-    const int rc = io_submit(aio_->context, 1, list);
-    add_since(disk_ns_, submitted);
+    const int rc = submit_block(aio_->context, cb, disk_ns_);
     if (rc != 1) {
       error = "offload: submitting " + block_name(index, b) + " of " + path_ + " failed: " +
               (rc < 0 ? std::strerror(-rc) : "the kernel took 0 of 1 blocks");

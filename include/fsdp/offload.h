@@ -49,10 +49,9 @@ struct OffloadStats {
   int64_t bytes_read = 0;     ///< from the scratch file
   int64_t bytes_written = 0;  ///< to the scratch file
   double wait_seconds = 0;    ///< compute blocked on a read or a write
-  /// The I/O thread's own time, by cause: copying between the tensors and
-  /// the O_DIRECT staging buffers, checksumming blocks (XXH3), and in the
-  /// disk's hands (libaio's io_getevents, or pread/pwrite).
-  double copy_seconds = 0, checksum_seconds = 0, disk_seconds = 0;
+  double copy_seconds = 0;      ///< the I/O thread copying between tensors and O_DIRECT staging buffers
+  double checksum_seconds = 0;  ///< the I/O thread checksumming blocks (XXH3)
+  double disk_seconds = 0;      ///< the I/O thread in the disk's hands (io_submit/io_getevents, or pread/pwrite)
 };
 
 /// What a model's disk offload is, for reports: FsdpState::nvme_offload().

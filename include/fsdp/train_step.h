@@ -114,9 +114,9 @@ struct StepResult {
   int64_t offload_bytes_read = 0, offload_bytes_written = 0;
   double offload_wait_s = 0.0;
   ///@}
-  /// The offload's I/O thread's seconds in this step, by cause
-  /// (OffloadStats): staging copies, checksums, the disk.
-  double offload_copy_s = 0.0, offload_checksum_s = 0.0, offload_disk_s = 0.0;
+  double offload_copy_s = 0.0;      ///< the offload's I/O thread in this step: copying through staging buffers
+  double offload_checksum_s = 0.0;  ///< the offload's I/O thread in this step: checksumming blocks
+  double offload_disk_s = 0.0;      ///< the offload's I/O thread in this step: waiting on the disk
   RankFigures figures;        ///< this rank's
   std::vector<RankFigures> per_rank;  ///< every rank's, when gathered
 };

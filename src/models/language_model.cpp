@@ -23,7 +23,7 @@ struct SlicedNextTokenLoss : public torch::autograd::Function<SlicedNextTokenLos
                                const torch::Tensor& weight, const torch::Tensor& targets, bool want_gradients) {
     const int64_t rows = hidden.size(0), slice = loss_slice_rows(weight.size(0));
     const torch::Tensor valid = targets.ne(kIgnoredTarget);
-    const double count = static_cast<double>(valid.sum().item<int64_t>());
+    const torch::Tensor count = valid.sum().to(torch::kFloat);  // a tensor: no wait for a GPU here
     const bool want_hidden = want_gradients && hidden.requires_grad();
     const bool want_weight = want_gradients && weight.requires_grad();
     const auto product_dtype = hidden.scalar_type() == torch::kHalf ? torch::kFloat : hidden.scalar_type();

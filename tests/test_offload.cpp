@@ -176,14 +176,18 @@ TEST(DiskOffload, EqualsMemoryThroughEvaluationAndStateDictLoads) {
 
 // Stepping in backward (NvmeOffloadOptions::step_in_backward, the default)
 // moves each unit's update into the last backward of the step, as soon as
-// its gradient is reduced, and frees that gradient at once. It changes when
-// the update runs, not what it computes: for every strategy disk offload
-// allows, with accumulation and the matrices' decay, the losses equal the
-// in-memory run's and the step-after-backward run's bit for bit. After the
-// step no gradient shard is left in memory (the step after backward keeps
-// all of them until the optimizer runs), and a step that clips (it needs
-// every gradient first) steps after backward, still bit for bit; so does
-// no_shard, whose whole gradient lives in a buffer of its own anyway.
+// its gradient is reduced, and frees that gradient at once. A step that
+// clips or scales the loss (it needs every gradient first) writes each
+// gradient out as it arrives, prepared (unscaled, its sum of squares
+// kept), and leaves each unit's update for its next all-gather. Either
+// changes when the update runs, not what it computes: for every strategy
+// disk offload allows, with accumulation, the matrices' decay, clipping and
+// loss scaling, the losses (and an evaluation after the last step, which
+// takes the last pending updates) equal the in-memory run's and the
+// step-after-backward run's bit for bit. After the step no gradient shard
+// is left in memory (the step after backward keeps all of them until the
+// optimizer runs); no_shard, whose whole gradient lives in a buffer of its
+// own anyway, steps after backward.
 TEST(DiskOffload, StepsEachUnitInBackwardAsItsGradientArrives) {
   const int W = world_group->size(), r = world_group->rank();
   const GPTConfig config = tiny();
@@ -196,7 +200,7 @@ TEST(DiskOffload, StepsEachUnitInBackwardAsItsGradientArrives) {
   if (W % 2 == 0) strategies.push_back(fsdp::ShardingStrategy::kHybridShard);
   enum Placement { kMemory, kInBackward, kAfterBackward };
   for (const auto strategy : strategies) {
-    for (const double clip : {0.0, 0.5}) {
+    for (const auto& [clip, scaling] : {std::pair{0.0, false}, {0.5, false}, {0.5, true}}) {
       std::vector<double> losses[3];
       for (const Placement placement : {kMemory, kInBackward, kAfterBackward}) {
         auto options = block_units(strategy);
@@ -208,9 +212,11 @@ TEST(DiskOffload, StepsEachUnitInBackwardAsItsGradientArrives) {
         }
         auto model = fsdp::fully_shard(make_gpt(config), world_group, options);
         fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());
-        fsdp::TrainStep train_step(
-            model, optimizer, fsdp::TrainStepOptions().micro_steps(2).weight_decay(0.1).clip_grad_norm(clip));
+        fsdp::TrainStep train_step(model, optimizer,
+                                   fsdp::TrainStepOptions().micro_steps(2).weight_decay(0.1).clip_grad_norm(clip).loss_scaling(
+                                       scaling));
         const std::string what = std::string(fsdp::strategy_name(strategy)) + (clip > 0 ? ", clipped" : "") +
+                                 (scaling ? ", loss scaled" : "") +
                                  (placement == kInBackward ? ", in backward" : ", after backward");
         for (int64_t step = 0; step < 3; ++step) {
           const fsdp::StepResult result = train_step([&](int64_t micro) {
@@ -219,19 +225,25 @@ TEST(DiskOffload, StepsEachUnitInBackwardAsItsGradientArrives) {
           });
           losses[placement].push_back(result.loss);
           if (placement == kMemory) continue;
-          const bool in_backward = placement == kInBackward && clip == 0 && !fsdp::keeps_full_gradients(strategy);
-          EXPECT_EQ(model.state().nvme_offload()->stepped_in_backward, in_backward) << what;
-          if (in_backward) {
+          const bool overlapped = placement == kInBackward && !fsdp::keeps_full_gradients(strategy);
+          const bool deferred = overlapped && (clip > 0 || scaling);
+          EXPECT_EQ(model.state().nvme_offload()->stepped_in_backward, overlapped && !deferred) << what;
+          EXPECT_EQ(model.state().nvme_offload()->stepped_before_next_gather, deferred) << what;
+          if (overlapped) {
             EXPECT_EQ(result.figures.grad_shard_bytes, 0) << what << ": a gradient shard outlived its unit's step";
           } else {
             EXPECT_GT(result.figures.grad_shard_bytes, 0) << what << ": the gradients are kept for the step";
           }
         }
+        torch::NoGradGuard no_grad;  // takes the last step's pending updates
+        auto [x, y] = data.batch(7, 0, r, W, 1, 2);
+        losses[placement].push_back(model.forward(x, y).item<double>());
       }
       for (int placement : {kInBackward, kAfterBackward}) {
         for (size_t i = 0; i < losses[0].size(); ++i) {
           EXPECT_EQ(losses[placement][i], losses[kMemory][i])
-              << fsdp::strategy_name(strategy) << (clip > 0 ? " clipped" : "") << ", placement " << placement
+              << fsdp::strategy_name(strategy) << (clip > 0 ? " clipped" : "") << (scaling ? ", loss scaled" : "")
+              << ", placement " << placement
               << ": step " << i;
         }
       }

@@ -283,12 +283,19 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
 ///                    written once (after the step); stepping in backward
 ///                    with fp32 parameters, the last backward gather's read
 ///                    of the master is the step's
+///   gradients        stepping before the next gather (a clipped or
+///                    loss-scaled step that overlaps compute): 4S on disk,
+///                    written once and read once a step; the update's
+///                    master is what the next forward gathers (no read of
+///                    its own)
 /// \endcode
 /// A gather holds 1 + read_ahead units' parameters (the one gathered, those
 /// read ahead). The step after backward holds up to three units' offloaded
 /// state (read, step, write); stepping in backward (nvme_steps_in_backward)
 /// holds read_ahead + 2 (read ahead, stepping, written behind) and the
-/// stepping unit's gradient during backward, and no gradient shard stays:
+/// stepping unit's gradient during backward, and no gradient shard stays;
+/// stepping before the next gather (nvme_steps_before_next_gather) holds
+/// read_ahead + 2 units' state with their gradients during forward:
 /// transient bytes on top of what stays.
 struct NvmeOffloadPlan {
   ModelStateBytes resident;        ///< the model state that stays in memory between steps
@@ -297,6 +304,9 @@ struct NvmeOffloadPlan {
   int64_t step_buffers = 0;        ///< in memory at the optimizer step's peak, on top of `resident`
   int64_t gather_buffers = 0;      ///< in memory at a gather's peak (offloaded parameters), on top
   bool step_in_backward = false;   ///< the units step during backward: step_buffers add to backward's peak
+  /// The units step before their next gather (their gradients written out
+  /// in backward): step_buffers add to forward's peak.
+  bool step_before_next_gather = false;
   /// Bytes one step reads from and writes to the scratch file.
   ///@{
   int64_t read_per_step = 0, written_per_step = 0;
@@ -313,11 +323,17 @@ struct NvmeOffloadPlan {
 NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                       int ranks_per_node, const MixedPrecision& mixed_precision, bool optimizer_state,
                                       bool params, int64_t micro_steps = 1, int64_t block_bytes = int64_t{1} << 20,
-                                      bool step_in_backward = false, int read_ahead = 2);
+                                      bool step_in_backward = false, int read_ahead = 2,
+                                      bool step_before_next_gather = false);
 /// Whether a disk-offloaded run steps each unit during backward: asked for
 /// (NvmeOffloadOptions::step_in_backward), and nothing needs every gradient
 /// first (no clipping, no loss scaling) or keeps them whole anyway (no_shard, zero1).
 bool nvme_steps_in_backward(bool asked, ShardingStrategy strategy, bool clips_gradients, bool scales_loss);
+/// Whether a disk-offloaded run writes each gradient out in backward and
+/// steps each unit before its next gather: asked for
+/// (NvmeOffloadOptions::step_in_backward), a step that clips or scales the
+/// loss, and a strategy that hands each unit's gradient over (not no_shard, zero1).
+bool nvme_steps_before_next_gather(bool asked, ShardingStrategy strategy, bool clips_gradients, bool scales_loss);
 /// The step's peak of host memory with disk offload: the in-memory peak less
 /// what is offloaded, plus the gather's buffers, and the step's: during
 /// backward when the units step there, else after it (which has freed the

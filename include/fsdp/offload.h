@@ -62,6 +62,9 @@ struct NvmeOffloadInfo {
   std::string engine_description;  ///< e.g. "libaio, O_DIRECT", or the fallback taken and why
   int64_t offloaded_bytes = 0;     ///< the scratch file's size: the memory the offloaded state would take
   bool stepped_in_backward = false;  ///< the last step stepped each unit during backward (NvmeOffloadOptions::step_in_backward)
+  /// The last step (clipped or loss-scaled) wrote each gradient out as it
+  /// arrived and left each unit's update for its next all-gather.
+  bool stepped_before_next_gather = false;
   OffloadStats stats;              ///< the traffic since the model was built
 };
 

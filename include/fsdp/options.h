@@ -89,7 +89,7 @@ BackwardPrefetch parse_backward_prefetch(const std::string& name);  ///< throws,
 /// memory: each rank's offloaded state lives in one scratch file in
 /// store().dir() between uses, read back asynchronously when it is needed
 /// (what is offloaded: optimizer_state() and params()).
-/// Gradient shards stay in memory. The optimizer must be an fsdp::FusedAdamW,
+/// Gradient shards leave memory as they arrive (step_in_backward). The optimizer must be an fsdp::FusedAdamW,
 /// and the model trains through fsdp::TrainStep, whose step brings each
 /// unit's state in around its update: a plain loss.backward() is refused.
 /// Results are bitwise those of the same run in memory, and checkpoints hold
@@ -112,9 +112,14 @@ struct NvmeOffloadOptions {
   /// its state is written behind the next units' backward. No gradient
   /// shard stays in memory until the step, and the optimizer's disk traffic
   /// overlaps compute. A step that clips the gradient norm or scales the
-  /// loss needs every gradient before any unit steps: it steps after
-  /// backward, unit by unit, with the gradients in memory until then (as
-  /// with false). The same numbers either way. On by default.
+  /// loss needs every gradient before any unit steps: each gradient is
+  /// then unscaled and its sum of squares taken as it arrives, it is
+  /// written to the scratch file and freed, and each unit's update waits,
+  /// with the step's clip coefficient and learning rate, until the unit is
+  /// next needed (its next forward's all-gather, or a checkpoint), its
+  /// state and gradient read ahead in gather order. false: the step runs
+  /// after backward, unit by unit, with every gradient in memory until
+  /// then. The same numbers, bit for bit, either way. On by default.
   TORCH_ARG(bool, step_in_backward) = true;
   /// Parameter shards read ahead of their all-gather, in the order the units
   /// were gathered in the last step (each costs one unit's shard of memory

@@ -139,7 +139,7 @@ bool FlatParam::quantizes_gathers() const {
 
 void FlatParam::start_unshard(bool exact) {
   if (pending_unshard_) return;
-  const int64_t version = shard_._version();
+  int64_t version = shard_._version();
   if (is_unsharded_ && !stale_ && gathered_version_ == version) return;
   // In a device pass the buffer is made, the shard cast and the gather
   // issued on the gather stream, which then need not wait for the compute
@@ -174,6 +174,9 @@ void FlatParam::start_unshard(bool exact) {
   } else {
     MemoryCategoryScope scope(Category::kUnshardedBuffer);
     input = config_.offload->fetch(*this);
+    // The fetch may step the shard first (disk offload's pending update):
+    // what is gathered is the shard after it.
+    version = shard_._version();
   }
   if (config_.shard_group) {
     if (quantizes_gathers() && !exact) {

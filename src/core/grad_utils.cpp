@@ -12,9 +12,10 @@
 #include "base/parallel.h"
 #include "core/fsdp_state_impl.h"
 #include "core/unit.h"
+#include "core/shard_offload.h"
 
 namespace fsdp {
-namespace {
+namespace detail {
 
 // The sum of a gradient's squares, accumulated in double in an order fixed
 // by the element indices alone: chunks of kChunk elements, each summed in
@@ -49,21 +50,31 @@ double sum_of_squares_in_double(const torch::Tensor& grad) {
   return total;
 }
 
-}  // namespace
+}  // namespace detail
 
 torch::Tensor clip_grad_norm_tensor_(FsdpState& state, double max_norm) {
   TORCH_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got ", max_norm);
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   bool on_host = true;
+  offload::ShardOffload& offload = detail::shard_offload(state);
+  // The gradients in memory, and those a disk offload prepared as they
+  // arrived (their sums of squares taken then), in the shards' order.
+  double sum_of_squares = 0.0;
+  bool prepared = false;
   for (const auto& shard : state.parameters()) {
-    if (!shard.grad().defined()) continue;
+    if (!shard.grad().defined()) {
+      if (const auto* gradient = offload.prepared_gradient(shard)) {
+        sum_of_squares += gradient->sum_of_squares;
+        prepared = true;
+      }
+      continue;
+    }
     grads.push_back(shard.grad());
     on_host = on_host && in_host_memory(shard.grad());
+    if (on_host) sum_of_squares += detail::sum_of_squares_in_double(shard.grad());
   }
   if (!on_host) return detail::clip_gradients_queued(grads, state.shard_group(), max_norm);
-  double sum_of_squares = 0.0;
-  for (const auto& grad : grads) sum_of_squares += sum_of_squares_in_double(grad);
   torch::Tensor total = torch::tensor({sum_of_squares}, torch::kDouble);
   // The shard group partitions the model: summing over it counts every
   // element once (replicas across nodes hold the same shards; no_shard has no
@@ -73,6 +84,7 @@ torch::Tensor clip_grad_norm_tensor_(FsdpState& state, double max_norm) {
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient < 1.0) {
     for (auto& grad : grads) grad.mul_(coefficient);
+    if (prepared) offload.clip_prepared_gradients(coefficient);
   }
   return torch::tensor(norm, torch::kDouble);
 }
@@ -150,8 +162,14 @@ bool GradScaler::unscale_() {
   if (unscaled_) return found_inf_;
   torch::NoGradGuard no_grad;
   bool local_inf = false;
+  const offload::ShardOffload& offload = detail::shard_offload(state_);
   for (const auto& shard : state_.parameters()) {
-    if (!shard.grad().defined()) continue;
+    if (!shard.grad().defined()) {
+      // Unscaled as it arrived (disk offload's prepared gradients).
+      const auto* gradient = offload.prepared_gradient(shard);
+      local_inf = local_inf || (gradient && !gradient->finite);
+      continue;
+    }
     shard.grad().mul_(1.0 / scale_);
     local_inf = local_inf || !torch::isfinite(shard.grad()).all().item<bool>();
   }

@@ -14,6 +14,9 @@
 namespace fsdp {
 
 namespace detail {
+// The sum of a gradient's squares in double, in an order fixed by the
+// element indices alone (what clip_grad_norm_ sums on the host).
+double sum_of_squares_in_double(const torch::Tensor& grad);
 // clip_grad_norm_tensor_ for gradients on a device (any device: the tests
 // run it on the CPU): each gradient's norm in float, squared and summed in
 // double, summed over `shard_group` (null: none), every gradient scaled by

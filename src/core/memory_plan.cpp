@@ -466,11 +466,16 @@ double NvmeOffloadPlan::io_seconds(double read_bandwidth, double write_bandwidth
 NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                       int ranks_per_node, const MixedPrecision& mixed_precision, bool optimizer_state,
                                       bool params, int64_t micro_steps, int64_t block_bytes, bool step_in_backward,
-                                      int read_ahead) {
+                                      int read_ahead, bool step_before_next_gather) {
   TORCH_CHECK(block_bytes > 0 && micro_steps > 0 && read_ahead > 0,
               "estimate_nvme_offload: block_bytes, micro_steps and read_ahead must be positive");
   NvmeOffloadPlan plan;
+  TORCH_CHECK(!(step_in_backward && step_before_next_gather), "estimate_nvme_offload: a step runs in backward or ",
+              "before the next gather, not both");
   plan.step_in_backward = step_in_backward;
+  plan.step_before_next_gather = step_before_next_gather;
+  // Either writes a gradient slot per unit (NvmeOffloadOptions::step_in_backward asked, a strategy that hands gradients over).
+  const bool gradient_slots = step_in_backward || step_before_next_gather;
   plan.resident = estimate_model_state(unit_numels, strategy, world, ranks_per_node, mixed_precision);
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
@@ -487,7 +492,7 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
     shards.push_back(S);
     // The store's slots: master, param-dtype copy, exp_avg, exp_avg_sq.
     const int64_t slots[] = {master ? 4 * S : 0, params && !fp32 ? p * S : 0, optimizer_state ? 4 * S : 0,
-                             optimizer_state ? 4 * S : 0};
+                             optimizer_state ? 4 * S : 0, gradient_slots ? 4 * S : 0};
     for (int64_t bytes : slots) plan.offloaded += bytes, plan.file_bytes += blocks(bytes);
     if (optimizer_state) plan.read_per_step += 8 * S, plan.written_per_step += 8 * S;
     if (master) plan.read_per_step += 4 * S, plan.written_per_step += 4 * S;
@@ -496,7 +501,10 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
       if (!fp32) plan.written_per_step += p * S;
       // The master the last backward gather reads stays for the step.
       if (fp32 && step_in_backward && reshards_after_forward(strategy)) plan.read_per_step -= 4 * S;
+      // The first forward gather sends the master its unit's update just wrote.
+      if (step_before_next_gather) plan.read_per_step -= (fp32 ? 4 : p) * S;
     }
+    if (step_before_next_gather) plan.read_per_step += 4 * S, plan.written_per_step += 4 * S;
   }
   // What leaves the resident figures (sharded strategies keep 4S of params;
   // zero1 and no_shard keep whole parameters, of which only a separate
@@ -507,10 +515,13 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
     for (int64_t S : shards) master_bytes += 4 * S, copy_bytes += (params ? 0 : p * S);
     plan.resident.params += copy_bytes - master_bytes;
   }
-  if (step_in_backward) plan.resident.grads = 0;  // each freed once its unit stepped
+  // Each freed once its unit stepped, or once written out.
+  if (gradient_slots) plan.resident.grads = 0;
   std::sort(shards.rbegin(), shards.rend());
-  const int64_t per_unit_step = (master ? 4 : 0) + (optimizer_state ? 8 : 0) + (params && !fp32 ? p : 0);
-  const size_t units_stepping = step_in_backward ? static_cast<size_t>(read_ahead) + 2 : 3;
+  // Before the next gather, each unit's gradient is read with its state.
+  const int64_t per_unit_step = (master ? 4 : 0) + (optimizer_state ? 8 : 0) + (params && !fp32 ? p : 0) +
+                                (step_before_next_gather ? 4 : 0);
+  const size_t units_stepping = gradient_slots ? static_cast<size_t>(read_ahead) + 2 : 3;
   for (size_t i = 0; i < std::min(units_stepping, shards.size()); ++i) plan.step_buffers += per_unit_step * shards[i];
   if (step_in_backward && !shards.empty()) plan.step_buffers += 4 * shards[0];  // the stepping unit's gradient
   if (params) {
@@ -526,9 +537,13 @@ bool nvme_steps_in_backward(bool asked, ShardingStrategy strategy, bool clips_gr
   return asked && !clips_gradients && !scales_loss && !keeps_full_gradients(strategy);
 }
 
+bool nvme_steps_before_next_gather(bool asked, ShardingStrategy strategy, bool clips_gradients, bool scales_loss) {
+  return asked && (clips_gradients || scales_loss) && !keeps_full_gradients(strategy);
+}
+
 int64_t peak_with_nvme_offload(const StepPeak& peak, const NvmeOffloadPlan& plan) {
   const int64_t in_step = peak.total() - peak.state.total() + plan.resident.total() + plan.gather_buffers;
-  if (plan.step_in_backward) return in_step + plan.step_buffers;
+  if (plan.step_in_backward || plan.step_before_next_gather) return in_step + plan.step_buffers;
   const int64_t in_optimizer = plan.resident.total() + plan.step_buffers;
   return std::max(in_step, in_optimizer);
 }

@@ -39,6 +39,21 @@ struct GatherInput {
   std::unique_ptr<c10::StreamGuard> stream;
 };
 
+// What a step does to every gradient before any unit steps (TrainStep's
+// loss scaling and clipping), for a placement that prepares each gradient
+// as it arrives (ShardOffload::begin_step_in_backward).
+struct StepPreparation {
+  std::optional<double> unscale;  // each gradient times this first (1 / the loss scale), as GradScaler::unscale_
+  bool clips = false;             // clipping will need each gradient's sum of squares
+  bool asks_anything() const { return unscale.has_value() || clips; }
+};
+
+// What a prepared gradient left behind for the step's global decisions.
+struct PreparedGradient {
+  double sum_of_squares = 0;  // as clip_grad_norm_ sums it (when the step clips)
+  bool finite = true;         // no inf or nan after unscaling (when the step unscales)
+};
+
 // What a placement keeps of one unit between uses (CPU offload's pinned
 // gradient buffer and the copy in flight, disk offload's slots in the
 // scratch file): hung on the unit's FlatParam (FlatParam::offload_state),
@@ -80,14 +95,31 @@ class ShardOffload {
   virtual void finish_gradient(FlatParam& flat) {}
   // The end of backward, before the optimizer touches the shards.
   virtual void finish_backward() {}
-  // The coming backward is the last of a step that needs no gradient
-  // before any unit steps (no clipping, no loss scaling): a placement that
-  // can step each unit as its gradient arrives (accept_gradient) starts
-  // doing so, with `optimizer` and the matrices' decay (see step()); step()
-  // then steps only what that left. Returns whether it will.
-  virtual bool begin_step_in_backward(torch::optim::Optimizer& optimizer, double matrix_weight_decay) {
+  // The coming backward is the last of a step. A placement that can take
+  // each unit's gradient as it is reduced (accept_gradient) and free it at
+  // once returns true and does so, with `optimizer` and the matrices'
+  // decay (see step()):
+  // - a step that needs no gradient first (`preparation` asks nothing):
+  //   each unit steps at once; step() then steps only what that left;
+  // - a step that unscales or clips: each gradient is prepared as it
+  //   arrives (unscaled, its sum of squares kept: prepared_gradient) and
+  //   kept out of memory; step() then defers each unit's update, with the
+  //   clip coefficient clip_prepared_gradients gave, to just before its
+  //   next all-gather (or whatever brings it into memory first).
+  // The numbers are those of the step after backward, bit for bit.
+  virtual bool begin_step_in_backward(torch::optim::Optimizer& optimizer, double matrix_weight_decay,
+                                      const StepPreparation& preparation) {
     return false;
   }
+  // Every update step() left pending applied now (before something reads
+  // the state as a whole: a checkpoint's metadata, its step counts).
+  virtual void apply_pending_updates() {}
+  // A gradient begin_step_in_backward's placement prepared and keeps out of
+  // memory (the shard's .grad is then undefined), or null.
+  virtual const PreparedGradient* prepared_gradient(const torch::Tensor& shard) const { return nullptr; }
+  // Clipping scales every gradient by `coefficient` (< 1): the prepared
+  // ones when their units step.
+  virtual void clip_prepared_gradients(double coefficient) {}
   // The gradients of `optimizer`'s parameters were just zeroed in place
   // (TrainStep, after its step): the next reduced gradient of each of those
   // units may replace its gradient instead of being added to it.

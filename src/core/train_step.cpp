@@ -173,12 +173,17 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
     // Each micro-step's mean is 1/A of the step's: the gradient is that of
     // the mean over the global batch.
     loss = loss / static_cast<double>(A);
-    // A step that needs no gradient before any unit steps (no clipping, no
-    // loss scaling) lets the placement step each unit during the last
-    // backward, as its gradient arrives (disk offload: nothing waits in a
-    // phase of its own, no gradient stays in memory).
-    if (micro == A - 1 && !scaler_ && options_.clip_grad_norm() == 0) {
-      offload.begin_step_in_backward(optimizer_, options_.weight_decay());
+    // The last backward may hand each unit's gradient to the placement as
+    // it is reduced (disk offload: nothing waits in a phase of its own, no
+    // gradient stays in memory): it steps the unit at once, or, where the
+    // step unscales or clips first, prepares the gradient as
+    // GradScaler::unscale_ and clip_grad_norm_ would and steps the unit
+    // just before its next gather.
+    if (micro == A - 1) {
+      offload::StepPreparation preparation;
+      if (scaler_) preparation.unscale = 1.0 / scaler_->scale_factor();
+      preparation.clips = options_.clip_grad_norm() > 0;
+      offload.begin_step_in_backward(optimizer_, options_.weight_decay(), preparation);
     }
     (scaler_ ? scaler_->scale(loss) : loss).backward();
     const torch::Tensor micro_loss = loss.detach().to(torch::kDouble);

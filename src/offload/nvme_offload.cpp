@@ -65,7 +65,7 @@ using memory::MemoryCategoryScope;
 struct NvmeOffload::UnitSlots : UnitOffloadState {
   int64_t numel = 0;  // the shard's elements
   // Slots in the store; -1 where the tensor is not offloaded.
-  int master = -1, compute = -1, exp_avg = -1, exp_avg_sq = -1;
+  int master = -1, compute = -1, exp_avg = -1, exp_avg_sq = -1, grad = -1;
   // Whether the slot holds the tensor's current value.
   bool master_on_disk = false, compute_on_disk = false, moments_on_disk = false;
   // The param-dtype copy kept in memory for the all-gathers when the master
@@ -79,6 +79,25 @@ struct NvmeOffload::UnitSlots : UnitOffloadState {
   // issued at its gather (read_state) and not yet waited for.
   bool stepped_in_backward = false;
   std::optional<Futures> state_reads;
+  // Deferred step: the gradient prepared and written out in the last
+  // backward, not yet taken by a step; the update left pending by step(),
+  // and the gradient read back for it.
+  std::optional<PreparedGradient> prepared;
+  std::shared_ptr<DeferredStep> pending;
+  torch::Tensor grad_in;
+};
+
+// One step() whose updates wait for their units' next gathers: what each
+// update needs as it was when the step was taken (the trainer may change
+// the learning rate before then).
+struct NvmeOffload::DeferredStep {
+  FusedAdamW* optimizer = nullptr;
+  double clip_coefficient = 1.0;  // < 1: every gradient times this (clip_grad_norm_'s scaling)
+  double matrix_weight_decay = 0;
+  std::unordered_map<const c10::TensorImpl*, torch::optim::AdamWOptions> options;  // each shard's group's, copied
+  OptionsOf options_of;                                                           // pointers into `options`
+  int64_t number = 0;    // the optimizer step this is (1 first)
+  bool started = false;  // a unit has stepped
 };
 
 NvmeOffload::UnitSlots& NvmeOffload::slots_of(const FlatParam& flat) {
@@ -131,6 +150,9 @@ void check_nvme_offload_options(const FullyShardOptions& fsdp, c10::Device devic
 
 NvmeOffload::NvmeOffload(const FullyShardOptions& options)
     : options_(*options.nvme_offload()), param_dtype_(options.mixed_precision().param_dtype()) {
+  // A step that prepares its gradients as they arrive writes them out:
+  // strategies that keep whole gradients hand none over.
+  writes_gradients_ = options_.step_in_backward() && !keeps_full_gradients(options.strategy());
   // With fp32 parameters the master is what the all-gather sends: it goes
   // with the parameters. Otherwise it is optimizer state (a param-dtype copy
   // stays for the gathers).
@@ -160,6 +182,7 @@ void NvmeOffload::attach(FsdpState& state) {
       slots.exp_avg = add_slot(fp32_bytes, "exp_avg");
       slots.exp_avg_sq = add_slot(fp32_bytes, "exp_avg_sq");
     }
+    if (writes_gradients_) slots.grad = add_slot(fp32_bytes, "grad");
   }
   offload::DiskStoreOptions store_options = options_.store();
   store_options.name("rank" + std::to_string(state.group()->rank()));
@@ -188,7 +211,7 @@ NvmeOffload::~NvmeOffload() {
     const FlatParam& flat = detail::units(*state_)[u]->flat_param();
     if (flat.offload_state() && slots_of(flat).state_reads) drain(*slots_of(flat).state_reads);
   }
-  for (auto& [unit, writes] : writes_behind_) drain(writes);
+  for (auto& behind : writes_behind_) drain(behind.writes);
 }
 
 void NvmeOffload::discard_read_ahead() noexcept {
@@ -211,6 +234,7 @@ std::optional<NvmeOffloadInfo> NvmeOffload::nvme_info() const {
                          store_->engine_description(),
                          static_cast<int64_t>(store_->file_bytes()),
                          last_step_in_backward_,
+                         last_step_deferred_,
                          stats()};
 }
 
@@ -218,9 +242,10 @@ GatherInput NvmeOffload::fetch(const FlatParam& flat) {
   // Until attach() (the units' first gathers, while they are built) the
   // shards are in memory still.
   const size_t unit = flat.unit_index();
-  if (!flat.offload_state() || slots_of(flat).numel == 0 || !(offload_master_ || options_.params())) {
-    return ShardOffload::fetch(flat);
-  }
+  if (!flat.offload_state() || slots_of(flat).numel == 0) return ShardOffload::fetch(flat);
+  // The update the last step left pending: the gather sends its result.
+  if (slots_of(flat).pending) step_pending(unit);
+  if (!(offload_master_ || options_.params())) return ShardOffload::fetch(flat);
   GatherInput input;
   input.values = compute_shard(unit);
   return input;
@@ -292,6 +317,7 @@ NvmeOffload::Futures NvmeOffload::issue_reads(size_t unit, torch::optim::Optimiz
 void NvmeOffload::issue_reads_into(size_t unit, torch::optim::Optimizer* optimizer, Futures& futures) {
   UnitSlots& slots = unit_slots(unit);
   if (slots.numel == 0) return;
+  settle_writes(unit);  // a slot is read only once its write has landed
   torch::NoGradGuard no_grad;
   const torch::Tensor& shard = detail::units(*state_)[unit]->flat_param().shard();
   if (slots.master >= 0 && !in_memory(shard, slots.numel)) {
@@ -367,6 +393,8 @@ void NvmeOffload::bring_in(size_t unit, torch::optim::Optimizer* optimizer) {
   // What the scope changes is written back when it ends: a parameter read
   // issued ahead before then would hold the old values.
   discard_read_ahead();
+  // A pending update first (written, then read back with the rest).
+  if (unit_slots(unit).pending) step_pending(unit);
   Futures reads = issue_reads(unit, optimizer);
   wait(reads);
   UnitSlots& slots = unit_slots(unit);
@@ -385,6 +413,7 @@ void NvmeOffload::send_out(size_t unit, torch::optim::Optimizer* optimizer) {
 }
 
 NvmeOffload::Futures NvmeOffload::read_compute(size_t unit, torch::Tensor& into) {
+  settle_writes(unit);
   const UnitSlots& slots = unit_slots(unit);
   const bool from_master = slots.compute < 0;  // fp32 parameters: the master is what is gathered
   TORCH_CHECK(from_master ? slots.master_on_disk : slots.compute_on_disk, "NvmeOffload: the parameters of unit ", unit,
@@ -436,7 +465,7 @@ void NvmeOffload::read_ahead_after(size_t position, size_t unit) {
     const size_t u = fetch_order_last_[next];
     // A unit whose state a step in backward reads brings its master with it.
     const UnitSlots& slots = unit_slots(u);
-    const bool read_with_state = backward_optimizer_ && slots.compute < 0;
+    const bool read_with_state = (backward_optimizer_ && slots.compute < 0) || slots.pending;
     if (slots.numel == 0 || read_with_state ||
         in_memory(detail::units(*state_)[u]->flat_param().shard(), slots.numel)) {
       break;  // keep the queue in fetch order: no gaps
@@ -468,15 +497,23 @@ void NvmeOffload::update(size_t unit, FusedAdamW& optimizer, const OptionsOf& op
   optimizer.step_parameter(options, shard);
 }
 
-bool NvmeOffload::begin_step_in_backward(torch::optim::Optimizer& optimizer, double matrix_weight_decay) {
+bool NvmeOffload::begin_step_in_backward(torch::optim::Optimizer& optimizer, double matrix_weight_decay,
+                                         const StepPreparation& preparation) {
   auto* fused = dynamic_cast<FusedAdamW*>(&optimizer);
   // Strategies that keep whole gradients (no_shard, zero1) hold them in a
   // buffer that lives anyway, and hand no unit's gradient over when it is
   // reduced: they step after backward.
   if (!options_.step_in_backward() || !fused || keeps_full_gradients(state_->options().strategy())) return false;
+  step_all_pending();  // a unit no forward needed since the last step
+  backward_options_ = options_of(optimizer);
+  if (preparation.asks_anything()) {
+    preparing_ = preparation;
+    clip_coefficient_ = 1.0;
+    for (size_t u = 0; u < num_units(); ++u) unit_slots(u).prepared.reset();
+    return true;
+  }
   backward_optimizer_ = fused;
   backward_decay_ = matrix_weight_decay;
-  backward_options_ = options_of(optimizer);
   for (size_t u = 0; u < num_units(); ++u) unit_slots(u).stepped_in_backward = false;
   grad_order_this_.clear();
   // The first units to get their gradient: their state is read while backward starts.
@@ -507,11 +544,109 @@ void NvmeOffload::read_state(size_t unit) {
 }
 
 void NvmeOffload::accept_gradient(FlatParam& flat, torch::Tensor reduced) {
-  ShardOffload::accept_gradient(flat, std::move(reduced));
   const size_t unit = flat.unit_index();
-  if (!backward_optimizer_ || !flat.offload_state() || slots_of(flat).numel == 0) return;
+  if (flat.offload_state() && slots_of(flat).pending) step_pending(unit);  // the last step's, before this one's
+  ShardOffload::accept_gradient(flat, std::move(reduced));
+  if ((!backward_optimizer_ && !preparing_) || !flat.offload_state() || slots_of(flat).numel == 0) return;
   if (!backward_options_.count(flat.shard().unsafeGetTensorImpl())) return;  // not the optimizer's: left to step()
-  step_now(unit);
+  if (preparing_) {
+    prepare_gradient(unit);
+  } else {
+    step_now(unit);
+  }
+}
+
+void NvmeOffload::prepare_gradient(size_t unit) {
+  UnitSlots& slots = unit_slots(unit);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor& shard = detail::units(*state_)[unit]->flat_param().shard();
+  torch::Tensor grad = shard.grad();
+  TORCH_CHECK(grad.scalar_type() == torch::kFloat && grad.is_contiguous() && grad.numel() == slots.numel,
+              "NvmeOffload: the gradient of unit ", unit, " is not contiguous float32 of its shard's ", slots.numel,
+              " elements (", grad.scalar_type(), ", ", grad.numel(), " elements)");
+  // Exactly what GradScaler::unscale_ and clip_grad_norm_ do to a gradient
+  // in memory, on the same values: the step's decisions are the same.
+  PreparedGradient prepared;
+  if (preparing_->unscale) {
+    grad.mul_(*preparing_->unscale);
+    prepared.finite = torch::isfinite(grad).all().item<bool>();
+  }
+  if (preparing_->clips) prepared.sum_of_squares = detail::sum_of_squares_in_double(grad);
+  slots.prepared = prepared;
+  shard.mutable_grad() = torch::Tensor();
+  WriteBehind behind{unit, nullptr, Futures{}, grad};
+  behind.writes.push_back(store_->write(slots.grad, grad.data_ptr()));
+  writes_behind_.push_back(std::move(behind));
+  retire_writes(2);
+}
+
+const PreparedGradient* NvmeOffload::prepared_gradient(const torch::Tensor& shard) const {
+  for (size_t u = 0; u < num_units(); ++u) {
+    const FlatParam& flat = detail::units(*state_)[u]->flat_param();
+    if (flat.shard().unsafeGetTensorImpl() != shard.unsafeGetTensorImpl()) continue;
+    const UnitSlots* slots = flat.offload_state() ? &slots_of(flat) : nullptr;
+    return slots && slots->prepared ? &*slots->prepared : nullptr;
+  }
+  return nullptr;
+}
+
+void NvmeOffload::clip_prepared_gradients(double coefficient) { clip_coefficient_ = coefficient; }
+
+void NvmeOffload::gradients_zeroed(const torch::optim::Optimizer& /*optimizer*/) {
+  for (size_t u = 0; u < num_units(); ++u) unit_slots(u).prepared.reset();
+}
+
+void NvmeOffload::read_pending(size_t unit) {
+  UnitSlots& slots = unit_slots(unit);
+  if (!slots.pending || slots.state_reads || slots.numel == 0) return;
+  Futures reads = issue_reads(unit, slots.pending->optimizer);  // the master where it is out, the moments
+  try {
+    slots.grad_in = fresh(slots.numel, torch::kFloat, Category::kGradientShard);
+    reads.push_back(store_->read(slots.grad, slots.grad_in.data_ptr()));
+  } catch (...) {
+    drain(reads);
+    throw;
+  }
+  slots.state_reads = std::move(reads);
+}
+
+void NvmeOffload::step_pending(size_t unit) {
+  UnitSlots& slots = unit_slots(unit);
+  const std::shared_ptr<DeferredStep> deferred = slots.pending;
+  // The next pending units' state is read while this one steps and computes.
+  if (pending_next_ < pending_order_.size() && pending_order_[pending_next_] == unit) {
+    ++pending_next_;
+    const size_t depth = static_cast<size_t>(options_.read_ahead());
+    for (size_t i = pending_next_; i < pending_order_.size() && i < pending_next_ + depth; ++i) {
+      read_pending(pending_order_[i]);
+    }
+  }
+  read_pending(unit);
+  Futures reads = std::move(*slots.state_reads);
+  slots.state_reads.reset();
+  wait(reads);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor& shard = detail::units(*state_)[unit]->flat_param().shard();
+  const torch::Tensor kept = shard.grad();  // a gradient of the step under way (none in a plain loop)
+  torch::Tensor grad = std::move(slots.grad_in);
+  slots.grad_in = torch::Tensor();
+  if (deferred->clip_coefficient < 1.0) grad.mul_(deferred->clip_coefficient);  // as clip_grad_norm_
+  shard.mutable_grad() = grad;
+  update(unit, *deferred->optimizer, deferred->options_of, deferred->matrix_weight_decay);
+  shard.mutable_grad() = kept;
+  slots.pending.reset();
+  writes_behind_.push_back({unit, deferred->optimizer, issue_writes(unit, deferred->optimizer, false), {}});
+  if (!std::exchange(deferred->started, true)) {
+    detail::maybe_fault_offload_for_test(state_->group()->rank(), deferred->number, store_->reachable_path(), true);
+  }
+  retire_writes(1);
+}
+
+void NvmeOffload::step_all_pending() {
+  for (size_t u = 0; u < num_units(); ++u) {
+    if (unit_slots(u).pending) step_pending(u);
+  }
+  retire_writes(0);
 }
 
 void NvmeOffload::step_now(size_t unit) {
@@ -534,23 +669,33 @@ void NvmeOffload::step_now(size_t unit) {
   torch::NoGradGuard no_grad;
   detail::units(*state_)[unit]->flat_param().shard().mutable_grad() = torch::Tensor();  // the point: freed at once
   slots.stepped_in_backward = true;
-  writes_behind_.emplace_back(unit, issue_writes(unit, backward_optimizer_, /*only_changed=*/false));
+  writes_behind_.push_back({unit, backward_optimizer_, issue_writes(unit, backward_optimizer_, /*only_changed=*/false), {}});
   if (position == 0) detail::maybe_fault_offload_for_test(state_->group()->rank(), steps_ + 1, store_->reachable_path(), true);
   retire_writes(1);
 }
 
 void NvmeOffload::retire_writes(size_t keep) {
   while (writes_behind_.size() > keep) {
-    auto [unit, writes] = std::move(writes_behind_.front());
+    WriteBehind behind = std::move(writes_behind_.front());
     writes_behind_.pop_front();
-    wait(writes);  // drains them before an error leaves
-    free_unit(unit, backward_optimizer_);
+    wait(behind.writes);  // drains them before an error leaves
+    free_unit(behind.unit, behind.optimizer);
+  }
+}
+
+void NvmeOffload::settle_writes(size_t unit) {
+  for (size_t i = writes_behind_.size(); i-- > 0;) {
+    if (writes_behind_[i].unit == unit) return retire_writes(writes_behind_.size() - i - 1);
   }
 }
 
 void NvmeOffload::finish_backward() {
-  if (!backward_optimizer_) return;
   retire_writes(0);
+  preparing_.reset();
+  if (!backward_optimizer_) {
+    backward_options_.clear();
+    return;
+  }
   // State read for a unit that got no gradient: back out (nothing changed).
   for (size_t u = 0; u < num_units(); ++u) {
     UnitSlots& slots = unit_slots(u);
@@ -566,12 +711,48 @@ void NvmeOffload::finish_backward() {
   backward_options_.clear();
 }
 
+std::shared_ptr<NvmeOffload::DeferredStep> NvmeOffload::defer_step(FusedAdamW& optimizer, const OptionsOf& options,
+                                                                    double matrix_weight_decay) {
+  std::shared_ptr<DeferredStep> deferred;
+  for (size_t u = 0; u < num_units(); ++u) {
+    UnitSlots& slots = unit_slots(u);
+    if (!slots.prepared || !options.count(detail::units(*state_)[u]->flat_param().shard().unsafeGetTensorImpl())) {
+      continue;
+    }
+    if (!deferred) {
+      deferred = std::make_shared<DeferredStep>();
+      deferred->optimizer = &optimizer;
+      deferred->clip_coefficient = clip_coefficient_;
+      deferred->matrix_weight_decay = matrix_weight_decay;
+      for (const auto& [shard, group_options] : options) deferred->options.emplace(shard, *group_options);
+      for (const auto& [shard, group_options] : deferred->options) deferred->options_of[shard] = &group_options;
+      deferred->number = steps_ + 1;
+    }
+    slots.pending = deferred;
+    slots.prepared.reset();
+  }
+  if (!deferred) return deferred;
+  // Expected in the order this step gathered its units (read from the
+  // first one's gather on: between steps the offloaded state is out).
+  pending_order_.clear();
+  pending_next_ = 0;
+  std::vector<bool> listed(num_units(), false);
+  auto list = [&](size_t u) {
+    if (!listed[u] && unit_slots(u).pending) pending_order_.push_back(u);
+    listed[u] = true;
+  };
+  for (size_t u : fetch_order_last_) list(u);
+  for (size_t u = 0; u < num_units(); ++u) list(u);
+  return deferred;
+}
+
 void NvmeOffload::step(FsdpState& /*state: the one attached*/, torch::optim::Optimizer& optimizer,
                        double matrix_weight_decay) {
   auto* fused = dynamic_cast<FusedAdamW*>(&optimizer);
   TORCH_CHECK(fused, "fsdp: a model with nvme_offload steps with fsdp::FusedAdamW (it brings each unit's state in ",
               "and out of memory around that unit's update); got ", optimizer_name(optimizer));
   discard_read_ahead();  // the step rewrites every unit
+  step_all_pending();     // a unit no forward needed since the last step
   fetch_order_last_ = std::move(fetch_order_this_);
   fetch_order_this_.clear();
   std::vector<bool> stepped(num_units(), false);
@@ -579,11 +760,14 @@ void NvmeOffload::step(FsdpState& /*state: the one attached*/, torch::optim::Opt
   last_step_in_backward_ = std::any_of(stepped.begin(), stepped.end(), [](bool b) { return b; });
 
   const OptionsOf options = options_of(optimizer);
+  const std::shared_ptr<DeferredStep> deferred = defer_step(*fused, options, matrix_weight_decay);
+  last_step_deferred_ = deferred != nullptr;
   std::vector<size_t> order;
   for (size_t u = 0; u < num_units(); ++u) {
     FlatParam& flat = detail::units(*state_)[u]->flat_param();
     const auto found = options.find(flat.shard().unsafeGetTensorImpl());
     if (slots_of(flat).numel == 0 || found == options.end() || stepped[u]) continue;
+    if (slots_of(flat).pending) continue;  // left for its next gather (defer_step)
     if (flat.shard().grad().defined()) {
       order.push_back(u);
     } else if (matrix_weight_decay > 0) {

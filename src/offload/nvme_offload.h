@@ -11,13 +11,22 @@
 // An offloaded tensor in memory has its full size; out of memory it has none
 // (the fp32 shard keeps its identity, the optimizer's parameter, with empty
 // data). Between steps everything offloaded is out. Three things bring it in:
-// - the optimizer step, unit by unit: during the last backward of a step
-//   that needs no gradient first (begin_step_in_backward: no clipping, no
-//   loss scaling), each unit's state is read when its backward gathers and
-//   stepped as soon as its gradient is reduced (accept_gradient), which is
-//   then freed, and written behind the next units' backward; otherwise
-//   after backward (step()), pipelined: the next unit's read and the
-//   previous unit's write run while this unit steps;
+// - the optimizer step, unit by unit, overlapping compute wherever the last
+//   backward of a step hands each unit's gradient over as it is reduced
+//   (begin_step_in_backward; NvmeOffloadOptions::step_in_backward):
+//   - a step that needs no gradient first (no clipping, no loss scaling):
+//     each unit's state is read when its backward gathers and stepped as
+//     soon as its gradient is reduced (accept_gradient), which is then
+//     freed, and written behind the next units' backward;
+//   - a step that clips or scales the loss: each gradient is prepared as
+//     it arrives (unscaled, its sum of squares kept for the norm), written
+//     behind to the scratch file and freed; step() then leaves each
+//     unit's update pending, with the clip coefficient and the group
+//     options of that step, until the unit is next needed (its next
+//     all-gather, a ResidentScope): its state and gradient are read ahead
+//     in the order the units were gathered, stepped, and written behind;
+//   otherwise after backward (step()), pipelined: the next unit's read
+//   and the previous unit's write run while this unit steps;
 // - an all-gather of offloaded parameters (the FlatParam's compute source),
 //   the reads of the read_ahead units that came next in the last step
 //   issued ahead;
@@ -71,13 +80,21 @@ class NvmeOffload final : public ShardOffload {
   // fsdp::FusedAdamW only.
   void check_optimizer(const torch::optim::Optimizer& optimizer) const override;
   void before_backward(bool in_train_step) const override;
-  bool begin_step_in_backward(torch::optim::Optimizer& optimizer, double matrix_weight_decay) override;
-  // Steps the unit at once when begin_step_in_backward armed this backward.
+  bool begin_step_in_backward(torch::optim::Optimizer& optimizer, double matrix_weight_decay,
+                              const StepPreparation& preparation) override;
+  // Steps the unit at once, or prepares and writes out its gradient, when
+  // begin_step_in_backward armed this backward.
   void accept_gradient(FlatParam& flat, torch::Tensor reduced) override;
+  const PreparedGradient* prepared_gradient(const torch::Tensor& shard) const override;
+  void apply_pending_updates() override { step_all_pending(); }
+  void clip_prepared_gradients(double coefficient) override;
+  // Prepared gradients no step took (a step the loss scaler skipped) are dropped.
+  void gradients_zeroed(const torch::optim::Optimizer& optimizer) override;
   // Waits for the writes the units stepped in backward left in flight.
   void finish_backward() override;
   // The optimizer step over every unit that has a gradient, pipelined: the
-  // next unit's read and the previous unit's write run while this unit steps.
+  // next unit's read and the previous unit's write run while this unit
+  // steps; a unit whose gradient was prepared is left pending instead.
   void step(FsdpState& state, torch::optim::Optimizer& optimizer, double matrix_weight_decay) override;
   void make_resident(const FlatParam& flat, torch::optim::Optimizer* optimizer) override;
   void release(const FlatParam& flat, torch::optim::Optimizer* optimizer) override;
@@ -100,6 +117,7 @@ class NvmeOffload final : public ShardOffload {
  private:
   struct UnitSlots;
   struct Moments;
+  struct DeferredStep;
   using Futures = std::vector<std::shared_future<void>>;
 
   // What this placement keeps of a unit (UnitSlots, on its FlatParam: made
@@ -136,11 +154,24 @@ class NvmeOffload final : public ShardOffload {
   // The group options of every shard the optimizer steps.
   static OptionsOf options_of(torch::optim::Optimizer& optimizer);
   // Step in backward: one unit, as its gradient arrived; and the writes
-  // behind, retired (waited for, their memory freed) down to `keep` in flight.
+  // behind, retired (waited for, their memory freed) down to `keep` in
+  // flight, or down to the last of `unit`'s (before its slots are read).
   void step_now(size_t unit);
   // Issues the state reads of `unit` for its step in backward, once.
   void read_state(size_t unit);
   void retire_writes(size_t keep);
+  void settle_writes(size_t unit);
+  // Deferred step: a unit's gradient prepared and written out as it
+  // arrived; the pending update of a unit (its state and gradient read,
+  // ahead where issued: read_pending), applied and written behind; and
+  // every pending update (before anything else needs the state).
+  void prepare_gradient(size_t unit);
+  void read_pending(size_t unit);
+  void step_pending(size_t unit);
+  void step_all_pending();
+  // The updates of the units whose gradients were prepared, left pending
+  // (null: none), with the options they need copied.
+  std::shared_ptr<DeferredStep> defer_step(FusedAdamW& optimizer, const OptionsOf& options, double matrix_weight_decay);
 
   FsdpState* state_ = nullptr;  // set by attach()
   NvmeOffloadOptions options_;
@@ -169,7 +200,25 @@ class NvmeOffload final : public ShardOffload {
   // The order gradients arrived in, in the last step and in this one: the
   // next units' state is read while this one steps and the next computes.
   std::vector<size_t> grad_order_last_, grad_order_this_;
-  std::deque<std::pair<size_t, Futures>> writes_behind_;
+  // Writes behind compute, oldest first: the unit (freed when they end),
+  // the optimizer whose state they write, and a gradient they write from.
+  struct WriteBehind {
+    size_t unit = 0;
+    torch::optim::Optimizer* optimizer = nullptr;
+    Futures writes;
+    torch::Tensor source;
+  };
+  std::deque<WriteBehind> writes_behind_;
+  // Deferred step: set from begin_step_in_backward to finish_backward when
+  // this backward prepares the gradients; the clip coefficient for the
+  // coming step(); the order the pending units are expected in (the last
+  // step's gather order) and the next of them.
+  std::optional<StepPreparation> preparing_;
+  double clip_coefficient_ = 1.0;
+  std::vector<size_t> pending_order_;
+  size_t pending_next_ = 0;
+  bool writes_gradients_ = false;  // the store has a gradient slot per unit
+  bool last_step_deferred_ = false;
   bool last_step_in_backward_ = false;
 };
 

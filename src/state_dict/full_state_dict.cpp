@@ -210,6 +210,7 @@ void stream_full(FsdpState& state, const OpenWeightWriter& open_model, torch::op
                  const std::string& optimizer_path, const std::map<std::string, std::string>& metadata,
                  const std::function<void()>& remove_model) {
   state.check_idle();
+  detail::shard_offload(state).apply_pending_updates();  // the step counts and state the metadata reads
   std::optional<OptimizerState> optimizer_state;
   if (optimizer) optimizer_state.emplace(*optimizer);
   const ProcessGroupPtr& group = state.group();

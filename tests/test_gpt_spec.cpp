@@ -64,6 +64,10 @@ TEST(GPTSpec, PresetParameterCountsMatchTheSpecTable) {
   const auto xl = fsdp::TransformerShape{x.vocab, x.context, x.layers, x.heads, x.width, x.batch}.unit_numels();
   EXPECT_EQ(xl.size(), 49u);
   EXPECT_EQ(std::accumulate(xl.begin(), xl.end(), int64_t{0}), 1477609600);
+  // 3b: xl's depth at width 2,304 (twice this machine's memory in fp32 AdamW state).
+  const GPTConfig b = GPTConfig::preset("3b");
+  const auto three = fsdp::TransformerShape{b.vocab, b.context, b.layers, b.heads, b.width, b.batch}.unit_numels();
+  EXPECT_EQ(std::accumulate(three.begin(), three.end(), int64_t{0}), 3062039040);
   EXPECT_NE(message_of([] { GPTConfig::preset("huge"); }).find("unknown preset 'huge'"), std::string::npos);
 }
 

@@ -154,7 +154,7 @@ TEST(LlamaModel, InitializationIsSeededAndHuggingFaces) {
 }
 
 TEST(LlamaModel, PresetsAndValidation) {
-  for (const std::string name : {"tiny", "small", "medium", "large", "xl"}) {
+  for (const std::string name : {"tiny", "small", "medium", "large", "xl", "3b"}) {
     const LlamaConfig c = LlamaConfig::preset(name);
     const auto gpt = fsdp::models::GPTConfig::preset(name);
     EXPECT_EQ(c.describe().find("vocab " + std::to_string(gpt.vocab) + ", context " + std::to_string(gpt.context)), 0u);

@@ -195,6 +195,39 @@ TEST(Planner, DiskOffloadSteppingInBackward) {
   EXPECT_FALSE(fsdp::nvme_steps_in_backward(true, ShardingStrategy::kZero1, false, false));
 }
 
+// Disk offload stepping before the next gather (a clipped or loss-scaled
+// step: fsdp::nvme_steps_before_next_gather), same units: each gradient is
+// written out in backward and read back for its unit's update (4S each way,
+// a gradient slot of its own in the file), the first forward gather sends
+// the master that update wrote (4S less read), no gradient shard stays, and
+// read_ahead + 2 units' state with their gradients (16S) are in memory
+// during forward.
+TEST(Planner, DiskOffloadSteppingBeforeTheNextGather) {
+  const fsdp::MixedPrecision fp32;
+  const auto after = fsdp::estimate_nvme_offload(kUnits, ShardingStrategy::kFullShard, kWorld, 0, fp32, true, true);
+  const auto before = fsdp::estimate_nvme_offload(kUnits, ShardingStrategy::kFullShard, kWorld, 0, fp32, true, true, 1,
+                                                  int64_t{1} << 20, false, /*read_ahead=*/1,
+                                                  /*step_before_next_gather=*/true);
+  EXPECT_EQ(before.resident.grads, 0);
+  EXPECT_EQ(before.read_per_step, after.read_per_step - 4 * 325 + 4 * 325);
+  EXPECT_EQ(before.written_per_step, after.written_per_step + 4 * 325);
+  EXPECT_EQ(before.file_bytes, after.file_bytes + 2 * (int64_t{1} << 20));  // a 1 MiB block per unit's gradient
+  EXPECT_EQ(before.step_buffers, 16 * 325);  // read_ahead + 2 = 3 units: both here
+  fsdp::StepPeak peak;
+  peak.state = after.resident;
+  peak.activations = 100000;
+  EXPECT_EQ(fsdp::peak_with_nvme_offload(peak, before),
+            peak.total() - peak.state.total() + before.resident.total() + before.gather_buffers + before.step_buffers);
+  EXPECT_THROW(fsdp::estimate_nvme_offload(kUnits, ShardingStrategy::kFullShard, kWorld, 0, fp32, true, true, 1,
+                                           int64_t{1} << 20, true, 1, true),
+               c10::Error);
+  EXPECT_TRUE(fsdp::nvme_steps_before_next_gather(true, ShardingStrategy::kFullShard, true, false));
+  EXPECT_TRUE(fsdp::nvme_steps_before_next_gather(true, ShardingStrategy::kHybridShard, false, true));
+  EXPECT_FALSE(fsdp::nvme_steps_before_next_gather(true, ShardingStrategy::kFullShard, false, false));
+  EXPECT_FALSE(fsdp::nvme_steps_before_next_gather(false, ShardingStrategy::kFullShard, true, false));
+  EXPECT_FALSE(fsdp::nvme_steps_before_next_gather(true, ShardingStrategy::kZero1, true, false));
+}
+
 // plan_run puts the estimates together as a run has them: a Llama layer's
 // activations beyond the GPT block's (9 M C elements a layer, one layer's
 // when checkpointed) and a run-ahead gather's buffer (the largest unit but

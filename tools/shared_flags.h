@@ -32,7 +32,7 @@ inline constexpr const char* kTrainerPreset = "small";
 // The command line's model, as given.
 struct ModelFlags {
   std::string model = "gpt";  // gpt or llama
-  std::string preset;         // tiny, small, medium, large or xl
+  std::string preset;         // tiny, small, medium, large, xl or 3b
   std::optional<int64_t> vocab, context, layers, heads, width, batch;
   std::optional<int64_t> kv_heads;  // --model llama
   // A model to start from: for both tools a Hugging Face model gives the
@@ -71,7 +71,7 @@ inline void add_model_flags(CLI::App& app, ModelFlags& f, const std::string& pre
   app.add_option("--model", f.model,
                  "gpt (the reference GPT, fsdp/gpt.h) or llama (Hugging Face's LlamaForCausalLM, fsdp/llama.h)")
       ->capture_default_str();
-  CLI::Option* preset = app.add_option("--preset", f.preset, "tiny, small, medium, large or xl" + preset_help);
+  CLI::Option* preset = app.add_option("--preset", f.preset, "tiny, small, medium, large, xl or 3b" + preset_help);
   if (!f.preset.empty()) preset->capture_default_str();
   app.add_option("--vocab", f.vocab, "override the preset's vocabulary size")->check(positive());
   app.add_option("--context", f.context, "override the preset's context length")->check(positive());

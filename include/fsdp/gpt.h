@@ -24,9 +24,10 @@ struct GPTConfig {
   /// of the weights, so describe() leaves it out and checkpoints do not record it.
   AttentionKernel attention = AttentionKernel::kAuto;
 
-  /// "tiny", "small", "medium", "large" (shared/spec/gpt.md's table) or "xl"
+  /// "tiny", "small", "medium", "large" (shared/spec/gpt.md's table), "xl"
   /// (1.48 B parameters: vocab 256, context 1024, 48 layers, 25 heads, width
-  /// 1600, batch 1); throws for anything else.
+  /// 1600, batch 1) or "3b" (xl's depth at width 2304, 18 heads: 3.06 B
+  /// parameters); throws for anything else.
   static GPTConfig preset(const std::string& name);
   /// Throws, naming the dimensions, unless all are positive and width is a multiple of heads.
   void validate() const;

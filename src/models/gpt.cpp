@@ -25,8 +25,10 @@ GPTConfig GPTConfig::preset(const std::string& name) {
     c.vocab = 256, c.context = 256, c.layers = 12, c.heads = 16, c.width = 1024, c.batch = 2;
   } else if (name == "xl") {  // GPT-2-XL's body (1.48 B parameters) at byte vocabulary: beyond one machine's memory
     c.vocab = 256, c.context = 1024, c.layers = 48, c.heads = 25, c.width = 1600, c.batch = 1;
+  } else if (name == "3b") {  // GPT-2-XL's depth at width 2,304 (3.06 B parameters, 49 GB of state with AdamW)
+    c.vocab = 256, c.context = 1024, c.layers = 48, c.heads = 18, c.width = 2304, c.batch = 1;
   } else {
-    TORCH_CHECK(false, "unknown preset '", name, "': expected tiny, small, medium, large or xl");
+    TORCH_CHECK(false, "unknown preset '", name, "': expected tiny, small, medium, large, xl or 3b");
   }
   return c;
 }

@@ -72,13 +72,13 @@ torch::Tensor apply_rotary(const torch::Tensor& x, const torch::Tensor& cos, con
 }  // namespace
 
 LlamaConfig LlamaConfig::preset(const std::string& name) {
-  TORCH_CHECK(name == "tiny" || name == "small" || name == "medium" || name == "large" || name == "xl",
-              "unknown preset '", name, "': expected tiny, small, medium, large or xl");
+  TORCH_CHECK(name == "tiny" || name == "small" || name == "medium" || name == "large" || name == "xl" || name == "3b",
+              "unknown preset '", name, "': expected tiny, small, medium, large, xl or 3b");
   // The GPT presets' table (fsdp/gpt.h; shared/spec/gpt.md), with grouped-query attention.
   static const std::map<std::string, std::array<int64_t, 6>> table = {
       {"tiny", {256, 32, 2, 4, 64, 4}},       {"small", {256, 128, 4, 8, 256, 8}},
       {"medium", {256, 256, 8, 8, 512, 4}},   {"large", {256, 256, 12, 16, 1024, 2}},
-      {"xl", {256, 1024, 48, 25, 1600, 1}}};
+      {"xl", {256, 1024, 48, 25, 1600, 1}},   {"3b", {256, 1024, 48, 18, 2304, 1}}};
   const auto& v = table.at(name);
   LlamaConfig c;
   c.vocab = v[0], c.context = v[1], c.layers = v[2], c.heads = v[3], c.width = v[4], c.batch = v[5];

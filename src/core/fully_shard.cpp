@@ -294,6 +294,17 @@ void FsdpStateImpl::build() {
   config.host_group = host_group_;
   config.cross_host_group = cross_host_group_;
   config.host_major_ranks = host_major_ranks_;
+  {
+    // Each unit's shard size, as its FlatParam will have it.
+    const int64_t K = shard_group_ ? shard_group_->size() : 1;
+    std::vector<int64_t> shard_numels;
+    for (const auto& plan : plans) {
+      int64_t numel = 0;
+      for (const auto& p : plan.params) numel += p.second.numel();
+      shard_numels.push_back((numel + K - 1) / K);
+    }
+    offload_->prepare(self_, shard_numels);
+  }
   build_units(std::move(plans), frozen, config);
   offload_->attach(self_);
   if (options_.cache_host_blocks() && device_context_->on_host() && memory::counting_allocator_installed()) {
@@ -419,7 +430,9 @@ std::unique_ptr<Unit> FsdpStateImpl::make_unit(UnitPlan plan, const FlatParamCon
     own.shard_dtype = *options_.mixed_precision().frozen_param_dtype();
     own.mixed_precision = MixedPrecision().param_dtype(own.shard_dtype).reduce_dtype(own.shard_dtype);
   }
-  return std::make_unique<Unit>(this, std::move(plan), std::move(own));
+  auto unit = std::make_unique<Unit>(this, std::move(plan), std::move(own));
+  offload_->unit_built(unit->flat_param());
+  return unit;
 }
 
 void FsdpStateImpl::check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans) const {

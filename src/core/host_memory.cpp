@@ -80,8 +80,9 @@ int64_t host_memory_needed(const RunPlan& plan, bool sharded_init) {
   int64_t step = plan.step_peak;
   if (plan.nvme) step += nvme_block_cache(units, plan.shard_group);
   // Building the whole model on every rank, then flattening its largest
-  // unit; sharded, every unit's fp32 shard exists before it is offloaded.
-  const int64_t construction = sharded_init ? (plan.nvme ? plan.peak.state.params : 0) : 4 * (params + largest);
+  // unit; sharded, a unit at a time (disk offload moves each unit's shard
+  // out before the next is built), less than a step holds.
+  const int64_t construction = sharded_init ? 0 : 4 * (params + largest);
   step += plan.staging.per_rank;  // a staging copy beside every step until its background write ends
   return std::max(step, construction) + kHostRuntimeBytes;
 }

@@ -72,8 +72,12 @@ class ShardOffload {
   // Whether the shards (and the optimizer state) never leave memory: then
   // a ResidentScope has nothing to do, and is no collective either.
   virtual bool keeps_state_in_memory() const { return true; }
-  // Called once every unit is built (the shards have their sizes): disk
-  // offload makes its scratch file and moves the shards there.
+  // Called before the units are built, with each unit's shard size (disk
+  // offload makes its scratch file), after each unit is built (disk
+  // offload moves its shard there at once, so that a sharded
+  // initialization never holds every shard), and once every unit is built.
+  virtual void prepare(FsdpState& state, const std::vector<int64_t>& shard_numels) {}
+  virtual void unit_built(FlatParam& flat) {}
   virtual void attach(FsdpState& state) {}
 
   // The fp32 shard of a unit being built, from `slice`, its part of the

@@ -106,10 +106,10 @@ NvmeOffload::UnitSlots& NvmeOffload::slots_of(const FlatParam& flat) {
 }
 
 NvmeOffload::UnitSlots& NvmeOffload::unit_slots(size_t unit) const {
-  return slots_of(detail::units(*state_)[unit]->flat_param());
+  return slots_of(*flats_[unit]);
 }
 
-size_t NvmeOffload::num_units() const { return state_ ? state_->num_units() : 0; }
+size_t NvmeOffload::num_units() const { return flats_.size(); }
 
 struct NvmeOffload::Moments {
   torch::Tensor exp_avg, exp_avg_sq;  // the optimizer's own tensors
@@ -159,7 +159,7 @@ NvmeOffload::NvmeOffload(const FullyShardOptions& options)
   offload_master_ = param_dtype_ == torch::kFloat ? options_.params() : options_.optimizer_state();
 }
 
-void NvmeOffload::attach(FsdpState& state) {
+void NvmeOffload::prepare(FsdpState& state, const std::vector<int64_t>& shard_numels) {
   state_ = &state;
   const bool fp32 = param_dtype_ == torch::kFloat;
   std::vector<int64_t> slot_bytes;
@@ -170,10 +170,12 @@ void NvmeOffload::attach(FsdpState& state) {
     slot_labels.push_back("unit " + std::to_string(u) + " " + what);
     return static_cast<int>(slot_bytes.size() - 1);
   };
-  for (; u < num_units(); ++u) {
-    detail::units(state)[u]->flat_param().set_offload_state(std::make_unique<UnitSlots>());
-    UnitSlots& slots = unit_slots(u);
-    slots.numel = detail::units(state)[u]->flat_param().shard_numel();
+  flats_.assign(shard_numels.size(), nullptr);
+  planned_.clear();
+  for (; u < shard_numels.size(); ++u) {
+    planned_.push_back(std::make_unique<UnitSlots>());
+    UnitSlots& slots = *planned_.back();
+    slots.numel = shard_numels[u];
     if (slots.numel == 0) continue;
     const int64_t fp32_bytes = slots.numel * 4;
     if (offload_master_) slots.master = add_slot(fp32_bytes, "master");
@@ -187,28 +189,45 @@ void NvmeOffload::attach(FsdpState& state) {
   offload::DiskStoreOptions store_options = options_.store();
   store_options.name("rank" + std::to_string(state.group()->rank()));
   store_ = std::make_unique<DiskStore>(store_options, slot_bytes, slot_labels);
+}
 
-  // Everything offloaded leaves memory now, a unit at a time.
+void NvmeOffload::unit_built(FlatParam& flat) {
+  const size_t u = flat.unit_index();
+  TORCH_CHECK(store_ && u < planned_.size() && planned_[u], "NvmeOffload: unit ", u,
+              " was built without its slots (prepare() plans every unit once)");
+  TORCH_CHECK(planned_[u]->numel == flat.shard_numel(), "NvmeOffload: unit ", u, " was planned with a shard of ",
+              planned_[u]->numel, " elements and built with ", flat.shard_numel());
+  flats_[u] = &flat;
+  flat.set_offload_state(std::move(planned_[u]));
+  // Its offloaded state leaves memory now, before the next unit is built:
+  // a sharded initialization never holds every shard at once.
+  UnitSlots& slots = slots_of(flat);
+  if (slots.numel == 0) return;
   torch::NoGradGuard no_grad;
-  for (size_t u = 0; u < num_units(); ++u) {
-    UnitSlots& slots = unit_slots(u);
-    if (slots.numel == 0) continue;
-    FlatParam& flat = detail::units(state)[u]->flat_param();
-    if (offload_master_ && !fp32 && !options_.params()) {
-      MemoryCategoryScope scope(Category::kParameterShard);
-      slots.compute_copy = flat.shard().detach().to(param_dtype_);
-    }
-    Futures writes = issue_writes(u, nullptr, /*only_changed=*/false);
-    wait(writes);
-    free_unit(u, nullptr);
+  if (offload_master_ && param_dtype_ != torch::kFloat && !options_.params()) {
+    MemoryCategoryScope scope(Category::kParameterShard);
+    slots.compute_copy = flat.shard().detach().to(param_dtype_);
   }
+  Futures writes = issue_writes(u, nullptr, /*only_changed=*/false);
+  wait(writes);
+  free_unit(u, nullptr);
+}
+
+void NvmeOffload::attach(FsdpState& state) {
+  for (size_t u = 0; u < flats_.size(); ++u) {
+    TORCH_CHECK(flats_[u] == &detail::units(state)[u]->flat_param(), "NvmeOffload: unit ", u,
+                " is not the unit its slots were written for");
+  }
+  TORCH_CHECK(flats_.size() == state.num_units(), "NvmeOffload: ", flats_.size(), " units planned, ",
+              state.num_units(), " built");
 }
 
 NvmeOffload::~NvmeOffload() {
   // Nothing the store still reads into or writes from may go before it.
   discard_read_ahead();
   for (size_t u = 0; u < num_units(); ++u) {  // the units outlive this (FsdpState's offload_ goes first)
-    const FlatParam& flat = detail::units(*state_)[u]->flat_param();
+    if (!flats_[u]) continue;  // a construction that failed before it
+    const FlatParam& flat = *flats_[u];
     if (flat.offload_state() && slots_of(flat).state_reads) drain(*slots_of(flat).state_reads);
   }
   for (auto& behind : writes_behind_) drain(behind.writes);
@@ -276,7 +295,7 @@ std::optional<NvmeOffload::Moments> NvmeOffload::moments_of(size_t unit, torch::
   if (!optimizer || !options_.optimizer_state() || unit_slots(unit).numel == 0) return std::nullopt;
   if (!dynamic_cast<torch::optim::AdamW*>(optimizer) && !dynamic_cast<torch::optim::Adam*>(optimizer)) return std::nullopt;
   OptimizerState optimizer_state(*optimizer);
-  const torch::Tensor& shard = detail::units(*state_)[unit]->flat_param().shard();
+  const torch::Tensor& shard = (*flats_[unit]).shard();
   if (!optimizer_state.has_state(shard)) return std::nullopt;
   return Moments{optimizer_state.tensor(shard, "exp_avg"), optimizer_state.tensor(shard, "exp_avg_sq")};
 }
@@ -319,7 +338,7 @@ void NvmeOffload::issue_reads_into(size_t unit, torch::optim::Optimizer* optimiz
   if (slots.numel == 0) return;
   settle_writes(unit);  // a slot is read only once its write has landed
   torch::NoGradGuard no_grad;
-  const torch::Tensor& shard = detail::units(*state_)[unit]->flat_param().shard();
+  const torch::Tensor& shard = (*flats_[unit]).shard();
   if (slots.master >= 0 && !in_memory(shard, slots.numel)) {
     TORCH_CHECK(slots.master_on_disk, "NvmeOffload: the master shard of unit ", unit, " is neither in memory nor on disk");
     torch::Tensor buffer = fresh(slots.numel, torch::kFloat, Category::kParameterShard);
@@ -343,7 +362,7 @@ NvmeOffload::Futures NvmeOffload::issue_writes(size_t unit, torch::optim::Optimi
   Futures futures;
   if (slots.numel == 0) return futures;
   torch::NoGradGuard no_grad;
-  const torch::Tensor& shard = detail::units(*state_)[unit]->flat_param().shard();
+  const torch::Tensor& shard = (*flats_[unit]).shard();
   const bool master_changed = !only_changed || shard._version() != slots.master_version;
   if (master_changed && in_memory(shard, slots.numel)) {
     // The copies the all-gathers read follow the master.
@@ -379,7 +398,7 @@ void NvmeOffload::free_unit(size_t unit, torch::optim::Optimizer* optimizer) {
   if (slots.numel == 0) return;
   torch::NoGradGuard no_grad;
   slots.compute_out = torch::Tensor();
-  const torch::Tensor& shard = detail::units(*state_)[unit]->flat_param().shard();
+  const torch::Tensor& shard = (*flats_[unit]).shard();
   if (slots.master >= 0 && slots.master_on_disk) shard.set_data(torch::empty({0}, shard.options()));
   if (auto moments = moments_of(unit, optimizer)) {
     if (slots.moments_on_disk) {
@@ -399,7 +418,7 @@ void NvmeOffload::bring_in(size_t unit, torch::optim::Optimizer* optimizer) {
   wait(reads);
   UnitSlots& slots = unit_slots(unit);
   if (slots.numel == 0) return;
-  slots.master_version = detail::units(*state_)[unit]->flat_param().shard()._version();
+  slots.master_version = (*flats_[unit]).shard()._version();
   if (auto moments = moments_of(unit, optimizer)) {
     slots.exp_avg_version = moments->exp_avg._version();
     slots.exp_avg_sq_version = moments->exp_avg_sq._version();
@@ -425,7 +444,7 @@ NvmeOffload::Futures NvmeOffload::read_compute(size_t unit, torch::Tensor& into)
 torch::Tensor NvmeOffload::compute_shard(size_t unit) {
   UnitSlots& slots = unit_slots(unit);
   torch::NoGradGuard no_grad;
-  const torch::Tensor& shard = detail::units(*state_)[unit]->flat_param().shard();
+  const torch::Tensor& shard = (*flats_[unit]).shard();
   if (slots.compute_copy.defined()) return slots.compute_copy;
   const size_t position = fetch_order_this_.size();
   fetch_order_this_.push_back(unit);
@@ -467,7 +486,7 @@ void NvmeOffload::read_ahead_after(size_t position, size_t unit) {
     const UnitSlots& slots = unit_slots(u);
     const bool read_with_state = (backward_optimizer_ && slots.compute < 0) || slots.pending;
     if (slots.numel == 0 || read_with_state ||
-        in_memory(detail::units(*state_)[u]->flat_param().shard(), slots.numel)) {
+        in_memory((*flats_[u]).shard(), slots.numel)) {
       break;  // keep the queue in fetch order: no gaps
     }
     Ahead ahead;
@@ -489,7 +508,7 @@ NvmeOffload::OptionsOf NvmeOffload::options_of(torch::optim::Optimizer& optimize
 
 void NvmeOffload::update(size_t unit, FusedAdamW& optimizer, const OptionsOf& options_of_shards,
                          double matrix_weight_decay) {
-  FlatParam& flat = detail::units(*state_)[unit]->flat_param();
+  FlatParam& flat = (*flats_[unit]);
   const torch::Tensor& shard = flat.shard();
   const auto& options = *options_of_shards.at(shard.unsafeGetTensorImpl());
   if (matrix_weight_decay > 0) decay_shard_matrices_(flat, options.lr(), matrix_weight_decay);
@@ -533,7 +552,7 @@ void NvmeOffload::read_state(size_t unit) {
     const auto ahead = std::find_if(ahead_.begin(), ahead_.end(), [unit](const Ahead& a) { return a.unit == unit; });
     if (ahead != ahead_.end()) {
       torch::NoGradGuard no_grad;
-      detail::units(*state_)[unit]->flat_param().shard().set_data(ahead->values);
+      (*flats_[unit]).shard().set_data(ahead->values);
       reads = std::move(ahead->reads);
       ahead_.erase(ahead);
     }
@@ -559,7 +578,7 @@ void NvmeOffload::accept_gradient(FlatParam& flat, torch::Tensor reduced) {
 void NvmeOffload::prepare_gradient(size_t unit) {
   UnitSlots& slots = unit_slots(unit);
   torch::NoGradGuard no_grad;
-  const torch::Tensor& shard = detail::units(*state_)[unit]->flat_param().shard();
+  const torch::Tensor& shard = (*flats_[unit]).shard();
   torch::Tensor grad = shard.grad();
   TORCH_CHECK(grad.scalar_type() == torch::kFloat && grad.is_contiguous() && grad.numel() == slots.numel,
               "NvmeOffload: the gradient of unit ", unit, " is not contiguous float32 of its shard's ", slots.numel,
@@ -582,7 +601,7 @@ void NvmeOffload::prepare_gradient(size_t unit) {
 
 const PreparedGradient* NvmeOffload::prepared_gradient(const torch::Tensor& shard) const {
   for (size_t u = 0; u < num_units(); ++u) {
-    const FlatParam& flat = detail::units(*state_)[u]->flat_param();
+    const FlatParam& flat = (*flats_[u]);
     if (flat.shard().unsafeGetTensorImpl() != shard.unsafeGetTensorImpl()) continue;
     const UnitSlots* slots = flat.offload_state() ? &slots_of(flat) : nullptr;
     return slots && slots->prepared ? &*slots->prepared : nullptr;
@@ -626,7 +645,7 @@ void NvmeOffload::step_pending(size_t unit) {
   slots.state_reads.reset();
   wait(reads);
   torch::NoGradGuard no_grad;
-  const torch::Tensor& shard = detail::units(*state_)[unit]->flat_param().shard();
+  const torch::Tensor& shard = (*flats_[unit]).shard();
   const torch::Tensor kept = shard.grad();  // a gradient of the step under way (none in a plain loop)
   torch::Tensor grad = std::move(slots.grad_in);
   slots.grad_in = torch::Tensor();
@@ -667,7 +686,7 @@ void NvmeOffload::step_now(size_t unit) {
   wait(reads);
   update(unit, *backward_optimizer_, backward_options_, backward_decay_);
   torch::NoGradGuard no_grad;
-  detail::units(*state_)[unit]->flat_param().shard().mutable_grad() = torch::Tensor();  // the point: freed at once
+  (*flats_[unit]).shard().mutable_grad() = torch::Tensor();  // the point: freed at once
   slots.stepped_in_backward = true;
   writes_behind_.push_back({unit, backward_optimizer_, issue_writes(unit, backward_optimizer_, /*only_changed=*/false), {}});
   if (position == 0) detail::maybe_fault_offload_for_test(state_->group()->rank(), steps_ + 1, store_->reachable_path(), true);
@@ -716,7 +735,7 @@ std::shared_ptr<NvmeOffload::DeferredStep> NvmeOffload::defer_step(FusedAdamW& o
   std::shared_ptr<DeferredStep> deferred;
   for (size_t u = 0; u < num_units(); ++u) {
     UnitSlots& slots = unit_slots(u);
-    if (!slots.prepared || !options.count(detail::units(*state_)[u]->flat_param().shard().unsafeGetTensorImpl())) {
+    if (!slots.prepared || !options.count((*flats_[u]).shard().unsafeGetTensorImpl())) {
       continue;
     }
     if (!deferred) {
@@ -764,7 +783,7 @@ void NvmeOffload::step(FsdpState& /*state: the one attached*/, torch::optim::Opt
   last_step_deferred_ = deferred != nullptr;
   std::vector<size_t> order;
   for (size_t u = 0; u < num_units(); ++u) {
-    FlatParam& flat = detail::units(*state_)[u]->flat_param();
+    FlatParam& flat = (*flats_[u]);
     const auto found = options.find(flat.shard().unsafeGetTensorImpl());
     if (slots_of(flat).numel == 0 || found == options.end() || stepped[u]) continue;
     if (slots_of(flat).pending) continue;  // left for its next gather (defer_step)

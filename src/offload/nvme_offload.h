@@ -72,8 +72,11 @@ class NvmeOffload final : public ShardOffload {
   const char* where() const override { return "disk"; }
   bool keeps_state_in_memory() const override { return false; }
   // Creates this rank's scratch file (refused, naming the folder and the
-  // bytes, where it has no room) and moves the offloaded state of every
-  // unit there.
+  // bytes, where it has no room), a unit's slots after another's.
+  void prepare(FsdpState& state, const std::vector<int64_t>& shard_numels) override;
+  // Moves the unit's offloaded state to its slots, before the next unit is built.
+  void unit_built(FlatParam& flat) override;
+  // Checks that every unit was built as planned.
   void attach(FsdpState& state) override;
   // The all-gather's input read from disk (or from the param-dtype copy kept in memory).
   GatherInput fetch(const FlatParam& flat) override;
@@ -173,7 +176,11 @@ class NvmeOffload final : public ShardOffload {
   // (null: none), with the options they need copied.
   std::shared_ptr<DeferredStep> defer_step(FusedAdamW& optimizer, const OptionsOf& options, double matrix_weight_decay);
 
-  FsdpState* state_ = nullptr;  // set by attach()
+  FsdpState* state_ = nullptr;  // set by prepare()
+  // Each unit's FlatParam, by index (set as it is built), and the slots
+  // planned for the units not built yet.
+  std::vector<FlatParam*> flats_;
+  std::vector<std::unique_ptr<UnitSlots>> planned_;
   NvmeOffloadOptions options_;
   bool offload_master_ = false;
   torch::ScalarType param_dtype_ = torch::kFloat;

@@ -4,7 +4,8 @@
 # W = 2 over 5 steps (losses and the step-5 checkpoint's files), fp32 and bf16, both
 # checkpoint formats; through a resume and a reshard (W = 2 -> 1 and 4). The
 # planner's disk figures are the run's, and the summary splits the I/O
-# thread's time into copies, checksums and the disk. Faults leave the last checkpoint
+# thread's time into copies, checksums and the disk; a clipped run's trace
+# shows each gradient written out and read back. Faults leave the last checkpoint
 # loadable: a corrupted scratch block and a truncated scratch file (clear
 # errors naming the file and the offset), and a rank killed in the middle
 # of a swap. Scratch files never outlive their run, however it ends.
@@ -41,7 +42,8 @@ for cfg in "zero1 bf16 sharded 1" "full_shard fp32 sharded 1" "full_shard bf16 f
   name="$strategy-$dtype"
   [ "$clip" = 0 ] && name+="-clip0"
   train_run "mem-$name" 2 "${launcher[@]}" "${args[@]}" --ckpt-dir "$work/ck-mem-$name"
-  train_run "nvme-$name" 2 "${launcher[@]}" "${args[@]}" --ckpt-dir "$work/ck-nvme-$name" "${offload[@]}"
+  trace=(); [ "$name" = full_shard-fp32 ] && trace=(--trace "$work/trace-$name.json")
+  train_run "nvme-$name" 2 "${launcher[@]}" "${args[@]}" --ckpt-dir "$work/ck-nvme-$name" "${offload[@]}" "${trace[@]}"
   same_losses "$work/nvme-$name.jsonl" "$work/mem-$name.jsonl" 5
   same_checkpoint "$work/ck-mem-$name/step-5" "$work/ck-nvme-$name/step-5"
   s="$work/nvme-$name.json"
@@ -57,6 +59,14 @@ for cfg in "zero1 bf16 sharded 1" "full_shard fp32 sharded 1" "full_shard bf16 f
   if [ "$strategy" != zero1 ]; then
     json_ok "$s" '.model_state_bytes_by_kind.grads | all(. == 0)' "$name: stepped overlapping compute, yet gradients left in memory: $(jq -c .model_state_bytes_by_kind "$s")"
     json_ok "$s" '.offload_wait_s >= 0 and .optimizer_s < 0.5 * .step_s' "$name: the optimizer still waits in a phase: $(jq -c '[.optimizer_s, .step_s]' "$s")"
+  fi
+  if [ "${#trace[@]}" -gt 0 ]; then
+    # Clipped: each unit's gradient written in backward and read back for its
+    # update (by the next step's gather, the last one by the final
+    # checkpoint), on the I/O thread, as the trace shows.
+    t="$work/trace-$name.rank0.json"
+    json_ok "$t" '[.traceEvents[] | select(.name == "write unit 1 grad" or .name == "read unit 1 grad") | .tid] | length == 10 and (unique | length == 1)' \
+      "$name: the trace lacks unit 1's gradient written in each of 5 steps and read back 5 times, on one thread: $(jq -c '[.traceEvents[] | select(.name | test("grad")) | .name] | group_by(.) | map([.[0], length])' "$t")"
   fi
   no_scratch_left
   echo "ok: $name offloaded equals in memory bit for bit"

@@ -79,6 +79,19 @@ std::vector<bool> split_frozen_parameters(std::vector<UnitPlan>& plans) {
   return frozen;
 }
 
+
+// Each unit's shard size over a shard group of `k` ranks, as its FlatParam
+// will have it (for the offload's plan, before any unit is built).
+std::vector<int64_t> shard_numels(const std::vector<UnitPlan>& plans, int64_t k) {
+  std::vector<int64_t> numels;
+  for (const auto& plan : plans) {
+    int64_t numel = 0;
+    for (const auto& p : plan.params) numel += p.second.numel();
+    numels.push_back((numel + k - 1) / k);
+  }
+  return numels;
+}
+
 }  // namespace
 
 const char* unit_state_name(UnitState state) {
@@ -294,17 +307,7 @@ void FsdpStateImpl::build() {
   config.host_group = host_group_;
   config.cross_host_group = cross_host_group_;
   config.host_major_ranks = host_major_ranks_;
-  {
-    // Each unit's shard size, as its FlatParam will have it.
-    const int64_t K = shard_group_ ? shard_group_->size() : 1;
-    std::vector<int64_t> shard_numels;
-    for (const auto& plan : plans) {
-      int64_t numel = 0;
-      for (const auto& p : plan.params) numel += p.second.numel();
-      shard_numels.push_back((numel + K - 1) / K);
-    }
-    offload_->prepare(self_, shard_numels);
-  }
+  offload_->prepare(self_, shard_numels(plans, shard_group_ ? shard_group_->size() : 1));
   build_units(std::move(plans), frozen, config);
   offload_->attach(self_);
   if (options_.cache_host_blocks() && device_context_->on_host() && memory::counting_allocator_installed()) {

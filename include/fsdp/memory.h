@@ -3,7 +3,10 @@
 /// Exact tensor-memory accounting: a counting allocator in front of LibTorch's
 /// CPU allocator. Every CPU tensor allocation is attributed to the category
 /// that is current on the allocating thread (MemoryCategoryScope), and live and
-/// peak bytes are kept per category.
+/// peak bytes are kept per category. The engine's own buffers (every category
+/// but kOther) of 1 MiB or more are pages of their own: page-aligned, so the
+/// disk offload moves them with O_DIRECT in place, and returned to the
+/// kernel when freed past the block cache (set_block_cache_limit).
 
 #include <c10/core/Device.h>
 

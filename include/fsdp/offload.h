@@ -50,6 +50,9 @@ struct OffloadStats {
   int64_t bytes_written = 0;  ///< to the scratch file
   double wait_seconds = 0;    ///< compute blocked on a read or a write
   double copy_seconds = 0;      ///< the I/O thread copying between tensors and O_DIRECT staging buffers
+  /// Bytes of those copies: only memory O_DIRECT cannot take in place (a
+  /// slot's ragged last block, memory not page-aligned) is staged.
+  int64_t bytes_staged = 0;
   double checksum_seconds = 0;  ///< the I/O thread checksumming blocks (XXH3)
   double disk_seconds = 0;      ///< the I/O thread in the disk's hands (io_submit/io_getevents, or pread/pwrite)
 };

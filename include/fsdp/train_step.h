@@ -115,6 +115,7 @@ struct StepResult {
   double offload_wait_s = 0.0;
   ///@}
   double offload_copy_s = 0.0;      ///< the offload's I/O thread in this step: copying through staging buffers
+  int64_t offload_bytes_staged = 0;  ///< ... and the bytes it copied (the rest moved in place)
   double offload_checksum_s = 0.0;  ///< the offload's I/O thread in this step: checksumming blocks
   double offload_disk_s = 0.0;      ///< the offload's I/O thread in this step: waiting on the disk
   RankFigures figures;        ///< this rank's

@@ -145,6 +145,7 @@ void record_offload(StepResult& result, const offload::OffloadStats& before, con
   result.offload_bytes_written = now.bytes_written - before.bytes_written;
   result.offload_wait_s = now.wait_seconds - before.wait_seconds;
   result.offload_copy_s = now.copy_seconds - before.copy_seconds;
+  result.offload_bytes_staged = now.bytes_staged - before.bytes_staged;
   result.offload_checksum_s = now.checksum_seconds - before.checksum_seconds;
   result.offload_disk_s = now.disk_seconds - before.disk_seconds;
 }

@@ -41,17 +41,22 @@ class ScopedTime {
   std::chrono::steady_clock::time_point start_;
 };
 
-// Copies a block into its staging buffer, zero-padded to `aligned`, and
-// returns its checksum (the copy and the checksum timed apart).
-uint64_t stage_block(char* staging, const char* bytes, size_t n, size_t aligned, std::atomic<int64_t>& copy_ns,
-                     std::atomic<int64_t>& checksum_ns) {
-  {
-    ScopedTime copying(copy_ns);
-    std::memcpy(staging, bytes, n);
-    std::memset(staging + n, 0, aligned - n);
-  }
-  ScopedTime hashing(checksum_ns);
-  return block_checksum(staging, n);
+// Whether a block can go between the disk and the caller's memory without
+// a staging buffer: O_DIRECT needs its address and its length aligned. The
+// engine's own buffers are page-aligned (fsdp/memory.h), so every whole
+// block of them is; a ragged last block, and memory from elsewhere, is staged.
+bool moves_in_place(const char* bytes, size_t n) {
+  return reinterpret_cast<uintptr_t>(bytes) % kDirectAlignment == 0 && n % kDirectAlignment == 0;
+}
+
+// Copies a block into its staging buffer, zero-padded to `aligned` (the
+// copy timed as the worker's, and its bytes counted).
+void stage_block(char* staging, const char* bytes, size_t n, size_t aligned, std::atomic<int64_t>& copy_ns,
+                 std::atomic<int64_t>& staged_bytes) {
+  ScopedTime copying(copy_ns);
+  std::memcpy(staging, bytes, n);
+  std::memset(staging + n, 0, aligned - n);
+  staged_bytes += static_cast<int64_t>(n);
 }
 
 // libaio's calls, timed as the disk's: one block submitted, and at least
@@ -255,6 +260,7 @@ OffloadStats DiskStore::io_times() const {
   times.copy_seconds = copy_ns_.load() * 1e-9;
   times.checksum_seconds = checksum_ns_.load() * 1e-9;
   times.disk_seconds = disk_ns_.load() * 1e-9;
+  times.bytes_staged = staged_bytes_.load();
   return times;
 }
 
@@ -365,7 +371,7 @@ void DiskStore::read_blocks_threads(const Slot& slot, size_t index, char* data) 
 }
 
 std::string DiskStore::aio_block_done(const Slot& slot, size_t index, size_t b, bool is_write, const char* staging,
-                                      char* data, long res) const {
+                                      char* data, long res) {
   const int64_t block = options_.block_bytes();
   const size_t n = static_cast<size_t>(std::min<int64_t>(block, slot.bytes - static_cast<int64_t>(b) * block));
   if (res < 0) {
@@ -379,17 +385,23 @@ std::string DiskStore::aio_block_done(const Slot& slot, size_t index, size_t b, 
   }
   if (is_write) return "";
   try {
+    if (staging == nullptr) {  // read in place
+      check_block(slot, index, b, data + b * block, n);
+      return "";
+    }
     check_block(slot, index, b, staging, n);
     ScopedTime copying(copy_ns_);
     std::memcpy(data + b * block, staging, n);
+    staged_bytes_ += static_cast<int64_t>(n);
   } catch (const c10::Error& e) {
     return e.what_without_backtrace();
   }
   return "";
 }
 
-// libaio: up to queue_depth blocks in flight, each in its own staging
-// buffer; completions come in any order. Every submitted block is reaped
+// libaio: up to queue_depth blocks in flight, each with its own control
+// block, and moved in place (moves_in_place) or through that control
+// block's staging buffer; completions come in any order. Every submitted block is reaped
 // before returning, even after an error, so no buffer is still in the
 // kernel's hands when the next request reuses it. A write fills in
 // `checksums`; a read checks each block against the slot's.
@@ -402,6 +414,7 @@ void DiskStore::transfer_aio(const Slot& slot, size_t index, bool is_write, char
     return static_cast<size_t>(std::min<int64_t>(block, slot.bytes - static_cast<int64_t>(b) * block));
   };
   std::vector<size_t> buffer_block(staging_.size());
+  std::vector<char> buffer_staged(staging_.size(), 0);
   std::vector<int> free_buffers;
   for (int i = static_cast<int>(staging_.size()) - 1; i >= 0; --i) free_buffers.push_back(i);
   std::vector<io_event> events(staging_.size());
@@ -413,7 +426,8 @@ void DiskStore::transfer_aio(const Slot& slot, size_t index, bool is_write, char
   auto completed = [&](int buffer, long res) {
     const size_t b = buffer_block[buffer];
     if (b > error_block) return;
-    std::string failure = aio_block_done(slot, index, b, is_write, staging_[buffer].get(), data, res);
+    std::string failure =
+        aio_block_done(slot, index, b, is_write, buffer_staged[buffer] ? staging_[buffer].get() : nullptr, data, res);
     if (failure.empty()) return;
     error = std::move(failure);
     error_block = b;
@@ -439,14 +453,21 @@ void DiskStore::transfer_aio(const Slot& slot, size_t index, bool is_write, char
     free_buffers.pop_back();
     buffer_block[buffer] = b;
     const size_t n = bytes_of(b), aligned = round_up(n, kDirectAlignment);
-    char* staging = staging_[buffer].get();
+    char* const bytes = data + b * block;
+    const bool staged = !moves_in_place(bytes, n);
+    buffer_staged[buffer] = staged;
+    char* const io_bytes = staged ? staging_[buffer].get() : bytes;
     iocb* cb = &aio_->blocks[buffer];
     const auto offset = static_cast<long long>(slot.offset + b * block);
     if (is_write) {
-      checksums[b] = stage_block(staging, data + b * block, n, aligned, copy_ns_, checksum_ns_);
-      io_prep_pwrite(cb, file_->fd(), staging, aligned, offset);
+      if (staged) stage_block(io_bytes, bytes, n, aligned, copy_ns_, staged_bytes_);
+      {
+        ScopedTime hashing(checksum_ns_);
+        checksums[b] = block_checksum(io_bytes, n);
+      }
+      io_prep_pwrite(cb, file_->fd(), io_bytes, aligned, offset);
     } else {
-      io_prep_pread(cb, file_->fd(), staging, aligned, offset);
+      io_prep_pread(cb, file_->fd(), io_bytes, aligned, offset);
     }
     cb->data = reinterpret_cast<void*>(static_cast<intptr_t>(buffer));
     const int rc = submit_block(aio_->context, cb, disk_ns_);

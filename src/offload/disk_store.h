@@ -8,9 +8,11 @@
 // The I/O engine is chosen when the store opens, and engine_name() says
 // which one it got:
 // - libaio with O_DIRECT (Debian's libaio-dev): several blocks in flight at
-//   once, straight between aligned staging buffers and the disk, without
-//   the page cache (offloading to disk is for state that does not fit in
-//   memory: caching it there would defeat the point);
+//   once, without the page cache (offloading to disk is for state that does
+//   not fit in memory: caching it there would defeat the point), straight
+//   between the caller's memory and the disk where the memory is aligned
+//   (the engine's buffers are page-aligned: fsdp/memory.h), else through
+//   aligned staging buffers;
 // - a worker thread with pread/pwrite, where the file system refuses
 //   O_DIRECT (tmpfs, some container overlays) or the kernel refuses libaio
 //   (io_setup fails in some sandboxes).
@@ -116,6 +118,7 @@ class DiskStore {
   std::vector<std::string> slot_labels_;
   // The worker's nanoseconds by cause (io_times()).
   mutable std::atomic<int64_t> copy_ns_{0}, checksum_ns_{0}, disk_ns_{0};
+  std::atomic<int64_t> staged_bytes_{0};  // copied through staging buffers (OffloadStats::bytes_staged)
   std::string broken_;  // set (by the worker) when I/O may be left in flight: every later request fails
   std::thread worker_;
 
@@ -130,9 +133,10 @@ class DiskStore {
   void read_blocks_threads(const Slot& slot, size_t index, char* data);
   void transfer_aio(const Slot& slot, size_t index, bool is_write, char* data, std::vector<uint64_t>& checksums);
   // One block libaio completed with `res` (bytes, or -errno): "" or what went
-  // wrong; a read's block is checked and copied from `staging` into `data`.
+  // wrong; a read's block is checked, in place or in `staging` (then copied
+  // into `data`).
   std::string aio_block_done(const Slot& slot, size_t index, size_t block, bool is_write, const char* staging,
-                             char* data, long res) const;
+                             char* data, long res);
   void check_block(const Slot& slot, size_t index, size_t block, const char* bytes, size_t n) const;
 };
 

@@ -323,6 +323,7 @@ void write_log_record(const ReportContext& c, const RunFigures& figures, const f
                          {"offload_bytes_read", result.offload_bytes_read},
                          {"offload_bytes_written", result.offload_bytes_written},
                          {"offload_wait_s", result.offload_wait_s},
+                         {"offload_bytes_staged", result.offload_bytes_staged},
                          {"offload_io_thread_s", {{"copy", result.offload_copy_s},
                                                   {"checksum", result.offload_checksum_s},
                                                   {"disk", result.offload_disk_s}}},

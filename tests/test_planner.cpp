@@ -199,9 +199,9 @@ TEST(Planner, DiskOffloadSteppingInBackward) {
 // step: fsdp::nvme_steps_before_next_gather), same units: each gradient is
 // written out in backward and read back for its unit's update (4S each way,
 // a gradient slot of its own in the file), the first forward gather sends
-// the master that update wrote (4S less read), no gradient shard stays, and
-// read_ahead + 2 units' state with their gradients (16S) are in memory
-// during forward.
+// the master that update wrote (4S less read), no gradient shard stays;
+// forward holds read_ahead units' state with their gradients (16S), and
+// backward the two gradients being written out (4S each), not both at once.
 TEST(Planner, DiskOffloadSteppingBeforeTheNextGather) {
   const fsdp::MixedPrecision fp32;
   const auto after = fsdp::estimate_nvme_offload(kUnits, ShardingStrategy::kFullShard, kWorld, 0, fp32, true, true);
@@ -212,12 +212,20 @@ TEST(Planner, DiskOffloadSteppingBeforeTheNextGather) {
   EXPECT_EQ(before.read_per_step, after.read_per_step - 4 * 325 + 4 * 325);
   EXPECT_EQ(before.written_per_step, after.written_per_step + 4 * 325);
   EXPECT_EQ(before.file_bytes, after.file_bytes + 2 * (int64_t{1} << 20));  // a 1 MiB block per unit's gradient
-  EXPECT_EQ(before.step_buffers, 16 * 325);  // read_ahead + 2 = 3 units: both here
+  EXPECT_EQ(before.step_buffers, 16 * 250);      // read_ahead = 1 unit, the largest
+  EXPECT_EQ(before.gradient_buffers, 4 * 325);   // the two largest gradients: both here
   fsdp::StepPeak peak;
   peak.state = after.resident;
+  peak.gathered = 2000;
   peak.activations = 100000;
-  EXPECT_EQ(fsdp::peak_with_nvme_offload(peak, before),
-            peak.total() - peak.state.total() + before.resident.total() + before.gather_buffers + before.step_buffers);
+  const int64_t forward = before.resident.total() + 2000 + 100000 + before.step_buffers;
+  const int64_t backward = [&](int64_t transient) {
+    return 2000 + 100000 + transient + before.resident.total() + before.gather_buffers + before.gradient_buffers;
+  }(0);
+  ASSERT_GT(forward, backward);
+  EXPECT_EQ(fsdp::peak_with_nvme_offload(peak, before), forward);
+  peak.backward_transient = 5000;  // now backward's is the larger
+  EXPECT_EQ(fsdp::peak_with_nvme_offload(peak, before), backward + 5000);
   EXPECT_THROW(fsdp::estimate_nvme_offload(kUnits, ShardingStrategy::kFullShard, kWorld, 0, fp32, true, true, 1,
                                            int64_t{1} << 20, true, 1, true),
                c10::Error);

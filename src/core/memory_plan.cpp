@@ -521,9 +521,19 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
   // Before the next gather, each unit's gradient is read with its state.
   const int64_t per_unit_step = (master ? 4 : 0) + (optimizer_state ? 8 : 0) + (params && !fp32 ? p : 0) +
                                 (step_before_next_gather ? 4 : 0);
-  const size_t units_stepping = gradient_slots ? static_cast<size_t>(read_ahead) + 2 : 3;
+  // Before the next gather: the read_ahead units read ahead of forward (the
+  // stepping one's master becomes its gather's input; measured at medium,
+  // W = 4, forward's peak held less than this). In backward: read ahead,
+  // stepping and written behind. After backward: read, step, write.
+  const size_t units_stepping =
+      step_before_next_gather ? static_cast<size_t>(read_ahead) : (step_in_backward ? static_cast<size_t>(read_ahead) + 2 : 3);
   for (size_t i = 0; i < std::min(units_stepping, shards.size()); ++i) plan.step_buffers += per_unit_step * shards[i];
   if (step_in_backward && !shards.empty()) plan.step_buffers += 4 * shards[0];  // the stepping unit's gradient
+  // Written out in backward: the one being written behind and the next one
+  // reduced (the largest two), at backward's peak.
+  if (step_before_next_gather) {
+    for (size_t i = 0; i < std::min<size_t>(2, shards.size()); ++i) plan.gradient_buffers += 4 * shards[i];
+  }
   if (params) {
     const size_t units_gathering = static_cast<size_t>(read_ahead) + 1;
     for (size_t i = 0; i < std::min(units_gathering, shards.size()); ++i) {
@@ -543,7 +553,15 @@ bool nvme_steps_before_next_gather(bool asked, ShardingStrategy strategy, bool c
 
 int64_t peak_with_nvme_offload(const StepPeak& peak, const NvmeOffloadPlan& plan) {
   const int64_t in_step = peak.total() - peak.state.total() + plan.resident.total() + plan.gather_buffers;
-  if (plan.step_in_backward || plan.step_before_next_gather) return in_step + plan.step_buffers;
+  if (plan.step_in_backward) return in_step + plan.step_buffers;
+  if (plan.step_before_next_gather) {
+    // Forward holds the units stepping ahead of their gathers, beside what
+    // it gathered and the activations it keeps; backward the gradients
+    // being written out, beside its own peak. Not both at once.
+    const int64_t forward =
+        plan.resident.total() + peak.gathered + peak.activations + peak.secondary_partition + plan.step_buffers;
+    return std::max(forward, in_step + plan.gradient_buffers);
+  }
   const int64_t in_optimizer = plan.resident.total() + plan.step_buffers;
   return std::max(in_step, in_optimizer);
 }

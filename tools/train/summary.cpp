@@ -97,6 +97,8 @@ void add_memory(nlohmann::json& summary, const ReportContext& c, const RunFigure
   summary["last_step_peak_by_category_rank0"] = peak_by_category;
   summary["model_state_bytes_by_kind"] = model_state_by_kind;
   summary["block_cache_bytes"] = fsdp::memory::block_cache_limit();
+  // The last step's peak of tensors plus the block cache's freed blocks: what of the RSS the tensors hold.
+  summary["last_step_peak_reserved_bytes_rank0"] = fsdp::memory::usage().peak_reserved;
 }
 
 // The summary's disk offload figures (measured medians and the planner's).

@@ -80,6 +80,13 @@ struct HostMemoryVariant {
 /// parameters unless the optimizer state goes to disk too).
 std::vector<HostMemoryVariant> host_memory_variants(const HostMemoryRun& run, const HostMemorySettings& settings);
 
+/// The disk offload's read-ahead (NvmeOffloadOptions::read_ahead) that fits
+/// `available` bytes for the ranks of this host: the one `run.options`
+/// asks for where it fits, else the deepest shallower one that fits (each
+/// unit read ahead holds its shards in memory), else the one asked for (the
+/// preflight then refuses the run). Without disk offload, 0.
+int fitting_read_ahead(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t available);
+
 /// The preflight: returns host_memory_needed per rank when it fits `available`
 /// bytes for the ranks of this host (with asynchronous checkpoints, plus what
 /// rank 0 stages beyond the others), else throws saying what the run needs,

@@ -121,6 +121,17 @@ std::vector<HostMemoryVariant> host_memory_variants(const HostMemoryRun& run, co
   return variants;
 }
 
+int fitting_read_ahead(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t available) {
+  if (!run.options.nvme_offload() || !(settings.nvme_optimizer || settings.nvme_params)) return 0;
+  const int asked = run.options.nvme_offload()->read_ahead();
+  HostMemoryRun shallower = run;
+  for (int depth = asked; depth >= 1; --depth) {
+    shallower.options.nvme_offload(NvmeOffloadOptions(*run.options.nvme_offload()).read_ahead(depth));
+    if (host_need(shallower, settings).host <= available) return depth;
+  }
+  return asked;
+}
+
 int64_t preflight_host_memory(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t available) {
   const HostNeed need = host_need(run, settings);
   const int64_t needed = need.per_rank;

@@ -617,6 +617,14 @@ case_preflight() {
   FSDP_PREFLIGHT_AVAILABLE_BYTES=671088640 train_run offloaded 2 "${small[@]}" --offload-optimizer nvme \
     --offload-dir "$work/scratch"
   json_is "$work/offloaded.json" .ram_bytes_predicted 329998336  # 314.71 MiB
+  # The read-ahead shrinks to fit: small with both offloads plans 328.22 MiB
+  # a rank reading 2 units ahead (the default), 326.64 MiB reading 1. On a
+  # host with room for the second only, it reads 1 ahead, saying so.
+  FSDP_PREFLIGHT_AVAILABLE_BYTES=655000000 train_run shallower 2 "${small[@]}" --offload-optimizer nvme \
+    --offload-params nvme --offload-dir "$work/scratch"
+  grep -qF "warning: preflight: --offload-read-ahead 2 does not fit this host's 624.66 MiB available; reading 1 unit(s) ahead instead" \
+    "$work/shallower.out" || fail "no read-ahead shrunk to fit: $(grep -i preflight "$work/shallower.out")"
+  json_is "$work/shallower.json" .ram_bytes_predicted 326641664  # 311.51 MiB: reading 1 ahead
   [ $(( $(date +%s) - start )) -lt 60 ] || fail "the refusals took $(( $(date +%s) - start )) s"
 
   # small on 2 ranks needs about 370 MiB per rank: refused on a 500 MB host,

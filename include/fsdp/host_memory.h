@@ -59,7 +59,8 @@ struct HostMemorySettings {
 constexpr int64_t kHostRuntimeBytes = int64_t{256} << 20;
 
 /// Per rank: the plan's step peak (RunPlan::step_peak; with disk offload also
-/// the host block cache's limit, reserved bytes that RSS shows; with
+/// what the host block cache holds at the peak, reserved bytes that RSS
+/// shows: one padded unit in fp32, as measured at xl and 3b; with
 /// asynchronous checkpoints also a rank's staging copy,
 /// CheckpointStaging::per_rank), or, without sharded initialization, the
 /// whole model each rank builds first and flattens, whichever is larger;

@@ -158,7 +158,7 @@ TEST(Planner, RefusesWhatFullyShardRefuses) {
 // both offloads, units of 1000 and 300 over 4 ranks (shards S = 250 and 75):
 // no gradient shard stays (4 x 325 bytes less resident); full_shard's second
 // gather of each unit reads the master the step then updates, so the step
-// reads 4S less per unit; the state of read_ahead + 2 units (12S each: master
+// reads 4S less per unit; the state of read_ahead + 1 units (12S each: master
 // and moments) and the stepping unit's gradient (4S, the largest) are in
 // memory during backward, and a gather holds 1 + read_ahead units' shards.
 TEST(Planner, DiskOffloadSteppingInBackward) {
@@ -172,8 +172,12 @@ TEST(Planner, DiskOffloadSteppingInBackward) {
   EXPECT_EQ(during.read_per_step, after.read_per_step - 4 * 325);
   EXPECT_EQ(during.written_per_step, after.written_per_step);
   EXPECT_EQ(after.step_buffers, 12 * 325);           // three units at most: both here
-  EXPECT_EQ(during.step_buffers, 12 * 325 + 4 * 250);  // read_ahead + 2 = 3 units, and a gradient
+  EXPECT_EQ(during.step_buffers, 12 * 325 + 4 * 250);  // read_ahead + 1 = 2 units: both here, and a gradient
   EXPECT_EQ(during.gather_buffers, 4 * 325);         // 1 + read_ahead units
+  // A third unit (S = 50) is not held: read_ahead + 1 = 2, the largest.
+  const auto three = fsdp::estimate_nvme_offload({1000, 300, 200}, ShardingStrategy::kFullShard, kWorld, 0, fp32, true,
+                                                 true, 1, int64_t{1} << 20, true, 1);
+  EXPECT_EQ(three.step_buffers, 12 * 325 + 4 * 250);
   // The zero2 kinds gather once, in forward: nothing to share.
   const auto zero2 = fsdp::estimate_nvme_offload(kUnits, ShardingStrategy::kShardGradOp, kWorld, 0, fp32, true, true, 1,
                                                  int64_t{1} << 20, true, 1);

@@ -292,7 +292,7 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
 /// A gather holds 1 + read_ahead units' parameters (the one gathered, those
 /// read ahead). The step after backward holds up to three units' offloaded
 /// state (read, step, write); stepping in backward (nvme_steps_in_backward)
-/// holds read_ahead + 2 (read ahead, stepping, written behind) and the
+/// holds read_ahead + 1 (stepping, read ahead; what is written behind frees as it goes) and the
 /// stepping unit's gradient during backward, and no gradient shard stays;
 /// stepping before the next gather (nvme_steps_before_next_gather) holds
 /// read_ahead units' state with their gradients during forward, and two

@@ -463,6 +463,15 @@ double NvmeOffloadPlan::io_seconds(double read_bandwidth, double write_bandwidth
   return static_cast<double>(read_per_step) / read_bandwidth + static_cast<double>(written_per_step) / write_bandwidth;
 }
 
+namespace {
+// Bytes of the `count` largest of `shards` (sorted largest first), at `bytes_per_element`.
+int64_t largest_shards_bytes(const std::vector<int64_t>& shards, size_t count, int64_t bytes_per_element) {
+  int64_t total = 0;
+  for (size_t i = 0; i < std::min(count, shards.size()); ++i) total += bytes_per_element * shards[i];
+  return total;
+}
+}  // namespace
+
 NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                       int ranks_per_node, const MixedPrecision& mixed_precision, bool optimizer_state,
                                       bool params, int64_t micro_steps, int64_t block_bytes, bool step_in_backward,
@@ -484,8 +493,7 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
   const int64_t gathers =
       micro_steps * (keeps_params_unsharded(strategy) ? 0 : (reshards_after_forward(strategy) ? 2 : 1));
   auto blocks = [block_bytes](int64_t bytes) { return (bytes + block_bytes - 1) / block_bytes * block_bytes; };
-  // The three largest shards: the step's pipeline holds three units at once.
-  std::vector<int64_t> shards;
+  std::vector<int64_t> shards;  // each unit's shard (elements)
   for (int64_t n : unit_numels) {
     const int64_t S = (n + K - 1) / K;
     if (S == 0) continue;
@@ -527,21 +535,14 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
   // unit and those read ahead (the one written behind frees its state as
   // its write goes: xl at W = 4 peaked 1.2 % under this). After backward:
   // read, step, write.
-  const size_t units_stepping =
-      step_before_next_gather ? static_cast<size_t>(read_ahead) : (step_in_backward ? static_cast<size_t>(read_ahead) + 1 : 3);
-  for (size_t i = 0; i < std::min(units_stepping, shards.size()); ++i) plan.step_buffers += per_unit_step * shards[i];
-  if (step_in_backward && !shards.empty()) plan.step_buffers += 4 * shards[0];  // the stepping unit's gradient
+  const size_t ahead = static_cast<size_t>(read_ahead);
+  const size_t units_stepping = step_before_next_gather ? ahead : (step_in_backward ? ahead + 1 : 3);
+  plan.step_buffers = largest_shards_bytes(shards, units_stepping, per_unit_step);
+  plan.step_buffers += step_in_backward ? largest_shards_bytes(shards, 1, 4) : 0;  // the stepping unit's gradient
   // Written out in backward: the one being written behind and the next one
-  // reduced (the largest two), at backward's peak.
-  if (step_before_next_gather) {
-    for (size_t i = 0; i < std::min<size_t>(2, shards.size()); ++i) plan.gradient_buffers += 4 * shards[i];
-  }
-  if (params) {
-    const size_t units_gathering = static_cast<size_t>(read_ahead) + 1;
-    for (size_t i = 0; i < std::min(units_gathering, shards.size()); ++i) {
-      plan.gather_buffers += (fp32 ? 4 : p) * shards[i];
-    }
-  }
+  // reduced, at backward's peak.
+  plan.gradient_buffers = step_before_next_gather ? largest_shards_bytes(shards, 2, 4) : 0;
+  plan.gather_buffers = params ? largest_shards_bytes(shards, ahead + 1, fp32 ? 4 : p) : 0;
   return plan;
 }
 

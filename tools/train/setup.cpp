@@ -116,14 +116,13 @@ void preflight(const TrainOptions& o, Run& run, int world) {
   // The disk offload reads ahead as deep as asked where the host has room,
   // and shallower, saying so, where only that fits.
   const int read_ahead = fsdp::fitting_read_ahead(plan, settings, available);
-  if (read_ahead > 0 && read_ahead != run.fsdp_options.nvme_offload()->read_ahead()) {
-    run.warnings.push_back("preflight: --offload-read-ahead " +
-                           std::to_string(run.fsdp_options.nvme_offload()->read_ahead()) + " does not fit this host's " +
-                           fsdp::format_mib(available) + " available; reading " + std::to_string(read_ahead) +
-                           " unit(s) ahead instead");
-    run.fsdp_options.nvme_offload(fsdp::NvmeOffloadOptions(*run.fsdp_options.nvme_offload()).read_ahead(read_ahead));
-    plan.options = run.fsdp_options;
-    if (o.strategy == "auto") plan.options.strategy(fsdp::ShardingStrategy::kFullShard);
+  if (read_ahead > 0 && read_ahead != o.offload_read_ahead) {
+    run.warnings.push_back("preflight: --offload-read-ahead " + std::to_string(o.offload_read_ahead) +
+                           " does not fit this host's " + fsdp::format_mib(available) + " available; reading " +
+                           std::to_string(read_ahead) + " unit(s) ahead instead");
+    const auto shallower = fsdp::NvmeOffloadOptions(*run.fsdp_options.nvme_offload()).read_ahead(read_ahead);
+    run.fsdp_options.nvme_offload(shallower);
+    plan.options.nvme_offload(shallower);
   }
   run.ram_predicted = fsdp::preflight_host_memory(plan, settings, available);
 }

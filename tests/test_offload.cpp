@@ -129,6 +129,29 @@ TEST(DiskOffload, RefusesAPlainBackwardAndStaysUsable) {
   if (r == 0) std::filesystem::remove_all(dir);
 }
 
+// A read-ahead that could not grow to its most, or a share of the step out
+// of [0, 1], is refused before fully_shard touches a parameter, naming the setting.
+TEST(DiskOffload, RefusesAReadAheadThatCannotGrow) {
+  const std::string dir = offload_test_dir("read_ahead");
+  for (const auto& [offload, expected] :
+       {std::pair{offload_everything_to(dir).read_ahead(3).max_read_ahead(2),
+                  "nvme_offload.max_read_ahead must be 0 (fixed) or at least read_ahead (3), got 2"},
+        {offload_everything_to(dir).deepen_above(1.5), "nvme_offload.deepen_above is a share of the step, from 0 to 1"}}) {
+    auto gpt = make_gpt(tiny());
+    const torch::Tensor before = gpt->parameters()[0].clone();
+    std::string error;
+    try {
+      fsdp::fully_shard(gpt, world_group, block_units().nvme_offload(offload));
+    } catch (const c10::Error& e) {
+      error = e.what_without_backtrace();
+    }
+    EXPECT_NE(error.find(expected), std::string::npos) << (error.empty() ? "accepted" : error);
+    EXPECT_TRUE(torch::equal(gpt->parameters()[0], before)) << "the refused model changed";
+  }
+  world_group->barrier()->wait();
+  if (world_group->rank() == 0) std::filesystem::remove_all(dir);
+}
+
 // The library's use of disk offload beyond the trainer's: between steps, an
 // evaluation (a forward whose last gather reads the next unit ahead), then a
 // change through a sharded state dict (written back to the scratch file),
@@ -207,8 +230,14 @@ TEST(DiskOffload, StepsEachUnitInBackwardAsItsGradientArrives) {
         if (strategy == fsdp::ShardingStrategy::kHybridShard) options.ranks_per_node(2);
         const bool params = !fsdp::keeps_params_unsharded(strategy);
         if (placement != kMemory) {
-          options.nvme_offload(offload_everything_to(dir).params(params).read_ahead(1 + placement).step_in_backward(
-              placement == kInBackward));
+          // In backward, the read-ahead deepens after every step from the
+          // second on (deepen_above 0), 1 to 3 units: at any depth, the same numbers.
+          options.nvme_offload(offload_everything_to(dir)
+                                   .params(params)
+                                   .read_ahead(placement == kInBackward ? 1 : 3)
+                                   .max_read_ahead(placement == kInBackward ? 3 : 0)
+                                   .deepen_above(0)
+                                   .step_in_backward(placement == kInBackward));
         }
         auto model = fsdp::fully_shard(make_gpt(config), world_group, options);
         fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());
@@ -225,6 +254,8 @@ TEST(DiskOffload, StepsEachUnitInBackwardAsItsGradientArrives) {
           });
           losses[placement].push_back(result.loss);
           if (placement == kMemory) continue;
+          EXPECT_EQ(result.offload_read_ahead, placement == kInBackward ? std::max<int>(1, step) : 3)
+              << what << ": the units read ahead in step " << step;
           const bool overlapped = placement == kInBackward && !fsdp::keeps_full_gradients(strategy);
           const bool deferred = overlapped && (clip > 0 || scaling);
           EXPECT_EQ(model.state().nvme_offload()->stepped_in_backward, overlapped && !deferred) << what;
@@ -238,6 +269,7 @@ TEST(DiskOffload, StepsEachUnitInBackwardAsItsGradientArrives) {
         torch::NoGradGuard no_grad;  // takes the last step's pending updates
         auto [x, y] = data.batch(7, 0, r, W, 1, 2);
         losses[placement].push_back(model.forward(x, y).item<double>());
+        if (placement == kInBackward) EXPECT_EQ(model.state().nvme_offload()->stats.read_ahead, 3) << "deepened to the most";
       }
       for (int placement : {kInBackward, kAfterBackward}) {
         for (size_t i = 0; i < losses[0].size(); ++i) {

@@ -55,6 +55,9 @@ struct OffloadStats {
   int64_t bytes_staged = 0;
   double checksum_seconds = 0;  ///< the I/O thread checksumming blocks (XXH3)
   double disk_seconds = 0;      ///< the I/O thread in the disk's hands (io_submit/io_getevents, or pread/pwrite)
+  /// The units read ahead of their use now (NvmeOffloadOptions::read_ahead,
+  /// deepened up to max_read_ahead where compute waited on the disk); 0 without disk offload.
+  int read_ahead = 0;
 };
 
 /// What a model's disk offload is, for reports: FsdpState::nvme_offload().

@@ -124,8 +124,20 @@ struct NvmeOffloadOptions {
   /// Parameter shards read ahead of their all-gather, in the order the units
   /// were gathered in the last step (each costs one unit's shard of memory
   /// while it waits): deep enough to hide the disk where its bandwidth
-  /// allows it. At least 1.
+  /// allows it. At least 1. The depth the first steps read at (see max_read_ahead).
   TORCH_ARG(int, read_ahead) = 2;
+  /// The deepest the read-ahead may grow (0: read_ahead, fixed). After each
+  /// step from the second on (the first has no order to read ahead in) in
+  /// which compute waited on the disk for at least deepen_above of the
+  /// step's time, this rank reads one unit deeper, up to this. Each unit
+  /// deeper holds one more unit's shards (and, stepping before the next
+  /// gather, its state and gradient) while they wait: the memory planner's
+  /// figures at this depth are the bound (fsdp-train's preflight picks the
+  /// deepest that fits the host). The numbers are the same at any depth.
+  TORCH_ARG(int, max_read_ahead) = 0;
+  /// The share of a step compute may wait on the disk before the read-ahead
+  /// deepens (0: after every step, up to max_read_ahead).
+  TORCH_ARG(double, deepen_above) = 0.02;
   /// Where and how (the scratch file's name is set per rank).
   TORCH_ARG(offload::DiskStoreOptions, store);
 };

@@ -118,6 +118,7 @@ struct StepResult {
   int64_t offload_bytes_staged = 0;  ///< ... and the bytes it copied (the rest moved in place)
   double offload_checksum_s = 0.0;  ///< the offload's I/O thread in this step: checksumming blocks
   double offload_disk_s = 0.0;      ///< the offload's I/O thread in this step: waiting on the disk
+  int offload_read_ahead = 0;       ///< the units this step read ahead (OffloadStats::read_ahead at its start)
   RankFigures figures;        ///< this rank's
   std::vector<RankFigures> per_rank;  ///< every rank's, when gathered
 };

@@ -148,6 +148,7 @@ void record_offload(StepResult& result, const offload::OffloadStats& before, con
   result.offload_bytes_staged = now.bytes_staged - before.bytes_staged;
   result.offload_checksum_s = now.checksum_seconds - before.checksum_seconds;
   result.offload_disk_s = now.disk_seconds - before.disk_seconds;
+  result.offload_read_ahead = before.read_ahead;  // what this step read at (its end may deepen it)
 }
 }  // namespace
 

@@ -146,10 +146,17 @@ void check_nvme_offload_options(const FullyShardOptions& fsdp, c10::Device devic
               " shard is cast from the fp32 master, and a master kept in memory leaves nothing to offload");
   TORCH_CHECK(options.read_ahead() >= 1, "fully_shard: nvme_offload.read_ahead must be at least 1 unit, got ",
               options.read_ahead());
+  TORCH_CHECK(options.max_read_ahead() == 0 || options.max_read_ahead() >= options.read_ahead(),
+              "fully_shard: nvme_offload.max_read_ahead must be 0 (fixed) or at least read_ahead (",
+              options.read_ahead(), "), got ", options.max_read_ahead());
+  TORCH_CHECK(options.deepen_above() >= 0 && options.deepen_above() <= 1,
+              "fully_shard: nvme_offload.deepen_above is a share of the step, from 0 to 1, got ", options.deepen_above());
 }
 
 NvmeOffload::NvmeOffload(const FullyShardOptions& options)
-    : options_(*options.nvme_offload()), param_dtype_(options.mixed_precision().param_dtype()) {
+    : options_(*options.nvme_offload()),
+      param_dtype_(options.mixed_precision().param_dtype()),
+      read_ahead_(options_.read_ahead()) {
   // A step that prepares its gradients as they arrive writes them out:
   // strategies that keep whole gradients hand none over.
   writes_gradients_ = options_.step_in_backward() && !keeps_full_gradients(options.strategy());
@@ -243,6 +250,7 @@ OffloadStats NvmeOffload::stats() const {
   stats.bytes_read = store_->bytes_read();
   stats.bytes_written = store_->bytes_written();
   stats.wait_seconds = wait_ns_.load() * 1e-9;
+  stats.read_ahead = read_ahead_;
   return stats;
 }
 
@@ -478,7 +486,7 @@ void NvmeOffload::read_ahead_after(size_t position, size_t unit) {
   // The next units of the last step's order, read while this one is
   // gathered and computes: only while this step follows that order.
   if (position >= fetch_order_last_.size() || fetch_order_last_[position] != unit) return;
-  const size_t depth = static_cast<size_t>(options_.read_ahead());
+  const size_t depth = static_cast<size_t>(read_ahead_);
   size_t next = position + 1 + ahead_.size();
   for (; ahead_.size() < depth && next < fetch_order_last_.size(); ++next) {
     const size_t u = fetch_order_last_[next];
@@ -494,6 +502,20 @@ void NvmeOffload::read_ahead_after(size_t position, size_t unit) {
     ahead.reads = read_compute(u, ahead.values);
     ahead_.push_back(std::move(ahead));
   }
+}
+
+void NvmeOffload::adapt_read_ahead() {
+  const auto now = Clock::now();
+  const int64_t waited_ns = wait_ns_.load() - wait_ns_at_last_step_;
+  const int64_t step_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_step_at_).count();
+  // From the second step on: the first read nothing ahead (no order yet),
+  // and its interval began when the model was built.
+  if (steps_ > 0 && read_ahead_ < options_.max_read_ahead() &&
+      static_cast<double>(waited_ns) >= options_.deepen_above() * static_cast<double>(step_ns)) {
+    ++read_ahead_;
+  }
+  last_step_at_ = now;
+  wait_ns_at_last_step_ = wait_ns_.load();
 }
 
 NvmeOffload::OptionsOf NvmeOffload::options_of(torch::optim::Optimizer& optimizer) {
@@ -536,7 +558,7 @@ bool NvmeOffload::begin_step_in_backward(torch::optim::Optimizer& optimizer, dou
   for (size_t u = 0; u < num_units(); ++u) unit_slots(u).stepped_in_backward = false;
   grad_order_this_.clear();
   // The first units to get their gradient: their state is read while backward starts.
-  for (size_t i = 0; i < grad_order_last_.size() && i < static_cast<size_t>(options_.read_ahead()); ++i) {
+  for (size_t i = 0; i < grad_order_last_.size() && i < static_cast<size_t>(read_ahead_); ++i) {
     read_state(grad_order_last_[i]);
   }
   return true;
@@ -635,7 +657,7 @@ void NvmeOffload::step_pending(size_t unit) {
   // The next pending units' state is read while this one steps and computes.
   if (pending_next_ < pending_order_.size() && pending_order_[pending_next_] == unit) {
     ++pending_next_;
-    const size_t depth = static_cast<size_t>(options_.read_ahead());
+    const size_t depth = static_cast<size_t>(read_ahead_);
     for (size_t i = pending_next_; i < pending_order_.size() && i < pending_next_ + depth; ++i) {
       read_pending(pending_order_[i]);
     }
@@ -674,7 +696,7 @@ void NvmeOffload::step_now(size_t unit) {
   // The next units' state (in the last step's order) is read while this one
   // steps and the next one's backward computes.
   if (position < grad_order_last_.size() && grad_order_last_[position] == unit) {
-    for (size_t i = position + 1; i < grad_order_last_.size() && i <= position + options_.read_ahead(); ++i) {
+    for (size_t i = position + 1; i < grad_order_last_.size() && i <= position + static_cast<size_t>(read_ahead_); ++i) {
       read_state(grad_order_last_[i]);
     }
   }
@@ -771,6 +793,7 @@ void NvmeOffload::step(FsdpState& /*state: the one attached*/, torch::optim::Opt
   TORCH_CHECK(fused, "fsdp: a model with nvme_offload steps with fsdp::FusedAdamW (it brings each unit's state in ",
               "and out of memory around that unit's update); got ", optimizer_name(optimizer));
   discard_read_ahead();  // the step rewrites every unit
+  adapt_read_ahead();
   step_all_pending();     // a unit no forward needed since the last step
   fetch_order_last_ = std::move(fetch_order_this_);
   fetch_order_this_.clear();

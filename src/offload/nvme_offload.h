@@ -29,7 +29,8 @@
 //   and the previous unit's write run while this unit steps;
 // - an all-gather of offloaded parameters (the FlatParam's compute source),
 //   the reads of the read_ahead units that came next in the last step
-//   issued ahead;
+//   issued ahead (one unit deeper after a step in which compute waited on
+//   the disk, up to max_read_ahead);
 // - a ResidentScope, for checkpoints and state dicts, one unit at a time.
 // A backward outside fsdp::TrainStep is refused: a user's own
 // optimizer.step() could not bring the state in around each unit's update.
@@ -37,6 +38,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <unordered_map>
 #include <cstdint>
@@ -150,6 +152,9 @@ class NvmeOffload final : public ShardOffload {
   // Issues the reads of the units that follow position `position` (`unit`)
   // of the last step's fetch order, up to read_ahead of them.
   void read_ahead_after(size_t position, size_t unit);
+  // At each step's boundary: one unit deeper where compute waited on the
+  // disk for deepen_above of the step (NvmeOffloadOptions::max_read_ahead).
+  void adapt_read_ahead();
   // The update of one unit (decay, then FusedAdamW::step_parameter) with
   // its group's options; its state is in memory.
   using OptionsOf = std::unordered_map<const c10::TensorImpl*, const torch::optim::AdamWOptions*>;
@@ -187,6 +192,10 @@ class NvmeOffload final : public ShardOffload {
   std::unique_ptr<DiskStore> store_;
   std::atomic<int64_t> wait_ns_{0};
   int64_t steps_ = 0;  // optimizer steps taken through step()
+  // The units read ahead now, and the last step boundary's time and wait (adapt_read_ahead).
+  int read_ahead_ = 2;
+  std::chrono::steady_clock::time_point last_step_at_ = std::chrono::steady_clock::now();
+  int64_t wait_ns_at_last_step_ = 0;
   // Read-ahead of offloaded parameters: the order units were fetched in the
   // last step, where this step is in it, and the reads issued ahead, in
   // fetch order.

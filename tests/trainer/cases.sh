@@ -617,6 +617,10 @@ case_preflight() {
   FSDP_PREFLIGHT_AVAILABLE_BYTES=671088640 train_run offloaded 2 "${small[@]}" --offload-optimizer nvme \
     --offload-dir "$work/scratch"
   json_is "$work/offloaded.json" .ram_bytes_predicted 323680256  # 308.69 MiB
+  # Where compute waits on the disk its read-ahead grows, as deep as the host has room for.
+  json_ok "$work/offloaded.json" '.offload_read_ahead_max >= 2 and .offload_read_ahead_max <= 4 and
+    .ram_bytes_predicted_read_ahead_max * 2 <= 671088640' \
+    "the deepest read-ahead does not fit the host: $(jq -c '[.offload_read_ahead_max, .ram_bytes_predicted_read_ahead_max]' "$work/offloaded.json")"
   # The read-ahead shrinks to fit: small with both offloads plans 306.99 MiB
   # a rank reading 2 units ahead (the default), 305.48 MiB reading 1. On a
   # host with room for the second only, it reads 1 ahead, saying so.
@@ -625,6 +629,7 @@ case_preflight() {
   grep -qF "warning: preflight: --offload-read-ahead 2 does not fit this host's 612.26 MiB available; reading 1 unit(s) ahead instead" \
     "$work/shallower.out" || fail "no read-ahead shrunk to fit: $(grep -i preflight "$work/shallower.out")"
   json_is "$work/shallower.json" .ram_bytes_predicted 320323584  # 305.48 MiB: reading 1 ahead
+  json_is "$work/shallower.json" .offload_read_ahead_max 1  # and it does not grow
   [ $(( $(date +%s) - start )) -lt 60 ] || fail "the refusals took $(( $(date +%s) - start )) s"
 
   # small on 2 ranks needs about 370 MiB per rank: refused on a 500 MB host,

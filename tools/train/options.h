@@ -49,6 +49,7 @@ struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags, fsd
   std::string backend = "auto";
   std::string offload = "none";
   std::string offload_optimizer = "none", offload_params = "none", offload_dir, offload_engine = "auto";
+  int offload_read_ahead_max = 4;  // the deepest the read-ahead grows where compute waits on the disk
   bool no_preflight = false;
   double collective_timeout = 0.0;
   std::string ckpt_dir;

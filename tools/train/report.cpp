@@ -76,6 +76,8 @@ void RunFigures::record(const fsdp::StepResult& result, const fsdp::CommStats& c
   last_cross_host_comm = cross_host;
   last_usage = fsdp::memory::usage();  // TrainStep restarted the peaks at the step's start
   final_loss = result.loss;
+  if (step == first_step) offload_first_read_ahead = result.offload_read_ahead;
+  offload_last_read_ahead = result.offload_read_ahead;
   if (step > first_step || steps == first_step + 1) {
     step_times.push_back(result.step_s);
     exposed_comm_times.push_back(result.comm.wait_seconds);
@@ -324,6 +326,7 @@ void write_log_record(const ReportContext& c, const RunFigures& figures, const f
                          {"offload_bytes_written", result.offload_bytes_written},
                          {"offload_wait_s", result.offload_wait_s},
                          {"offload_bytes_staged", result.offload_bytes_staged},
+                         {"offload_read_ahead", result.offload_read_ahead},
                          {"offload_io_thread_s", {{"copy", result.offload_copy_s},
                                                   {"checksum", result.offload_checksum_s},
                                                   {"disk", result.offload_disk_s}}},

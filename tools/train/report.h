@@ -56,6 +56,7 @@ struct RunFigures {
   // Per step after the first (or the only one): medians for the summary.
   std::vector<double> step_times, exposed_comm_times, optimizer_times, offload_wait_times, offload_read, offload_written;
   std::vector<double> offload_copy_times, offload_checksum_times, offload_disk_times;  // the I/O thread's, by cause
+  int offload_first_read_ahead = 0, offload_last_read_ahead = 0;  // the units the first and last steps read ahead
   fsdp::CommStats last_comm;
   fsdp::CommStats last_cross_host_comm;  // the part of last_comm over groups that span hosts
   fsdp::memory::Usage last_usage;        // this rank's tensor memory by category, right after the last step

@@ -58,6 +58,7 @@ void set_nvme_offload(const TrainOptions& o, fsdp::FullyShardOptions& options) {
                            .optimizer_state(o.offload_optimizer == "nvme")
                            .params(o.offload_params == "nvme")
                            .read_ahead(o.offload_read_ahead)
+                           .max_read_ahead(std::max(o.offload_read_ahead, o.offload_read_ahead_max))
                            .step_in_backward(!o.offload_step_after_backward)
                            .store(fsdp::offload::DiskStoreOptions(o.offload_dir)
                                       .engine(fsdp::offload::parse_io_engine(o.offload_engine))));
@@ -120,11 +121,22 @@ void preflight(const TrainOptions& o, Run& run, int world) {
     run.warnings.push_back("preflight: --offload-read-ahead " + std::to_string(o.offload_read_ahead) +
                            " does not fit this host's " + fsdp::format_mib(available) + " available; reading " +
                            std::to_string(read_ahead) + " unit(s) ahead instead");
-    const auto shallower = fsdp::NvmeOffloadOptions(*run.fsdp_options.nvme_offload()).read_ahead(read_ahead);
+    const auto shallower =
+        fsdp::NvmeOffloadOptions(*run.fsdp_options.nvme_offload()).read_ahead(read_ahead).max_read_ahead(read_ahead);
     run.fsdp_options.nvme_offload(shallower);
     plan.options.nvme_offload(shallower);
   }
   run.ram_predicted = fsdp::preflight_host_memory(plan, settings, available);
+  run.ram_predicted_deepest = run.ram_predicted;
+  if (read_ahead == 0 || run.fsdp_options.nvme_offload()->max_read_ahead() <= read_ahead) return;
+  // It deepens, where compute waits on the disk, as far as the host has room for.
+  fsdp::HostMemoryRun deepest = plan;
+  const auto& asked = *run.fsdp_options.nvme_offload();
+  deepest.options.nvme_offload(fsdp::NvmeOffloadOptions(asked).read_ahead(asked.max_read_ahead()));
+  const int deepest_fitting = fsdp::fitting_read_ahead(deepest, settings, available);
+  run.fsdp_options.nvme_offload(fsdp::NvmeOffloadOptions(asked).max_read_ahead(deepest_fitting));
+  deepest.options.nvme_offload(fsdp::NvmeOffloadOptions(asked).read_ahead(deepest_fitting));
+  run.ram_predicted_deepest = fsdp::host_memory_needed(deepest, settings);
 }
 
 // What a LoRA run writes: its adapters (--save-format peft), the merged
@@ -152,7 +164,8 @@ void check_values(const TrainOptions& o, int world) {
   for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--threads", o.threads},
                                     {"--print-every", o.print_every}, {"--warmup-steps", o.warmup_steps},
                                     {"--ranks-per-node", o.ranks_per_node}, {"--memory-budget", o.memory_budget},
-                                    {"--offload-read-ahead", o.offload_read_ahead}}) {
+                                    {"--offload-read-ahead", o.offload_read_ahead},
+                                    {"--offload-read-ahead-max", o.offload_read_ahead_max}}) {
     TORCH_CHECK(value >= 0, flag, " must be >= 0, got ", value);
   }
   TORCH_CHECK(o.collective_timeout >= 0, "--collective-timeout must be >= 0 (0: the default), got ", o.collective_timeout);

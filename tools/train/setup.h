@@ -43,6 +43,7 @@ struct Run {
   c10::Device device = c10::Device(torch::kCPU);  // --device: where the units compute
   std::string backend = "mpi";                   // --backend, resolved
   int64_t ram_predicted = 0;                     // the preflight's host memory per rank (0: not checked)
+  int64_t ram_predicted_deepest = 0;             // ... with the disk offload's read-ahead at its deepest
   fsdp::ProcessGroupPtr group;                   // what the model is sharded over (world, or NCCL over it)
   // What the inputs hold that reads but the user should hear of (a
   // tokenizer's shared ids, config.json's ignored dropout): rank 0 prints

@@ -94,6 +94,7 @@ void add_memory(nlohmann::json& summary, const ReportContext& c, const RunFigure
   summary["peak_tensor_bytes_predicted"] = p.peak_bytes;
   summary["peak_rss_bytes"] = end.rss;
   summary["ram_bytes_predicted"] = c.run.ram_predicted;
+  summary["ram_bytes_predicted_read_ahead_max"] = c.run.ram_predicted_deepest;  // the bound where the read-ahead deepens
   summary["last_step_peak_by_category_rank0"] = peak_by_category;
   summary["model_state_bytes_by_kind"] = model_state_by_kind;
   summary["block_cache_bytes"] = fsdp::memory::block_cache_limit();
@@ -113,6 +114,8 @@ void add_offload(nlohmann::json& summary, const ReportContext& c, const RunFigur
   summary["offload_written_bytes_per_step"] = median(figures.offload_written);
   summary["offload_io_bytes_per_step_predicted"] = plan ? plan->io_per_step() : 0;
   summary["offload_wait_s"] = median(figures.offload_wait_times);
+  summary["offload_read_ahead"] = figures.offload_last_read_ahead;  // rank 0's, in the last step
+  summary["offload_read_ahead_max"] = c.nvme.on ? c.run.fsdp_options.nvme_offload()->max_read_ahead() : 0;
   summary["offload_io_thread_s"] = {{"copy", median(figures.offload_copy_times)},
                                     {"checksum", median(figures.offload_checksum_times)},
                                     {"disk", median(figures.offload_disk_times)}};
@@ -278,7 +281,9 @@ void print_training(const ReportContext& c, const RunFigures& figures) {
               << " in all); compute waited " << std::setprecision(3) << wait << " s (" << std::setprecision(1)
               << 100.0 * wait / typical << "%) on it; its I/O thread copied for " << std::setprecision(3)
               << median(figures.offload_copy_times) << " s, checksummed for " << median(figures.offload_checksum_times)
-              << " s and waited on the disk for " << median(figures.offload_disk_times) << " s\n";
+              << " s and waited on the disk for " << median(figures.offload_disk_times) << " s; read "
+              << figures.offload_last_read_ahead << " unit(s) ahead in the last step (" << figures.offload_first_read_ahead
+              << " in the first, at most " << c.run.fsdp_options.nvme_offload()->max_read_ahead() << ")\n";
   }
 }
 

@@ -231,13 +231,17 @@ TEST(DiskOffload, StepsEachUnitInBackwardAsItsGradientArrives) {
         const bool params = !fsdp::keeps_params_unsharded(strategy);
         if (placement != kMemory) {
           // In backward, the read-ahead deepens after every step from the
-          // second on (deepen_above 0), 1 to 3 units: at any depth, the same numbers.
+          // second on (deepen_above 0), 1 to 3 units: at any depth, the same
+          // numbers. After backward: asked, or (loss scaled) for want of room
+          // in the scratch file to write the gradients out.
+          const bool no_gradient_slots = placement == kAfterBackward && scaling;
           options.nvme_offload(offload_everything_to(dir)
                                    .params(params)
                                    .read_ahead(placement == kInBackward ? 1 : 3)
                                    .max_read_ahead(placement == kInBackward ? 3 : 0)
                                    .deepen_above(0)
-                                   .step_in_backward(placement == kInBackward));
+                                   .step_in_backward(placement == kInBackward || no_gradient_slots)
+                                   .gradient_slots(!no_gradient_slots));
         }
         auto model = fsdp::fully_shard(make_gpt(config), world_group, options);
         fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());

@@ -174,6 +174,13 @@ TEST(Planner, DiskOffloadSteppingInBackward) {
   EXPECT_EQ(after.step_buffers, 12 * 325);           // three units at most: both here
   EXPECT_EQ(during.step_buffers, 12 * 325 + 4 * 250);  // read_ahead + 1 = 2 units: both here, and a gradient
   EXPECT_EQ(during.gather_buffers, 4 * 325);         // 1 + read_ahead units
+  // The file holds a gradient slot per unit (a 1 MiB block each) unless
+  // NvmeOffloadOptions::gradient_slots is off: each gradient is still freed as its unit steps.
+  const auto unslotted = fsdp::estimate_nvme_offload(kUnits, ShardingStrategy::kFullShard, kWorld, 0, fp32, true, true,
+                                                     1, int64_t{1} << 20, true, 1, false, /*gradient_slots=*/false);
+  EXPECT_EQ(during.file_bytes, after.file_bytes + 2 * (int64_t{1} << 20));
+  EXPECT_EQ(unslotted.file_bytes, after.file_bytes);
+  EXPECT_EQ(unslotted.resident.grads, 0);
   // A third unit (S = 50) is not held: read_ahead + 1 = 2, the largest.
   const auto three = fsdp::estimate_nvme_offload({1000, 300, 200}, ShardingStrategy::kFullShard, kWorld, 0, fp32, true,
                                                  true, 1, int64_t{1} << 20, true, 1);
@@ -233,6 +240,9 @@ TEST(Planner, DiskOffloadSteppingBeforeTheNextGather) {
   EXPECT_THROW(fsdp::estimate_nvme_offload(kUnits, ShardingStrategy::kFullShard, kWorld, 0, fp32, true, true, 1,
                                            int64_t{1} << 20, true, 1, true),
                c10::Error);
+  EXPECT_THROW(fsdp::estimate_nvme_offload(kUnits, ShardingStrategy::kFullShard, kWorld, 0, fp32, true, true, 1,
+                                           int64_t{1} << 20, false, 1, true, /*gradient_slots=*/false),
+               c10::Error);  // nowhere to write the gradients
   EXPECT_TRUE(fsdp::nvme_steps_before_next_gather(true, ShardingStrategy::kFullShard, true, false));
   EXPECT_TRUE(fsdp::nvme_steps_before_next_gather(true, ShardingStrategy::kHybridShard, false, true));
   EXPECT_FALSE(fsdp::nvme_steps_before_next_gather(true, ShardingStrategy::kFullShard, false, false));

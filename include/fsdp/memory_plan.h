@@ -323,12 +323,14 @@ struct NvmeOffloadPlan {
 };
 /// `micro_steps`: gradient accumulation gathers (and so reads) the parameters
 /// in every micro-step. `step_in_backward`: nvme_steps_in_backward's answer
-/// for the run; `read_ahead`: NvmeOffloadOptions::read_ahead.
+/// for the run; `read_ahead`: NvmeOffloadOptions::read_ahead;
+/// `gradient_slots`: NvmeOffloadOptions::gradient_slots (the scratch file
+/// holds a gradient per unit where the step overlaps backward and it is set).
 NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                       int ranks_per_node, const MixedPrecision& mixed_precision, bool optimizer_state,
                                       bool params, int64_t micro_steps = 1, int64_t block_bytes = int64_t{1} << 20,
                                       bool step_in_backward = false, int read_ahead = 2,
-                                      bool step_before_next_gather = false);
+                                      bool step_before_next_gather = false, bool gradient_slots = true);
 /// Whether a disk-offloaded run steps each unit during backward: asked for
 /// (NvmeOffloadOptions::step_in_backward), and nothing needs every gradient
 /// first (no clipping, no loss scaling) or keeps them whole anyway (no_shard, zero1).

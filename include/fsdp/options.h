@@ -121,6 +121,13 @@ struct NvmeOffloadOptions {
   /// after backward, unit by unit, with every gradient in memory until
   /// then. The same numbers, bit for bit, either way. On by default.
   TORCH_ARG(bool, step_in_backward) = true;
+  /// Room in the scratch file for each unit's gradient (4 bytes a
+  /// parameter): what a step that clips the gradient norm or scales the
+  /// loss writes out as it arrives (step_in_backward). false: such a step
+  /// runs after backward instead, its gradients in memory until then; a
+  /// step that does neither needs no room for them (fsdp-train reserves it
+  /// only for a run that clips or scales the loss). On by default.
+  TORCH_ARG(bool, gradient_slots) = true;
   /// Parameter shards read ahead of their all-gather, in the order the units
   /// were gathered in the last step (each costs one unit's shard of memory
   /// while it waits): deep enough to hide the disk where its bandwidth

@@ -475,7 +475,7 @@ int64_t largest_shards_bytes(const std::vector<int64_t>& shards, size_t count, i
 NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                       int ranks_per_node, const MixedPrecision& mixed_precision, bool optimizer_state,
                                       bool params, int64_t micro_steps, int64_t block_bytes, bool step_in_backward,
-                                      int read_ahead, bool step_before_next_gather) {
+                                      int read_ahead, bool step_before_next_gather, bool gradient_slots) {
   TORCH_CHECK(block_bytes > 0 && micro_steps > 0 && read_ahead > 0,
               "estimate_nvme_offload: block_bytes, micro_steps and read_ahead must be positive");
   NvmeOffloadPlan plan;
@@ -483,8 +483,13 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
               "before the next gather, not both");
   plan.step_in_backward = step_in_backward;
   plan.step_before_next_gather = step_before_next_gather;
-  // Either writes a gradient slot per unit (NvmeOffloadOptions::step_in_backward asked, a strategy that hands gradients over).
-  const bool gradient_slots = step_in_backward || step_before_next_gather;
+  TORCH_CHECK(gradient_slots || !step_before_next_gather, "estimate_nvme_offload: a step before the next gather ",
+              "writes its gradients to their slots: it needs gradient_slots");
+  // Either frees each gradient once its unit stepped or once written out.
+  const bool overlaps = step_in_backward || step_before_next_gather;
+  // The store has a slot per unit's gradient where NvmeOffloadOptions::step_in_backward and
+  // gradient_slots asked for it, in a strategy that hands gradients over (as NvmeOffload decides).
+  const bool gradient_slot = gradient_slots && overlaps;
   plan.resident = estimate_model_state(unit_numels, strategy, world, ranks_per_node, mixed_precision);
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
@@ -500,7 +505,7 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
     shards.push_back(S);
     // The store's slots: master, param-dtype copy, exp_avg, exp_avg_sq.
     const int64_t slots[] = {master ? 4 * S : 0, params && !fp32 ? p * S : 0, optimizer_state ? 4 * S : 0,
-                             optimizer_state ? 4 * S : 0, gradient_slots ? 4 * S : 0};
+                             optimizer_state ? 4 * S : 0, gradient_slot ? 4 * S : 0};
     for (int64_t bytes : slots) plan.offloaded += bytes, plan.file_bytes += blocks(bytes);
     if (optimizer_state) plan.read_per_step += 8 * S, plan.written_per_step += 8 * S;
     if (master) plan.read_per_step += 4 * S, plan.written_per_step += 4 * S;
@@ -524,7 +529,7 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
     plan.resident.params += copy_bytes - master_bytes;
   }
   // Each freed once its unit stepped, or once written out.
-  if (gradient_slots) plan.resident.grads = 0;
+  if (overlaps) plan.resident.grads = 0;
   std::sort(shards.rbegin(), shards.rend());
   // Before the next gather, each unit's gradient is read with its state.
   const int64_t per_unit_step = (master ? 4 : 0) + (optimizer_state ? 8 : 0) + (params && !fp32 ? p : 0) +

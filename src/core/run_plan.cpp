@@ -72,11 +72,11 @@ RunPlan plan_run(const ModelDescription& model, bool sublayer, const FullyShardO
   if (const auto& nvme = options.nvme_offload()) {
     const bool in_backward = nvme_steps_in_backward(nvme->step_in_backward(), strategy, settings.clips_gradients,
                                                     settings.scales_loss);
-    const bool before_gather = nvme_steps_before_next_gather(nvme->step_in_backward(), strategy,
-                                                             settings.clips_gradients, settings.scales_loss);
+    const bool before_gather = nvme_steps_before_next_gather(nvme->step_in_backward() && nvme->gradient_slots(),
+                                                             strategy, settings.clips_gradients, settings.scales_loss);
     plan.nvme = estimate_nvme_offload(units, strategy, world, plan.shard_group, mp, nvme->optimizer_state(),
                                       nvme->params(), settings.micro_steps, int64_t{1} << 20, in_backward,
-                                      nvme->read_ahead(), before_gather);
+                                      nvme->read_ahead(), before_gather, nvme->gradient_slots());
   }
   plan.step_peak = plan.nvme ? peak_with_nvme_offload(plan.peak, *plan.nvme) : plan.peak.total();
   plan.comm =

@@ -159,7 +159,8 @@ NvmeOffload::NvmeOffload(const FullyShardOptions& options)
       read_ahead_(options_.read_ahead()) {
   // A step that prepares its gradients as they arrive writes them out:
   // strategies that keep whole gradients hand none over.
-  writes_gradients_ = options_.step_in_backward() && !keeps_full_gradients(options.strategy());
+  writes_gradients_ =
+      options_.step_in_backward() && options_.gradient_slots() && !keeps_full_gradients(options.strategy());
   // With fp32 parameters the master is what the all-gather sends: it goes
   // with the parameters. Otherwise it is optimizer state (a param-dtype copy
   // stays for the gathers).
@@ -545,6 +546,8 @@ bool NvmeOffload::begin_step_in_backward(torch::optim::Optimizer& optimizer, dou
   // buffer that lives anyway, and hand no unit's gradient over when it is
   // reduced: they step after backward.
   if (!options_.step_in_backward() || !fused || keeps_full_gradients(state_->options().strategy())) return false;
+  // No room to write the gradients out (gradient_slots): the step runs after backward.
+  if (preparation.asks_anything() && !writes_gradients_) return false;
   step_all_pending();  // a unit no forward needed since the last step
   backward_options_ = options_of(optimizer);
   if (preparation.asks_anything()) {

@@ -213,7 +213,9 @@ fsdp::FullyShardOptions plan_options(const Report& r, fsdp::ShardingStrategy s, 
                              .optimizer_state(true)
                              .params(r.in.offload == "nvme" && !fsdp::keeps_params_unsharded(s))
                              .read_ahead(r.in.offload_read_ahead)
-                             .step_in_backward(!r.in.offload_step_after_backward));
+                             .step_in_backward(!r.in.offload_step_after_backward)
+                             .gradient_slots(r.in.clip_grad_norm > 0 ||
+                                             fsdp::scales_loss(fsdp::TrainStepOptions(), r.mp)));
   }
   return options;
 }

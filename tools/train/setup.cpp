@@ -60,6 +60,9 @@ void set_nvme_offload(const TrainOptions& o, fsdp::FullyShardOptions& options) {
                            .read_ahead(o.offload_read_ahead)
                            .max_read_ahead(std::max(o.offload_read_ahead, o.offload_read_ahead_max))
                            .step_in_backward(!o.offload_step_after_backward)
+                           // Room for the gradients only where a step needs to write them out.
+                           .gradient_slots(o.clip_grad_norm > 0 ||
+                                           fsdp::scales_loss(fsdp::TrainStepOptions(), options.mixed_precision()))
                            .store(fsdp::offload::DiskStoreOptions(o.offload_dir)
                                       .engine(fsdp::offload::parse_io_engine(o.offload_engine))));
 }

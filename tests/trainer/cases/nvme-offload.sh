@@ -92,6 +92,11 @@ for cfg in "zero1 bf16 sharded 1" "full_shard fp32 sharded 1" "full_shard bf16 f
   no_scratch_left
   echo "ok: $name offloaded equals in memory bit for bit"
 done
+# Room for the gradients in the scratch file only where a step writes them
+# out: clipped, not unclipped (both at the planner's size, above).
+unclipped=$(jq .offload_file_bytes "$work/nvme-full_shard-fp32-clip0.json")
+clipped=$(jq .offload_file_bytes "$work/nvme-full_shard-fp32.json")
+[ "$unclipped" -lt "$clipped" ] || fail "an unclipped run's scratch file ($unclipped bytes) is not smaller than a clipped one's ($clipped)"
 # fsdp-plan --offload nvme gives the run's scratch file and disk traffic, and
 # with a cluster file's disk bandwidths the I/O seconds (the host's
 # bandwidth shared by its ranks).

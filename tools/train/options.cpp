@@ -41,8 +41,8 @@ void add_offload_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--offload-dir", o.offload_dir, "the folder of the nvme offload's scratch files (one per rank)");
   app.add_option("--offload-read-ahead-max", o.offload_read_ahead_max,
                  "nvme offload: after a step in which compute waited on the disk for 2 % of it or more, read one "
-                 "unit deeper, up to this (or up to what the preflight finds fits the host; at most "
-                 "--offload-read-ahead: fixed)")
+                 "unit deeper, up to this, or to the deepest the preflight finds fits the host (--offload-read-ahead's "
+                 "value or less: the depth stays fixed)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--offload-engine", o.offload_engine,

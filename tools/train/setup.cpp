@@ -133,8 +133,8 @@ void preflight(const TrainOptions& o, Run& run, int world) {
   run.ram_predicted_deepest = run.ram_predicted;
   if (read_ahead == 0 || run.fsdp_options.nvme_offload()->max_read_ahead() <= read_ahead) return;
   // It deepens, where compute waits on the disk, as far as the host has room for.
+  const fsdp::NvmeOffloadOptions asked = *run.fsdp_options.nvme_offload();  // a copy: run's options change below
   fsdp::HostMemoryRun deepest = plan;
-  const auto& asked = *run.fsdp_options.nvme_offload();
   deepest.options.nvme_offload(fsdp::NvmeOffloadOptions(asked).read_ahead(asked.max_read_ahead()));
   const int deepest_fitting = fsdp::fitting_read_ahead(deepest, settings, available);
   run.fsdp_options.nvme_offload(fsdp::NvmeOffloadOptions(asked).max_read_ahead(deepest_fitting));

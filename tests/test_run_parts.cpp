@@ -263,19 +263,27 @@ TEST(HostMemory, PreflightRefusesWhatDoesNotFit) {
   const int64_t need = fsdp::host_memory_needed(run, plain);
   EXPECT_GT(need, fsdp::kHostRuntimeBytes);
   EXPECT_LT(fsdp::host_memory_needed(run, lean), need);
-  EXPECT_EQ(fsdp::preflight_host_memory(run, plain, 2 * need), need);
-  const std::string error = error_of([&] { fsdp::preflight_host_memory(run, plain, need); });
+  // Rank 0 also holds Open MPI's two copies of a block's whole fp32
+  // gradient while it reduce-scatters it; replicated gradients have none.
+  const int64_t block = (fsdp::plan_host_memory_run(run, plain).unit_numels[1] + 1) / 2 * 2;
+  const fsdp::HostMemoryNeed here = fsdp::preflight_host_memory(run, plain, 3 * need);
+  EXPECT_EQ(here.per_rank, need);
+  EXPECT_EQ(here.reduce_scatter_buffers, 2 * 4 * block);
+  EXPECT_EQ(here.host, 2 * need + here.reduce_scatter_buffers);
+  fsdp::HostMemoryRun replicated = run;
+  replicated.options.strategy(fsdp::ShardingStrategy::kNoShard);
+  EXPECT_EQ(fsdp::host_memory_need(replicated, plain).reduce_scatter_buffers, 0);
+  const std::string error = error_of([&] { fsdp::preflight_host_memory(run, plain, 2 * need); });
   EXPECT_NE(error.find("preflight: this run needs about " + fsdp::format_mib(need) + " per rank"), std::string::npos)
       << error;
-  EXPECT_NE(error.find("2 rank(s) here: " + fsdp::format_mib(2 * need) + ", but the host has " +
-                       fsdp::format_mib(need) + " available"),
+  EXPECT_NE(error.find("2 rank(s) here and MPI's reduce-scatter buffers (" + fsdp::format_mib(2 * 4 * block) +
+                       "): " + fsdp::format_mib(here.host) + ", but the host has " + fsdp::format_mib(2 * need) +
+                       " available"),
             std::string::npos)
       << error;
   EXPECT_NE(error.find("\n  --sharded-init --activation-checkpointing: "), std::string::npos) << error;
   const auto variants = fsdp::host_memory_variants(run, plain);
   EXPECT_EQ(variants.size(), 5u);  // fp32 and sharded: the parameters' disk offload too
-  fsdp::HostMemoryRun replicated = run;
-  replicated.options.strategy(fsdp::ShardingStrategy::kNoShard);
   EXPECT_EQ(fsdp::host_memory_variants(replicated, plain).size(), 4u);
 }
 

@@ -88,10 +88,46 @@ std::vector<HostMemoryVariant> host_memory_variants(const HostMemoryRun& run, co
 /// preflight then refuses the run). Without disk offload, 0.
 int fitting_read_ahead(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t available);
 
-/// The preflight: returns host_memory_needed per rank when it fits `available`
-/// bytes for the ranks of this host (with asynchronous checkpoints, plus what
-/// rank 0 stages beyond the others), else throws saying what the run needs,
-/// what the host has and what each variant would need.
-int64_t preflight_host_memory(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t available);
+/// What a shard group's first rank holds beyond the others while Open MPI
+/// reduce-scatters a unit's gradient (bytes): MPI_Reduce_scatter_block
+/// (Open MPI 4.1 on one host) reduces the whole gradient onto that rank and
+/// scatters it from there, in two buffers of the whole gradient (measured
+/// at W = 4: 1.95-1.96x the message, 123 to 463 MB; the other ranks a
+/// shard's). Twice the largest unit's gradient but the root's, padded to
+/// the shard group, in the reduce dtype; 0 where the plan reduce-scatters
+/// nothing (no_shard, zero1) or over one rank.
+int64_t reduce_scatter_root_bytes(const RunPlan& plan, const MixedPrecision& mixed_precision);
+
+/// A run's host memory: per rank (host_memory_needed), and for the ranks of
+/// this host, `ranks_here` times that, plus what rank 0 stages beyond the
+/// others (asynchronous checkpoints of the full format: the whole model
+/// gathered) and each shard group's first rank's reduce-scatter buffers
+/// (reduce_scatter_root_bytes, for each group with its first rank here).
+struct HostMemoryNeed {
+  int64_t per_rank = 0;                ///< one rank's need
+  int64_t reduce_scatter_buffers = 0;  ///< of `host`, the reduce-scatter buffers
+  int64_t host = 0;                    ///< this host's ranks together
+};
+HostMemoryNeed host_memory_need(const HostMemoryRun& run, const HostMemorySettings& settings);
+
+/// The preflight: returns host_memory_need when this host's need fits
+/// `available` bytes, else throws saying what the run needs, what the host
+/// has and what each variant would need.
+HostMemoryNeed preflight_host_memory(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t available);
+
+/// The bytes disk offload's scratch files may take in `dir`
+/// (offload::scratch_bytes_free, with the world's scratch files already
+/// there counted as free: each rank truncates its own). The environment
+/// variable FSDP_PREFLIGHT_DISK_FREE_BYTES overrides (to check the
+/// preflight itself).
+int64_t scratch_space_available(const std::string& dir, int world_size);
+
+/// The preflight of disk offload's scratch space: this host's ranks' files
+/// (NvmeOffloadPlan::file_bytes each, to the byte the files' size) against
+/// `free_bytes` in the offload's folder. Returns the bytes they need (0
+/// without disk offload); throws naming both where they do not fit, before a
+/// rank reserves its file (each rank's own check sees the others' files not
+/// yet reserved).
+int64_t preflight_scratch_space(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t free_bytes);
 
 }  // namespace fsdp

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fsdp::offload {
 
@@ -43,6 +44,16 @@ struct DiskStoreOptions {
   /// file system says): for tests of a full disk, and to leave room for others.
   TORCH_ARG(int64_t, free_bytes_limit) = -1;
 };
+
+/// The scratch file of a store with `options`: `DIR/fsdp-offload-<name>.bin`.
+std::string scratch_file_path(const DiskStoreOptions& options);
+/// The name fully_shard gives rank `rank`'s scratch file ("rank3").
+std::string rank_scratch_name(int rank);
+/// The bytes a scratch file may take in `dir`: what its file system gives an
+/// unprivileged writer (statvfs), plus what the files at `reused` hold there
+/// (a store truncates its own file, so an earlier run's counts as free).
+/// Throws where `dir` cannot be examined.
+int64_t scratch_bytes_free(const std::string& dir, const std::vector<std::string>& reused);
 
 /// A model's disk traffic so far, and how long compute waited for it.
 struct OffloadStats {

@@ -2,6 +2,8 @@
 
 #include "fsdp/host_memory.h"
 
+#include "fsdp/offload.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -95,19 +97,33 @@ int64_t host_memory_needed(const HostMemoryRun& run, const HostMemorySettings& s
   return host_memory_needed(plan_host_memory_run(run, settings), settings.sharded_init);
 }
 
-namespace {
-// One rank's need (host_memory_needed) and what this host needs for all its
-// ranks: ranks_here times the need, and what rank 0 stages beyond the others
-// (asynchronous checkpoints of the full format: the whole model gathered).
-struct HostNeed {
-  int64_t per_rank = 0, host = 0;
-};
-HostNeed host_need(const HostMemoryRun& run, const HostMemorySettings& settings) {
+int64_t reduce_scatter_root_bytes(const RunPlan& plan, const MixedPrecision& mixed_precision) {
+  if (plan.comm.reduce_scatter == 0 || plan.shard_group < 2) return 0;
+  // The largest unit's gradient but the root's, padded to the shard group:
+  // the root reduces last, after backward has freed the blocks' gathered
+  // parameters, recomputation and gradient buffers (measured, W = 4: rank
+  // 0's RSS exceeded the others' by about two blocks' gradients at xl and
+  // at 3b, not two roots'). A model of the root alone has only the root's.
+  const std::vector<int64_t>& units = plan.unit_numels;
+  const int64_t K = plan.shard_group;
+  int64_t largest = 0;
+  for (size_t u = units.size() > 1 ? 1 : 0; u < units.size(); ++u) largest = std::max(largest, (units[u] + K - 1) / K * K);
+  return 2 * largest * static_cast<int64_t>(c10::elementSize(mixed_precision.effective_reduce_dtype()));
+}
+
+HostMemoryNeed host_memory_need(const HostMemoryRun& run, const HostMemorySettings& settings) {
   const RunPlan plan = plan_host_memory_run(run, settings);
   const int64_t per_rank = host_memory_needed(plan, settings.sharded_init);
-  return {per_rank, per_rank * run.ranks_here + plan.staging.rank0 - plan.staging.per_rank};
+  // A reduce-scatter's first rank in each shard group this host holds: one
+  // where the group is the host or the world, more where --ranks-per-node
+  // splits this host into several groups.
+  const int64_t group_firsts = std::max(1, run.ranks_here / plan.shard_group);
+  HostMemoryNeed need;
+  need.per_rank = per_rank;
+  need.reduce_scatter_buffers = group_firsts * reduce_scatter_root_bytes(plan, run.options.mixed_precision());
+  need.host = per_rank * run.ranks_here + plan.staging.rank0 - plan.staging.per_rank + need.reduce_scatter_buffers;
+  return need;
 }
-}  // namespace
 
 std::vector<HostMemoryVariant> host_memory_variants(const HostMemoryRun& run, const HostMemorySettings& settings) {
   const bool ac = settings.activation_checkpointing, sublayer = settings.sublayer_units;
@@ -131,20 +147,21 @@ int fitting_read_ahead(const HostMemoryRun& run, const HostMemorySettings& setti
   HostMemoryRun shallower = run;
   for (int depth = asked; depth >= 1; --depth) {
     shallower.options.nvme_offload(NvmeOffloadOptions(*run.options.nvme_offload()).read_ahead(depth));
-    if (host_need(shallower, settings).host <= available) return depth;
+    if (host_memory_need(shallower, settings).host <= available) return depth;
   }
   return asked;
 }
 
-int64_t preflight_host_memory(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t available) {
-  const HostNeed need = host_need(run, settings);
+HostMemoryNeed preflight_host_memory(const HostMemoryRun& run, const HostMemorySettings& settings,
+                                     int64_t available) {
+  const HostMemoryNeed need = host_memory_need(run, settings);
   const int64_t needed = need.per_rank;
   const int ranks_here = run.ranks_here;
-  if (need.host <= available) return needed;
+  if (need.host <= available) return need;
   std::ostringstream alternatives;
   bool any = false;
   for (const auto& v : host_memory_variants(run, settings)) {
-    const HostNeed n = host_need(run, v.settings);
+    const HostMemoryNeed n = host_memory_need(run, v.settings);
     alternatives << "\n  " << v.flags << ": " << format_mib(n.per_rank) << " per rank, " << format_mib(n.host)
                  << (n.host <= available ? " (fits)" : " (does not fit)");
     any = any || n.host <= available;
@@ -152,10 +169,32 @@ int64_t preflight_host_memory(const HostMemoryRun& run, const HostMemorySettings
   TORCH_CHECK(false, "preflight: this run needs about ", format_mib(needed), " per rank on the host (the planner's step peak",
               settings.sharded_init ? "" : " or the whole model each rank builds first", ", plus ",
               format_mib(kHostRuntimeBytes), " of runtime", run.settings.async_checkpoint ? ", and the asynchronous checkpoints' staging" : "",
-              "), ", ranks_here, " rank(s) here: ", format_mib(need.host),
+              "), ", ranks_here, " rank(s) here",
+              need.reduce_scatter_buffers > 0 ? " and MPI's reduce-scatter buffers (" + format_mib(need.reduce_scatter_buffers) + ")" : "",
+              ": ", format_mib(need.host),
               ", but the host has ", format_mib(available), " available. With other settings:", alternatives.str(),
               any ? "" : "\n  none fits: fewer ranks on this host, a smaller --batch or --context, or bf16 parameters",
               "\n(fsdp-plan gives the whole table; --no-preflight runs anyway)");
+}
+
+int64_t scratch_space_available(const std::string& dir, int world_size) {
+  if (const char* forced = std::getenv("FSDP_PREFLIGHT_DISK_FREE_BYTES")) return static_cast<int64_t>(std::atoll(forced));
+  std::vector<std::string> reused;
+  for (int rank = 0; rank < world_size; ++rank) {
+    reused.push_back(offload::scratch_file_path(offload::DiskStoreOptions(dir).name(offload::rank_scratch_name(rank))));
+  }
+  return offload::scratch_bytes_free(dir, reused);
+}
+
+int64_t preflight_scratch_space(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t free_bytes) {
+  const RunPlan plan = plan_host_memory_run(run, settings);
+  if (!plan.nvme) return 0;
+  const int64_t needed = plan.nvme->file_bytes * run.ranks_here;
+  TORCH_CHECK(needed <= free_bytes, "preflight: the disk offload's scratch files need ", needed, " bytes (",
+              format_mib(needed), ": ", plan.nvme->file_bytes, " bytes a rank, ", run.ranks_here,
+              " rank(s) here) in '", run.options.nvme_offload()->store().dir(), "', which has ", free_bytes, " bytes (",
+              format_mib(free_bytes), ") free: free space there, give another --offload-dir, or offload less");
+  return needed;
 }
 
 }  // namespace fsdp

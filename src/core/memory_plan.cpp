@@ -42,7 +42,6 @@ ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, Sh
   check_frozen(unit_numels, frozen_numels, "estimate_model_state");
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
-  const bool low_precision = mixed_precision.param_dtype() != c10::ScalarType::Float;
   // A frozen part is held in frozen_param_dtype where one is set (else fp32)
   // and gathered in effective_frozen_param_dtype().
   const int64_t f = c10::elementSize(mixed_precision.frozen_param_dtype().value_or(c10::ScalarType::Float));

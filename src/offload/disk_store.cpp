@@ -93,6 +93,23 @@ IoEngine parse_io_engine(const std::string& name) {
   TORCH_CHECK(false, "unknown offload I/O engine '", name, "' (expected auto, libaio or threads)");
 }
 
+std::string scratch_file_path(const DiskStoreOptions& options) {
+  return options.dir() + "/fsdp-offload-" + options.name() + ".bin";
+}
+
+std::string rank_scratch_name(int rank) { return "rank" + std::to_string(rank); }
+
+int64_t scratch_bytes_free(const std::string& dir, const std::vector<std::string>& reused) {
+  struct statvfs fs {};
+  TORCH_CHECK(::statvfs(dir.c_str(), &fs) == 0, "offload: cannot use the folder '", dir, "': ", std::strerror(errno));
+  int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  for (const std::string& path : reused) {
+    struct stat existing {};
+    if (::stat(path.c_str(), &existing) == 0) free_bytes += static_cast<int64_t>(existing.st_blocks) * 512;
+  }
+  return free_bytes;
+}
+
 struct DiskStore::Aio {
   io_context_t context = nullptr;
   std::vector<iocb> blocks;  // one control block per staging buffer
@@ -110,7 +127,7 @@ DiskStore::DiskStore(DiskStoreOptions options, std::vector<int64_t> slot_bytes, 
   TORCH_CHECK(block > 0 && block % static_cast<int64_t>(kDirectAlignment) == 0,
               "offload: block_bytes must be a positive multiple of ", kDirectAlignment, ", got ", block);
   TORCH_CHECK(options_.queue_depth() >= 1, "offload: queue_depth must be at least 1, got ", options_.queue_depth());
-  path_ = options_.dir() + "/fsdp-offload-" + options_.name() + ".bin";
+  path_ = scratch_file_path(options_);
   for (int64_t bytes : slot_bytes) {
     TORCH_CHECK(bytes >= 0, "offload: a slot of ", bytes, " bytes");
     Slot slot;
@@ -159,13 +176,8 @@ DiskStore::~DiskStore() {
 std::string DiskStore::reachable_path() const { return "/proc/self/fd/" + std::to_string(file_->fd()); }
 
 void DiskStore::open_file() {
-  struct statvfs fs {};
-  TORCH_CHECK(::statvfs(options_.dir().c_str(), &fs) == 0, "offload: cannot use the folder '", options_.dir(),
-              "': ", std::strerror(errno));
-  int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
   // A scratch file left by a run that crashed is truncated below: its space counts as free.
-  struct stat stale {};
-  if (::stat(path_.c_str(), &stale) == 0) free_bytes += static_cast<int64_t>(stale.st_blocks) * 512;
+  int64_t free_bytes = scratch_bytes_free(options_.dir(), {path_});
   if (options_.free_bytes_limit() >= 0) free_bytes = std::min(free_bytes, options_.free_bytes_limit());
   TORCH_CHECK(static_cast<int64_t>(file_bytes_) <= free_bytes, "offload: the folder '", options_.dir(), "' has ",
               free_bytes, " bytes free, and the scratch file ", path_, " needs ", file_bytes_, " bytes (",

@@ -195,7 +195,7 @@ void NvmeOffload::prepare(FsdpState& state, const std::vector<int64_t>& shard_nu
     if (writes_gradients_) slots.grad = add_slot(fp32_bytes, "grad");
   }
   offload::DiskStoreOptions store_options = options_.store();
-  store_options.name("rank" + std::to_string(state.group()->rank()));
+  store_options.name(offload::rank_scratch_name(state.group()->rank()));
   store_ = std::make_unique<DiskStore>(store_options, slot_bytes, slot_labels);
 }
 

@@ -604,29 +604,38 @@ case_preflight() {
   # the message names the offload settings that fit there.
   xl=(--preset xl --context 256 --batch 1 --steps 3 --sharded-init --activation-checkpointing)
   FSDP_PREFLIGHT_AVAILABLE_BYTES=24000000000 expect_error \
-    "--sharded-init --activation-checkpointing --offload-optimizer nvme --offload-params nvme: 1028.23 MiB per rank, 4112.92 MiB (fits)" \
+    "--sharded-init --activation-checkpointing --offload-optimizer nvme --offload-params nvme: 1028.23 MiB per rank, 4347.45 MiB (fits)" \
     "$run" -n 4 -- "$train" "${xl[@]}"
-  # Offload counts: small with activation checkpointing needs 642.60 MiB on 2
-  # ranks, 617.37 MiB with the optimizer state on disk (clipped: each unit
+  # Offload counts: small with activation checkpointing needs 648.63 MiB on 2
+  # ranks, 623.40 MiB with the optimizer state on disk (clipped: each unit
   # steps before its next gather; backward's peak with two gradients being
-  # written out). On a 640 MiB host the first is refused and the second trains.
+  # written out), each with rank 0's 6.03 MiB of MPI's reduce-scatter
+  # buffers. On a 640 MiB host the first is refused and the second trains.
   mkdir -p "$work/scratch"
   small=(--preset small --steps 1 --sharded-init --activation-checkpointing)
-  FSDP_PREFLIGHT_AVAILABLE_BYTES=671088640 expect_error "642.60 MiB, but the host has 640.00 MiB" \
+  FSDP_PREFLIGHT_AVAILABLE_BYTES=671088640 expect_error "reduce-scatter buffers (6.03 MiB): 648.63 MiB, but the host has 640.00 MiB" \
     "$run" -n 2 -- "$train" "${small[@]}"
   FSDP_PREFLIGHT_AVAILABLE_BYTES=671088640 train_run offloaded 2 "${small[@]}" --offload-optimizer nvme \
     --offload-dir "$work/scratch"
   json_is "$work/offloaded.json" .ram_bytes_predicted 323680256  # 308.69 MiB
+  # The scratch files of this host's ranks together against the folder's
+  # free space, before any rank reserves its own: a byte short of both files
+  # (room for either alone, which each rank's own check passes) is refused.
+  file=$(jq .offload_file_bytes "$work/offloaded.json")
+  FSDP_PREFLIGHT_DISK_FREE_BYTES=$((2 * file - 1)) expect_error \
+    "scratch files need $((2 * file)) bytes ($(awk "BEGIN { printf \"%.2f\", $file * 2 / 1048576 }") MiB: $file bytes a rank, 2 rank(s) here) in '$work/scratch', which has $((2 * file - 1)) bytes" \
+    "$run" -n 2 -- "$train" "${small[@]}" --offload-optimizer nvme --offload-dir "$work/scratch"
   # Where compute waits on the disk its read-ahead grows, as deep as the host has room for.
   json_ok "$work/offloaded.json" '.offload_read_ahead_max >= 2 and .offload_read_ahead_max <= 4 and
-    .ram_bytes_predicted_read_ahead_max * 2 <= 671088640' \
+    .ram_bytes_predicted_read_ahead_max * 2 + .ram_bytes_predicted_all_ranks - .ram_bytes_predicted * 2 <= 671088640' \
     "the deepest read-ahead does not fit the host: $(jq -c '[.offload_read_ahead_max, .ram_bytes_predicted_read_ahead_max]' "$work/offloaded.json")"
   # The read-ahead shrinks to fit: small with both offloads plans 306.99 MiB
-  # a rank reading 2 units ahead (the default), 305.48 MiB reading 1. On a
-  # host with room for the second only, it reads 1 ahead, saying so.
-  FSDP_PREFLIGHT_AVAILABLE_BYTES=642000000 train_run shallower 2 "${small[@]}" --offload-optimizer nvme \
+  # a rank reading 2 units ahead (the default; 620.01 MiB on 2 ranks),
+  # 305.48 MiB reading 1 (616.99 MiB). On a host with room for the second
+  # only, it reads 1 ahead, saying so.
+  FSDP_PREFLIGHT_AVAILABLE_BYTES=648000000 train_run shallower 2 "${small[@]}" --offload-optimizer nvme \
     --offload-params nvme --offload-dir "$work/scratch"
-  grep -qF "warning: preflight: --offload-read-ahead 2 does not fit this host's 612.26 MiB available; reading 1 unit(s) ahead instead" \
+  grep -qF "warning: preflight: --offload-read-ahead 2 does not fit this host's 617.98 MiB available; reading 1 unit(s) ahead instead" \
     "$work/shallower.out" || fail "no read-ahead shrunk to fit: $(grep -i preflight "$work/shallower.out")"
   json_is "$work/shallower.json" .ram_bytes_predicted 320323584  # 305.48 MiB: reading 1 ahead
   json_is "$work/shallower.json" .offload_read_ahead_max 1  # and it does not grow

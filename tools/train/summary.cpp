@@ -94,6 +94,7 @@ void add_memory(nlohmann::json& summary, const ReportContext& c, const RunFigure
   summary["peak_tensor_bytes_predicted"] = p.peak_bytes;
   summary["peak_rss_bytes"] = end.rss;
   summary["ram_bytes_predicted"] = c.run.ram_predicted;
+  summary["ram_bytes_predicted_all_ranks"] = c.run.ram_predicted_all_ranks;  // against peak_rss_bytes' sum
   summary["ram_bytes_predicted_read_ahead_max"] = c.run.ram_predicted_deepest;  // the bound where the read-ahead deepens
   summary["last_step_peak_by_category_rank0"] = peak_by_category;
   summary["model_state_bytes_by_kind"] = model_state_by_kind;
@@ -330,8 +331,11 @@ void print_host_memory(const ReportContext& c, const RunFigures& figures, const 
   const int64_t rss_sum = std::accumulate(end.rss.begin(), end.rss.end(), int64_t{0});
   std::cout << "  peak RSS of all ranks " << format_mib(rss_sum);
   if (c.run.ram_predicted > 0) {
-    std::cout << "; the preflight planned " << format_mib(c.run.ram_predicted * W) << " ("
-              << format_mib(c.run.ram_predicted) << " a rank)";
+    std::cout << "; the preflight planned " << format_mib(c.run.ram_predicted_all_ranks) << " ("
+              << format_mib(c.run.ram_predicted) << " a rank";
+    const int64_t rank0_extra = c.run.ram_predicted_all_ranks - c.run.ram_predicted * W;
+    if (rank0_extra > 0) std::cout << ", " << format_mib(rank0_extra) << " more on rank 0";
+    std::cout << ")";
   }
   std::cout << "\n";
 }

@@ -108,6 +108,7 @@ struct HostMemoryNeed {
   int64_t reduce_scatter_buffers = 0;  ///< of `host`, the reduce-scatter buffers
   int64_t host = 0;                    ///< this host's ranks together
 };
+/// The need of `run` with `settings` (see HostMemoryNeed).
 HostMemoryNeed host_memory_need(const HostMemoryRun& run, const HostMemorySettings& settings);
 
 /// The preflight: returns host_memory_need when this host's need fits

@@ -390,15 +390,18 @@ case_offload() {
 
 row nvme-offload "--offload-optimizer/--offload-params nvme equal the in-memory run bit for bit (losses, checkpoints, resume, reshard); the planner's disk figures; faults leave a resumable checkpoint"
 
-row nvme-full-disk "--offload-optimizer nvme on a folder without room (a 1 MiB tmpfs): refused before the first step, naming the folder"
+row nvme-full-disk "--offload-optimizer nvme on a folder without room (a 1 MiB tmpfs): refused by the preflight before the model is built, naming the folder and the bytes; with --no-preflight by each rank's own check, before the first step"
 case_nvme_full_disk() {
   # (DiskStore's size check against a folder it is told has too little room: disk_store.)
   local small="$work/small"
   mkdir -p "$small"
   mount -t tmpfs -o size=1m tmpfs "$small" 2>/dev/null || skip "cannot mount a tmpfs here (needs root)"
   trap 'umount "$small" 2>/dev/null; rm -rf "$work"' EXIT
-  expect_error "offload: the folder '$small' has" "$run" -n 2 -- "$train" --preset tiny --steps 5 --strategy full_shard \
-    --offload-optimizer nvme --offload-dir "$small" --log "$work/full-disk.jsonl"
+  local tiny=(--preset tiny --steps 5 --strategy full_shard --offload-optimizer nvme --offload-dir "$small")
+  expect_error "rank(s) here) in '$small', which has 1048576 bytes (1.00 MiB) free" \
+    "$run" -n 2 -- "$train" "${tiny[@]}" --log "$work/full-disk.jsonl"
+  expect_error "offload: the folder '$small' has" "$run" -n 2 -- "$train" "${tiny[@]}" --no-preflight \
+    --log "$work/full-disk.jsonl"
   [ ! -s "$work/full-disk.jsonl" ] || fail "a step ran before the full disk was refused"
 }
 

@@ -102,7 +102,9 @@ int64_t reduce_scatter_root_bytes(const RunPlan& plan, const MixedPrecision& mix
 /// this host, `ranks_here` times that, plus what rank 0 stages beyond the
 /// others (asynchronous checkpoints of the full format: the whole model
 /// gathered) and each shard group's first rank's reduce-scatter buffers
-/// (reduce_scatter_root_bytes, for each group with its first rank here).
+/// (reduce_scatter_root_bytes: ranks_here / shard group of them, at least
+/// one, so a host whose ranks start no group, across hosts, is planned as
+/// if one did).
 struct HostMemoryNeed {
   int64_t per_rank = 0;                ///< one rank's need
   int64_t reduce_scatter_buffers = 0;  ///< of `host`, the reduce-scatter buffers

@@ -115,7 +115,8 @@ HostMemoryNeed host_memory_need(const HostMemoryRun& run, const HostMemorySettin
   const RunPlan plan = plan_host_memory_run(run, settings);
   const int64_t per_rank = host_memory_needed(plan, settings.sharded_init);
   // A reduce-scatter's first rank in each shard group this host holds: one
-  // where the group is the host or the world, more where --ranks-per-node
+  // where the group is the host or the world (planned on every host, though
+  // across hosts only the first holds it), more where --ranks-per-node
   // splits this host into several groups.
   const int64_t group_firsts = std::max(1, run.ranks_here / plan.shard_group);
   HostMemoryNeed need;

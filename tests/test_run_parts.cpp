@@ -270,9 +270,17 @@ TEST(HostMemory, PreflightRefusesWhatDoesNotFit) {
   EXPECT_EQ(here.per_rank, need);
   EXPECT_EQ(here.reduce_scatter_buffers, 2 * 4 * block);
   EXPECT_EQ(here.host, 2 * need + here.reduce_scatter_buffers);
+  EXPECT_EQ(here.all_ranks, here.host);
   fsdp::HostMemoryRun replicated = run;
   replicated.options.strategy(fsdp::ShardingStrategy::kNoShard);
   EXPECT_EQ(fsdp::host_memory_need(replicated, plain).reduce_scatter_buffers, 0);
+  // Two hosts of 2 ranks, one shard group over both: each host is planned
+  // with the group's first rank, the world with it once.
+  fsdp::HostMemoryRun across = run;
+  across.settings.world = 4;
+  const fsdp::HostMemoryNeed two_hosts = fsdp::host_memory_need(across, plain);
+  EXPECT_EQ(two_hosts.host, 2 * two_hosts.per_rank + two_hosts.reduce_scatter_buffers);
+  EXPECT_EQ(two_hosts.all_ranks, 4 * two_hosts.per_rank + two_hosts.reduce_scatter_buffers);
   const std::string error = error_of([&] { fsdp::preflight_host_memory(run, plain, 2 * need); });
   EXPECT_NE(error.find("preflight: this run needs about " + fsdp::format_mib(need) + " per rank"), std::string::npos)
       << error;
@@ -285,6 +293,29 @@ TEST(HostMemory, PreflightRefusesWhatDoesNotFit) {
   const auto variants = fsdp::host_memory_variants(run, plain);
   EXPECT_EQ(variants.size(), 5u);  // fp32 and sharded: the parameters' disk offload too
   EXPECT_EQ(fsdp::host_memory_variants(replicated, plain).size(), 4u);
+}
+
+// The disk: this host's ranks' scratch files together (the planner's size
+// each) against the folder's free space, refused naming both.
+TEST(HostMemory, PreflightChecksTheScratchFilesTogether) {
+  fsdp::HostMemoryRun run = small_run();
+  fsdp::HostMemorySettings settings;
+  EXPECT_EQ(fsdp::preflight_scratch_space(run, settings, 0), 0);  // nothing on disk
+  run.options.nvme_offload(fsdp::NvmeOffloadOptions("/scratch-folder"));
+  settings.nvme_optimizer = true;
+  const int64_t file = fsdp::plan_host_memory_run(run, settings).nvme->file_bytes;
+  ASSERT_GT(file, 0);
+  EXPECT_EQ(fsdp::preflight_scratch_space(run, settings, 2 * file), 2 * file);
+  const std::string error = error_of([&] { fsdp::preflight_scratch_space(run, settings, 2 * file - 1); });
+  EXPECT_NE(error.find("scratch files need " + std::to_string(2 * file) + " bytes"), std::string::npos) << error;
+  EXPECT_NE(error.find("in '/scratch-folder', which has " + std::to_string(2 * file - 1) + " bytes"), std::string::npos)
+      << error;
+  const char* saved = std::getenv("FSDP_PREFLIGHT_DISK_FREE_BYTES");
+  ::setenv("FSDP_PREFLIGHT_DISK_FREE_BYTES", "12345", 1);
+  EXPECT_EQ(fsdp::scratch_space_available("/no-such-folder", 2), 12345);
+  ::unsetenv("FSDP_PREFLIGHT_DISK_FREE_BYTES");
+  EXPECT_GT(fsdp::scratch_space_available("/tmp", 2), 0);  // statvfs
+  if (saved) ::setenv("FSDP_PREFLIGHT_DISK_FREE_BYTES", saved, 1);
 }
 
 TEST(DeviceChoice, TheCpuIsTheWorldOverMpi) {

@@ -93,22 +93,24 @@ int fitting_read_ahead(const HostMemoryRun& run, const HostMemorySettings& setti
 /// (Open MPI 4.1 on one host) reduces the whole gradient onto that rank and
 /// scatters it from there, in two buffers of the whole gradient (measured
 /// at W = 4: 1.95-1.96x the message, 123 to 463 MB; the other ranks a
-/// shard's). Twice the largest unit's gradient but the root's, padded to
-/// the shard group, in the reduce dtype; 0 where the plan reduce-scatters
-/// nothing (no_shard, zero1) or over one rank.
+/// shard's). Twice the largest unit's gradient, padded to the shard group,
+/// in the reduce dtype; 0 where the plan reduce-scatters nothing (no_shard,
+/// zero1) or over one rank.
 int64_t reduce_scatter_root_bytes(const RunPlan& plan, const MixedPrecision& mixed_precision);
 
-/// A run's host memory: per rank (host_memory_needed), and for the ranks of
+/// A run's host memory: per rank (host_memory_needed); for the ranks of
 /// this host, `ranks_here` times that, plus what rank 0 stages beyond the
 /// others (asynchronous checkpoints of the full format: the whole model
-/// gathered) and each shard group's first rank's reduce-scatter buffers
-/// (reduce_scatter_root_bytes: ranks_here / shard group of them, at least
-/// one, so a host whose ranks start no group, across hosts, is planned as
-/// if one did).
+/// gathered) and the shard groups' first ranks' reduce-scatter buffers
+/// (reduce_scatter_root_bytes, for ranks_here / the group's size of them,
+/// rounded up, one at least: a host is planned as if it held a group's
+/// first rank); and for the world's ranks, each extra as often as it occurs
+/// (the staging once, the buffers once a shard group).
 struct HostMemoryNeed {
   int64_t per_rank = 0;                ///< one rank's need
   int64_t reduce_scatter_buffers = 0;  ///< of `host`, the reduce-scatter buffers
   int64_t host = 0;                    ///< this host's ranks together
+  int64_t all_ranks = 0;               ///< the world's ranks together
 };
 /// The need of `run` with `settings` (see HostMemoryNeed).
 HostMemoryNeed host_memory_need(const HostMemoryRun& run, const HostMemorySettings& settings);

@@ -99,30 +99,30 @@ int64_t host_memory_needed(const HostMemoryRun& run, const HostMemorySettings& s
 
 int64_t reduce_scatter_root_bytes(const RunPlan& plan, const MixedPrecision& mixed_precision) {
   if (plan.comm.reduce_scatter == 0 || plan.shard_group < 2) return 0;
-  // The largest unit's gradient but the root's, padded to the shard group:
-  // the root reduces last, after backward has freed the blocks' gathered
-  // parameters, recomputation and gradient buffers (measured, W = 4: rank
-  // 0's RSS exceeded the others' by about two blocks' gradients at xl and
-  // at 3b, not two roots'). A model of the root alone has only the root's.
-  const std::vector<int64_t>& units = plan.unit_numels;
+  // The largest unit's gradient, padded to the shard group, the root's
+  // included: where a vocabulary makes the root the largest unit, its
+  // reduction may come at a lower point of the step, but it is not measured.
   const int64_t K = plan.shard_group;
   int64_t largest = 0;
-  for (size_t u = units.size() > 1 ? 1 : 0; u < units.size(); ++u) largest = std::max(largest, (units[u] + K - 1) / K * K);
+  for (int64_t n : plan.unit_numels) largest = std::max(largest, (n + K - 1) / K * K);
   return 2 * largest * static_cast<int64_t>(c10::elementSize(mixed_precision.effective_reduce_dtype()));
 }
 
 HostMemoryNeed host_memory_need(const HostMemoryRun& run, const HostMemorySettings& settings) {
   const RunPlan plan = plan_host_memory_run(run, settings);
-  const int64_t per_rank = host_memory_needed(plan, settings.sharded_init);
-  // A reduce-scatter's first rank in each shard group this host holds: one
-  // where the group is the host or the world (planned on every host, though
-  // across hosts only the first holds it), more where --ranks-per-node
-  // splits this host into several groups.
-  const int64_t group_firsts = std::max(1, run.ranks_here / plan.shard_group);
+  const int64_t root_bytes = reduce_scatter_root_bytes(plan, run.options.mixed_precision());
+  const int64_t rank0_staging = plan.staging.rank0 - plan.staging.per_rank;
+  // The shard groups' first ranks this host may hold: its ranks over the
+  // group's size, rounded up (a host's ranks may start a group and end
+  // another), and one at least (which of the hosts holds the first rank of
+  // a group that spans hosts is not known here).
+  const int64_t K = plan.shard_group;
+  const int64_t group_firsts = std::max<int64_t>(1, (run.ranks_here + K - 1) / K);
   HostMemoryNeed need;
-  need.per_rank = per_rank;
-  need.reduce_scatter_buffers = group_firsts * reduce_scatter_root_bytes(plan, run.options.mixed_precision());
-  need.host = per_rank * run.ranks_here + plan.staging.rank0 - plan.staging.per_rank + need.reduce_scatter_buffers;
+  need.per_rank = host_memory_needed(plan, settings.sharded_init);
+  need.reduce_scatter_buffers = group_firsts * root_bytes;
+  need.host = need.per_rank * run.ranks_here + rank0_staging + need.reduce_scatter_buffers;
+  need.all_ranks = need.per_rank * run.settings.world + rank0_staging + run.settings.world / K * root_bytes;
   return need;
 }
 

@@ -132,7 +132,7 @@ void preflight(const TrainOptions& o, Run& run, int world) {
   const fsdp::HostMemoryNeed need = fsdp::preflight_host_memory(plan, settings, available);
   if (uses_nvme(o)) fsdp::preflight_scratch_space(plan, settings, fsdp::scratch_space_available(o.offload_dir, world));
   run.ram_predicted = need.per_rank;
-  run.ram_predicted_all_ranks = need.host * world / plan.ranks_here;  // every host planned as this one
+  run.ram_predicted_all_ranks = need.all_ranks;
   run.ram_predicted_deepest = run.ram_predicted;
   if (read_ahead == 0 || run.fsdp_options.nvme_offload()->max_read_ahead() <= read_ahead) return;
   // It deepens, where compute waits on the disk, as far as the host has room for.

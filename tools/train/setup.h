@@ -44,7 +44,7 @@ struct Run {
   std::string backend = "mpi";                   // --backend, resolved
   int64_t ram_predicted = 0;                     // the preflight's host memory per rank (0: not checked)
   int64_t ram_predicted_deepest = 0;             // ... with the disk offload's read-ahead at its deepest
-  int64_t ram_predicted_all_ranks = 0;           // ... the ranks together, MPI's reduce-scatter buffers on rank 0 included
+  int64_t ram_predicted_all_ranks = 0;           // ... the ranks together (HostMemoryNeed::all_ranks)
   fsdp::ProcessGroupPtr group;                   // what the model is sharded over (world, or NCCL over it)
   // What the inputs hold that reads but the user should hear of (a
   // tokenizer's shared ids, config.json's ignored dropout): rank 0 prints

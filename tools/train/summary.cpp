@@ -333,8 +333,8 @@ void print_host_memory(const ReportContext& c, const RunFigures& figures, const 
   if (c.run.ram_predicted > 0) {
     std::cout << "; the preflight planned " << format_mib(c.run.ram_predicted_all_ranks) << " ("
               << format_mib(c.run.ram_predicted) << " a rank";
-    const int64_t rank0_extra = c.run.ram_predicted_all_ranks - c.run.ram_predicted * W;
-    if (rank0_extra > 0) std::cout << ", " << format_mib(rank0_extra) << " more on rank 0";
+    const int64_t extra = c.run.ram_predicted_all_ranks - c.run.ram_predicted * W;  // MPI's buffers, rank 0's staging
+    if (extra > 0) std::cout << ", " << format_mib(extra) << " more on the shard groups' first ranks";
     std::cout << ")";
   }
   std::cout << "\n";

@@ -208,14 +208,15 @@ fsdp::FullyShardOptions plan_options(const Report& r, fsdp::ShardingStrategy s, 
                      .activation_checkpointing(r.in.activation_checkpointing)
                      .zero_plus_plus(with_zero_plus_plus ? r.in.zero_plus_plus() : fsdp::ZeroPlusPlus());
   if (r.in.offload.rfind("nvme", 0) == 0) {
-    // Parameters go to disk only where the strategy shards them.
+    // Parameters go to disk only where the strategy shards them; room for
+    // the gradients only where the step clips or scales the loss, as fsdp-train reserves it.
+    const fsdp::RunSettings settings = plan_settings(r);
     options.nvme_offload(fsdp::NvmeOffloadOptions("")
                              .optimizer_state(true)
                              .params(r.in.offload == "nvme" && !fsdp::keeps_params_unsharded(s))
                              .read_ahead(r.in.offload_read_ahead)
                              .step_in_backward(!r.in.offload_step_after_backward)
-                             .gradient_slots(r.in.clip_grad_norm > 0 ||
-                                             fsdp::scales_loss(fsdp::TrainStepOptions(), r.mp)));
+                             .gradient_slots(settings.clips_gradients || settings.scales_loss));
   }
   return options;
 }

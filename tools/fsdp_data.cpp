@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -169,13 +170,22 @@ class Progress {
 void encode_batch(const Tokenizer& tokenizer, const std::vector<std::string>& chunks, const std::vector<char>& starts,
                   std::vector<std::vector<uint32_t>>& ids) {
   ids.assign(chunks.size(), {});
+  // A chunk's error (a pre-tokenizer regex past its bound) is rethrown here,
+  // once every thread has ended: thrown out of a thread it would abort the program.
+  std::vector<std::exception_ptr> errors(chunks.size());
   const auto encode_chunk = [&](size_t i) {
-    ids[i] = starts[i] ? tokenizer.encode(chunks[i]) : tokenizer.encode_continuation(chunks[i]);
+    try {
+      ids[i] = starts[i] ? tokenizer.encode(chunks[i]) : tokenizer.encode_continuation(chunks[i]);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
   };
   std::vector<std::thread> workers;
   for (size_t i = 1; i < chunks.size(); ++i) workers.emplace_back(encode_chunk, i);
   if (!chunks.empty()) encode_chunk(0);
   for (auto& w : workers) w.join();
+  for (const auto& error : errors)
+    if (error) std::rethrow_exception(error);
 }
 
 int encode(const EncodeOptions& o) {

@@ -7,8 +7,8 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
-#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -22,6 +22,7 @@
 #include "fsdp/options.h"
 #include "fsdp/wrap_policy.h"
 #include "fsdp/run_plan.h"
+#include "text/pretokenizer.h"
 #include "tool_support.h"
 
 namespace fsdp_tools {
@@ -252,7 +253,8 @@ inline void add_zero_plus_plus_flags(CLI::App& app, ZeroPlusPlusFlags& f) {
 // frozen). Both tools apply them to the model they build, so that fsdp-plan
 // counts what fsdp-train will have.
 struct FineTuneFlags {
-  std::string freeze;        // ECMAScript regex: the parameters whose names it matches stay as they are
+  std::string freeze;        // a regex: the parameters whose names it matches stay as they are
+  bool freeze_given = false;  // --freeze on the command line (its '' is refused, not read as "none")
   int64_t lora_rank = 0;     // 0: no LoRA
   double lora_alpha = 16.0;  // the update is scaled by alpha / rank
   double lora_dropout = 0.0;
@@ -267,21 +269,23 @@ struct FineTuneFlags {
 
 inline void add_fine_tune_flags(CLI::App& app, FineTuneFlags& f) {
   app.add_option("--freeze", f.freeze,
-                 "freeze the parameters whose names this ECMAScript regex matches (searched anywhere in the name, "
-                 "e.g. 'wte|h\\.[0-5]\\.'): they are gathered for compute but get no gradient, no optimizer state "
-                 "and no weight decay (partial fine-tuning; docs/fine-tuning.md)");
+                 "freeze the parameters whose names this regular expression matches (Oniguruma's syntax, which "
+                 "takes ECMAScript's and Perl's usual forms; searched anywhere in the name, e.g. 'wte|h\\.[0-5]\\.'): "
+                 "they are gathered for compute but get no gradient, no optimizer state and no weight decay "
+                 "(partial fine-tuning; docs/fine-tuning.md)")
+      ->each([&f](const std::string&) { f.freeze_given = true; });
   auto given = [&f](const char* flag) { return [&f, flag](const std::string&) { f.lora_flags_given.insert(flag); }; };
   app.add_option("--lora-rank", f.lora_rank,
                  "train LoRA adapters of this rank on --lora-targets and freeze everything else (0: no LoRA)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->each(given("--lora-rank"))
       ->capture_default_str();
   app.add_option("--lora-alpha", f.lora_alpha, "LoRA's alpha: the adapters' update is scaled by alpha / rank")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->each(given("--lora-alpha"))
       ->capture_default_str();
-  app.add_option("--lora-dropout", f.lora_dropout, "dropout on the adapters' input while training")
-      ->check(CLI::Range(0.0, 0.999))
+  app.add_option("--lora-dropout", f.lora_dropout, "dropout on the adapters' input while training, in [0, 1)")
+      ->check(detail::number_check("a number in [0, 1)", [](double p) { return p >= 0 && p < 1; }))
       ->each(given("--lora-dropout"))
       ->capture_default_str();
   app.add_option("--lora-targets", f.lora_targets,
@@ -346,11 +350,49 @@ struct FineTuned {
   std::optional<fsdp::lora::LoraOptions> lora;  // what LoRA was applied with
 };
 
+// The flags alone, before any model: --freeze '' (an empty pattern would
+// match every name) and a LoRA setting without LoRA, which would otherwise be
+// ignored and the run fine-tune every parameter.
+inline void check_fine_tune_flags(const FineTuneFlags& f) {
+  TORCH_CHECK(!f.freeze_given || !f.freeze.empty(),
+              "--freeze '': expected a pattern naming the parameters to freeze (leave --freeze out to train them all)");
+  if (f.lora()) return;
+  for (const char* flag : {"--lora-alpha", "--lora-dropout", "--lora-targets"}) {
+    TORCH_CHECK(!f.lora_flags_given.count(flag), flag, " needs --lora-rank R (or --init-from-adapter): without it no "
+                "adapter is added and every parameter would train");
+  }
+}
+
+// --freeze's pattern (nullptr for none), compiled with a bound on its
+// backtracking: a parameter name is a few dozen bytes, which a sane pattern
+// matches in a few hundred steps, and a catastrophic one (nested
+// quantifiers) would try for longer than the run. Refused naming the flag
+// where it does not compile.
+inline std::unique_ptr<fsdp::text::Regex> freeze_pattern(const std::string& freeze) {
+  if (freeze.empty()) return nullptr;
+  try {
+    return std::make_unique<fsdp::text::Regex>(freeze, /*steps_per_match=*/100'000, /*steps_per_search=*/1'000'000);
+  } catch (const std::runtime_error& e) {
+    TORCH_CHECK(false, "--freeze '", freeze, "' is not a regular expression: ", e.what());
+  }
+}
+
+// Whether --freeze's pattern matches `name`; refused naming the flag and the
+// name where the pattern backtracks past its bound.
+inline bool freezes(const fsdp::text::Regex& pattern, const std::string& name) {
+  try {
+    return pattern.found_in(name);
+  } catch (const std::runtime_error& e) {
+    TORCH_CHECK(false, "--freeze: on the parameter name '", name, "', ", e.what());
+  }
+}
+
 // Applies --freeze and the LoRA flags to `model` (before fully_shard):
 // refuses a --freeze pattern that does not parse, matches none of the
 // parameters (a typo) or all of them (nothing left to train), and --freeze
 // with LoRA (LoRA freezes everything but its adapters already).
 inline FineTuned apply_fine_tuning(const FineTuneFlags& f, torch::nn::Module& model, uint64_t seed) {
+  check_fine_tune_flags(f);
   TORCH_CHECK(f.freeze.empty() || !f.lora(),
               "--freeze with --lora-rank: LoRA freezes every parameter but its adapters already (leave --freeze out)");
   TORCH_CHECK(f.base_dtype == "fp32" || f.lora(),
@@ -359,26 +401,28 @@ inline FineTuned apply_fine_tuning(const FineTuneFlags& f, torch::nn::Module& mo
   FineTuned done;
   if (f.lora()) {
     done.lora = lora_options(f, seed);
-    const auto report = fsdp::lora::apply(model, *done.lora);
+    fsdp::lora::LoraReport report;
+    try {
+      report = fsdp::lora::apply(model, *done.lora);
+    } catch (const c10::Error& e) {  // named by where its settings came from
+      TORCH_CHECK(false, f.init_from_adapter.empty() ? "--lora-rank " + std::to_string(f.lora_rank)
+                                                     : "--init-from-adapter '" + f.init_from_adapter +
+                                                           "' (its adapter_config.json's r = " +
+                                                           std::to_string(done.lora->rank()) + ")",
+                  ": ", fsdp::error_message(e));
+    }
     done.parameters = report.parameters;
     done.trainable = report.trainable;
     done.adapted = report.adapted;
     return done;
   }
-  std::regex pattern;
-  if (!f.freeze.empty()) {
-    try {
-      pattern = std::regex(f.freeze, std::regex::ECMAScript);
-    } catch (const std::regex_error& e) {
-      TORCH_CHECK(false, "--freeze '", f.freeze, "' is not an ECMAScript regular expression: ", e.what());
-    }
-  }
+  const std::unique_ptr<fsdp::text::Regex> pattern = freeze_pattern(f.freeze);
   int64_t frozen_tensors = 0, tensors = 0;
   const auto named = fsdp::unique_named_parameters(model);
   for (const auto& [name, param] : named) {
     done.parameters += param.numel();
     ++tensors;
-    if (f.freeze.empty() || !std::regex_search(name, pattern)) continue;
+    if (!pattern || !freezes(*pattern, name)) continue;
     param.requires_grad_(false);
     done.frozen_by_pattern += param.numel();
     ++frozen_tensors;
@@ -401,6 +445,7 @@ inline FineTuned apply_fine_tuning(const FineTuneFlags& f, torch::nn::Module& mo
 // refuses. `done` (optional): what apply_fine_tuning did.
 inline fsdp::ModelDescription plan_description(const FineTuneFlags& f, const fsdp::models::ModelConfig& config,
                                                FineTuned* done = nullptr) {
+  check_fine_tune_flags(f);
   fsdp::ModelDescription description = config.plan_description();
   if (f.freeze.empty() && !f.lora()) return description;  // no model to build: the config says it all
   fsdp::memory::install_counting_allocator();  // DeferredInit's (fsdp-train's main installed it already)

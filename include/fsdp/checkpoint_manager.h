@@ -239,6 +239,27 @@ class CheckpointManager {
   CheckpointSave publish_pending();
 };
 
+/// One job at a time in a checkpoint folder: two jobs saving into one folder
+/// would rotate away each other's checkpoints and resume from a mix. Held
+/// by one process (a job's rank 0) from construction to destruction, as an
+/// advisory lock (flock) on `DIR/.fsdp-lock`, which names the holder's host
+/// and pid. A second holder is refused naming the first; the kernel drops the
+/// lock when its holder ends, however it ends, so a folder whose job died is
+/// taken over without a stale lock to clear. Creates `dir` if need be.
+class CheckpointFolderLock {
+ public:
+  explicit CheckpointFolderLock(const std::string& dir);
+  ~CheckpointFolderLock();
+  CheckpointFolderLock(const CheckpointFolderLock&) = delete;
+  CheckpointFolderLock& operator=(const CheckpointFolderLock&) = delete;
+  /// The lock file.
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 /// Collective over `world`: every rank must see the files the others write in
 /// `dir`, or a checkpoint would be split across machines: rank 0 writes a
 /// probe there, every rank reads it back. Throws naming the ranks that cannot.

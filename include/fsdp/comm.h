@@ -164,9 +164,11 @@ class ProcessGroup {
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
 /// Collective: every rank passes its own error ("" for none); if any rank
-/// failed, every rank throws (its own message, or one saying another rank
-/// failed). For work that only some ranks do (rank 0 writing a file), so
-/// that the others do not wait forever in the next collective.
+/// failed, every rank throws the same message, the first failing rank's
+/// ("rank R: ..." where some ranks did not fail), so that whichever rank ends
+/// the job prints the cause. For work that only some ranks do (rank 0
+/// writing a file), so that the others do not wait forever in the next
+/// collective.
 void throw_if_any_rank_failed(const ProcessGroupPtr& group, const std::string& error);
 
 /// NCCL (the CUDA configuration): a group of the same ranks as `bootstrap`,

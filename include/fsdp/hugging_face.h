@@ -99,6 +99,13 @@ std::optional<std::string> from_hf_name(const models::ModelConfig& config, const
 /// Whether the parameter is stored transposed in Hugging Face files (GPT-2's Conv1D weights).
 bool is_transposed(const models::ModelConfig& config, const std::string& name);
 
+/// Checks a Hugging Face model's files against its configuration, from
+/// their headers alone: every tensor the configuration implies there with
+/// its shape and a float dtype, none it does not. Before anything is built:
+/// a config.json that lies about the model's size is refused naming the
+/// tensor, not allocated. Throws naming the file and the tensor.
+void check_weights(const ModelFiles& files, const models::ModelConfig& config);
+
 /// Loads a Hugging Face model's weights into a sharded model: each rank
 /// reads only the elements of its own shards, straight from the files (a
 /// tensor stored transposed, GPT-2's Conv1D, whole), so no rank ever holds
@@ -145,8 +152,13 @@ class FolderWriter : public WeightWriter {
   /// GPT-2's tied lm_head.weight, if listed, is skipped).
   FolderWriter(const std::string& folder, const HubConfig& config, const std::vector<safetensors::TensorSpec>& tensors,
                SaveOptions options = SaveOptions());
+  /// Destroyed before commit() (a failed save): the folder is removed if
+  /// this writer made it, so that nothing half-written is left behind.
+  ~FolderWriter() override;
   /// The next tensor in the order given, under the model's layout (float),
-  /// written in SaveOptions::dtype.
+  /// written in SaveOptions::dtype. Throws, naming the tensor, for a value
+  /// that is not finite, or that SaveOptions::dtype's range would turn into
+  /// inf (fp16 holds magnitudes up to 65504): nothing non-finite is written.
   void write(const torch::Tensor& tensor) override;
   /// After the last tensor: the last shard, the index, config.json; then
   /// removes the weight files of an earlier save that this one did not write.
@@ -165,6 +177,8 @@ class FolderWriter : public WeightWriter {
   size_t next_ = 0;
   size_t written_in_shard_ = 0;
   std::optional<safetensors::Writer> writer_;  // the shard being written
+  bool made_folder_ = false;  // the folder did not exist before this writer
+  bool committed_ = false;
 };
 
 /// The tokenizer and chat template files of a Hugging Face folder

@@ -93,6 +93,9 @@ struct LlamaConfig {
   /// multiple of heads (without an explicit head_dim) with an even
   /// head_dim, and heads a multiple of kv_heads.
   void validate() const;
+  /// Throws unless its parameters' bytes fit 64-bit counts and its layers'
+  /// lists this host (validate() calls it; before anything is allocated).
+  void check_size() const;
   /// "vocab 256, context 32, layers 2, heads 4, kv_heads 2, width 64, hidden
   /// 192, rope_theta 10000, norm_eps 1e-05, batch 4", then each switch that
   /// is not its default ("tie_word_embeddings 1", "rope_scaling llama3",

@@ -83,7 +83,11 @@ class AdapterWriter : public WeightWriter {
   /// the order they will come (save_full_weights'), adapters among them.
   AdapterWriter(const std::string& folder, const models::ModelConfig& model, const AdapterConfig& config,
                 const std::vector<safetensors::TensorSpec>& tensors, torch::ScalarType dtype = torch::kFloat);
-  /// The next parameter in the order given: written if it is an adapter's, else skipped.
+  /// Destroyed before commit(): the folder is removed if this writer made it.
+  ~AdapterWriter() override;
+  /// The next parameter in the order given: written if it is an adapter's,
+  /// else skipped. Throws, naming the tensor, for a value that is not finite
+  /// or that `dtype` would turn into inf.
   void write(const torch::Tensor& tensor) override;
   /// After the last tensor: adapter_model.safetensors finished, then adapter_config.json.
   void commit() override;
@@ -93,8 +97,11 @@ class AdapterWriter : public WeightWriter {
   AdapterConfig config_;
   torch::ScalarType dtype_;
   std::vector<bool> kept_;  // per tensor in: whether it is an adapter's
+  std::vector<std::string> names_;  // per tensor in: its model name
   size_t next_ = 0;
   std::optional<safetensors::Writer> writer_;
+  bool made_folder_ = false;
+  bool committed_ = false;
 };
 
 /// The model's parameters without the adapters: what a MergingWriter passes on.

@@ -6,7 +6,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 namespace fsdp {
 
@@ -92,10 +94,25 @@ double ProcessGroup::default_timeout() {
 }
 
 void throw_if_any_rank_failed(const ProcessGroupPtr& group, const std::string& error) {
-  torch::Tensor failed = torch::tensor({error.empty() ? 0 : 1}, torch::kInt);
-  group->all_reduce(failed, ReduceOp::kSum)->wait();
-  if (failed.item<int>() == 0) return;
-  TORCH_CHECK(false, error.empty() ? std::string("another rank failed; see its message") : error);
+  const int n = group->size();
+  torch::Tensor failed = torch::empty({n}, torch::kInt);
+  group->all_gather(failed, torch::tensor({error.empty() ? 0 : 1}, torch::kInt))->wait();
+  const auto flags = failed.accessor<int, 1>();
+  int first = 0;
+  while (first < n && flags[first] == 0) ++first;
+  if (first == n) return;
+  // Every rank throws the first failing rank's own message, the same text
+  // everywhere: a rank that fails first takes the job down (MPI_Abort) with
+  // its message, and another rank's "someone else failed" must not be the one
+  // that reaches the user (it once was, for a full disk under --save-final).
+  torch::Tensor length = torch::tensor({static_cast<int64_t>(error.size())}, torch::kLong);
+  group->broadcast(length, first)->wait();
+  torch::Tensor text = torch::zeros({std::max<int64_t>(length.item<int64_t>(), 1)}, torch::kUInt8);
+  if (group->rank() == first) std::memcpy(text.data_ptr(), error.data(), error.size());
+  group->broadcast(text, first)->wait();
+  const std::string message(static_cast<const char*>(text.data_ptr()), static_cast<size_t>(length.item<int64_t>()));
+  const bool all_failed = std::all_of(flags.data(), flags.data() + n, [](int f) { return f != 0; });
+  TORCH_CHECK(false, all_failed ? message : "rank " + std::to_string(first) + ": " + message);
 }
 
 void ProcessGroup::count(CollectiveKind kind, int64_t bytes) {

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "fsdp/fully_shard.h"
+#include "fsdp/host_memory.h"
 #include "fsdp/lora.h"
 #include "base/strings.h"
 
@@ -127,6 +128,27 @@ void LlamaConfig::validate() const {
   }
   TORCH_CHECK(heads % kv_heads == 0, "the number of heads (", heads, ") must be a multiple of kv_heads (", kv_heads,
               ")");
+  check_size();
+}
+
+// The counts the planner and the model multiply, before any is computed in
+// 64 bits or listed per layer: a config.json of a billion layers (or a width
+// of a billion) once made every rank allocate its lists of units until the
+// kernel's OOM killer came, before the preflight could say anything.
+void LlamaConfig::check_size() const {
+  const long double C = width, q = static_cast<long double>(heads) * head_dim(),
+                    kv = static_cast<long double>(kv_heads) * head_dim();
+  const long double layer = 2 * C * q + 2 * C * kv + 3 * C * hidden + 3 * q + 2 * C;
+  const long double params = 2.0L * vocab * C + C + layers * layer;
+  const long double limit = static_cast<long double>(int64_t{1} << 62);
+  TORCH_CHECK(params * 64 < limit, "the model (", describe(), ") has ", static_cast<double>(params),
+              " parameters: beyond what 64-bit byte counts hold (expected a config of a model that exists)");
+  // The planner's lists hold a few int64 per unit (a layer is up to two).
+  const long double list_bytes = (2.0L * layers + 1) * sizeof(int64_t) * 16;
+  const int64_t available = host_memory_available();
+  TORCH_CHECK(list_bytes <= available, "the model has ", layers, " layers: the planner's lists of its units alone take ",
+              format_mib(static_cast<int64_t>(list_bytes)), ", beyond this host's ", format_mib(available),
+              " available");
 }
 
 std::string LlamaConfig::describe() const {

@@ -104,7 +104,17 @@ class LlamaAdapter : public Adapter {
     if (!qwen2) l.attention_bias = field<bool>(c, path, "attention_bias", false);
     l.qk_norm = l.hub_family == "qwen3";
     l.fused_projections = l.hub_family == "phi3";
+    // Without "head_dim" the heads split hidden_size evenly, or transformers
+    // refuses the config: a truncated width / heads would plan and build a
+    // model whose attention is narrower than the file's.
+    const bool has_head_dim = c.contains("head_dim") && !c.at("head_dim").is_null();
+    TORCH_CHECK(has_head_dim || l.heads <= 0 || l.width % l.heads == 0, "'", path, "': \"hidden_size\" ", l.width,
+                " is not a multiple of \"num_attention_heads\" ", l.heads,
+                ", and there is no \"head_dim\": expected heads that split the width evenly, or a \"head_dim\"");
     const int64_t head_dim = field<int64_t>(c, path, "head_dim", l.width / std::max<int64_t>(l.heads, 1));
+    TORCH_CHECK(head_dim <= 0 || head_dim % 2 == 0, "'", path, "': the head dimension is ", head_dim,
+                has_head_dim ? " (\"head_dim\")" : " (\"hidden_size\" / \"num_attention_heads\")",
+                "; expected an even one: the rotary embedding rotates channel pairs");
     if (head_dim * l.heads != l.width) l.explicit_head_dim = head_dim;
     // A window only matters past its length: refused where a sequence is longer (LlamaImpl::logits).
     const bool window_used = l.hub_family == "mistral" || l.hub_family == "phi3" ||

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "base/strings.h"
+#include "fsdp/host_memory.h"
 #include "fsdp/wrap_policy.h"
 
 namespace fsdp::lora {
@@ -76,6 +77,28 @@ void init_parameter(const std::string& name, torch::Tensor& param, uint64_t seed
   param.copy_(values);
 }
 
+namespace {
+
+// The adapters' bytes, r (in + out) fp32 elements a linear, against what the
+// host has, before any is allocated: a rank of a billion (a typo, a lying
+// adapter_config.json) once asked the allocator for hundreds of GiB and
+// failed naming neither the rank nor the linears.
+void check_adapter_bytes(const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& chosen,
+                         int64_t rank) {
+  long double bytes = 0;
+  for (const auto& [name, module] : chosen) {
+    const torch::Tensor& weight = module->as<torch::nn::LinearImpl>()->weight;
+    if (weight.dim() == 2) bytes += 4.0L * rank * static_cast<long double>(weight.size(0) + weight.size(1));
+  }
+  const int64_t available = host_memory_available();
+  TORCH_CHECK(bytes <= static_cast<long double>(available), "lora::apply: rank ", rank, " on ", chosen.size(),
+              " linears makes ", static_cast<double>(bytes) / (1 << 20),
+              " MiB of adapters (r x (in + out) fp32 elements a linear), beyond this host's ", format_mib(available),
+              " available: expected a rank that fits (LoRA's are typically 4 to 64)");
+}
+
+}  // namespace
+
 LoraReport apply(torch::nn::Module& model, const LoraOptions& options) {
   TORCH_CHECK(options.rank() >= 1, "lora::apply: the rank must be at least 1, got ", options.rank());
   TORCH_CHECK(options.alpha() > 0, "lora::apply: alpha must be positive, got ", options.alpha());
@@ -115,6 +138,7 @@ LoraReport apply(torch::nn::Module& model, const LoraOptions& options) {
     }
   }
   TORCH_CHECK(!chosen.empty(), "lora::apply: \"all-linear\" found no torch::nn::Linear in the model");
+  check_adapter_bytes(chosen, options.rank());
 
   for (auto& param : model.parameters()) param.requires_grad_(false);
   LoraReport report;

@@ -2,9 +2,14 @@
 
 #include "fsdp/checkpoint_manager.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -217,6 +222,51 @@ void check_folder_shared(const std::string& dir, const ProcessGroupPtr& world) {
   TORCH_CHECK(count == 0, "checkpoint folder '", dir, "' is not shared: rank(s) ", ranks.str(), " cannot see the file rank 0 ",
               "wrote there, so a checkpoint would be split across machines and could not be loaded. Put it on a file ",
               "system every host mounts (NFS, Lustre, ...)");
+}
+
+CheckpointFolderLock::CheckpointFolderLock(const std::string& dir)
+    : path_((std::filesystem::path(dir) / ".fsdp-lock").string()) {
+  std::filesystem::create_directories(dir);
+  // Locked, then checked to be still the file at the path: a holder that
+  // removed it on its way out leaves a lock on a file no one else opens.
+  for (;;) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    TORCH_CHECK(fd_ >= 0, "checkpoint folder '", dir, "': cannot open its lock file '", path_, "': ", std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int error = errno;
+      std::string holder;
+      char buffer[512] = {};
+      if (::pread(fd_, buffer, sizeof(buffer) - 1, 0) > 0) holder = buffer;
+      ::close(fd_);
+      fd_ = -1;
+      while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+      TORCH_CHECK(error != EWOULDBLOCK, "checkpoint folder '", dir, "' is in use by another job (",
+                  holder.empty() ? std::string("its lock file '") + path_ + "' names no holder" : holder,
+                  "): one job at a time saves into a checkpoint folder; give this one another --ckpt-dir, or wait "
+                  "for that job to end");
+      TORCH_CHECK(false, "checkpoint folder '", dir, "': cannot lock '", path_, "': ", std::strerror(error));
+    }
+    struct stat held {}, named {};
+    if (::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
+        held.st_dev == named.st_dev) {
+      break;
+    }
+    ::close(fd_);
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string holder = "host " + std::string(host) + ", pid " + std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, holder.data(), holder.size(), 0) != static_cast<ssize_t>(holder.size())) {
+    const int error = errno;
+    ::close(fd_);
+    TORCH_CHECK(false, "checkpoint folder '", dir, "': cannot write its lock file '", path_, "': ", std::strerror(error));
+  }
+}
+
+CheckpointFolderLock::~CheckpointFolderLock() {
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());  // while still held: no one can have locked this file in between
+  ::close(fd_);
 }
 
 }  // namespace fsdp

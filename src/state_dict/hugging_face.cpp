@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <set>
 
@@ -17,6 +18,7 @@
 #include "fsdp/lora.h"
 #include "fsdp/wrap_policy.h"
 #include "state_dict/checkpoint_json.h"
+#include "state_dict/finite_values.h"
 #include "state_dict/json_files.h"
 #include "base/file_io.h"
 #include "base/strings.h"
@@ -253,6 +255,11 @@ void load_weights(torch::nn::Module& module, const ModelFiles& files, const mode
   }
 }
 
+void check_weights(const ModelFiles& files, const models::ModelConfig& config) {
+  const detail::Adapter& adapter = detail::adapter(config.kind());
+  check_tensors(hub_tensors(files, adapter, config), adapter, files, adapter.parameter_specs(config));
+}
+
 void load_weights(FsdpState& state, const ModelFiles& files, const models::ModelConfig& config) {
   const detail::Adapter& adapter = detail::adapter(config.kind());
   const HubTensors hub = hub_tensors(files, adapter, config);
@@ -301,6 +308,7 @@ FolderWriter::FolderWriter(const std::string& folder, const HubConfig& config,
   config_dtype_name(options.dtype());  // refuses another dtype before anything is written
   TORCH_CHECK(options.max_shard_bytes() > 0, "FolderWriter: the largest shard must be positive, got ",
               options.max_shard_bytes(), " bytes");
+  made_folder_ = !fs::exists(folder);
   fs::create_directories(folder);
   // Until commit() writes them, the folder is not a model: a failed save
   // over an earlier one does not leave its config.json beside new weights.
@@ -334,6 +342,13 @@ FolderWriter::FolderWriter(const std::string& folder, const HubConfig& config,
   for (size_t i = 0; i < shards_.size(); ++i) files_.push_back(shard_file_name(i, shards_.size()));
 }
 
+FolderWriter::~FolderWriter() {
+  if (committed_ || !made_folder_) return;
+  writer_.reset();  // its temporary file first
+  std::error_code ignored;
+  fs::remove_all(folder_, ignored);
+}
+
 void FolderWriter::write(const torch::Tensor& tensor) {
   TORCH_CHECK(next_ < names_.size(), "FolderWriter: more tensors written than the ", names_.size(), " listed");
   const size_t index = next_++;
@@ -345,7 +360,7 @@ void FolderWriter::write(const torch::Tensor& tensor) {
                     std::map<std::string, std::string>{{"format", "pt"}});
     written_in_shard_ = 0;
   }
-  torch::Tensor value = tensor.to(options_.dtype());
+  torch::Tensor value = detail::finite_in_dtype(tensor, options_.dtype(), name, folder_);
   if (detail::adapter(config_.model.kind()).is_transposed(name)) value = value.t();
   writer_->write(value.contiguous());
   if (++written_in_shard_ == shards_[shard].size()) {
@@ -385,6 +400,7 @@ void FolderWriter::commit() {
     const std::string name = entry.path().filename().string();
     if (is_weight_file_name(name) && !mine.count(name)) fs::remove(entry.path());
   }
+  committed_ = true;
 }
 
 std::vector<std::string> copy_tokenizer_files(const std::string& from_folder, const std::string& to_folder) {
@@ -439,5 +455,25 @@ void convert_hf_to_file(const std::string& hf_path, const std::string& spec_file
   }
   writer.commit();
 }
+
+namespace detail {
+
+torch::Tensor finite_in_dtype(const torch::Tensor& tensor, torch::ScalarType dtype, const std::string& name,
+                              const std::string& where) {
+  torch::Tensor converted = tensor.to(dtype);
+  if (!converted.is_floating_point() || torch::isfinite(converted).all().item<bool>()) return converted;
+  const int64_t not_finite = tensor.numel() - torch::isfinite(tensor).sum().item<int64_t>();
+  TORCH_CHECK(not_finite == 0, "'", where, "': tensor '", name, "' holds ", not_finite,
+              " value(s) that are not finite (NaN or inf): refused, nothing written (the model computes NaN with "
+              "them; where did they come from: an adapter or a checkpoint that holds them?)");
+  const int64_t overflowed = converted.numel() - torch::isfinite(converted).sum().item<int64_t>();
+  const double largest = dtype == torch::kHalf ? 65504.0 : std::numeric_limits<float>::max();
+  TORCH_CHECK(false, "'", where, "': tensor '", name, "' has ", overflowed, " value(s) beyond ", dtype,
+              "'s range (its largest magnitude is ", tensor.abs().max().item<double>(), "; ", dtype, " holds up to ",
+              largest, "): written as ", dtype, " they would be inf. Refused, nothing written: save in float32 or "
+              "bfloat16 (fsdp-train --save-dtype fp32 or bf16)");
+}
+
+}  // namespace detail
 
 }  // namespace fsdp::hugging_face

@@ -13,6 +13,7 @@
 #include "base/strings.h"
 #include "fsdp/hugging_face.h"
 #include "models/hugging_face_adapter.h"
+#include "state_dict/finite_values.h"
 #include "state_dict/json_files.h"
 
 namespace fsdp::peft {
@@ -232,10 +233,12 @@ AdapterWriter::AdapterWriter(const std::string& folder, const models::ModelConfi
     : folder_(folder), config_(config), dtype_(dtype) {
   TORCH_CHECK(dtype == torch::kFloat || dtype == torch::kBFloat16 || dtype == torch::kHalf,
               "peft::AdapterWriter: adapters are written as float32, bfloat16 or float16, not ", dtype);
+  made_folder_ = !fs::exists(folder);
   fs::create_directories(folder);
   fs::remove(fs::path(folder) / kConfigFile);  // until commit() the folder is not an adapter
   std::vector<safetensors::TensorSpec> kept;
   for (const auto& t : tensors) {
+    names_.push_back(t.name);
     kept_.push_back(lora::is_adapter_parameter(t.name));
     if (kept_.back()) kept.push_back({to_peft_name(model, t.name), dtype, t.shape});
   }
@@ -243,15 +246,24 @@ AdapterWriter::AdapterWriter(const std::string& folder, const models::ModelConfi
   writer_.emplace((fs::path(folder) / kWeightsFile).string(), kept, std::map<std::string, std::string>{{"format", "pt"}});
 }
 
+AdapterWriter::~AdapterWriter() {
+  if (committed_ || !made_folder_) return;
+  writer_.reset();  // its temporary file first
+  std::error_code ignored;
+  fs::remove_all(folder_, ignored);
+}
+
 void AdapterWriter::write(const torch::Tensor& tensor) {
   TORCH_CHECK(next_ < kept_.size(), "peft::AdapterWriter: more tensors written than the ", kept_.size(), " listed");
-  if (kept_[next_++]) writer_->write(tensor.to(dtype_).contiguous());
+  const size_t index = next_++;
+  if (kept_[index]) writer_->write(hugging_face::detail::finite_in_dtype(tensor, dtype_, names_[index], folder_).contiguous());
 }
 
 void AdapterWriter::commit() {
   TORCH_CHECK(next_ == kept_.size(), "peft::AdapterWriter: ", next_, " of ", kept_.size(), " tensors written");
   writer_->commit();
   write_text_file(fs::path(folder_) / kConfigFile, adapter_config_json(config_));
+  committed_ = true;
 }
 
 std::vector<safetensors::TensorSpec> without_adapters(const std::vector<safetensors::TensorSpec>& tensors) {

@@ -28,9 +28,22 @@ OnigRegion* thread_region() {
   return region.get();
 }
 
+// One match parameter per thread, reused; each search sets its Regex's bounds on it.
+OnigMatchParam* thread_match_param() {
+  thread_local std::unique_ptr<OnigMatchParam, void (*)(OnigMatchParam*)> param(
+      [] {
+        OnigMatchParam* p = onig_new_match_param();
+        onig_initialize_match_param(p);
+        return p;
+      }(),
+      onig_free_match_param);
+  return param.get();
+}
+
 }  // namespace
 
-Regex::Regex(const std::string& pattern) {
+Regex::Regex(const std::string& pattern, unsigned long steps_per_match, unsigned long steps_per_search)
+    : pattern_(pattern), steps_per_match_(steps_per_match), steps_per_search_(steps_per_search) {
   initialize_oniguruma();
   OnigErrorInfo info;
   regex_t* compiled = nullptr;
@@ -51,13 +64,35 @@ Regex::~Regex() {
 
 bool Regex::search(std::string_view text, size_t from, size_t& begin, size_t& end) const {
   OnigRegion* region = thread_region();
+  OnigMatchParam* bound = thread_match_param();
+  onig_set_retry_limit_in_match_of_match_param(bound, steps_per_match_);
+  onig_set_retry_limit_in_search_of_match_param(bound, steps_per_search_);
   const auto* start = reinterpret_cast<const OnigUChar*>(text.data());
   const auto* stop = start + text.size();
-  const int rc = onig_search(static_cast<regex_t*>(regex_), start, stop, start + from, stop, region, ONIG_OPTION_NONE);
-  if (rc < 0) return false;  // ONIG_MISMATCH (or an error: treated as no match)
+  const int rc = onig_search_with_param(static_cast<regex_t*>(regex_), start, stop, start + from, stop, region,
+                                        ONIG_OPTION_NONE, bound);
+  if (rc == ONIG_MISMATCH) return false;
+  if (rc < 0) {
+    const bool bounded = rc == ONIGERR_RETRY_LIMIT_IN_MATCH_OVER || rc == ONIGERR_RETRY_LIMIT_IN_SEARCH_OVER;
+    OnigUChar message[ONIG_MAX_ERROR_MESSAGE_LEN];
+    onig_error_code_to_str(message, rc);
+    throw std::runtime_error(
+        "the regex '" + pattern_ + "' " +
+        (bounded ? "backtracks catastrophically: it gave up after " +
+                       std::to_string(rc == ONIGERR_RETRY_LIMIT_IN_MATCH_OVER ? steps_per_match_ : steps_per_search_) +
+                       " steps on a text of " + std::to_string(text.size()) +
+                       " bytes (nested quantifiers such as (a+)+ or (a|a)* try every way to split the text: "
+                       "expected a pattern without them)"
+                 : std::string("failed: ") + reinterpret_cast<char*>(message)));
+  }
   begin = static_cast<size_t>(region->beg[0]);
   end = static_cast<size_t>(region->end[0]);
   return true;
+}
+
+bool Regex::found_in(std::string_view text) const {
+  size_t begin = 0, end = 0;
+  return search(text, 0, begin, end);
 }
 
 void PreTokenizer::add_split(const std::string& pattern) {

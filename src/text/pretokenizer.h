@@ -16,18 +16,36 @@ namespace fsdp::text {
 extern const char* const kGpt2Pattern;
 
 /// A compiled Oniguruma regex (UTF-8); its searches may run on several threads.
+///
+/// Every search is bounded: a pattern that backtracks catastrophically
+/// (nested quantifiers, `(a+)+$`) would otherwise run for the age of the
+/// universe on a text of a few dozen bytes. Past the bound a search throws,
+/// naming the pattern, instead of spinning or (as Oniguruma's own error code
+/// would be read) silently finding no match.
 class Regex {
  public:
-  /// Throws std::runtime_error with Oniguruma's message if `pattern` does not compile.
-  explicit Regex(const std::string& pattern);
+  /// Oniguruma's own default bound on one match attempt (backtracking steps);
+  /// real pre-tokenizer patterns take a few dozen a piece.
+  static constexpr unsigned long kDefaultStepsPerMatch = 10'000'000;
+  /// Throws std::runtime_error with Oniguruma's message if `pattern` does not
+  /// compile. `steps_per_match` bounds one match attempt, `steps_per_search`
+  /// (0: none) a whole search over every start position.
+  explicit Regex(const std::string& pattern, unsigned long steps_per_match = kDefaultStepsPerMatch,
+                 unsigned long steps_per_search = 0);
   ~Regex();
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
   /// The first match at or after `from`: true and [begin, end), or false.
+  /// Throws std::runtime_error naming the pattern where the search exceeds its bound.
   bool search(std::string_view text, size_t from, size_t& begin, size_t& end) const;
+  /// Whether the pattern matches anywhere in `text` (search from 0).
+  bool found_in(std::string_view text) const;
+  const std::string& pattern() const { return pattern_; }
 
  private:
   void* regex_ = nullptr;  // OnigRegex
+  std::string pattern_;
+  unsigned long steps_per_match_, steps_per_search_;
 };
 
 /// When Metaspace puts its replacement before a piece that does not start

@@ -44,6 +44,7 @@ printf 'not a safetensors file at all' > garbage.safetensors
 header='{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
 { printf "\\x$(printf %02x ${#header})\\x00\\x00\\x00\\x00\\x00\\x00\\x00"; printf '%s' "$header"; printf '\0\0\x80\x3f\0\0\0\x40'; } > whole.safetensors
 head -c -4 whole.safetensors > truncated.safetensors
+cp "$here/../fixtures/hub_configs/llama-3.2-1b.json" .  # a real config.json, for the rows that change it
 "$data" train-tokenizer --vocab-size 300 -o tok.json text.txt 2> /dev/null || { echo "FAIL: the fixture tokenizer"; exit 1; }
 "$data" encode -q --tokenizer tok.json -o tokens.bin text.txt || { echo "FAIL: the fixture tokens"; exit 1; }
 # Tokenizers that lie about their ids: an id of 2^31 - 1, of 4e9, not a
@@ -60,6 +61,27 @@ trap 'echo "rank $OMPI_COMM_WORLD_RANK stopping: preempted"; exit 75' USR1 TERM
 touch "ready.$OMPI_COMM_WORLD_RANK"
 sleep 60 & wait
 EOF
+
+# Models the fsdp-train rows start from, made on first use (the other
+# tools' rows need none): a Llama of the tiny preset saved as a Hugging Face
+# folder (llama-hf/), the tiny GPT's weights in our file (gpt.safetensors),
+# and a PEFT adapter of it (adapter/).
+made_models() {
+  [ -d llama-hf ] && return 0
+  "$run" -n 1 -- "$train" --model llama --preset tiny --steps 1 --save-final llama-hf --save-format hf > /dev/null &&
+    "$run" -n 1 -- "$train" --preset tiny --steps 1 --save-final gpt.safetensors > /dev/null &&
+    "$run" -n 1 -- "$train" --preset tiny --steps 1 --lora-rank 4 --lora-targets c_attn --save-final adapter \
+      --save-format peft > /dev/null || { echo "FAIL: the fixture models"; return 1; }
+}
+# set_first_float FILE VALUE_HEX: the first float32 of a safetensors file's
+# data (little-endian bytes of VALUE_HEX, e.g. 47c35000 = 1e5) set in place.
+set_first_float() {
+  local header_length offset
+  header_length=$(od -An -t u8 -N 8 "$1" | tr -d ' ')
+  offset=$((8 + header_length))
+  printf "\\x${2:6:2}\\x${2:4:2}\\x${2:2:2}\\x${2:0:2}" | dd of="$1" bs=1 seek="$offset" conv=notrunc status=none
+}
+export -f made_models set_first_float
 
 # signal_group SIGNAL RANKS COMMAND...: COMMAND in a process group of its
 # own, as a scheduler starts a job; once its RANKS ranks are ready, SIGNAL

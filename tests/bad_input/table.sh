@@ -78,6 +78,22 @@ row fsdp-plan 1 "'dir' is not a Hugging Face model: 'dir/config.json' is missing
 row fsdp-plan 1 "'fifo.json' is not a regular file" "$plan" --model llama --init-from fifo.json
 row fsdp-plan 1 "'not-json.json' is not valid JSON" "$plan" --model llama --init-from not-json.json
 
+# A regular expression from the user runs with a bound: nested quantifiers
+# once spun fsdp-plan (and fsdp-train) at 100 % CPU for good.
+row fsdp-plan 1 "backtracks catastrophically" "$plan" --preset tiny --freeze '^(.+)+[0-9]$'
+row fsdp-plan 1 "--freeze '': expected a pattern" "$plan" --preset tiny --freeze ''
+# config.json: heads that do not split the width without a head_dim (the
+# head dimension was truncated, and a model transformers refuses planned),
+# and a layer count no host holds (every rank allocated until the OOM killer).
+hub_config() {  # JQ-FILTER: the Llama 3.2 config.json changed by it, as hub.json
+  jq "$1" llama-3.2-1b.json > hub.json && "$plan" --model llama --init-from hub.json
+}
+row fsdp-plan 1 "\"hidden_size\" 2050 is not a multiple of \"num_attention_heads\" 32, and there is no \"head_dim\"" hub_config '.hidden_size = 2050 | del(.head_dim)'
+row fsdp-plan 1 "the head dimension is 21 (\"hidden_size\" / \"num_attention_heads\"); expected an even one" hub_config '.hidden_size = 672 | del(.head_dim)'
+row fsdp-plan 1 "the planner's lists of its units alone take" hub_config '.num_hidden_layers = 1000000000'
+row fsdp-plan 1 "beyond what 64-bit byte counts hold" hub_config '.intermediate_size = 1000000000000000'
+row fsdp-plan 1 "--lora-alpha needs --lora-rank R" "$plan" --preset tiny --lora-alpha 8
+
 # ---- fsdp-ckpt ----
 row fsdp-ckpt 1 "missing.safetensors" "$ckpt" inspect missing.safetensors
 row fsdp-ckpt 1 "'fifo.safetensors' is not a regular file" "$ckpt" inspect fifo.safetensors
@@ -132,6 +148,85 @@ row fsdp-train 1 "--save-dtype must be source, fp32, bf16 or fp16, got 'int8'" "
 row fsdp-train 1 "--hf-shard-size: '0' is not a positive size" "${fsdp_train[@]}" --preset tiny --hf-shard-size 0
 # Sizes before anything is allocated.
 row fsdp-train 1 "units (layers 2000000000)" "${fsdp_train[@]}" --preset tiny --layers 2000000000
+# A config.json that lies about the files beside it: refused naming the
+# tensor, from the headers, before the model is built; and one whose layers
+# no host holds, before any list of them is made.
+lying_config() {  # JQ-FILTER: the Llama folder with its config.json changed by it
+  made_models || return 1
+  rm -rf lying && cp -r llama-hf lying && jq "$1" llama-hf/config.json > lying/config.json &&
+    "${fsdp_train[@]}" --model llama --init-from lying --steps 1
+}
+row fsdp-train 1 "has no tensor 'model.layers.2.self_attn.q_proj.weight'" lying_config '.num_hidden_layers = 1000000'
+row fsdp-train 1 "the planner's lists of its units alone take" lying_config '.num_hidden_layers = 1000000000'
+row fsdp-train 1 "has shape [128, 64], expected [128, 4096]" lying_config '.hidden_size = 4096 | .head_dim = 16'
+# A half-written export (config.json comes last) is named for what it lacks.
+half_written() {
+  made_models || return 1
+  rm -rf half && cp -r llama-hf half && rm half/config.json && "${fsdp_train[@]}" --model llama --init-from half
+}
+row fsdp-train 1 "'half/config.json' is missing" half_written
+# --freeze: bounded, and never silently nothing.
+row fsdp-train 1 "backtracks catastrophically" "${fsdp_train[@]}" --preset tiny --freeze '^(.+)+[0-9]$'
+row fsdp-train 1 "--freeze '': expected a pattern" "${fsdp_train[@]}" --preset tiny --freeze ''
+# LoRA's settings without LoRA were ignored: a full fine-tune, exit 0.
+row fsdp-train 1 "--lora-alpha needs --lora-rank R" "${fsdp_train[@]}" --preset tiny --lora-alpha 8
+row fsdp-train 1 "--lora-targets needs --lora-rank R" "${fsdp_train[@]}" --preset tiny --lora-targets c_attn
+row fsdp-train 1 "--lora-dropout needs --lora-rank R" "${fsdp_train[@]}" --preset tiny --lora-dropout 0.1
+# Ranges as the docs state them (CLI11's own printed 0.999000, and a 309-digit bound).
+row fsdp-train 1 "--lora-dropout: expected a number in [0, 1), got 1" "${fsdp_train[@]}" --preset tiny --lora-rank 4 --lora-dropout 1
+row fsdp-train 1 "--lora-alpha: expected a positive number, got 0" "${fsdp_train[@]}" --preset tiny --lora-rank 4 --lora-alpha 0
+# A rank no host holds, from the flag or an adapter_config.json: named, not
+# an allocator's error.
+row fsdp-train 1 "--lora-rank 1000000000: lora::apply: rank 1000000000" "${fsdp_train[@]}" --preset tiny --lora-rank 1000000000 --lora-targets c_attn
+huge_adapter_rank() {
+  made_models || return 1
+  rm -rf huge && cp -r adapter huge && jq '.r = 1000000000' adapter/adapter_config.json > huge/adapter_config.json &&
+    "${fsdp_train[@]}" --preset tiny --init-from-adapter huge
+}
+row fsdp-train 1 "(its adapter_config.json's r = 1000000000): lora::apply: rank 1000000000" huge_adapter_rank
+# Exports never write a value that is not finite: fp16's range (a weight of
+# 1e5 became inf, exit 0), and a NaN in an adapter merged into the model.
+fp16_overflow() {
+  made_models || return 1
+  cp gpt.safetensors big.safetensors && set_first_float big.safetensors 47c35000 &&
+    "$run" -n 1 -- "$train" --preset tiny --init-from big.safetensors --steps 0 --save-final out/hf --save-format hf --save-dtype fp16
+}
+row fsdp-train 1 "value(s) beyond Half's range (its largest magnitude is 100000" fp16_overflow
+nan_adapter_merged() {
+  made_models || return 1
+  rm -rf nan && cp -r adapter nan && set_first_float nan/adapter_model.safetensors 7fc00000 &&
+    "$run" -n 1 -- "$train" --preset tiny --init-from-adapter nan --steps 0 --save-final out/merged --save-format hf --merge-lora
+}
+row fsdp-train 1 "that are not finite (NaN or inf): refused, nothing written" nan_adapter_merged
+# A preemption while the run is still being set up ends it at once (it
+# waited for a first step that could be minutes away), leaving nothing: 76,
+# or 75 with --ckpt-dir (what that folder holds is the newest state).
+row fsdp-train 76 "preempted (SIGTERM or SIGUSR1) before the first step" env FSDP_TEST_SIGNAL_IN_SETUP=1 "$run" -n 2 -- "$train" --preset tiny --log out/log.jsonl --plot out/plot --summary out/summary.json
+row fsdp-train 75 "preempted (SIGTERM or SIGUSR1) before the first step" env FSDP_TEST_SIGNAL_IN_SETUP=0 "${fsdp_train[@]}" --preset tiny --ckpt-dir ck-preempted
+# One job at a time in a checkpoint folder: a second is refused naming the
+# first (here flock(1) holds the lock as a running job's rank 0 would).
+second_job() {
+  mkdir -p ck-held && echo "host elsewhere, pid 4242" > ck-held/.fsdp-lock &&
+    flock -n ck-held/.fsdp-lock "${fsdp_train[@]}" --preset tiny --steps 1 --ckpt-dir ck-held
+}
+row fsdp-train 1 "checkpoint folder 'ck-held' is in use by another job (host elsewhere, pid 4242)" second_job
+# ... and a lock its holder left behind (it died) is taken over.
+stale_lock() {
+  mkdir -p ck-stale && echo "host gone, pid 4242" > ck-stale/.fsdp-lock &&
+    "$run" -n 1 -- "$train" --preset tiny --steps 1 --ckpt-dir ck-stale && echo "took the folder over"
+}
+row fsdp-train 0 "took the folder over" stale_lock
+# A rank's own error reaches the user, whichever rank fails first, as the
+# last line: a full disk under --save-final at W = 2 once printed only
+# "another rank failed; see its message".
+full_disk_save() {
+  mkdir -p full && unshare -m bash -c 'mount -t tmpfs -o size=32k tmpfs full &&
+    "$run" -n 2 -- "$train" --preset tiny --steps 1 --save-final full/final.safetensors' 2>&1 | tee full.out
+  local status=${PIPESTATUS[0]}
+  tail -1 full.out | grep -q "No space left on device" || { echo "the last line does not name the full disk"; return 99; }
+  return "$status"
+}
+row fsdp-train 1 "No space left on device" full_disk_save
 
 # ---- fsdp-run ----
 row fsdp-run 1 "-n needs a positive number of ranks, got '0'" "$run" -n 0 -- true

@@ -23,27 +23,44 @@ namespace {
 
 // Collective: prepares the run; one rank's failure (its log file, say)
 // stops every rank cleanly. Returns false when any rank failed.
+// Rank 0 prints the first failing rank's message, whichever rank that is
+// (rank 1's own file, say).
 bool prepare_everywhere(const fsdp_train::TrainOptions& o, const fsdp::ProcessGroupPtr& world,
                         fsdp_train::Run& run) {
-  int failed = 0;
+  std::string error;
   try {
     run = fsdp_train::prepare(o, world);
   } catch (const std::exception& e) {
-    failed = 1;
-    if (world->rank() == 0 || std::string(e.what()).find("log file") != std::string::npos)
-      std::cerr << "fsdp-train: error: " << fsdp::error_message(e) << "\n";
+    error = fsdp::error_message(e);
   }
-  torch::Tensor any_failed = torch::tensor({failed}, torch::kInt);
-  world->all_reduce(any_failed, fsdp::ReduceOp::kSum)->wait();
-  return any_failed.item<int>() == 0;
+  try {
+    fsdp::throw_if_any_rank_failed(world, error);
+  } catch (const std::exception& e) {
+    if (world->rank() == 0) std::cerr << "fsdp-train: error: " << fsdp::error_message(e) << "\n";
+    return false;
+  }
+  return true;
+}
+
+// A preemption before the first step: 75 where --ckpt-dir holds the newest
+// state (nothing was lost; a requeued job resumes from it, or starts afresh),
+// 76 without one; and what setup makes (rank 0's log, --plot's folder)
+// removed, so that a job stopped that early leaves nothing behind.
+void note_early_outputs(const fsdp_train::TrainOptions& o, int rank, const fsdp::Preemption& preemption) {
+  if (!o.ckpt_dir.empty()) preemption.set_status_before_stepping(fsdp_tools::kExitPreempted);
+  if (rank != 0) return;
+  if (!o.log.empty() && !o.resume && !std::filesystem::exists(o.log)) preemption.remove_before_stepping(o.log);
+  if (!o.plot.empty() && !std::filesystem::exists(o.plot)) preemption.remove_before_stepping(o.plot);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   fsdp::memory::install_counting_allocator();
+  // SIGTERM and SIGUSR1: at once until the first step (setup can take
+  // minutes: a load, a plan), then save and stop at the next step boundary.
+  const fsdp::Preemption preemption(fsdp_tools::kExitPreemptedUnsaved, "fsdp-train");
   fsdp::MpiEnvironment mpi(&argc, &argv);
-  const fsdp::Preemption preemption;  // SIGTERM and SIGUSR1: save and stop at the next step boundary
   const auto world = mpi.world();
   try {
     fsdp::check_scheduler_world(world->size());
@@ -62,6 +79,7 @@ int main(int argc, char** argv) {
     return fsdp_tools::parse_error_status(app, e, world->rank() == 0);
   }
   if (!o.plot.empty() && o.log.empty()) o.log = (std::filesystem::path(o.plot) / "log.jsonl").string();
+  note_early_outputs(o, world->rank(), preemption);
   torch::set_num_threads(o.threads > 0 ? o.threads : fsdp_train::default_threads(world->size()));
   if (o.collective_timeout > 0) world->set_timeout(o.collective_timeout);  // the units' groups inherit it
   fsdp_train::Run run;

@@ -10,6 +10,7 @@
 #include <regex>
 #include <thread>
 
+#include "base/fault_injection.h"
 #include "fsdp/device_choice.h"
 #include "fsdp/error.h"
 #include "fsdp/host_memory.h"
@@ -251,9 +252,20 @@ std::unique_ptr<fsdp::models::TokenData> make_data(const TrainOptions& o, const 
 
 // --init-from a Hugging Face model: its config.json gives the model (fsdp_tools::init_from_config).
 void apply_hugging_face_config(const TrainOptions& o, Run& run) {
+  // A folder is a Hugging Face model or nothing: find_model names what it
+  // lacks (config.json, which an export writes last, so a half-written one).
+  if (!o.init_from.empty() && std::filesystem::is_directory(o.init_from)) {
+    try {
+      fsdp::hugging_face::find_model(o.init_from);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "--init-from: ", fsdp::error_message(e));
+    }
+  }
   if (!fsdp::hugging_face::is_model(o.init_from)) return;
-  run.model_config = fsdp_tools::init_from_config(o, fsdp::hugging_face::find_model(o.init_from).config,
-                                                  run.model_config, run.warnings);
+  const fsdp::hugging_face::ModelFiles files = fsdp::hugging_face::find_model(o.init_from);
+  run.model_config = fsdp_tools::init_from_config(o, files.config, run.model_config, run.warnings);
+  // config.json against the files' tensors, before the model is built or planned.
+  fsdp::hugging_face::check_weights(files, run.model_config);
 }
 
 // The whole model on every rank (initialized), or its shapes only for
@@ -328,6 +340,18 @@ void prepare_outputs(const TrainOptions& o, Run& run, int rank) {
   }
 }
 
+// --ckpt-dir is this job's alone, from before anything is loaded (two jobs
+// in one folder rotated away each other's checkpoints, and one died on the
+// other's half-made files): rank 0 holds its lock for the whole run.
+void lock_checkpoint_folder(const TrainOptions& o, Run& run, int rank) {
+  if (o.ckpt_dir.empty() || rank != 0) return;
+  try {
+    run.ckpt_lock = std::make_unique<fsdp::CheckpointFolderLock>(o.ckpt_dir);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "--ckpt-dir: ", fsdp::error_message(e));
+  }
+}
+
 // bf16 compute (the parameters, or a frozen base) on a CPU without bf16 instructions.
 void warn_of_cpu_bf16(Run& run) {
   const fsdp::MixedPrecision& mp = run.fsdp_options.mixed_precision();
@@ -377,6 +401,7 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   apply_tokenizer(o, run);
   if (run.tokenizer && !o.vocab) shape.vocab = run.tokenizer->vocab_size();
   check_values(o, world->size());
+  lock_checkpoint_folder(o, run, world->rank());
   run.model_config = fsdp_tools::model_config(o, shape);
   apply_hugging_face_config(o, run);
   check_tokenizer_fits(o, run);
@@ -396,6 +421,7 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   if (o.strategy == "auto") run.fsdp_options.strategy(pick_strategy(o, run, world->size()));
   run.fsdp_options.cpu_offload(o.offload == "cpu");
   prepare_outputs(o, run, world->rank());
+  fsdp::detail::maybe_signal_in_setup_for_test(world->rank());
   if (world->rank() == 0) {
     for (const std::string& warning : run.warnings) std::cerr << "fsdp-train: warning: " << warning << "\n";
   }

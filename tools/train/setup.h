@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "fsdp/checkpoint.h"
+#include "fsdp/checkpoint_manager.h"
 #include "fsdp/comm.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/model_config.h"
@@ -39,6 +40,7 @@ struct Run {
   // Destroying a group whose collective is stuck (the watchdog's case)
   // would wait for it forever.
   std::shared_ptr<void> sharded_model;
+  std::unique_ptr<fsdp::CheckpointFolderLock> ckpt_lock;  // rank 0's, on --ckpt-dir for the whole run
   std::ofstream log;
   c10::Device device = c10::Device(torch::kCPU);  // --device: where the units compute
   std::string backend = "mpi";                   // --backend, resolved

@@ -312,6 +312,7 @@ class Trainer {
   void loop() {
     const int W = world_->size();
     const int64_t A = o_.grad_accum, batch = run_.model_config.shape().batch;
+    preemption_.start_stepping();  // until here a signal ended the run at once (nothing to save)
     for (int64_t step = figures_.first_step; step < o_.steps; ++step) {
       fsdp::trace::Span step_span("step " + std::to_string(step + 1), "step");
       const double lr = run_.schedule.lr_at(step);

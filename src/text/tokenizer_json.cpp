@@ -81,15 +81,9 @@ void Tokenizer::Impl::set_token(uint32_t id, const std::string& name, bool added
   }
   names[id] = name;
   by_name[name] = id;
+  bytes[id] = decoded_name(name);
   std::string raw;
-  if (!byte_level) {
-    bytes[id] = decoded_name(name);
-  } else if (!added && byte_level_to_bytes(name, raw)) {
-    bytes[id] = raw;
-    by_bytes.emplace(raw, id);
-  } else {
-    bytes[id] = name;  // as the ByteLevel decoder does for a token outside its alphabet
-  }
+  if (byte_level && !added && byte_level_to_bytes(name, raw)) by_bytes.emplace(raw, id);
 }
 
 // A Sequence of NFC, Prepend and Replace (of a string): Qwen's NFC, and the
@@ -242,9 +236,14 @@ void Tokenizer::Impl::read_merges(const json& merges_json) {
   }
 }
 
-// The text a token decodes to in a SentencePiece-style file: its <0xNN>
-// byte under ByteFallback, else its name through the Replace steps.
+// The text a token decodes to, an added token's too (`tokenizers` decodes
+// them with the rest): in a byte-level file its bytes, or its name as it is
+// when a character is outside the ByteLevel decoder's alphabet; in a
+// SentencePiece-style file its <0xNN> byte under ByteFallback, else its name
+// through the Replace steps.
 std::string Tokenizer::Impl::decoded_name(const std::string& name) const {
+  std::string raw;
+  if (byte_level) return byte_level_to_bytes(name, raw) ? raw : name;
   const int byte = decoder_byte_fallback ? byte_token_value(name) : -1;
   if (byte >= 0) return std::string(1, static_cast<char>(byte));
   std::string text = name;
@@ -342,14 +341,18 @@ void Tokenizer::Impl::read_added_tokens(const json& added) {
     set_token(id, content, true);
     AddedToken token{content, id, t.value("lstrip", false), t.value("rstrip", false), t.value("single_word", false)};
     added_texts.emplace_back(content, token.rstrip);
-    if (t.value("normalized", !t.value("special", false))) {
-      // Matched in the normalized text, so matched as the normalizer spells it (Prepend's "▁" included).
-      std::string scratch;
-      token.content = std::string(normalize(content, /*continued=*/false, scratch));
-      if (!token.content.empty()) normalized_added.push_back(std::move(token));
-    } else {
+    if (!t.value("normalized", !t.value("special", false))) {
       raw_added.push_back(std::move(token));
+      continue;
     }
+    // Matched in the normalized text, so matched as the normalizer spells it (Prepend's "▁" included),
+    // and decoded so, as `tokenizers` decodes it (Llama 2's "new token" as " new token").
+    std::string scratch;
+    token.content = std::string(normalize(content, /*continued=*/false, scratch));
+    if (token.content.empty()) continue;
+    names[id] = token.content;
+    bytes[id] = decoded_name(token.content);
+    normalized_added.push_back(std::move(token));
   }
   // Leftmost-longest matching tries the longer tokens first.
   for (auto* list : {&raw_added, &normalized_added}) {

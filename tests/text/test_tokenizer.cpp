@@ -40,7 +40,8 @@ std::string error_of(F f) {
 }
 
 // A byte-level BPE over the 256 bytes with merges a+b (rank 0), ab+a, Ġ+a
-// (the first as "a b", the second as a pair), and <|endoftext|> as id 260.
+// (the first as "a b", the second as a pair), and <|endoftext|> as id 259
+// (the next after the vocab's 259 entries, as `tokenizers` gives it).
 std::string tiny_tokenizer_json(const nlohmann::json& model_extra = nlohmann::json::object(),
                                 const nlohmann::json& normalizer = nullptr) {
   nlohmann::json vocab = nlohmann::json::object();
@@ -54,7 +55,7 @@ std::string tiny_tokenizer_json(const nlohmann::json& model_extra = nlohmann::js
   const nlohmann::json root = {
       {"normalizer", normalizer},
       {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-      {"added_tokens", {{{"id", 260}, {"content", "<|endoftext|>"}, {"special", true}, {"normalized", false}}}},
+      {"added_tokens", {{{"id", 259}, {"content", "<|endoftext|>"}, {"special", true}, {"normalized", false}}}},
       {"decoder", {{"type", "ByteLevel"}}},
       {"model", model}};
   return root.dump();
@@ -176,17 +177,33 @@ TEST(TextTokenizer, SentencePieceRestartPoints) {
 
 TEST(TextTokenizer, MergesByRankAndSplitsAddedTokens) {
   const Tokenizer t(write_file("tiny.json", tiny_tokenizer_json()));
-  EXPECT_EQ(t.vocab_size(), 261);
+  EXPECT_EQ(t.vocab_size(), 260);
+  EXPECT_TRUE(t.warnings().empty());
   // Rank 0 (a b) merges both pairs of "abab" before rank 1 (ab a) could apply.
   EXPECT_EQ(t.encode("abab"), (std::vector<uint32_t>{256, 256}));
   EXPECT_EQ(t.encode("aba"), (std::vector<uint32_t>{257}));
-  EXPECT_EQ(t.encode("ab<|endoftext|> a"), (std::vector<uint32_t>{256, 260, 258}));
-  EXPECT_EQ(t.decode({256, 260, 258}), "ab<|endoftext|> a");
-  EXPECT_EQ(t.token_id("<|endoftext|>"), std::optional<uint32_t>(260));
+  EXPECT_EQ(t.encode("ab<|endoftext|> a"), (std::vector<uint32_t>{256, 259, 258}));
+  EXPECT_EQ(t.decode({256, 259, 258}), "ab<|endoftext|> a");
+  EXPECT_EQ(t.token_id("<|endoftext|>"), std::optional<uint32_t>(259));
   EXPECT_EQ(t.token_id("Ġa"), std::optional<uint32_t>(258));
   EXPECT_FALSE(t.token_id("zzz").has_value());
   EXPECT_EQ(t.token_bytes(258), " a");
-  EXPECT_NE(error_of([&] { t.token_bytes(261); }).find("outside its vocabulary of 261"), std::string::npos);
+  EXPECT_NE(error_of([&] { t.token_bytes(260); }).find("outside its vocabulary of 260"), std::string::npos);
+}
+
+// As `tokenizers` decodes: an added token through the decoder as the vocab's
+// tokens, a normalized one as the normalizer spells it.
+TEST(TextTokenizer, AddedTokensDecodeAsTokenizersDecodes) {
+  nlohmann::json byte_level = nlohmann::json::parse(tiny_tokenizer_json());
+  byte_level["added_tokens"].push_back(
+      nlohmann::json::parse(R"({"id": 260, "content": "\u0120b", "normalized": true})"));
+  const Tokenizer t(write_file("added_decode.json", byte_level.dump()));
+  EXPECT_EQ(t.encode("a\u0120b"), (std::vector<uint32_t>{97, 260}));
+  EXPECT_EQ(t.token_bytes(260), " b");  // was "Ġb": the ByteLevel decoder maps it
+  nlohmann::json spm = sentencepiece_tokenizer(true, true);
+  spm["added_tokens"].push_back(nlohmann::json::parse(R"({"id": 266, "content": "a b", "normalized": true})"));
+  const Tokenizer s(write_file("spm_added_decode.json", spm.dump()));
+  EXPECT_EQ(s.token_bytes(266), " a b");  // "▁a▁b", as Prepend and Replace spell it
 }
 
 TEST(TextTokenizer, InvalidUtf8BecomesReplacementCharacters) {

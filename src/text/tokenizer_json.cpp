@@ -333,22 +333,62 @@ void Tokenizer::Impl::read_template(const json& processor) {
   if (!after_text) fail(path, "a TemplateProcessing single template without the sequence $A");
 }
 
+// An added token's id is not the file's "id": as the `tokenizers` package
+// reads the list (0.23's AddedVocabulary::add_tokens, all in one batch, in
+// the file's order), a token takes the id of its content in the model's
+// vocab, or of an added token before it with that content, else the next
+// id from the vocab's size on (its count of entries, not its largest id + 1).
+// The last token given an id is the one matched and decoded. A file whose
+// added ids overlap the vocab (an id of another token, content the vocab
+// holds under another id, a list out of id order) thus reads with the ids
+// `tokenizers` gives, and a warning (`tokenizers` logs one only where the
+// vocab holds the content, which Python does not show).
 void Tokenizer::Impl::read_added_tokens(const json& added) {
+  struct Listed {
+    AddedToken token;
+    bool normalized;
+  };
+  std::map<uint32_t, Listed> last;  // by id: the last token given it
+  std::unordered_map<std::string, uint32_t> added_ids;
+  uint64_t next_id = by_name.size();  // by_name holds the vocab alone until the loop ends
+  size_t moved = 0;
+  std::string first_moved;
   for (const json& t : added) {
     const std::string content = t.at("content").get<std::string>();
     if (content.empty()) fail(path, "an added token has empty content");
-    const uint32_t id = entry_id(path, "added token '" + content + "'", t.at("id"));
-    set_token(id, content, true);
-    AddedToken token{content, id, t.value("lstrip", false), t.value("rstrip", false), t.value("single_word", false)};
-    added_texts.emplace_back(content, token.rstrip);
-    if (!t.value("normalized", !t.value("special", false))) {
+    const uint32_t file_id = entry_id(path, "added token '" + content + "'", t.at("id"));
+    uint32_t id = 0;
+    if (const auto known = added_ids.find(content); known != added_ids.end()) {
+      id = known->second;
+    } else if (const auto in_vocab = by_name.find(content); in_vocab != by_name.end()) {
+      id = in_vocab->second;
+    } else {
+      if (next_id >= kMaxTokenIds) {
+        fail(path, "added token '" + content + "' takes id " + std::to_string(next_id) +
+                       " (the next after the vocab), expected an id below " + std::to_string(kMaxTokenIds));
+      }
+      id = static_cast<uint32_t>(next_id++);
+    }
+    added_ids[content] = id;
+    last[id] = {{content, id, t.value("lstrip", false), t.value("rstrip", false), t.value("single_word", false)},
+                t.value("normalized", !t.value("special", false))};
+    if (id != file_id && moved++ == 0) {
+      first_moved =
+          "'" + content + "' (id " + std::to_string(file_id) + " in the file, given " + std::to_string(id) + ")";
+    }
+  }
+  for (auto& [id, listed] : last) {
+    AddedToken& token = listed.token;
+    set_token(id, token.content, true);
+    added_texts.emplace_back(token.content, token.rstrip);
+    if (!listed.normalized) {
       raw_added.push_back(std::move(token));
       continue;
     }
     // Matched in the normalized text, so matched as the normalizer spells it (Prepend's "▁" included),
     // and decoded so, as `tokenizers` decodes it (Llama 2's "new token" as " new token").
     std::string scratch;
-    token.content = std::string(normalize(content, /*continued=*/false, scratch));
+    token.content = std::string(normalize(token.content, /*continued=*/false, scratch));
     if (token.content.empty()) continue;
     names[id] = token.content;
     bytes[id] = decoded_name(token.content);
@@ -358,6 +398,12 @@ void Tokenizer::Impl::read_added_tokens(const json& added) {
   for (auto* list : {&raw_added, &normalized_added}) {
     std::stable_sort(list->begin(), list->end(),
                      [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
+  }
+  if (moved > 0) {
+    warnings.push_back("tokenizer '" + path + "': " + std::to_string(moved) + " added token" + (moved > 1 ? "s" : "") +
+                       " not given the id the file gives, the first " + first_moved +
+                       ": as the `tokenizers` package reads it, an added token takes its content's id in the vocab, "
+                       "else the next id after the vocab, in the file's order");
   }
 }
 

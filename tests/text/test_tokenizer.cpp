@@ -1,7 +1,7 @@
 // fsdp::text: the tokenizer's errors, its UTF-8 repair (Python's
 // errors='replace'), BPE merge order, the SentencePiece-style unk path and
-// restart points, and the trainer's limits. Identity with the `tokenizers`
-// package is tested by tokenizer_reference.py.
+// restart points, added tokens' ids and decoding, and the trainer's limits.
+// Identity with the `tokenizers` package is tested by tokenizer_reference.py.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -204,6 +204,37 @@ TEST(TextTokenizer, AddedTokensDecodeAsTokenizersDecodes) {
   spm["added_tokens"].push_back(nlohmann::json::parse(R"({"id": 266, "content": "a b", "normalized": true})"));
   const Tokenizer s(write_file("spm_added_decode.json", spm.dump()));
   EXPECT_EQ(s.token_bytes(266), " a b");  // "▁a▁b", as Prepend and Replace spell it
+}
+
+// An added token's id is the vocab's for its content, else the next after
+// the vocab in the file's order, whatever the file says (as `tokenizers`):
+// the file's ids here overlap the vocab, so each is warned of.
+TEST(TextTokenizer, AddedTokensTakeTheIdsTokenizersGives) {
+  nlohmann::json root = nlohmann::json::parse(tiny_tokenizer_json());
+  root["added_tokens"] = nlohmann::json::parse(R"([
+    {"id": 3, "content": "<x>", "special": true, "normalized": false},
+    {"id": 5, "content": "ab", "special": false, "normalized": true},
+    {"id": 263, "content": "<c>", "special": true, "normalized": false},
+    {"id": 259, "content": "<a>", "special": true, "normalized": false},
+    {"id": 260, "content": "\u0120b", "special": false, "normalized": true}])");
+  const Tokenizer t(write_file("overlap.json", root.dump()));
+  EXPECT_EQ(t.token_id("<x>"), std::optional<uint32_t>(259));  // id 3 is the byte 0x03's
+  EXPECT_EQ(t.token_id("ab"), std::optional<uint32_t>(256));   // the vocab's id, not 5
+  EXPECT_EQ(t.token_id("<c>"), std::optional<uint32_t>(260));  // in the file's order, not by id
+  EXPECT_EQ(t.token_id("<a>"), std::optional<uint32_t>(261));
+  EXPECT_EQ(t.encode("<a><x>ab<c>\u0120b"), (std::vector<uint32_t>{261, 259, 256, 260, 262}));
+  EXPECT_EQ(t.token_bytes(3), "\x03");
+  EXPECT_EQ(t.token_bytes(5), "\x05");
+  EXPECT_EQ(t.token_bytes(262), " b");  // an added token decodes through the ByteLevel decoder too
+  ASSERT_EQ(t.warnings().size(), 1u);
+  EXPECT_NE(t.warnings()[0].find("5 added tokens not given the id the file gives, the first '<x>' (id 3 in the file, "
+                                 "given 259)"),
+            std::string::npos)
+      << t.warnings()[0];
+  // Llama 2's <unk> <s> </s>, in the vocab and added under the same ids: as they are, no warning.
+  const Tokenizer llama(write_file("spm_added.json", sentencepiece_tokenizer(true, true).dump()));
+  EXPECT_EQ(llama.token_id("</s>"), std::optional<uint32_t>(2));
+  EXPECT_TRUE(llama.warnings().empty());
 }
 
 TEST(TextTokenizer, InvalidUtf8BecomesReplacementCharacters) {

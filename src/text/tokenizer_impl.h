@@ -102,7 +102,7 @@ void replace_all(std::string& text, const std::string& pattern, const std::strin
 
 struct Tokenizer::Impl {
   std::string path;
-  std::vector<std::string> names;                      // by id: the token as the file spells it
+  std::vector<std::string> names;                      // by id: the token as the decoder reads it (an added one normalized)
   std::vector<std::string> bytes;                      // by id: what it decodes to
   std::unordered_map<std::string, uint32_t> by_name;   // vocabulary and added tokens
   std::unordered_map<std::string, uint32_t> by_bytes;  // byte-level tokens by their bytes (ignore_merges)

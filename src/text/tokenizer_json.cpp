@@ -81,15 +81,9 @@ void Tokenizer::Impl::set_token(uint32_t id, const std::string& name, bool added
   }
   names[id] = name;
   by_name[name] = id;
+  bytes[id] = decoded_name(name);
   std::string raw;
-  if (!byte_level) {
-    bytes[id] = decoded_name(name);
-  } else if (!added && byte_level_to_bytes(name, raw)) {
-    bytes[id] = raw;
-    by_bytes.emplace(raw, id);
-  } else {
-    bytes[id] = name;  // as the ByteLevel decoder does for a token outside its alphabet
-  }
+  if (byte_level && !added && byte_level_to_bytes(name, raw)) by_bytes.emplace(raw, id);
 }
 
 // A Sequence of NFC, Prepend and Replace (of a string): Qwen's NFC, and the
@@ -242,9 +236,14 @@ void Tokenizer::Impl::read_merges(const json& merges_json) {
   }
 }
 
-// The text a token decodes to in a SentencePiece-style file: its <0xNN>
-// byte under ByteFallback, else its name through the Replace steps.
+// The text a token decodes to, an added token's too (`tokenizers` decodes
+// them with the rest): in a byte-level file its bytes, or its name as it is
+// when a character is outside the ByteLevel decoder's alphabet; in a
+// SentencePiece-style file its <0xNN> byte under ByteFallback, else its name
+// through the Replace steps.
 std::string Tokenizer::Impl::decoded_name(const std::string& name) const {
+  std::string raw;
+  if (byte_level) return byte_level_to_bytes(name, raw) ? raw : name;
   const int byte = decoder_byte_fallback ? byte_token_value(name) : -1;
   if (byte >= 0) return std::string(1, static_cast<char>(byte));
   std::string text = name;
@@ -334,27 +333,77 @@ void Tokenizer::Impl::read_template(const json& processor) {
   if (!after_text) fail(path, "a TemplateProcessing single template without the sequence $A");
 }
 
+// An added token's id is not the file's "id": as the `tokenizers` package
+// reads the list (0.23's AddedVocabulary::add_tokens, all in one batch, in
+// the file's order), a token takes the id of its content in the model's
+// vocab, or of an added token before it with that content, else the next
+// id from the vocab's size on (its count of entries, not its largest id + 1).
+// The last token given an id is the one matched and decoded. A file whose
+// added ids overlap the vocab (an id of another token, content the vocab
+// holds under another id, a list out of id order) thus reads with the ids
+// `tokenizers` gives, and a warning (`tokenizers` logs one only where the
+// vocab holds the content, which Python does not show).
 void Tokenizer::Impl::read_added_tokens(const json& added) {
+  struct Listed {
+    AddedToken token;
+    bool normalized;
+  };
+  std::map<uint32_t, Listed> last;  // by id: the last token given it
+  std::unordered_map<std::string, uint32_t> added_ids;
+  uint64_t next_id = by_name.size();  // by_name holds the vocab alone until the loop ends
+  size_t moved = 0;
+  std::string first_moved;
   for (const json& t : added) {
     const std::string content = t.at("content").get<std::string>();
     if (content.empty()) fail(path, "an added token has empty content");
-    const uint32_t id = entry_id(path, "added token '" + content + "'", t.at("id"));
-    set_token(id, content, true);
-    AddedToken token{content, id, t.value("lstrip", false), t.value("rstrip", false), t.value("single_word", false)};
-    added_texts.emplace_back(content, token.rstrip);
-    if (t.value("normalized", !t.value("special", false))) {
-      // Matched in the normalized text, so matched as the normalizer spells it (Prepend's "▁" included).
-      std::string scratch;
-      token.content = std::string(normalize(content, /*continued=*/false, scratch));
-      if (!token.content.empty()) normalized_added.push_back(std::move(token));
+    const uint32_t file_id = entry_id(path, "added token '" + content + "'", t.at("id"));
+    uint32_t id = 0;
+    if (const auto known = added_ids.find(content); known != added_ids.end()) {
+      id = known->second;
+    } else if (const auto in_vocab = by_name.find(content); in_vocab != by_name.end()) {
+      id = in_vocab->second;
     } else {
-      raw_added.push_back(std::move(token));
+      if (next_id >= kMaxTokenIds) {
+        fail(path, "added token '" + content + "' takes id " + std::to_string(next_id) +
+                       " (the next after the vocab), expected an id below " + std::to_string(kMaxTokenIds));
+      }
+      id = static_cast<uint32_t>(next_id++);
     }
+    added_ids[content] = id;
+    last[id] = {{content, id, t.value("lstrip", false), t.value("rstrip", false), t.value("single_word", false)},
+                t.value("normalized", !t.value("special", false))};
+    if (id != file_id && moved++ == 0) {
+      first_moved =
+          "'" + content + "' (id " + std::to_string(file_id) + " in the file, given " + std::to_string(id) + ")";
+    }
+  }
+  for (auto& [id, listed] : last) {
+    AddedToken& token = listed.token;
+    set_token(id, token.content, true);
+    added_texts.emplace_back(token.content, token.rstrip);
+    if (!listed.normalized) {
+      raw_added.push_back(std::move(token));
+      continue;
+    }
+    // Matched in the normalized text, so matched as the normalizer spells it (Prepend's "▁" included),
+    // and decoded so, as `tokenizers` decodes it (Llama 2's "new token" as " new token").
+    std::string scratch;
+    token.content = std::string(normalize(token.content, /*continued=*/false, scratch));
+    if (token.content.empty()) continue;
+    names[id] = token.content;
+    bytes[id] = decoded_name(token.content);
+    normalized_added.push_back(std::move(token));
   }
   // Leftmost-longest matching tries the longer tokens first.
   for (auto* list : {&raw_added, &normalized_added}) {
     std::stable_sort(list->begin(), list->end(),
                      [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
+  }
+  if (moved > 0) {
+    warnings.push_back("tokenizer '" + path + "': " + std::to_string(moved) + " added token" + (moved > 1 ? "s" : "") +
+                       " not given the id the file gives, the first " + first_moved +
+                       ": as the `tokenizers` package reads it, an added token takes its content's id in the vocab, "
+                       "else the next id after the vocab, in the file's order");
   }
 }
 

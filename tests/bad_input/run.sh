@@ -48,12 +48,14 @@ cp "$here/../fixtures/hub_configs/llama-3.2-1b.json" .  # a real config.json, fo
 "$data" train-tokenizer --vocab-size 300 -o tok.json text.txt 2> /dev/null || { echo "FAIL: the fixture tokenizer"; exit 1; }
 "$data" encode -q --tokenizer tok.json -o tokens.bin text.txt || { echo "FAIL: the fixture tokens"; exit 1; }
 # Tokenizers that lie about their ids: an id of 2^31 - 1, of 4e9, not a
-# whole number, and one id given to two tokens.
+# whole number, one id given to two tokens, and an added token under an id
+# the vocab gives another token (`tokenizers` gives it the next id).
 first_token() { jq -r '.model.vocab | to_entries | .[0].key' tok.json; }
 jq --arg t "$(first_token)" '.model.vocab[$t] = 2147483647' tok.json > tok-id-2e31.json
 jq --arg t "$(first_token)" '.model.vocab[$t] = 4000000000' tok.json > tok-id-4e9.json
 jq --arg t "$(first_token)" '.model.vocab[$t] = 1.5' tok.json > tok-id-float.json
 jq '.model.vocab as $v | ($v | to_entries) as $e | .model.vocab[$e[1].key] = $e[0].value' tok.json > tok-dup.json
+jq '.added_tokens += [{"id": 5, "content": "<x>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}]' tok.json > tok-added-id.json
 # A rank program for fsdp-run: ready once started, 75 on SIGUSR1 or SIGTERM
 # (as fsdp-train's preemption), else waits.
 cat > rank75.sh <<'EOF'

@@ -32,6 +32,8 @@ row fsdp-data 1 "has id 4000000000, expected an id below 16777216" "$data" decod
 row fsdp-data 1 "has id 1.5, expected a whole number >= 0" "$data" inspect --tokenizer tok-id-float.json tokens.bin
 # One id given to two tokens reads (as `tokenizers` reads it), with a warning.
 row fsdp-data 0 "warning: tokenizer 'tok-dup.json': 1 id is given to more than one token" "$data" decode --tokenizer tok-dup.json tokens.bin
+# An added token's id in the file is not the one `tokenizers` gives it: read with tokenizers' id, and a warning.
+row fsdp-data 0 "warning: tokenizer 'tok-added-id.json': 1 added token not given the id the file gives, the first '<x>' (id 5 in the file, given 300)" "$data" decode --tokenizer tok-added-id.json tokens.bin
 # Token files: a directory named *.bin once read as "0 tokens", exit 0.
 row fsdp-data 1 "the token file 'dir.bin' is a directory" "$data" inspect dir.bin
 row fsdp-data 1 "the token file 'dir.bin' is a directory" "$data" decode --tokenizer tok.json dir.bin

@@ -32,10 +32,12 @@ grep -q "^width: 16-bit" "$work/inspect" || fail "inspect width: $(cat "$work/in
 grep -q "^first tokens decoded: " "$work/inspect" || fail "inspect decode: $(cat "$work/inspect")"
 "$data" decode --tokenizer "$work/tok.json" "$work/corpus.u32" > "$work/decoded"
 cmp <(cat "$corpus"; printf '<|endoftext|>') "$work/decoded" || fail "decode(encode(corpus)) differs from the corpus"
-# A vocabulary of 70,001 ids (an added token at 70000) does not fit .bin's uint16.
+# A vocabulary of 70,001 ids (a token at 70000, in the vocab: an added
+# token takes its vocab id, else the next after the vocab) does not fit .bin's uint16.
 python3 - "$work/tok.json" "$work/big.json" <<'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))
+t["model"]["vocab"]["<|big|>"] = 70000
 t["added_tokens"].append({"id": 70000, "content": "<|big|>", "special": True, "normalized": False})
 json.dump(t, open(sys.argv[2], "w"))
 PY

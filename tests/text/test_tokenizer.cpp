@@ -1,7 +1,7 @@
 // fsdp::text: the tokenizer's errors, its UTF-8 repair (Python's
 // errors='replace'), BPE merge order, the SentencePiece-style unk path and
-// restart points, and the trainer's limits. Identity with the `tokenizers`
-// package is tested by tokenizer_reference.py.
+// restart points, added tokens' ids and decoding, and the trainer's limits.
+// Identity with the `tokenizers` package is tested by tokenizer_reference.py.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -40,7 +40,8 @@ std::string error_of(F f) {
 }
 
 // A byte-level BPE over the 256 bytes with merges a+b (rank 0), ab+a, Ġ+a
-// (the first as "a b", the second as a pair), and <|endoftext|> as id 260.
+// (the first as "a b", the second as a pair), and <|endoftext|> as id 259
+// (the next after the vocab's 259 entries, as `tokenizers` gives it).
 std::string tiny_tokenizer_json(const nlohmann::json& model_extra = nlohmann::json::object(),
                                 const nlohmann::json& normalizer = nullptr) {
   nlohmann::json vocab = nlohmann::json::object();
@@ -54,7 +55,7 @@ std::string tiny_tokenizer_json(const nlohmann::json& model_extra = nlohmann::js
   const nlohmann::json root = {
       {"normalizer", normalizer},
       {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-      {"added_tokens", {{{"id", 260}, {"content", "<|endoftext|>"}, {"special", true}, {"normalized", false}}}},
+      {"added_tokens", {{{"id", 259}, {"content", "<|endoftext|>"}, {"special", true}, {"normalized", false}}}},
       {"decoder", {{"type", "ByteLevel"}}},
       {"model", model}};
   return root.dump();
@@ -176,17 +177,64 @@ TEST(TextTokenizer, SentencePieceRestartPoints) {
 
 TEST(TextTokenizer, MergesByRankAndSplitsAddedTokens) {
   const Tokenizer t(write_file("tiny.json", tiny_tokenizer_json()));
-  EXPECT_EQ(t.vocab_size(), 261);
+  EXPECT_EQ(t.vocab_size(), 260);
+  EXPECT_TRUE(t.warnings().empty());
   // Rank 0 (a b) merges both pairs of "abab" before rank 1 (ab a) could apply.
   EXPECT_EQ(t.encode("abab"), (std::vector<uint32_t>{256, 256}));
   EXPECT_EQ(t.encode("aba"), (std::vector<uint32_t>{257}));
-  EXPECT_EQ(t.encode("ab<|endoftext|> a"), (std::vector<uint32_t>{256, 260, 258}));
-  EXPECT_EQ(t.decode({256, 260, 258}), "ab<|endoftext|> a");
-  EXPECT_EQ(t.token_id("<|endoftext|>"), std::optional<uint32_t>(260));
+  EXPECT_EQ(t.encode("ab<|endoftext|> a"), (std::vector<uint32_t>{256, 259, 258}));
+  EXPECT_EQ(t.decode({256, 259, 258}), "ab<|endoftext|> a");
+  EXPECT_EQ(t.token_id("<|endoftext|>"), std::optional<uint32_t>(259));
   EXPECT_EQ(t.token_id("Ġa"), std::optional<uint32_t>(258));
   EXPECT_FALSE(t.token_id("zzz").has_value());
   EXPECT_EQ(t.token_bytes(258), " a");
-  EXPECT_NE(error_of([&] { t.token_bytes(261); }).find("outside its vocabulary of 261"), std::string::npos);
+  EXPECT_NE(error_of([&] { t.token_bytes(260); }).find("outside its vocabulary of 260"), std::string::npos);
+}
+
+// As `tokenizers` decodes: an added token through the decoder as the vocab's
+// tokens, a normalized one as the normalizer spells it.
+TEST(TextTokenizer, AddedTokensDecodeAsTokenizersDecodes) {
+  nlohmann::json byte_level = nlohmann::json::parse(tiny_tokenizer_json());
+  byte_level["added_tokens"].push_back(
+      nlohmann::json::parse(R"({"id": 260, "content": "\u0120b", "normalized": true})"));
+  const Tokenizer t(write_file("added_decode.json", byte_level.dump()));
+  EXPECT_EQ(t.encode("a\u0120b"), (std::vector<uint32_t>{97, 260}));
+  EXPECT_EQ(t.token_bytes(260), " b");  // was "Ġb": the ByteLevel decoder maps it
+  nlohmann::json spm = sentencepiece_tokenizer(true, true);
+  spm["added_tokens"].push_back(nlohmann::json::parse(R"({"id": 266, "content": "a b", "normalized": true})"));
+  const Tokenizer s(write_file("spm_added_decode.json", spm.dump()));
+  EXPECT_EQ(s.token_bytes(266), " a b");  // "▁a▁b", as Prepend and Replace spell it
+}
+
+// An added token's id is the vocab's for its content, else the next after
+// the vocab in the file's order, whatever the file says (as `tokenizers`):
+// the file's ids here overlap the vocab, so each is warned of.
+TEST(TextTokenizer, AddedTokensTakeTheIdsTokenizersGives) {
+  nlohmann::json root = nlohmann::json::parse(tiny_tokenizer_json());
+  root["added_tokens"] = nlohmann::json::parse(R"([
+    {"id": 3, "content": "<x>", "special": true, "normalized": false},
+    {"id": 5, "content": "ab", "special": false, "normalized": true},
+    {"id": 263, "content": "<c>", "special": true, "normalized": false},
+    {"id": 259, "content": "<a>", "special": true, "normalized": false},
+    {"id": 260, "content": "\u0120b", "special": false, "normalized": true}])");
+  const Tokenizer t(write_file("overlap.json", root.dump()));
+  EXPECT_EQ(t.token_id("<x>"), std::optional<uint32_t>(259));  // id 3 is the byte 0x03's
+  EXPECT_EQ(t.token_id("ab"), std::optional<uint32_t>(256));   // the vocab's id, not 5
+  EXPECT_EQ(t.token_id("<c>"), std::optional<uint32_t>(260));  // in the file's order, not by id
+  EXPECT_EQ(t.token_id("<a>"), std::optional<uint32_t>(261));
+  EXPECT_EQ(t.encode("<a><x>ab<c>\u0120b"), (std::vector<uint32_t>{261, 259, 256, 260, 262}));
+  EXPECT_EQ(t.token_bytes(3), "\x03");
+  EXPECT_EQ(t.token_bytes(5), "\x05");
+  EXPECT_EQ(t.token_bytes(262), " b");  // an added token decodes through the ByteLevel decoder too
+  ASSERT_EQ(t.warnings().size(), 1u);
+  EXPECT_NE(t.warnings()[0].find("5 added tokens not given the id the file gives, the first '<x>' (id 3 in the file, "
+                                 "given 259)"),
+            std::string::npos)
+      << t.warnings()[0];
+  // Llama 2's <unk> <s> </s>, in the vocab and added under the same ids: as they are, no warning.
+  const Tokenizer llama(write_file("spm_added.json", sentencepiece_tokenizer(true, true).dump()));
+  EXPECT_EQ(llama.token_id("</s>"), std::optional<uint32_t>(2));
+  EXPECT_TRUE(llama.warnings().empty());
 }
 
 TEST(TextTokenizer, InvalidUtf8BecomesReplacementCharacters) {

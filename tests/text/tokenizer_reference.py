@@ -16,13 +16,18 @@ text file that
     SentencePiece-style files, what tokenizers' decode gives),
   - `encode --add-special-tokens` puts the post-processor's ids around each
     file as encode(text, add_special_tokens=True) does,
-  - tokenizers loads the file our trainer wrote.
+  - tokenizers loads the file our trainer wrote,
+  - added tokens that overlap the vocabulary (their content in it under
+    another id, an id the vocab gives another token, listed out of id
+    order) take the ids tokenizers gives them, decode as its decode does,
+    and a file id not kept is warned of (overlap_variants).
 Exits 77 (skip) without tokenizers, unless CI is set; skips the
 SentencePiece-style files (a note, not a failure) without sentencepiece or
 transformers, unless CI is set.
 
   tokenizer_reference.py FSDP_DATA WORKDIR TEXT_FILE...
 """
+import json
 import os
 import struct
 import unicodedata
@@ -227,6 +232,92 @@ def compare_documents(fsdp_data, name, tokenizer_path, texts, add_special_tokens
     return [] if ok else [f"{label}: ids differ at {first_difference(ours, expected)}"]
 
 
+def added_token(content, token_id, special, **options):
+    return {"id": token_id, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": not special, "special": special, **options}
+
+
+def overlap_variants(workdir, made):
+    """tokenizer.json files whose added_tokens overlap the vocabulary, as a
+    hand-edited file can: tokenizers (0.23) ignores an added token's "id",
+    giving it the vocab's id of its content, else the next id from the
+    vocab's size on, in the file's order. Llama 2's <unk>, <s>, </s> (in the
+    vocab and added under the same ids) and GPT-2's <|endoftext|> are the
+    files as made, which must read with no warning."""
+    variants = {"gpt2-added-as-made": made["gpt2"]}
+    base = json.load(open(made["gpt2"], encoding="utf-8"))
+    size = len(base["model"]["vocab"])
+    assert "\u0120the" in base["model"]["vocab"] and "the" in base["model"]["vocab"]
+    added = {
+        # Content in the vocab under another id: special and not, and the file's id of another token.
+        "gpt2-added-in-vocab": (base, [added_token("<|endoftext|>", 7, True), added_token("\u0120the", 3, False),
+                                       added_token("the", size + 4, True)]),
+        # An id the vocab gives another token; content in no vocab ("\u0120foo" decodes as " foo").
+        "gpt2-added-taken-id": (base, [added_token("<|endoftext|>", 0, True), added_token("<|x|>", 10, True),
+                                       added_token("<y>", 11, False), added_token("\u0120foo", 12, False)]),
+        # Listed out of id order, and past a gap.
+        "gpt2-added-out-of-order": (base, [added_token("<|endoftext|>", 0, True), added_token("<c>", size + 2, True),
+                                           added_token("<a>", size, True), added_token("<b>", size + 1, False),
+                                           added_token("<d>", size + 9, True)]),
+    }
+    if "spm-llama2" in made:  # a normalizer (Prepend, Replace): a normalized added token decodes as it spells it
+        variants["spm-llama2-as-made"] = made["spm-llama2"]
+        spm = json.load(open(made["spm-llama2"], encoding="utf-8"))
+        added["spm-llama2-added-overlap"] = (spm, spm["added_tokens"][:2] + [
+            added_token("</s>", 5, True), added_token("new token", 3, False), added_token("\u2581the", 7, False)])
+    for name, (root, tokens) in added.items():
+        path = os.path.join(workdir, f"{name}.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({**root, "added_tokens": tokens}, f, ensure_ascii=False)
+        variants[name] = path
+    return variants
+
+
+OVERLAP_TEXT = ("<|x|>the quick<y> \u0120the there <a><b><c><d>x \u0120foo<|endoftext|>end\n"
+                "<s>hello world</s> a new token, \u2581the other\n")
+
+
+def compare_overlap(fsdp_data, workdir, name, tokenizer_path):
+    """Ids and decode as tokenizers' (encode the text; decode its ids, and
+    the ids the file gives its added tokens, which name vocab tokens where
+    tokenizers moved the added one); a warning counting the file ids not
+    kept and naming the first, none when all are."""
+    reference = Tokenizer.from_file(tokenizer_path)
+    text_file, bin_file = os.path.join(workdir, "overlap.txt"), os.path.join(workdir, "overlap.bin")
+    with open(text_file, "w", encoding="utf-8") as f:
+        f.write(OVERLAP_TEXT)
+    expected = reference.encode(OVERLAP_TEXT, add_special_tokens=False).ids
+    run = subprocess.run([fsdp_data, "encode", "--tokenizer", tokenizer_path, "-o", bin_file, "-q", text_file],
+                         check=True, capture_output=True, text=True)
+    data = open(bin_file, "rb").read()
+    ours = list(struct.unpack(f"<{len(data) // 2}H", data))
+    label = f"{name} (added tokens overlapping the vocab)"
+    failures = []
+    if ours != expected:
+        failures.append(f"{label}: ids {ours}, tokenizers {expected}")
+    tokens = json.load(open(tokenizer_path, encoding="utf-8"))["added_tokens"]
+    file_ids = [t["id"] for t in tokens if reference.id_to_token(t["id"]) is not None]
+    for ids in (expected, file_ids):
+        with open(bin_file, "wb") as f:
+            f.write(struct.pack(f"<{len(ids)}H", *ids))
+        decoded = subprocess.run([fsdp_data, "decode", "--tokenizer", tokenizer_path, bin_file], capture_output=True)
+        want = reference.decode(ids, skip_special_tokens=False).encode("utf-8")
+        if decoded.returncode != 0 or decoded.stdout != want:
+            failures.append(f"{label}: decode of {ids}: {decoded.stdout!r} (exit {decoded.returncode}: "
+                            f"{decoded.stderr.decode(errors='replace').strip()}), tokenizers {want!r}")
+    moved = [t for t in tokens if reference.token_to_id(t["content"]) != t["id"]]
+    if moved:
+        n = len(moved)
+        warning = f"warning: tokenizer '{tokenizer_path}': {n} added token{'s' if n > 1 else ''} not"
+        if warning not in run.stderr or f"'{moved[0]['content']}'" not in run.stderr:
+            failures.append(f"{label}: expected a warning starting {warning!r} naming '{moved[0]['content']}', "
+                            f"stderr: {run.stderr!r}")
+    elif "warning" in run.stderr:
+        failures.append(f"{label}: a warning for a file whose ids all stand: {run.stderr!r}")
+    print(f"{label}: {len(expected)} tokens, {len(moved)} ids moved, {'OK' if not failures else 'FAILED'}")
+    return failures
+
+
 def main():
     fsdp_data, workdir, texts = sys.argv[1], sys.argv[2], sys.argv[3:]
     os.makedirs(workdir, exist_ok=True)
@@ -243,6 +334,8 @@ def main():
             failures += compare_documents(fsdp_data, name, path, texts)
         if name.startswith("spm-"):
             failures += compare_documents(fsdp_data, name, path, edge_text_files(workdir), add_special_tokens=False)
+    for name, path in overlap_variants(workdir, tokenizers_made).items():
+        failures += compare_overlap(fsdp_data, workdir, name, path)
     for f in failures:
         print("FAIL:", f)
     return 1 if failures else 0

@@ -156,15 +156,15 @@ row fsdp-train 1 "units (layers 2000000000)" "${fsdp_train[@]}" --preset tiny --
 lying_config() {  # JQ-FILTER: the Llama folder with its config.json changed by it
   made_models || return 1
   rm -rf lying && cp -r llama-hf lying && jq "$1" llama-hf/config.json > lying/config.json &&
-    "${fsdp_train[@]}" --model llama --init-from lying --steps 1
+    "$run" -n 1 -- "$train" --log out/log.jsonl --model llama --init-from lying --steps 1
 }
-row fsdp-train 1 "has no tensor 'model.layers.2.self_attn.q_proj.weight'" lying_config '.num_hidden_layers = 1000000'
+row fsdp-train 1 "has no tensor 'model.layers.2.input_layernorm.weight'" lying_config '.num_hidden_layers = 1000000'
 row fsdp-train 1 "the planner's lists of its units alone take" lying_config '.num_hidden_layers = 1000000000'
-row fsdp-train 1 "has shape [128, 64], expected [128, 4096]" lying_config '.hidden_size = 4096 | .head_dim = 16'
+row fsdp-train 1 "tensor 'model.embed_tokens.weight' has shape [256, 64], expected [256, 4096]" lying_config '.hidden_size = 4096 | .head_dim = 16'
 # A half-written export (config.json comes last) is named for what it lacks.
 half_written() {
   made_models || return 1
-  rm -rf half && cp -r llama-hf half && rm half/config.json && "${fsdp_train[@]}" --model llama --init-from half
+  rm -rf half && cp -r llama-hf half && rm half/config.json && "$run" -n 1 -- "$train" --log out/log.jsonl --model llama --init-from half
 }
 row fsdp-train 1 "'half/config.json' is missing" half_written
 # --freeze: bounded, and never silently nothing.
@@ -183,15 +183,15 @@ row fsdp-train 1 "--lora-rank 1000000000: lora::apply: rank 1000000000" "${fsdp_
 huge_adapter_rank() {
   made_models || return 1
   rm -rf huge && cp -r adapter huge && jq '.r = 1000000000' adapter/adapter_config.json > huge/adapter_config.json &&
-    "${fsdp_train[@]}" --preset tiny --init-from-adapter huge
+    "$run" -n 1 -- "$train" --log out/log.jsonl --preset tiny --init-from-adapter huge
 }
 row fsdp-train 1 "(its adapter_config.json's r = 1000000000): lora::apply: rank 1000000000" huge_adapter_rank
 # Exports never write a value that is not finite: fp16's range (a weight of
 # 1e5 became inf, exit 0), and a NaN in an adapter merged into the model.
 fp16_overflow() {
   made_models || return 1
-  cp gpt.safetensors big.safetensors && set_first_float big.safetensors 47c35000 &&
-    "$run" -n 1 -- "$train" --preset tiny --init-from big.safetensors --steps 0 --save-final out/hf --save-format hf --save-dtype fp16
+  rm -rf big && cp -r llama-hf big && set_first_float big/model.safetensors 47c35000 &&
+    "$run" -n 1 -- "$train" --model llama --init-from big --steps 0 --save-final out/hf --save-format hf --save-dtype fp16
 }
 row fsdp-train 1 "value(s) beyond Half's range (its largest magnitude is 100000" fp16_overflow
 nan_adapter_merged() {
@@ -203,13 +203,13 @@ row fsdp-train 1 "that are not finite (NaN or inf): refused, nothing written" na
 # A preemption while the run is still being set up ends it at once (it
 # waited for a first step that could be minutes away), leaving nothing: 76,
 # or 75 with --ckpt-dir (what that folder holds is the newest state).
-row fsdp-train 76 "preempted (SIGTERM or SIGUSR1) before the first step" env FSDP_TEST_SIGNAL_IN_SETUP=1 "$run" -n 2 -- "$train" --preset tiny --log out/log.jsonl --plot out/plot --summary out/summary.json
+row fsdp-train 76 "preempted (SIGTERM or SIGUSR1) before the first step" env FSDP_TEST_SIGNAL_IN_SETUP=0 "$run" -n 2 -- "$train" --preset tiny --log out/log.jsonl --plot out/plot --summary out/summary.json
 row fsdp-train 75 "preempted (SIGTERM or SIGUSR1) before the first step" env FSDP_TEST_SIGNAL_IN_SETUP=0 "${fsdp_train[@]}" --preset tiny --ckpt-dir ck-preempted
 # One job at a time in a checkpoint folder: a second is refused naming the
 # first (here flock(1) holds the lock as a running job's rank 0 would).
 second_job() {
   mkdir -p ck-held && echo "host elsewhere, pid 4242" > ck-held/.fsdp-lock &&
-    flock -n ck-held/.fsdp-lock "${fsdp_train[@]}" --preset tiny --steps 1 --ckpt-dir ck-held
+    flock -n ck-held/.fsdp-lock "$run" -n 1 -- "$train" --log out/log.jsonl --preset tiny --steps 1 --ckpt-dir ck-held
 }
 row fsdp-train 1 "checkpoint folder 'ck-held' is in use by another job (host elsewhere, pid 4242)" second_job
 # ... and a lock its holder left behind (it died) is taken over.

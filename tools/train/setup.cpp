@@ -332,7 +332,7 @@ void prepare_outputs(const TrainOptions& o, Run& run, int rank) {
   if (!o.plot.empty()) {
     TORCH_CHECK(std::system("command -v gnuplot > /dev/null 2>&1") == 0,
                 "--plot needs gnuplot (Debian: apt-get install gnuplot-nox)");
-    std::filesystem::create_directories(o.plot);
+    if (rank == 0) std::filesystem::create_directories(o.plot);  // rank 0's plots (and a preemption's removal: no other rank re-creates it)
   }
   if (rank == 0 && !o.log.empty()) {
     run.log.open(o.log, o.resume ? std::ios::app : std::ios::trunc);

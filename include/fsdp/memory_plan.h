@@ -224,6 +224,12 @@ struct TransformerShape {
   std::vector<int64_t> unit_numels() const;
 };
 
+/// Throws, naming the units and `layers`, unless the planner's lists of
+/// `units` units (a few lists of one int64 each) fit this host's available
+/// memory: every family's config checks it before any list is made (two
+/// billion layers once listed units until the kernel's OOM killer came).
+void check_unit_lists_fit(int64_t units, int64_t layers);
+
 /// The next-token loss (models::next_token_loss) computes its logits in
 /// slices of at most this many elements (32 MiB in fp32), recomputed in
 /// backward, so that no B x T x vocab tensor is ever kept: at hub

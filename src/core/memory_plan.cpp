@@ -274,16 +274,19 @@ void check_shape(const TransformerShape& s) {
               ", layers ", s.layers, ", heads ", s.heads, ", width ", s.width, ", batch ", s.batch, ") has ",
               static_cast<double>(params), " parameters and ", static_cast<double>(activations),
               " bytes of activations: beyond what 64-bit byte counts hold");
-  const int64_t units = (s.sublayer_units ? 2 : 1) * s.layers + 1;
-  // The planner keeps a few lists of one int64 per unit: 16 is a bound.
-  const int64_t list_bytes = units * static_cast<int64_t>(sizeof(int64_t)) * 16;
-  const int64_t available = host_memory_available();
-  TORCH_CHECK(list_bytes <= available, "the planned model has ", units, " units (layers ", s.layers,
-              "): the planner's lists of them alone take ", format_mib(list_bytes), ", beyond this host's ",
-              format_mib(available), " available");
+  check_unit_lists_fit((s.sublayer_units ? 2 : 1) * s.layers + 1, s.layers);
 }
 
 }  // namespace
+
+void check_unit_lists_fit(int64_t units, int64_t layers) {
+  // The planner keeps a few lists of one int64 per unit: 16 is a bound.
+  const int64_t list_bytes = units * static_cast<int64_t>(sizeof(int64_t)) * 16;
+  const int64_t available = host_memory_available();
+  TORCH_CHECK(list_bytes <= available, "the planned model has ", units, " units (layers ", layers,
+              "): the planner's lists of them alone take ", format_mib(list_bytes), ", beyond this host's ",
+              format_mib(available), " available");
+}
 
 std::vector<int64_t> TransformerShape::unit_numels() const {
   check_shape(*this);

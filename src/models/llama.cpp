@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "fsdp/fully_shard.h"
-#include "fsdp/host_memory.h"
+#include "fsdp/memory_plan.h"
 #include "fsdp/lora.h"
 #include "base/strings.h"
 
@@ -143,12 +143,7 @@ void LlamaConfig::check_size() const {
   const long double limit = static_cast<long double>(int64_t{1} << 62);
   TORCH_CHECK(params * 64 < limit, "the model (", describe(), ") has ", static_cast<double>(params),
               " parameters: beyond what 64-bit byte counts hold (expected a config of a model that exists)");
-  // The planner's lists hold a few int64 per unit (a layer is up to two).
-  const long double list_bytes = (2.0L * layers + 1) * sizeof(int64_t) * 16;
-  const int64_t available = host_memory_available();
-  TORCH_CHECK(list_bytes <= available, "the model has ", layers, " layers: the planner's lists of its units alone take ",
-              format_mib(static_cast<int64_t>(list_bytes)), ", beyond this host's ", format_mib(available),
-              " available");
+  check_unit_lists_fit(2 * layers + 1, layers);  // a layer is up to two units (--wrap sublayer)
 }
 
 std::string LlamaConfig::describe() const {

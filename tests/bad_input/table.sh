@@ -92,7 +92,7 @@ hub_config() {  # JQ-FILTER: the Llama 3.2 config.json changed by it, as hub.jso
 }
 row fsdp-plan 1 "\"hidden_size\" 2050 is not a multiple of \"num_attention_heads\" 32, and there is no \"head_dim\"" hub_config '.hidden_size = 2050 | del(.head_dim)'
 row fsdp-plan 1 "the head dimension is 21 (\"hidden_size\" / \"num_attention_heads\"); expected an even one" hub_config '.hidden_size = 672 | del(.head_dim)'
-row fsdp-plan 1 "the planner's lists of its units alone take" hub_config '.num_hidden_layers = 1000000000'
+row fsdp-plan 1 "the planner's lists of them alone take" hub_config '.num_hidden_layers = 1000000000'
 row fsdp-plan 1 "beyond what 64-bit byte counts hold" hub_config '.intermediate_size = 1000000000000000'
 row fsdp-plan 1 "--lora-alpha needs --lora-rank R" "$plan" --preset tiny --lora-alpha 8
 
@@ -159,7 +159,7 @@ lying_config() {  # JQ-FILTER: the Llama folder with its config.json changed by 
     "$run" -n 1 -- "$train" --log out/log.jsonl --model llama --init-from lying --steps 1
 }
 row fsdp-train 1 "has no tensor 'model.layers.2.input_layernorm.weight'" lying_config '.num_hidden_layers = 1000000'
-row fsdp-train 1 "the planner's lists of its units alone take" lying_config '.num_hidden_layers = 1000000000'
+row fsdp-train 1 "the planner's lists of them alone take" lying_config '.num_hidden_layers = 1000000000'
 row fsdp-train 1 "tensor 'model.embed_tokens.weight' has shape [256, 64], expected [256, 4096]" lying_config '.hidden_size = 4096 | .head_dim = 16'
 # A half-written export (config.json comes last) is named for what it lacks.
 half_written() {

@@ -248,7 +248,10 @@ class CheckpointManager {
 /// taken over without a stale lock to clear. Creates `dir` if need be.
 class CheckpointFolderLock {
  public:
+  /// Takes the lock of `dir` (made if need be); throws naming the holder
+  /// where another process holds it.
   explicit CheckpointFolderLock(const std::string& dir);
+  /// Removes the lock file and drops the lock.
   ~CheckpointFolderLock();
   CheckpointFolderLock(const CheckpointFolderLock&) = delete;
   CheckpointFolderLock& operator=(const CheckpointFolderLock&) = delete;

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -429,6 +430,13 @@ void MpiEnvironment::abort(int exit_code) {
 }
 
 void MpiEnvironment::abort_with_message(const std::string& message, int exit_code) {
+  // The message is the job's last line: what this rank printed before is
+  // flushed, and mpirun, which forwards each rank's stdout and stderr through
+  // pipes of their own, is given a moment to pass it on first (a progress
+  // line once came after the error it preceded). Every rank waits alike, so
+  // the first to end the job still prints.
+  std::fflush(nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   // The first rank on this host to bind an abstract socket named after the
   // message (and the job's local launcher, the ranks' common parent) prints
   // it; the others find the name taken. The name vanishes with the process.

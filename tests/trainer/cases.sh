@@ -517,7 +517,7 @@ case_freeze() {
   expect_error "set of frozen parameters" "$run" -n 2 -- "$train" --preset tiny --steps 6 --ckpt-dir "$work/ck-sharded" --resume
   expect_error "--freeze 'nothing_like_this' matches none of the model's" "$run" -n 2 -- "$train" --preset tiny --freeze 'nothing_like_this'
   expect_error "matches all" "$run" -n 2 -- "$train" --preset tiny --freeze '.'
-  expect_error "is not an ECMAScript regular expression" "$run" -n 2 -- "$train" --preset tiny --freeze '('
+  expect_error "is not a regular expression" "$run" -n 2 -- "$train" --preset tiny --freeze '('
   expect_error "--freeze with --offload-optimizer nvme or --offload-params nvme is not supported" \
     "$run" -n 2 -- "$train" --preset tiny --freeze wpe --offload-optimizer nvme --offload-dir "$work"
 }

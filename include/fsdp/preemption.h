@@ -43,6 +43,10 @@ class Preemption {
   void remove_before_stepping(const std::string& path) const;
   /// From now on a signal is a stop at the next step boundary (agreed_to_stop).
   void start_stepping() const;
+  /// A run that fails before start_stepping() leaves nothing either: removes
+  /// the paths registered with remove_before_stepping(), as a signal would.
+  /// Nothing once stepping has started (a log of steps is the run's record).
+  void failed_before_stepping() const;
   /// Collective over `world`, at a step boundary: whether any rank has been
   /// signalled. Every rank gets the same answer. Starts stepping, if
   /// start_stepping() was not called.

@@ -16,6 +16,7 @@
 #include <c10/util/Half.h>
 
 #include <chrono>
+#include <csignal>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdio>
@@ -434,7 +435,12 @@ void MpiEnvironment::abort_with_message(const std::string& message, int exit_cod
   // flushed, and mpirun, which forwards each rank's stdout and stderr through
   // pipes of their own, is given a moment to pass it on first (a progress
   // line once came after the error it preceded). Every rank waits alike, so
-  // the first to end the job still prints.
+  // the first to end the job still prints. Meanwhile the launcher's SIGTERM,
+  // sent when another rank's abort ends the job first, ends this rank
+  // quietly: the preemption's handler (fsdp::Preemption) would print that
+  // the run was preempted after the error.
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGUSR1, SIG_DFL);
   std::fflush(nullptr);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   // The first rank on this host to bind an abstract socket named after the

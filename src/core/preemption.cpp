@@ -27,10 +27,14 @@ volatile std::sig_atomic_t removed_count = 0;
 char early_line[256];
 bool prints_early_line = true;
 
-void end_before_stepping() {
+void remove_early_outputs() {
   for (int i = 0; i < removed_count; ++i) {
     if (::unlink(removed[i]) != 0) ::rmdir(removed[i]);
   }
+}
+
+void end_before_stepping() {
+  remove_early_outputs();
   if (prints_early_line) {
     [[maybe_unused]] ssize_t written = ::write(STDERR_FILENO, early_line, std::strlen(early_line));
   }
@@ -77,6 +81,10 @@ void Preemption::remove_before_stepping(const std::string& path) const {
 }
 
 void Preemption::start_stepping() const { stepping = 1; }
+
+void Preemption::failed_before_stepping() const {
+  if (!stepping) remove_early_outputs();
+}
 
 bool Preemption::agreed_to_stop(const ProcessGroupPtr& world) const {
   stepping = 1;  // a loop that never said start_stepping() is stepping by its first boundary

@@ -120,7 +120,7 @@ row() {
   local shown="${*//$build\//}"
   if [ -n "$problem" ]; then
     failures=$((failures + 1))
-    echo "FAIL: $shown: $problem"
+    echo "FAIL: $shown: $problem ($((SECONDS - start)) s)"
     sed 's/^/    | /' <<< "$output" | tail -8
   else
     echo "ok: $shown (exit $status, $((SECONDS - start)) s): ${text:-(no text)}"

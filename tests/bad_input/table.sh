@@ -218,6 +218,17 @@ stale_lock() {
     "$run" -n 1 -- "$train" --preset tiny --steps 1 --ckpt-dir ck-stale && echo "took the folder over"
 }
 row fsdp-train 0 "took the folder over" stale_lock
+# A checkpoint of another family is refused by its family, before its
+# tensors are read (it was refused by the units' layout, and at W = 2 a
+# rank's "preempted" line could follow the error).
+other_family_resumed() {
+  "$run" -n 1 -- "$train" --model llama --preset tiny --steps 1 --ckpt-dir ck-llama --ckpt-every 1 > /dev/null || return 98
+  "$run" -n 2 -- "$train" --log out/log.jsonl --preset tiny --steps 2 --ckpt-dir ck-llama --resume 2>&1 | tee resumed.out
+  local status=${PIPESTATUS[0]}
+  tail -1 resumed.out | grep -q "holds a llama model" || { echo "the last line does not name the family"; return 99; }
+  return "$status"
+}
+row fsdp-train 1 "holds a llama model (vocab 256" other_family_resumed
 # A rank's own error reaches the user, whichever rank fails first, as the
 # last line: a full disk under --save-final at W = 2 once printed only
 # "another rank failed; see its message".

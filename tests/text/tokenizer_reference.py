@@ -255,6 +255,11 @@ def overlap_variants(workdir, made):
         # An id the vocab gives another token; content in no vocab ("\u0120foo" decodes as " foo").
         "gpt2-added-taken-id": (base, [added_token("<|endoftext|>", 0, True), added_token("<|x|>", 10, True),
                                        added_token("<y>", 11, False), added_token("\u0120foo", 12, False)]),
+        # The same content twice: with the same options (one token), and with
+        # others (the first's id; the options of the one listed last).
+        "gpt2-added-twice": (base, [added_token("<|endoftext|>", 0, True), added_token("<|x|>", size, True),
+                                    added_token("<|x|>", size + 1, True), added_token("<y>", size + 2, False),
+                                    added_token("<y>", size + 3, True, lstrip=True)]),
         # Listed out of id order, and past a gap.
         "gpt2-added-out-of-order": (base, [added_token("<|endoftext|>", 0, True), added_token("<c>", size + 2, True),
                                            added_token("<a>", size, True), added_token("<b>", size + 1, False),
@@ -273,7 +278,7 @@ def overlap_variants(workdir, made):
     return variants
 
 
-OVERLAP_TEXT = ("<|x|>the quick<y> \u0120the there <a><b><c><d>x \u0120foo<|endoftext|>end\n"
+OVERLAP_TEXT = ("<|x|>the quick <y> \u0120the there <a><b><c><d>x \u0120foo<|endoftext|>end\n"
                 "<s>hello world</s> a new token, \u2581the other\n")
 
 

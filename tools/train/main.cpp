@@ -45,11 +45,12 @@ bool prepare_everywhere(const fsdp_train::TrainOptions& o, const fsdp::ProcessGr
 // A preemption before the first step: 75 where --ckpt-dir holds the newest
 // state (nothing was lost; a requeued job resumes from it, or starts afresh),
 // 76 without one; and what setup makes (rank 0's log, --plot's folder)
-// removed, so that a job stopped that early leaves nothing behind.
+// removed, so that a job stopped (or failed: Preemption::failed_before_stepping)
+// that early leaves nothing behind.
 void note_early_outputs(const fsdp_train::TrainOptions& o, int rank, const fsdp::Preemption& preemption) {
   if (!o.ckpt_dir.empty()) preemption.set_status_before_stepping(fsdp_tools::kExitPreempted);
   if (rank != 0) return;
-  if (!o.log.empty() && !o.resume && !std::filesystem::exists(o.log)) preemption.remove_before_stepping(o.log);
+  if (!o.log.empty() && !std::filesystem::exists(o.log)) preemption.remove_before_stepping(o.log);
   if (!o.plot.empty() && !std::filesystem::exists(o.plot)) preemption.remove_before_stepping(o.plot);
 }
 
@@ -83,11 +84,16 @@ int main(int argc, char** argv) {
   torch::set_num_threads(o.threads > 0 ? o.threads : fsdp_train::default_threads(world->size()));
   if (o.collective_timeout > 0) world->set_timeout(o.collective_timeout);  // the units' groups inherit it
   fsdp_train::Run run;
-  if (!prepare_everywhere(o, world, run)) return 1;
+  if (!prepare_everywhere(o, world, run)) {
+    preemption.failed_before_stepping();
+    return 1;
+  }
   try {
     return fsdp_train::train(o, run, world, preemption);
   } catch (const std::exception& e) {
-    // Ranks that fail alike print one message; MPI then ends the job.
+    // Ranks that fail alike print one message; MPI then ends the job. A
+    // failure before the first step (a resume refused) leaves no new log.
+    preemption.failed_before_stepping();
     std::cout << std::flush;
     fsdp::MpiEnvironment::abort_with_message("fsdp-train: error: " + fsdp::error_message(e));
   }

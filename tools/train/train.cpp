@@ -93,12 +93,13 @@ std::string lora_record(const Run& run) {
 }
 
 struct CheckpointedState {
-  fsdp::RecordedValue config, preset, weight_decay, lora;
+  fsdp::RecordedValue model, config, preset, weight_decay, lora;
   fsdp::DataOrderState data;
   fsdp::LrScheduleState schedule;
   std::unique_ptr<fsdp::LossScaleState> loss_scale;
   CheckpointedState(const TrainOptions& o, const Run& run, fsdp::GradScaler* scaler)
-      : config(fsdp::RecordedValue::text(run.model->describe())),  // a GPT's is its config's
+      : model(fsdp::RecordedValue::text(run.model->model_type())),
+        config(fsdp::RecordedValue::text(run.model->describe())),  // a GPT's is its config's
         preset(fsdp::RecordedValue::text(o.preset)),
         weight_decay(fsdp::RecordedValue::number(o.weight_decay)),
         lora(fsdp::RecordedValue::text(lora_record(run))),
@@ -107,6 +108,7 @@ struct CheckpointedState {
         schedule(run.schedule, ": pass the same --lr, --lr-schedule, --warmup-steps, --min-lr (and --steps for cosine)"),
         loss_scale(scaler ? std::make_unique<fsdp::LossScaleState>(*scaler) : nullptr) {}
   void add_to(fsdp::CheckpointManager& manager) {
+    manager.add("model", model);
     manager.add("config", config);
     manager.add("preset", preset);
     manager.add("data", data);
@@ -117,17 +119,33 @@ struct CheckpointedState {
   }
 };
 
-// --resume: a checkpoint of another LoRA setting (or of a run with LoRA for
-// one without, or the other way) is refused before its tensors are read,
-// naming the setting, rather than by the units' layout that follows from it.
-// A checkpoint from before LoRA was recorded counts as one without it.
-void check_resumed_lora(const std::string& checkpoint, const Run& run) {
+// --resume: a checkpoint of another model family, or of another LoRA setting
+// (or of a run with LoRA for one without, or the other way), is refused
+// before its tensors are read, naming the setting, rather than by the units'
+// layout that follows from it. A checkpoint from before the family was
+// recorded ("model") is told by its configuration's text, as fsdp-ckpt does
+// (a Llama's names kv_heads); one from before LoRA was recorded counts as one
+// without it.
+void check_resumed_settings(const std::string& checkpoint, const Run& run) {
   const fsdp::SavedCheckpoint saved(checkpoint, fsdp::SavedCheckpoint::Verify::kHeadersOnly);
-  const auto it = saved.info().extra.find("lora");
-  const std::string theirs = it == saved.info().extra.end() ? "none" : nlohmann::json::parse(it->second).get<std::string>();
-  const std::string ours = lora_record(run);
-  TORCH_CHECK(theirs == ours, "--resume: the checkpoint ", checkpoint, " was trained with LoRA ", theirs,
-              ", but this run has LoRA ", ours, ": pass the same --lora-rank, --lora-alpha, --lora-dropout and "
+  const auto& extra = saved.info().extra;
+  auto recorded = [&](const char* key) {
+    const auto it = extra.find(key);
+    return it == extra.end() ? std::string() : nlohmann::json::parse(it->second).get<std::string>();
+  };
+  const std::string their_config = recorded("config");
+  std::string their_model = recorded("model");
+  if (their_model.empty() && !their_config.empty())
+    their_model = their_config.find("kv_heads") != std::string::npos ? "llama" : "gpt";
+  const std::string our_model = run.model->model_type();
+  TORCH_CHECK(their_model.empty() || their_model == our_model, "--resume: the checkpoint ", checkpoint,
+              " holds a ", their_model, " model (", their_config, "), but this run builds a ", our_model, " (",
+              run.model->describe(), "): pass the --model, --preset (or shape flags) and --init-from of the run "
+              "that saved it, or another --ckpt-dir");
+  const std::string their_lora = extra.count("lora") ? recorded("lora") : "none";
+  const std::string our_lora = lora_record(run);
+  TORCH_CHECK(their_lora == our_lora, "--resume: the checkpoint ", checkpoint, " was trained with LoRA ", their_lora,
+              ", but this run has LoRA ", our_lora, ": pass the same --lora-rank, --lora-alpha, --lora-dropout and "
               "--lora-targets (or --init-from-adapter) as the run that saved it");
 }
 
@@ -244,7 +262,7 @@ class Trainer {
     }
     if (!o_.resume) return;
     const std::string latest = fsdp::latest_checkpoint(o_.ckpt_dir);
-    if (!latest.empty()) check_resumed_lora(latest, run_);
+    if (!latest.empty()) check_resumed_settings(latest, run_);
     const auto resumed = checkpoints_->resume();
     if (!resumed) {
       if (rank_ == 0) std::cout << "  no checkpoint in " << o_.ckpt_dir << ": starting at step 0\n";

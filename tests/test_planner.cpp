@@ -154,7 +154,7 @@ TEST(Planner, RefusesWhatFullyShardRefuses) {
                c10::Error);
 }
 
-// Disk offload stepping in backward (fsdp::nvme_steps_in_backward), fp32,
+// Disk offload stepping in backward (NvmeStepSchedule::kInBackward), fp32,
 // both offloads, units of 1000 and 300 over 4 ranks (shards S = 250 and 75):
 // no gradient shard stays (4 x 325 bytes less resident); full_shard's second
 // gather of each unit reads the master the step then updates, so the step
@@ -197,17 +197,36 @@ TEST(Planner, DiskOffloadSteppingInBackward) {
             peak.total() - peak.state.total() + during.resident.total() + during.gather_buffers + during.step_buffers);
   EXPECT_EQ(fsdp::peak_with_nvme_offload(peak, after),
             peak.total() - peak.state.total() + after.resident.total() + after.gather_buffers);
-  // What decides it.
-  EXPECT_TRUE(fsdp::nvme_steps_in_backward(true, ShardingStrategy::kFullShard, false, false));
-  EXPECT_FALSE(fsdp::nvme_steps_in_backward(false, ShardingStrategy::kFullShard, false, false));
-  EXPECT_FALSE(fsdp::nvme_steps_in_backward(true, ShardingStrategy::kFullShard, true, false));
-  EXPECT_FALSE(fsdp::nvme_steps_in_backward(true, ShardingStrategy::kFullShard, false, true));
-  EXPECT_FALSE(fsdp::nvme_steps_in_backward(true, ShardingStrategy::kNoShard, false, false));
-  EXPECT_FALSE(fsdp::nvme_steps_in_backward(true, ShardingStrategy::kZero1, false, false));
+}
+
+// When the units step (fsdp::nvme_step_schedule, the rule NvmeOffload and
+// plan_run both ask): in backward where nothing needs every gradient first;
+// before the next gather where the step clips or scales the loss and the
+// file has gradient slots; otherwise, or where the strategy keeps whole
+// gradients, or where it was not asked for, after backward.
+TEST(Planner, DiskOffloadStepSchedule) {
+  using fsdp::NvmeStepSchedule;
+  const auto asked = fsdp::NvmeOffloadOptions("/tmp").step_in_backward(true);
+  const auto schedule = [](const fsdp::NvmeOffloadOptions& nvme, ShardingStrategy strategy, bool clips, bool scales) {
+    return fsdp::nvme_step_schedule(nvme, strategy, clips, scales);
+  };
+  EXPECT_EQ(schedule(asked, ShardingStrategy::kFullShard, false, false), NvmeStepSchedule::kInBackward);
+  EXPECT_EQ(schedule(asked, ShardingStrategy::kShardGradOp, false, false), NvmeStepSchedule::kInBackward);
+  EXPECT_EQ(schedule(asked, ShardingStrategy::kFullShard, true, false), NvmeStepSchedule::kBeforeNextGather);
+  EXPECT_EQ(schedule(asked, ShardingStrategy::kHybridShard, false, true), NvmeStepSchedule::kBeforeNextGather);
+  EXPECT_EQ(schedule(fsdp::NvmeOffloadOptions(asked).gradient_slots(false), ShardingStrategy::kFullShard, true, false),
+            NvmeStepSchedule::kAfterBackward);
+  EXPECT_EQ(schedule(fsdp::NvmeOffloadOptions(asked).step_in_backward(false), ShardingStrategy::kFullShard, false,
+                     false),
+            NvmeStepSchedule::kAfterBackward);
+  for (const auto whole : {ShardingStrategy::kNoShard, ShardingStrategy::kZero1}) {
+    EXPECT_EQ(schedule(asked, whole, false, false), NvmeStepSchedule::kAfterBackward);
+    EXPECT_EQ(schedule(asked, whole, true, false), NvmeStepSchedule::kAfterBackward);
+  }
 }
 
 // Disk offload stepping before the next gather (a clipped or loss-scaled
-// step: fsdp::nvme_steps_before_next_gather), same units: each gradient is
+// step: NvmeStepSchedule::kBeforeNextGather), same units: each gradient is
 // written out in backward and read back for its unit's update (4S each way,
 // a gradient slot of its own in the file), the first forward gather sends
 // the master that update wrote (4S less read), no gradient shard stays;
@@ -243,11 +262,6 @@ TEST(Planner, DiskOffloadSteppingBeforeTheNextGather) {
   EXPECT_THROW(fsdp::estimate_nvme_offload(kUnits, ShardingStrategy::kFullShard, kWorld, 0, fp32, true, true, 1,
                                            int64_t{1} << 20, false, 1, true, /*gradient_slots=*/false),
                c10::Error);  // nowhere to write the gradients
-  EXPECT_TRUE(fsdp::nvme_steps_before_next_gather(true, ShardingStrategy::kFullShard, true, false));
-  EXPECT_TRUE(fsdp::nvme_steps_before_next_gather(true, ShardingStrategy::kHybridShard, false, true));
-  EXPECT_FALSE(fsdp::nvme_steps_before_next_gather(true, ShardingStrategy::kFullShard, false, false));
-  EXPECT_FALSE(fsdp::nvme_steps_before_next_gather(false, ShardingStrategy::kFullShard, true, false));
-  EXPECT_FALSE(fsdp::nvme_steps_before_next_gather(true, ShardingStrategy::kZero1, true, false));
 }
 
 // plan_run puts the estimates together as a run has them: a Llama layer's

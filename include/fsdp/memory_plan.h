@@ -297,10 +297,10 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
 /// \endcode
 /// A gather holds 1 + read_ahead units' parameters (the one gathered, those
 /// read ahead). The step after backward holds up to three units' offloaded
-/// state (read, step, write); stepping in backward (nvme_steps_in_backward)
+/// state (read, step, write); stepping in backward (NvmeStepSchedule::kInBackward)
 /// holds read_ahead + 1 (stepping, read ahead; what is written behind frees as it goes) and the
 /// stepping unit's gradient during backward, and no gradient shard stays;
-/// stepping before the next gather (nvme_steps_before_next_gather) holds
+/// stepping before the next gather (NvmeStepSchedule::kBeforeNextGather) holds
 /// read_ahead units' state with their gradients during forward, and two
 /// gradients being written out during backward: transient bytes on top of
 /// what stays. (Measured against runs: xl and medium at W = 4, fp32, both
@@ -328,7 +328,7 @@ struct NvmeOffloadPlan {
   double io_seconds(double read_bandwidth, double write_bandwidth) const;
 };
 /// `micro_steps`: gradient accumulation gathers (and so reads) the parameters
-/// in every micro-step. `step_in_backward`: nvme_steps_in_backward's answer
+/// in every micro-step. `step_in_backward`: nvme_step_schedule's answer
 /// for the run; `read_ahead`: NvmeOffloadOptions::read_ahead;
 /// `gradient_slots`: NvmeOffloadOptions::gradient_slots (the scratch file
 /// holds a gradient per unit where the step overlaps backward and it is set).
@@ -337,15 +337,24 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
                                       bool params, int64_t micro_steps = 1, int64_t block_bytes = int64_t{1} << 20,
                                       bool step_in_backward = false, int read_ahead = 2,
                                       bool step_before_next_gather = false, bool gradient_slots = true);
-/// Whether a disk-offloaded run steps each unit during backward: asked for
-/// (NvmeOffloadOptions::step_in_backward), and nothing needs every gradient
-/// first (no clipping, no loss scaling) or keeps them whole anyway (no_shard, zero1).
-bool nvme_steps_in_backward(bool asked, ShardingStrategy strategy, bool clips_gradients, bool scales_loss);
-/// Whether a disk-offloaded run writes each gradient out in backward and
-/// steps each unit before its next gather: asked for
-/// (NvmeOffloadOptions::step_in_backward), a step that clips or scales the
-/// loss, and a strategy that hands each unit's gradient over (not no_shard, zero1).
-bool nvme_steps_before_next_gather(bool asked, ShardingStrategy strategy, bool clips_gradients, bool scales_loss);
+/// When a disk-offloaded run's optimizer updates each unit. The one rule:
+/// the engine (NvmeOffload, each step) and the planner (plan_run) both ask it.
+enum class NvmeStepSchedule {
+  /// In the optimizer step, after backward: not asked for
+  /// (NvmeOffloadOptions::step_in_backward), a strategy that keeps whole
+  /// gradients and hands none over (no_shard, zero1), or a clipped or
+  /// loss-scaled step with nowhere to write the gradients (gradient_slots off).
+  kAfterBackward,
+  /// Each unit as its gradient is reduced: asked for, and nothing needs every
+  /// gradient first (no clipping, no loss scaling).
+  kInBackward,
+  /// Each gradient written out in backward, and its unit stepped just before
+  /// its next gather: asked for, with gradient slots, in a step that clips or
+  /// scales the loss.
+  kBeforeNextGather,
+};
+NvmeStepSchedule nvme_step_schedule(const NvmeOffloadOptions& nvme, ShardingStrategy strategy, bool clips_gradients,
+                                    bool scales_loss);
 /// The step's peak of host memory with disk offload: the in-memory peak less
 /// what is offloaded, plus the gather's buffers, and the step's: during
 /// backward when the units step there; before the next gather, the larger

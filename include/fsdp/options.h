@@ -42,14 +42,13 @@ bool reshards_after_forward(ShardingStrategy strategy);
 /// As PyTorch's MixedPrecision: the optimizer always steps fp32 master
 /// shards; param_dtype is what is gathered and computed with (the shard is
 /// cast before the all-gather, so bf16 halves the traffic); reduce_dtype is
-/// what gradients are reduced in (default: param_dtype); buffer_dtype is what
-/// module buffers are cast to (default: param_dtype).
+/// what gradients are reduced in (default: param_dtype). Module buffers
+/// (a rotary cache) are cast to param_dtype, as FSDP2 does: it dropped
+/// FSDP1's buffer_dtype, which no run here set either.
 struct MixedPrecision {
   MixedPrecision() = default;
   /// What gradients are reduced in: reduce_dtype, else param_dtype.
   torch::ScalarType effective_reduce_dtype() const { return reduce_dtype_.value_or(param_dtype_); }
-  /// What module buffers are cast to: buffer_dtype, else param_dtype.
-  torch::ScalarType effective_buffer_dtype() const { return buffer_dtype_.value_or(param_dtype_); }
   /// What frozen parameters are gathered and computed in: frozen_param_dtype, else param_dtype.
   torch::ScalarType effective_frozen_param_dtype() const { return frozen_param_dtype_.value_or(param_dtype_); }
 
@@ -57,8 +56,6 @@ struct MixedPrecision {
   TORCH_ARG(torch::ScalarType, param_dtype) = torch::kFloat;
   /// What gradients are reduced in (unset: param_dtype).
   TORCH_ARG(std::optional<torch::ScalarType>, reduce_dtype) = std::nullopt;
-  /// What module buffers are cast to (unset: param_dtype).
-  TORCH_ARG(std::optional<torch::ScalarType>, buffer_dtype) = std::nullopt;
   /// The dtype frozen parameters (requires_grad false) are held, gathered and
   /// computed in, apart from the others: kBFloat16 halves a LoRA base's
   /// memory and its gathers while the adapters keep fp32 masters and

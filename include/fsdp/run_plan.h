@@ -60,7 +60,7 @@ struct RunSettings {
   int ranks_per_node = 0;  ///< ranks a host (the hybrids shard over them); 0: every rank on one host
   int64_t micro_steps = 1;  ///< gradient accumulation (disk offload reads the parameters in each)
   /// Whether the step clips gradients or scales the loss: then disk offload
-  /// steps after backward (nvme_steps_in_backward).
+  /// steps before the next gather, or after backward (nvme_step_schedule).
   ///@{
   bool clips_gradients = false, scales_loss = false;
   ///@}

@@ -316,7 +316,7 @@ void FsdpStateImpl::build() {
     const int64_t limit = host_block_cache_limit(largest, options_.nvme_offload().has_value());
     memory::set_block_cache_limit(std::max(memory::block_cache_limit(), limit));
   }
-  const torch::ScalarType buffer_dtype = options_.mixed_precision().effective_buffer_dtype();
+  const torch::ScalarType buffer_dtype = options_.mixed_precision().param_dtype();
   for (auto& buffer : module_->buffers()) {
     const c10::Device to = move ? *device : buffer.device();
     buffer.set_data(buffer.is_floating_point() ? buffer.to(to, buffer_dtype) : buffer.to(to));

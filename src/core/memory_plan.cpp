@@ -553,12 +553,11 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
   return plan;
 }
 
-bool nvme_steps_in_backward(bool asked, ShardingStrategy strategy, bool clips_gradients, bool scales_loss) {
-  return asked && !clips_gradients && !scales_loss && !keeps_full_gradients(strategy);
-}
-
-bool nvme_steps_before_next_gather(bool asked, ShardingStrategy strategy, bool clips_gradients, bool scales_loss) {
-  return asked && (clips_gradients || scales_loss) && !keeps_full_gradients(strategy);
+NvmeStepSchedule nvme_step_schedule(const NvmeOffloadOptions& nvme, ShardingStrategy strategy, bool clips_gradients,
+                                    bool scales_loss) {
+  if (!nvme.step_in_backward() || keeps_full_gradients(strategy)) return NvmeStepSchedule::kAfterBackward;
+  if (!clips_gradients && !scales_loss) return NvmeStepSchedule::kInBackward;
+  return nvme.gradient_slots() ? NvmeStepSchedule::kBeforeNextGather : NvmeStepSchedule::kAfterBackward;
 }
 
 int64_t peak_with_nvme_offload(const StepPeak& peak, const NvmeOffloadPlan& plan) {

@@ -70,10 +70,10 @@ RunPlan plan_run(const ModelDescription& model, bool sublayer, const FullyShardO
     plan.peak.gathered += largest * static_cast<int64_t>(c10::elementSize(mp.param_dtype()));
   }
   if (const auto& nvme = options.nvme_offload()) {
-    const bool in_backward = nvme_steps_in_backward(nvme->step_in_backward(), strategy, settings.clips_gradients,
-                                                    settings.scales_loss);
-    const bool before_gather = nvme_steps_before_next_gather(nvme->step_in_backward() && nvme->gradient_slots(),
-                                                             strategy, settings.clips_gradients, settings.scales_loss);
+    const NvmeStepSchedule schedule =
+        nvme_step_schedule(*nvme, strategy, settings.clips_gradients, settings.scales_loss);
+    const bool in_backward = schedule == NvmeStepSchedule::kInBackward;
+    const bool before_gather = schedule == NvmeStepSchedule::kBeforeNextGather;
     plan.nvme = estimate_nvme_offload(units, strategy, world, plan.shard_group, mp, nvme->optimizer_state(),
                                       nvme->params(), settings.micro_steps, int64_t{1} << 20, in_backward,
                                       nvme->read_ahead(), before_gather, nvme->gradient_slots());

@@ -150,6 +150,70 @@ void record_offload(StepResult& result, const offload::OffloadStats& before, con
   result.offload_disk_s = now.disk_seconds - before.disk_seconds;
   result.offload_read_ahead = before.read_ahead;  // what this step read at (its end may deepen it)
 }
+
+// The micro-steps' forwards and backwards (the gradient reduced on the last
+// only, unless every micro-step syncs): the sum of their losses, each 1/A of
+// its own so that the sum is the step's mean and the gradient that of the
+// mean over the global batch.
+torch::Tensor run_micro_steps(const TrainStep& step, const TrainStep::LossFn& loss_fn) {
+  FsdpState& state = step.state();
+  GradScaler* scaler = step.scaler();
+  const int64_t A = step.options().micro_steps();
+  torch::Tensor step_loss;  // on the loss's device: a GPU run does not wait for it until the step ends
+  for (int64_t micro = 0; micro < A; ++micro) {
+    state.set_requires_gradient_sync(!step.syncs_only_last_micro_step() || micro == A - 1);
+    torch::Tensor loss = loss_fn(micro);
+    TORCH_CHECK(loss.defined() && loss.numel() == 1 && loss.requires_grad(), "fsdp::TrainStep: the loss function ",
+                "must return a scalar that requires grad (micro-step ", micro, ")");
+    loss = loss / static_cast<double>(A);
+    // The last backward may hand each unit's gradient to the placement as
+    // it is reduced (disk offload: nothing waits in a phase of its own, no
+    // gradient stays in memory): it steps the unit at once, or, where the
+    // step unscales or clips first, prepares the gradient as
+    // GradScaler::unscale_ and clip_grad_norm_ would and steps the unit
+    // just before its next gather.
+    if (micro == A - 1) {
+      offload::StepPreparation preparation;
+      if (scaler) preparation.unscale = 1.0 / scaler->scale_factor();
+      preparation.clips = step.options().clip_grad_norm() > 0;
+      detail::shard_offload(state).begin_step_in_backward(step.optimizer(), step.options().weight_decay(),
+                                                          preparation);
+    }
+    (scaler ? scaler->scale(loss) : loss).backward();
+    const torch::Tensor micro_loss = loss.detach().to(torch::kDouble);
+    step_loss = step_loss.defined() ? step_loss + micro_loss : micro_loss;
+  }
+  state.set_requires_gradient_sync(true);
+  return step_loss;
+}
+
+// The optimizer's part: unscale, clip, then decay and step through the
+// placement (a skipped fp16 step does neither); the gradient norm, read once
+// the step is queued (see clip_grad_norm_tensor_), undefined without clipping.
+torch::Tensor take_optimizer_step(const TrainStep& step, StepResult& result) {
+  FsdpState& state = step.state();
+  GradScaler* scaler = step.scaler();
+  const double max_norm = step.options().clip_grad_norm();
+  torch::Tensor grad_norm;
+  trace::Span span("optimizer step", "optimizer");
+  if (scaler) scaler->unscale_();  // before clipping, which needs the true gradients
+  if (max_norm > 0) grad_norm = clip_grad_norm_tensor_(state, max_norm);
+  memory::MemoryCategoryScope scope(Category::kOptimizerState);
+  // The matrices' decay is part of the step (the offload's: with disk
+  // offload a master is in memory only during its unit's step), so a
+  // skipped step does not decay either (AdamW decays inside its step).
+  const std::function<void()> take_step = [&] {
+    detail::shard_offload(state).step(state, step.optimizer(), step.options().weight_decay());
+  };
+  if (scaler) {
+    result.stepped = scaler->step(take_step);
+    result.loss_scale = scaler->scale_factor();
+  } else {
+    take_step();
+  }
+  return grad_norm;
+}
+
 }  // namespace
 
 StepResult TrainStep::operator()(const LossFn& loss_fn) {
@@ -165,51 +229,9 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   in_train_step = true;
   const std::shared_ptr<void> leave_step(nullptr, [&in_train_step](void*) { in_train_step = false; });
   const auto start = Clock::now();
-  const int64_t A = options_.micro_steps();
-  torch::Tensor step_loss;  // on the loss's device: a GPU run does not wait for it until the step ends
-  for (int64_t micro = 0; micro < A; ++micro) {
-    state_.set_requires_gradient_sync(!skip_sync_ || micro == A - 1);
-    torch::Tensor loss = loss_fn(micro);
-    TORCH_CHECK(loss.defined() && loss.numel() == 1 && loss.requires_grad(), "fsdp::TrainStep: the loss function ",
-                "must return a scalar that requires grad (micro-step ", micro, ")");
-    // Each micro-step's mean is 1/A of the step's: the gradient is that of
-    // the mean over the global batch.
-    loss = loss / static_cast<double>(A);
-    // The last backward may hand each unit's gradient to the placement as
-    // it is reduced (disk offload: nothing waits in a phase of its own, no
-    // gradient stays in memory): it steps the unit at once, or, where the
-    // step unscales or clips first, prepares the gradient as
-    // GradScaler::unscale_ and clip_grad_norm_ would and steps the unit
-    // just before its next gather.
-    if (micro == A - 1) {
-      offload::StepPreparation preparation;
-      if (scaler_) preparation.unscale = 1.0 / scaler_->scale_factor();
-      preparation.clips = options_.clip_grad_norm() > 0;
-      offload.begin_step_in_backward(optimizer_, options_.weight_decay(), preparation);
-    }
-    (scaler_ ? scaler_->scale(loss) : loss).backward();
-    const torch::Tensor micro_loss = loss.detach().to(torch::kDouble);
-    step_loss = step_loss.defined() ? step_loss + micro_loss : micro_loss;
-  }
-  state_.set_requires_gradient_sync(true);
+  torch::Tensor step_loss = run_micro_steps(*this, loss_fn);
   const auto optimizer_start = Clock::now();
-  torch::Tensor grad_norm;  // read once the step is queued (see clip_grad_norm_tensor_)
-  {
-    trace::Span span("optimizer step", "optimizer");
-    if (scaler_) scaler_->unscale_();  // before clipping, which needs the true gradients
-    if (options_.clip_grad_norm() > 0) grad_norm = clip_grad_norm_tensor_(state_, options_.clip_grad_norm());
-    memory::MemoryCategoryScope scope(Category::kOptimizerState);
-    // The matrices' decay is part of the step (the offload's: with disk
-    // offload a master is in memory only during its unit's step), so a
-    // skipped step does not decay either (AdamW decays inside its step).
-    const std::function<void()> take_step = [&] { offload.step(state_, optimizer_, options_.weight_decay()); };
-    if (scaler_) {
-      result.stepped = scaler_->step(take_step);
-      result.loss_scale = scaler_->scale_factor();
-    } else {
-      take_step();
-    }
-  }
+  const torch::Tensor grad_norm = take_optimizer_step(*this, result);
   result.optimizer_s = seconds_since(optimizer_start);
   // Zeroed, not freed, alike on every LibTorch: the gradient shards are
   // model state (what the planner counts and the memory figures measure).

@@ -23,6 +23,7 @@
 #include "base/device_context.h"
 #include "core/grad_utils_internal.h"
 #include "fsdp/memory.h"
+#include "fsdp/memory_plan.h"
 #include "fsdp/optimizer_state.h"
 #include "fsdp/trace.h"
 #include "base/fault_injection.h"
@@ -157,10 +158,11 @@ NvmeOffload::NvmeOffload(const FullyShardOptions& options)
     : options_(*options.nvme_offload()),
       param_dtype_(options.mixed_precision().param_dtype()),
       read_ahead_(options_.read_ahead()) {
-  // A step that prepares its gradients as they arrive writes them out:
-  // strategies that keep whole gradients hand none over.
-  writes_gradients_ =
-      options_.step_in_backward() && options_.gradient_slots() && !keeps_full_gradients(options.strategy());
+  // The store has a slot per unit's gradient where a clipped step would
+  // write them out (nvme_step_schedule: strategies that keep whole
+  // gradients hand none over).
+  writes_gradients_ = nvme_step_schedule(options_, options.strategy(), /*clips_gradients=*/true, /*scales_loss=*/false) ==
+                      NvmeStepSchedule::kBeforeNextGather;
   // With fp32 parameters the master is what the all-gather sends: it goes
   // with the parameters. Otherwise it is optimizer state (a param-dtype copy
   // stays for the gathers).
@@ -542,15 +544,12 @@ void NvmeOffload::update(size_t unit, FusedAdamW& optimizer, const OptionsOf& op
 bool NvmeOffload::begin_step_in_backward(torch::optim::Optimizer& optimizer, double matrix_weight_decay,
                                          const StepPreparation& preparation) {
   auto* fused = dynamic_cast<FusedAdamW*>(&optimizer);
-  // Strategies that keep whole gradients (no_shard, zero1) hold them in a
-  // buffer that lives anyway, and hand no unit's gradient over when it is
-  // reduced: they step after backward.
-  if (!options_.step_in_backward() || !fused || keeps_full_gradients(state_->options().strategy())) return false;
-  // No room to write the gradients out (gradient_slots): the step runs after backward.
-  if (preparation.asks_anything() && !writes_gradients_) return false;
+  const NvmeStepSchedule schedule =
+      nvme_step_schedule(options_, state_->options().strategy(), preparation.clips, preparation.unscale.has_value());
+  if (!fused || schedule == NvmeStepSchedule::kAfterBackward) return false;
   step_all_pending();  // a unit no forward needed since the last step
   backward_options_ = options_of(optimizer);
-  if (preparation.asks_anything()) {
+  if (schedule == NvmeStepSchedule::kBeforeNextGather) {
     preparing_ = preparation;
     clip_coefficient_ = 1.0;
     for (size_t u = 0; u < num_units(); ++u) unit_slots(u).prepared.reset();

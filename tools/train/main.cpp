@@ -1,6 +1,8 @@
-// fsdp-train: trains the reference GPT with FULL_SHARD over the MPI ranks it
-// is started on (through fsdp-run). Rank 0 prints progress and a summary and
-// writes the log and the final weights.
+// fsdp-train: trains or fine-tunes a model (the reference GPT, a Llama-like
+// one, a Hugging Face folder; fully, partly or with LoRA) with the chosen
+// sharding strategy over the MPI ranks it is started on (through fsdp-run).
+// Rank 0 prints progress and a summary and writes the log, checkpoints and
+// the final weights.
 //
 // The program's parts: options.h (the command line), setup.h (options to
 // the library's structs, the data and the model), train.h (sharding,
@@ -70,7 +72,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   fsdp_train::TrainOptions o;
-  CLI::App app{"Train the reference GPT with fully sharded data parallelism. Start it through fsdp-run."};
+  CLI::App app{"Train or fine-tune a model with fully sharded data parallelism. Start it through fsdp-run."};
   fsdp_train::add_options(app, o);
   try {
     app.parse(argc, argv);

@@ -4,15 +4,15 @@
 
 #include <cmath>
 
+#include "base/strings.h"
+
 namespace fsdp_train {
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Token data (ids), as opposed to raw text read one byte per token.
-bool is_token_file(const std::string& path) { return ends_with(path, ".bin") || ends_with(path, ".u32"); }
+bool is_token_file(const std::string& path) {
+  return fsdp::ends_with(path, ".bin") || fsdp::ends_with(path, ".u32");
+}
 
 }  // namespace
 

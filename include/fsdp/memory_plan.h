@@ -353,6 +353,8 @@ enum class NvmeStepSchedule {
   /// scales the loss.
   kBeforeNextGather,
 };
+/// The schedule of a run offloading to disk with `nvme`, in `strategy`,
+/// whose step clips the gradients or scales the loss.
 NvmeStepSchedule nvme_step_schedule(const NvmeOffloadOptions& nvme, ShardingStrategy strategy, bool clips_gradients,
                                     bool scales_loss);
 /// The step's peak of host memory with disk offload: the in-memory peak less

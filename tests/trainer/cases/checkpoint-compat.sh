@@ -15,7 +15,13 @@ declare -A flags=(
 # fixture's losses are per kind of CPU (losses-libtorch-<v>-<isa>.jsonl,
 # where 04d839d was run on one; the file without a suffix is the machine's
 # that wrote the fixtures).
+# oneDNN capped below AVX-512 BF16 (ONEDNN_MAX_CPU_ISA, as an AVX2-only CPU
+# is emulated on a newer one) has no bf16 instructions either: LibTorch 2.x
+# then asks oneDNN for no bf16 product and emulates them, as on such a CPU.
 cpu_bf16_isa() {
+  case "${ONEDNN_MAX_CPU_ISA:-ALL}" in
+    SSE41 | AVX | AVX2 | AVX2_VNNI | AVX2_VNNI_2 | AVX512_CORE | AVX512_CORE_VNNI) echo none; return ;;
+  esac
   if grep -qw amx_bf16 /proc/cpuinfo; then echo amx
   elif grep -qw avx512_bf16 /proc/cpuinfo; then echo avx512bf16
   else echo none; fi
@@ -26,8 +32,15 @@ cpu_bf16_isa() {
 # model 207, which rounds otherwise than its Haswell, Zen or Sapphire Rapids
 # ones); the wheel's runs MKL. Files for a kind are named
 # losses-libtorch-<v>-<isa>-<blas>.jsonl.
+# MKL takes its AVX2 path on a CPU without AVX-512 (or where
+# MKL_ENABLE_INSTRUCTIONS caps it, as the emulation does), which sums
+# products otherwise: "mkl-avx2".
 blas_kernel() {
-  if [ -n "$(sed -n 's/^FSDP_LIBTORCH:PATH=//p' "$build/CMakeCache.txt")" ]; then echo mkl; return; fi
+  if [ -n "$(sed -n 's/^FSDP_LIBTORCH:PATH=//p' "$build/CMakeCache.txt")" ]; then
+    case "${MKL_ENABLE_INSTRUCTIONS:-AVX512}" in AVX512*) ;; *) echo mkl-avx2; return ;; esac
+    if grep -qw avx512f /proc/cpuinfo; then echo mkl; else echo mkl-avx2; fi
+    return
+  fi
   python3 -c 'import ctypes
 blas = ctypes.CDLL("libblas.so.3")
 blas.openblas_get_corename.restype = ctypes.c_char_p

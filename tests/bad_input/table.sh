@@ -240,6 +240,14 @@ full_disk_save() {
   return "$status"
 }
 row fsdp-train 1 "No space left on device" full_disk_save
+# ... and a Hugging Face export that the disk cannot hold leaves no folder
+# behind (it left an empty one).
+full_disk_hf_export() {
+  mkdir -p full-hf && unshare -m bash -c 'mount -t tmpfs -o size=32k tmpfs full-hf &&
+    { "$run" -n 1 -- "$train" --preset tiny --steps 1 --save-final full-hf/export --save-format hf; status=$?
+      [ ! -e full-hf/export ] || { echo "full-hf/export left behind"; exit 99; }; exit $status; }'
+}
+row fsdp-train 1 "No space left on device" full_disk_hf_export
 
 # ---- fsdp-run ----
 row fsdp-run 1 "-n needs a positive number of ranks, got '0'" "$run" -n 0 -- true

@@ -34,7 +34,6 @@ FLOOR_OF = {folder: level for level, folders in enumerate(FLOORS) for folder in 
 PUBLIC_HEADER_FLOORS = {
     "error.h": "base",
     "comm.h": "comm",
-    "offload.h": "core",
     "state_dict.h": "state_dict",
     "checkpoint.h": "state_dict",  # checkpoint_{schema,save,load}.cpp
     "fsdp.h": "tools",  # the umbrella header includes everything; only programs include it

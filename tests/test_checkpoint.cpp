@@ -252,7 +252,7 @@ void expect_same_files(const std::string& a, const std::string& b, const std::st
   }
 }
 
-// The background write sleeps this long first (fault_injection.h), on every rank.
+// The background write sleeps this long first (state_dict/save_faults.h), on every rank.
 struct BackgroundWriteDelay {
   explicit BackgroundWriteDelay(int ms) {
     ::setenv("FSDP_TEST_BACKGROUND_WRITE_DELAY_MS", std::to_string(ms).c_str(), 1);

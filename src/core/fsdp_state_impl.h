@@ -21,7 +21,8 @@ struct FlatParamConfig;  // core/flat_param.h
 class DeviceContext;     // base/device_context.h
 class GatherOrder;       // core/gather_order.h
 namespace offload {
-class ShardOffload;  // core/shard_offload.h
+class ShardOffload;      // core/shard_offload.h
+struct PlacementChoice;  // core/shard_offload.h
 }
 
 namespace detail {
@@ -39,8 +40,9 @@ struct FsdpStateImpl {
 
   // FsdpState's construction: plans the units of module_, shards each over
   // group_ (collective). Runs once the state holds this (the offload's
-  // attach() reads the units through the state).
-  void build();
+  // attach() reads the units through the state). `placements` makes the
+  // offload the options ask for (src/offload/placements.cpp hands it over).
+  void build(const offload::PlacementChoice& placements);
 
   const FullyShardOptions& options() const { return options_; }
   bool requires_gradient_sync() const { return requires_gradient_sync_; }

@@ -240,18 +240,13 @@ void Unit::post_backward() {
   trace::complete("backward " + display_name(), "backward", span_begin_us_);
 }
 
-FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr group, FullyShardOptions options)
-    : impl_(std::make_unique<FsdpStateImpl>(*this, std::move(module), std::move(group), std::move(options))) {
-  impl_->build();
-}
-
 FsdpStateImpl::FsdpStateImpl(FsdpState& self, std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr group,
                              FullyShardOptions options)
     : self_(self), module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {}
 
 FsdpStateImpl::~FsdpStateImpl() = default;
 
-void FsdpStateImpl::build() {
+void FsdpStateImpl::build(const offload::PlacementChoice& placements) {
   TORCH_CHECK(module_, "fully_shard: the module is null");
   TORCH_CHECK(group_, "fully_shard: the process group is null");
   std::vector<UnitPlan> plans = plan_units(*module_, options_.wrap_policy());
@@ -284,12 +279,12 @@ void FsdpStateImpl::build() {
     }
   }
   device_ = device.value_or(c10::Device(torch::kCPU));
-  offload::check_offload_options(options_, device_);
+  placements.check(options_, device_);
   check_zero_plus_plus(options_);
   check_same_plan_on_every_rank(plans);
   make_groups();
   device_context_ = std::make_unique<DeviceContext>(device_, /*copy_stream=*/options_.cpu_offload());
-  offload_ = offload::make_shard_offload(options_, *device_context_);
+  offload_ = placements.make(options_, *device_context_);
   // Offloaded shards cross on the copy stream, which waits for the compute
   // stream: their gathers keep that order.
   const std::optional<c10::Stream> gather_stream = shard_group_ ? shard_group_->gather_stream() : std::nullopt;

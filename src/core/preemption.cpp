@@ -2,7 +2,7 @@
 
 #include "fsdp/preemption.h"
 
-#include "base/fault_injection.h"
+#include "core/preemption_test_hook.h"
 
 #include <signal.h>
 #include <unistd.h>

@@ -150,12 +150,15 @@ class ShardOffload {
   virtual std::optional<NvmeOffloadInfo> nvme_info() const { return std::nullopt; }
 };
 
-// Refuses, naming the setting, what cpu_offload and nvme_offload cannot do
-// with these options on `device` (before fully_shard touches a parameter).
-void check_offload_options(const FullyShardOptions& options, c10::Device device);
-// The placement fully_shard's options ask for (memory, cpu_offload or
-// nvme_offload), once they passed check_offload_options.
-std::unique_ptr<ShardOffload> make_shard_offload(const FullyShardOptions& options, const DeviceContext& context);
+// How the engine gets a model's placement without naming one: the floor
+// above (src/offload/placements.cpp) hands it these when it builds a
+// FsdpState. `check` refuses, naming the setting, what no placement can do
+// with the options on `device`, before anything is touched; `make` returns
+// the placement the options ask for, once they passed `check`.
+struct PlacementChoice {
+  void (*check)(const FullyShardOptions& options, c10::Device device);
+  std::unique_ptr<ShardOffload> (*make)(const FullyShardOptions& options, const DeviceContext& context);
+};
 
 }  // namespace fsdp::offload
 

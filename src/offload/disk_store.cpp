@@ -78,38 +78,6 @@ int reap_events(io_context_t context, std::vector<io_event>& events, std::atomic
 
 }  // namespace
 
-const char* io_engine_name(IoEngine engine) {
-  switch (engine) {
-    case IoEngine::kAuto: return "auto";
-    case IoEngine::kLibaio: return "libaio";
-    case IoEngine::kThreads: return "threads";
-  }
-  return "unknown";
-}
-
-IoEngine parse_io_engine(const std::string& name) {
-  for (IoEngine e : {IoEngine::kAuto, IoEngine::kLibaio, IoEngine::kThreads})
-    if (name == io_engine_name(e)) return e;
-  TORCH_CHECK(false, "unknown offload I/O engine '", name, "' (expected auto, libaio or threads)");
-}
-
-std::string scratch_file_path(const DiskStoreOptions& options) {
-  return options.dir() + "/fsdp-offload-" + options.name() + ".bin";
-}
-
-std::string rank_scratch_name(int rank) { return "rank" + std::to_string(rank); }
-
-int64_t scratch_bytes_free(const std::string& dir, const std::vector<std::string>& reused) {
-  struct statvfs fs {};
-  TORCH_CHECK(::statvfs(dir.c_str(), &fs) == 0, "offload: cannot use the folder '", dir, "': ", std::strerror(errno));
-  int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
-  for (const std::string& path : reused) {
-    struct stat existing {};
-    if (::stat(path.c_str(), &existing) == 0) free_bytes += static_cast<int64_t>(existing.st_blocks) * 512;
-  }
-  return free_bytes;
-}
-
 struct DiskStore::Aio {
   io_context_t context = nullptr;
   std::vector<iocb> blocks;  // one control block per staging buffer

@@ -26,10 +26,19 @@
 #include "fsdp/memory_plan.h"
 #include "fsdp/optimizer_state.h"
 #include "fsdp/trace.h"
-#include "base/fault_injection.h"
 
-namespace fsdp::detail {
+namespace fsdp::offload {
+namespace {
 
+// Disk offload's faults, if the environment says
+// FSDP_TEST_OFFLOAD_FAULT=<rank>:<step>:<kind> and this is that rank's
+// <step>-th optimizer step through the offload (1-based):
+//   kill      SIGKILL in the middle of the step (`mid_step`: after its first
+//             unit's writes were queued, its reads still to come)
+//   corrupt   at the step's end, one byte of the scratch file's first block
+//             changed (the next read of that block fails its checksum)
+//   truncate  at the step's end, the scratch file cut to half its size
+// Does nothing otherwise.
 void maybe_fault_offload_for_test(int rank, int64_t step, const std::string& scratch_path, bool mid_step) {
   static const char* spec = std::getenv("FSDP_TEST_OFFLOAD_FAULT");
   if (!spec) return;
@@ -56,9 +65,7 @@ void maybe_fault_offload_for_test(int rank, int64_t step, const std::string& scr
   }
 }
 
-}  // namespace fsdp::detail
-
-namespace fsdp::offload {
+}  // namespace
 
 using memory::Category;
 using memory::MemoryCategoryScope;
@@ -680,7 +687,7 @@ void NvmeOffload::step_pending(size_t unit) {
   slots.pending.reset();
   writes_behind_.push_back({unit, deferred->optimizer, issue_writes(unit, deferred->optimizer, false), {}});
   if (!std::exchange(deferred->started, true)) {
-    detail::maybe_fault_offload_for_test(state_->group()->rank(), deferred->number, store_->reachable_path(), true);
+    maybe_fault_offload_for_test(state_->group()->rank(), deferred->number, store_->reachable_path(), true);
   }
   retire_writes(1);
 }
@@ -713,7 +720,7 @@ void NvmeOffload::step_now(size_t unit) {
   (*flats_[unit]).shard().mutable_grad() = torch::Tensor();  // the point: freed at once
   slots.stepped_in_backward = true;
   writes_behind_.push_back({unit, backward_optimizer_, issue_writes(unit, backward_optimizer_, /*only_changed=*/false), {}});
-  if (position == 0) detail::maybe_fault_offload_for_test(state_->group()->rank(), steps_ + 1, store_->reachable_path(), true);
+  if (position == 0) maybe_fault_offload_for_test(state_->group()->rank(), steps_ + 1, store_->reachable_path(), true);
   retire_writes(1);
 }
 
@@ -834,7 +841,7 @@ void NvmeOffload::step(FsdpState& /*state: the one attached*/, torch::optim::Opt
       wait(reads[i]);
       update(u, *fused, options, matrix_weight_decay);
       writes[i] = issue_writes(u, &optimizer, /*only_changed=*/false);
-      if (i == 0) detail::maybe_fault_offload_for_test(state_->group()->rank(), steps_ + 1, store_->reachable_path(), true);
+      if (i == 0) maybe_fault_offload_for_test(state_->group()->rank(), steps_ + 1, store_->reachable_path(), true);
       if (i > 0) {
         wait(writes[i - 1]);
         free_unit(order[i - 1], &optimizer);
@@ -850,7 +857,7 @@ void NvmeOffload::step(FsdpState& /*state: the one attached*/, torch::optim::Opt
     throw;
   }
   ++steps_;
-  detail::maybe_fault_offload_for_test(state_->group()->rank(), steps_, store_->reachable_path(), false);
+  maybe_fault_offload_for_test(state_->group()->rank(), steps_, store_->reachable_path(), false);
 }
 
 }  // namespace fsdp::offload

@@ -18,7 +18,7 @@
 #include "core/shard_offload.h"
 #include "fsdp/optimizer_state.h"
 #include "fsdp/state_dict.h"
-#include "base/fault_injection.h"
+#include "state_dict/save_faults.h"
 #include "state_dict/staged_checkpoint.h"
 
 namespace fsdp {

@@ -1,7 +1,7 @@
 #include "fsdp/state_dict.h"
 #include "core/fsdp_state_impl.h"
 #include "core/unit.h"
-#include "base/fault_injection.h"
+#include "state_dict/save_faults.h"
 
 #include <algorithm>
 #include <csignal>

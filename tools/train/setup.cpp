@@ -10,7 +10,7 @@
 #include <regex>
 #include <thread>
 
-#include "base/fault_injection.h"
+#include "core/preemption_test_hook.h"
 #include "fsdp/device_choice.h"
 #include "fsdp/error.h"
 #include "fsdp/host_memory.h"

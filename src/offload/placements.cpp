@@ -1,9 +1,10 @@
 // Where a model's shards live between uses: the in-memory placement (the
-// interface's defaults), CPU offload's (pinned host memory, crossing to the
-// device on the model's copy stream), the choice between them and disk
-// offload, and ResidentScope over all three.
+// interface's defaults, core/shard_offload.cpp), CPU offload's (pinned host
+// memory, crossing to the device on the model's copy stream), the choice
+// between them and disk offload, and FsdpState's constructor, which hands
+// that choice to the engine.
 
-#include "core/shard_offload.h"
+#include "offload/placements.h"
 
 #include <array>
 #include <exception>
@@ -22,27 +23,6 @@
 #include "offload/nvme_offload.h"
 
 namespace fsdp::offload {
-
-torch::Tensor ShardOffload::make_shard(const torch::Tensor& slice) const { return slice.clone(); }
-
-GatherInput ShardOffload::fetch(const FlatParam& flat) {
-  // The cast halves bf16 traffic.
-  GatherInput input;
-  input.values = flat.shard().detach().to(flat.device(), flat.config().mixed_precision.param_dtype(),
-                                          /*non_blocking=*/true);
-  return input;
-}
-
-void ShardOffload::accept_gradient(FlatParam& flat, torch::Tensor reduced) {
-  TORCH_CHECK(reduced.device() == flat.shard().device(), "FlatParam: a shard in ", where(), " on ",
-              flat.shard().device(), " got its reduced gradient on ", reduced.device());
-  flat.accumulate_into_gradient(std::move(reduced));
-}
-
-void ShardOffload::step(FsdpState& state, torch::optim::Optimizer& optimizer, double matrix_weight_decay) {
-  decay_matrix_weights_(state, optimizer, matrix_weight_decay);
-  optimizer.step();
-}
 
 namespace {
 
@@ -289,47 +269,11 @@ std::unique_ptr<ShardOffload> make_shard_offload(const FullyShardOptions& option
 
 namespace fsdp {
 
-ResidentScope::ResidentScope(const FsdpState& state, const Unit& unit, torch::optim::Optimizer* optimizer, bool agree)
-    : offload_(detail::shard_offload(state)),
-      flat_(unit.flat_param()),
-      optimizer_(optimizer),
-      uncaught_(std::uncaught_exceptions()) {
-  if (offload_.keeps_state_in_memory()) return;
-  if (!agree) {
-    offload_.make_resident(flat_, optimizer_);
-    return;
-  }
-  std::string error;
-  try {
-    offload_.make_resident(flat_, optimizer_);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  // Collective callers gather inside the scope: a rank that failed must not
-  // leave the others waiting in that gather.
-  torch::Tensor failed = torch::tensor({error.empty() ? 0 : 1}, torch::kInt);
-  state.group()->all_reduce(failed, ReduceOp::kSum)->wait();
-  if (failed.item<int>() == 0) return;
-  if (error.empty()) offload_.release(flat_, optimizer_);  // this rank's part back where it lives
-  TORCH_CHECK(error.empty(), error);
-  TORCH_CHECK(false, "another rank could not bring unit ", flat_.unit_index(),
-              "'s offloaded state into memory (its error says why)");
-}
-
-ResidentScope::~ResidentScope() noexcept(false) {
-  if (offload_.keeps_state_in_memory()) return;
-  if (std::uncaught_exceptions() > uncaught_) {
-    // Unwinding: what the scope changed may be half done; try to leave the
-    // state where it lives without adding an error to the one in flight.
-    try {
-      offload_.release(flat_, optimizer_);
-    } catch (const std::exception& e) {
-      std::cerr << "fsdp: returning unit " << flat_.unit_index() << "'s offloaded state to " << offload_.where()
-                << " failed: " << e.what() << "\n";
-    }
-    return;
-  }
-  offload_.release(flat_, optimizer_);
+// Built here, the floor that knows every placement: the engine (core) is
+// handed the choice of placement and never names one.
+FsdpState::FsdpState(std::shared_ptr<torch::nn::Module> module, ProcessGroupPtr group, FullyShardOptions options)
+    : impl_(std::make_unique<detail::FsdpStateImpl>(*this, std::move(module), std::move(group), std::move(options))) {
+  impl_->build({&offload::check_offload_options, &offload::make_shard_offload});
 }
 
 }  // namespace fsdp

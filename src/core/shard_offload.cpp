@@ -1,0 +1,87 @@
+// The seam's own definitions (core/shard_offload.h): ShardOffload's
+// defaults, which are the in-memory placement, and ResidentScope over any
+// placement. The placements themselves live a floor up, in src/offload/.
+
+#include "core/shard_offload.h"
+
+#include <exception>
+#include <iostream>
+#include <string>
+#include <utility>
+
+#include "core/flat_param.h"
+#include "core/fsdp_state_impl.h"
+#include "core/unit.h"
+#include "fsdp/grad_utils.h"
+
+namespace fsdp::offload {
+
+torch::Tensor ShardOffload::make_shard(const torch::Tensor& slice) const { return slice.clone(); }
+
+GatherInput ShardOffload::fetch(const FlatParam& flat) {
+  // The cast halves bf16 traffic.
+  GatherInput input;
+  input.values = flat.shard().detach().to(flat.device(), flat.config().mixed_precision.param_dtype(),
+                                          /*non_blocking=*/true);
+  return input;
+}
+
+void ShardOffload::accept_gradient(FlatParam& flat, torch::Tensor reduced) {
+  TORCH_CHECK(reduced.device() == flat.shard().device(), "FlatParam: a shard in ", where(), " on ",
+              flat.shard().device(), " got its reduced gradient on ", reduced.device());
+  flat.accumulate_into_gradient(std::move(reduced));
+}
+
+void ShardOffload::step(FsdpState& state, torch::optim::Optimizer& optimizer, double matrix_weight_decay) {
+  decay_matrix_weights_(state, optimizer, matrix_weight_decay);
+  optimizer.step();
+}
+
+}  // namespace fsdp::offload
+
+namespace fsdp {
+
+ResidentScope::ResidentScope(const FsdpState& state, const Unit& unit, torch::optim::Optimizer* optimizer, bool agree)
+    : offload_(detail::shard_offload(state)),
+      flat_(unit.flat_param()),
+      optimizer_(optimizer),
+      uncaught_(std::uncaught_exceptions()) {
+  if (offload_.keeps_state_in_memory()) return;
+  if (!agree) {
+    offload_.make_resident(flat_, optimizer_);
+    return;
+  }
+  std::string error;
+  try {
+    offload_.make_resident(flat_, optimizer_);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // Collective callers gather inside the scope: a rank that failed must not
+  // leave the others waiting in that gather.
+  torch::Tensor failed = torch::tensor({error.empty() ? 0 : 1}, torch::kInt);
+  state.group()->all_reduce(failed, ReduceOp::kSum)->wait();
+  if (failed.item<int>() == 0) return;
+  if (error.empty()) offload_.release(flat_, optimizer_);  // this rank's part back where it lives
+  TORCH_CHECK(error.empty(), error);
+  TORCH_CHECK(false, "another rank could not bring unit ", flat_.unit_index(),
+              "'s offloaded state into memory (its error says why)");
+}
+
+ResidentScope::~ResidentScope() noexcept(false) {
+  if (offload_.keeps_state_in_memory()) return;
+  if (std::uncaught_exceptions() > uncaught_) {
+    // Unwinding: what the scope changed may be half done; try to leave the
+    // state where it lives without adding an error to the one in flight.
+    try {
+      offload_.release(flat_, optimizer_);
+    } catch (const std::exception& e) {
+      std::cerr << "fsdp: returning unit " << flat_.unit_index() << "'s offloaded state to " << offload_.where()
+                << " failed: " << e.what() << "\n";
+    }
+    return;
+  }
+  offload_.release(flat_, optimizer_);
+}
+
+}  // namespace fsdp

@@ -41,6 +41,11 @@ void ShardOffload::step(FsdpState& state, torch::optim::Optimizer& optimizer, do
 
 namespace fsdp {
 
+void settle_between_steps(const FsdpState& state) {
+  state.check_idle();
+  detail::shard_offload(state).apply_pending_updates();
+}
+
 ResidentScope::ResidentScope(const FsdpState& state, const Unit& unit, torch::optim::Optimizer* optimizer, bool agree)
     : offload_(detail::shard_offload(state)),
       flat_(unit.flat_param()),

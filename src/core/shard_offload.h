@@ -164,6 +164,14 @@ struct PlacementChoice {
 
 namespace fsdp {
 
+// What every reader (and loader) of a model's state between steps calls
+// first, state dicts and checkpoints alike: the model must be idle (no unit
+// gathered, no reduction in flight: FsdpState::check_idle), and any update a
+// placement deferred to a unit's next use (disk offload's step before the
+// next gather) is applied, so that what is read (a unit's values, the
+// optimizer's step counts) is the last step's. The one place that flushes.
+void settle_between_steps(const FsdpState& state);
+
 // A unit's shard, and with `optimizer` its optimizer state, in memory for the
 // scope's life (nothing to do where they never leave it): checkpoints and
 // state dicts read and write them inside one, a unit at a time. What the

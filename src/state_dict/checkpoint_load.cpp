@@ -235,7 +235,7 @@ void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t f
 }
 
 CheckpointInfo load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& path) {
-  state.check_idle();
+  settle_between_steps(state);
   OptimizerState optimizer_state(optimizer);
   SavedCheckpoint saved(path, SavedCheckpoint::Verify::kHeadersOnly);
   const nlohmann::json& meta = saved.metadata().json;

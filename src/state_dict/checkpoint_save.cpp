@@ -112,8 +112,7 @@ std::string publish_on_rank0(nlohmann::json meta, CheckpointFormat format, const
 
 std::string save_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& dir, int64_t step,
                             const CheckpointExtra& extra_texts, CheckpointFormat format) {
-  state.check_idle();
-  detail::shard_offload(state).apply_pending_updates();  // the step counts and state the metadata reads
+  settle_between_steps(state);  // the step counts and state the metadata reads
   const OptimizerState optimizer_state(optimizer);
   nlohmann::json meta = checkpoint_metadata(state, optimizer_state, step, extra_texts, format);
   const ProcessGroupPtr& group = state.group();
@@ -253,8 +252,7 @@ StagedCheckpoint::StagedCheckpoint(FsdpState& state, torch::optim::Optimizer& op
       temp_dir_((fs::path(dir) / ("step-" + std::to_string(step) + ".tmp")).string()),
       final_dir_((fs::path(dir) / ("step-" + std::to_string(step))).string()),
       format_(format) {
-  state.check_idle();
-  detail::shard_offload(state).apply_pending_updates();  // the step counts and state the metadata reads
+  settle_between_steps(state);  // the step counts and state the metadata reads
   const OptimizerState optimizer_state(optimizer);
   const nlohmann::json meta = checkpoint_metadata(state, optimizer_state, step, extra, format);
   metadata_json_ = meta.dump();

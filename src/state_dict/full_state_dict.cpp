@@ -48,7 +48,7 @@ std::string optimizer_tensor_name(const std::string& param, const std::string& s
 }
 
 StateDict full_state_dict(FsdpState& state, FullStateDictOptions options) {
-  state.check_idle();
+  settle_between_steps(state);
   const bool keep = !options.rank0_only() || state.group()->rank() == 0;
   std::map<std::string, torch::Tensor> gathered;
   for (const auto& unit : detail::units(state)) {
@@ -70,7 +70,7 @@ StateDict full_state_dict(FsdpState& state, FullStateDictOptions options) {
 }
 
 void load_full_state_dict(FsdpState& state, const StateDict& dict) {
-  state.check_idle();
+  settle_between_steps(state);
   // Everything is checked before anything changes.
   size_t expected = 0;
   for (const auto& unit : detail::units(state)) {
@@ -98,7 +98,7 @@ void load_full_state_dict(FsdpState& state, const StateDict& dict) {
 }
 
 void load_shards(FsdpState& state, const ParameterReader& read, const ParameterFilter& only) {
-  state.check_idle();
+  settle_between_steps(state);
   torch::NoGradGuard no_grad;
   for (const auto& unit : detail::units(state)) {
     FlatParam& flat = unit->flat_param();
@@ -147,7 +147,7 @@ ShardedStateDict sharded_state_dict(const FsdpState& state) {
 }
 
 void load_sharded_state_dict(FsdpState& state, const ShardedStateDict& dict) {
-  state.check_idle();
+  settle_between_steps(state);
   const ShardedStateDict mine = sharded_state_dict(state);  // the layout this rank holds
   TORCH_CHECK(dict.size() == mine.size(), "load_sharded_state_dict: the state dict has ", dict.size(),
               " parameters, the model ", mine.size());
@@ -209,8 +209,7 @@ class SafetensorsWeights : public WeightWriter {
 void stream_full(FsdpState& state, const OpenWeightWriter& open_model, torch::optim::Optimizer* optimizer,
                  const std::string& optimizer_path, const std::map<std::string, std::string>& metadata,
                  const std::function<void()>& remove_model) {
-  state.check_idle();
-  detail::shard_offload(state).apply_pending_updates();  // the step counts and state the metadata reads
+  settle_between_steps(state);  // the step counts and state the metadata reads
   std::optional<OptimizerState> optimizer_state;
   if (optimizer) optimizer_state.emplace(*optimizer);
   const ProcessGroupPtr& group = state.group();

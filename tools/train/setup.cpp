@@ -254,15 +254,15 @@ std::unique_ptr<fsdp::models::TokenData> make_data(const TrainOptions& o, const 
 void apply_hugging_face_config(const TrainOptions& o, Run& run) {
   // A folder is a Hugging Face model or nothing: find_model names what it
   // lacks (config.json, which an export writes last, so a half-written one).
-  if (!o.init_from.empty() && std::filesystem::is_directory(o.init_from)) {
-    try {
-      fsdp::hugging_face::find_model(o.init_from);
-    } catch (const c10::Error& e) {
-      TORCH_CHECK(false, "--init-from: ", fsdp::error_message(e));
-    }
+  const bool folder = !o.init_from.empty() && std::filesystem::is_directory(o.init_from);
+  if (!folder && !fsdp::hugging_face::is_model(o.init_from)) return;
+  fsdp::hugging_face::ModelFiles files;
+  try {
+    files = fsdp::hugging_face::find_model(o.init_from);
+  } catch (const c10::Error& e) {
+    if (!folder) throw;
+    TORCH_CHECK(false, "--init-from: ", fsdp::error_message(e));
   }
-  if (!fsdp::hugging_face::is_model(o.init_from)) return;
-  const fsdp::hugging_face::ModelFiles files = fsdp::hugging_face::find_model(o.init_from);
   run.model_config = fsdp_tools::init_from_config(o, files.config, run.model_config, run.warnings);
   // config.json against the files' tensors, before the model is built or planned.
   fsdp::hugging_face::check_weights(files, run.model_config);

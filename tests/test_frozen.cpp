@@ -338,21 +338,6 @@ TEST(FrozenParameters, StateDictsAndShardedInitCoverThem) {
   EXPECT_EQ(initialized.parameters().size(), model.parameters().size());
 }
 
-// Disk offload keeps optimizer state for every unit it holds: a frozen
-// parameter there is refused, by name of the option, before anything moves.
-TEST(FrozenParameters, DiskOffloadIsRefused) {
-  const std::string dir = "/tmp/fsdp_test_frozen_nvme_" + std::to_string(world_group->rank());
-  try {
-    fsdp::fully_shard(make_partly_frozen_gpt(), world_group,
-                      fsdp::testing::block_units().nvme_offload(fsdp::NvmeOffloadOptions(dir)));
-    ADD_FAILURE() << "accepted";
-  } catch (const std::exception& e) {
-    EXPECT_NE(fsdp::error_message(e).find("frozen parameters (requires_grad false) with nvme_offload"),
-              std::string::npos)
-        << fsdp::error_message(e);
-  }
-}
-
 // LoRA (fsdp::lora::apply before fully_shard) at W = 1 to 4: the adapters
 // train as one process with the global batch trains them (relative 1e-4 on
 // the gradients, as above), the base stays bit for bit what it was, the

@@ -444,17 +444,35 @@ TEST(Planner, FrozenPartsInTheStepPeakAndCheckpointStaging) {
   const auto full = fsdp::estimate_checkpoint_staging(kTrainable, ShardingStrategy::kFullShard, kWorld, 0, true, 8,
                                                       kFrozen);
   EXPECT_EQ(full.rank0, 12 * 340 + 4 * 2004);
-  // The disk offload refuses frozen parameters, as fully_shard does.
   fsdp::ModelDescription model;
   model.shape = shape;
   model.layer_units = kTrainable;
   model.layer_frozen = kFrozen;
   fsdp::RunSettings settings;
   settings.world = kWorld;
-  EXPECT_THROW(fsdp::plan_run(model, false, fsdp::FullyShardOptions().nvme_offload(fsdp::NvmeOffloadOptions("/tmp")),
-                              settings),
-               c10::Error);
   EXPECT_EQ(fsdp::plan_run(model, false, fsdp::FullyShardOptions(), settings).peak.state.frozen_params, 4 * 501);
+}
+
+// On disk a frozen part has its parameters' slot alone (shards of 251 and
+// 250 elements, a block each), is read by both gathers of a step and never
+// written; with the parameters in memory it stays there.
+TEST(Planner, FrozenPartsOnDiskAreReadAndNeverWritten) {
+  const fsdp::MixedPrecision fp32;
+  constexpr int64_t kBlock = int64_t{1} << 20;
+  auto plan = [&](bool params, const std::vector<int64_t>& frozen) {
+    return fsdp::estimate_nvme_offload(kTrainable, ShardingStrategy::kFullShard, kWorld, 0, fp32, true, params, 1,
+                                       kBlock, false, 2, false, true, frozen);
+  };
+  const auto with_frozen = plan(true, kFrozen), without = plan(true, {});
+  EXPECT_EQ(with_frozen.file_bytes - without.file_bytes, 2 * kBlock);
+  EXPECT_EQ(with_frozen.offloaded - without.offloaded, 4 * 251 + 4 * 250);
+  EXPECT_EQ(with_frozen.read_per_step - without.read_per_step, 2 * (4 * 251 + 4 * 250));
+  EXPECT_EQ(with_frozen.written_per_step, without.written_per_step);
+  EXPECT_EQ(with_frozen.resident.frozen_params, 0);
+  EXPECT_EQ(with_frozen.step_buffers, without.step_buffers);  // nothing of theirs steps
+  const auto optimizer_only = plan(false, kFrozen);
+  EXPECT_EQ(optimizer_only.file_bytes, plan(false, {}).file_bytes);
+  EXPECT_EQ(optimizer_only.resident.frozen_params, 4 * 501);
 }
 
 // describe_units splits a real model as fully_shard does: LoRA on the tiny

@@ -332,11 +332,14 @@ struct NvmeOffloadPlan {
 /// for the run; `read_ahead`: NvmeOffloadOptions::read_ahead;
 /// `gradient_slots`: NvmeOffloadOptions::gradient_slots (the scratch file
 /// holds a gradient per unit where the step overlaps backward and it is set).
+/// `frozen_numels`: each unit's frozen part, as estimate_model_state takes
+/// them: on disk with the parameters, read by the gathers, never stepped.
 NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                       int ranks_per_node, const MixedPrecision& mixed_precision, bool optimizer_state,
                                       bool params, int64_t micro_steps = 1, int64_t block_bytes = int64_t{1} << 20,
                                       bool step_in_backward = false, int read_ahead = 2,
-                                      bool step_before_next_gather = false, bool gradient_slots = true);
+                                      bool step_before_next_gather = false, bool gradient_slots = true,
+                                      const std::vector<int64_t>& frozen_numels = {});
 /// When a disk-offloaded run's optimizer updates each unit. The one rule:
 /// the engine (NvmeOffload, each step) and the planner (plan_run) both ask it.
 enum class NvmeStepSchedule {

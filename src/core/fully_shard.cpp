@@ -80,16 +80,17 @@ std::vector<bool> split_frozen_parameters(std::vector<UnitPlan>& plans) {
 }
 
 
-// Each unit's shard size over a shard group of `k` ranks, as its FlatParam
-// will have it (for the offload's plan, before any unit is built).
-std::vector<int64_t> shard_numels(const std::vector<UnitPlan>& plans, int64_t k) {
-  std::vector<int64_t> numels;
-  for (const auto& plan : plans) {
+// Each unit's shard over a shard group of `k` ranks, as its FlatParam will
+// have it (for the offload's plan, before any unit is built).
+std::vector<offload::ShardPlan> shard_plans(const std::vector<UnitPlan>& plans, const std::vector<bool>& frozen,
+                                            int64_t k) {
+  std::vector<offload::ShardPlan> shards;
+  for (size_t u = 0; u < plans.size(); ++u) {
     int64_t numel = 0;
-    for (const auto& p : plan.params) numel += p.second.numel();
-    numels.push_back((numel + k - 1) / k);
+    for (const auto& p : plans[u].params) numel += p.second.numel();
+    shards.push_back({(numel + k - 1) / k, frozen[u]});
   }
-  return numels;
+  return shards;
 }
 
 }  // namespace
@@ -251,9 +252,6 @@ void FsdpStateImpl::build(const offload::PlacementChoice& placements) {
   TORCH_CHECK(group_, "fully_shard: the process group is null");
   std::vector<UnitPlan> plans = plan_units(*module_, options_.wrap_policy());
   const std::vector<bool> frozen = split_frozen_parameters(plans);
-  TORCH_CHECK(!options_.nvme_offload() || std::find(frozen.begin(), frozen.end(), true) == frozen.end(),
-              "fully_shard: frozen parameters (requires_grad false) with nvme_offload are not supported: the disk "
-              "offload keeps optimizer state for every unit it holds; freeze nothing, or use cpu_offload");
   if (const auto dtype = options_.mixed_precision().frozen_param_dtype()) {
     TORCH_CHECK(*dtype == torch::kFloat || *dtype == torch::kBFloat16 || *dtype == torch::kHalf,
                 "fully_shard: frozen_param_dtype must be float32, bfloat16 or float16, got ", *dtype);
@@ -302,7 +300,7 @@ void FsdpStateImpl::build(const offload::PlacementChoice& placements) {
   config.host_group = host_group_;
   config.cross_host_group = cross_host_group_;
   config.host_major_ranks = host_major_ranks_;
-  offload_->prepare(self_, shard_numels(plans, shard_group_ ? shard_group_->size() : 1));
+  offload_->prepare(self_, shard_plans(plans, frozen, shard_group_ ? shard_group_->size() : 1));
   build_units(std::move(plans), frozen, config);
   offload_->attach(self_);
   if (options_.cache_host_blocks() && device_context_->on_host() && memory::counting_allocator_installed()) {

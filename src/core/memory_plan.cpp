@@ -477,7 +477,8 @@ int64_t largest_shards_bytes(const std::vector<int64_t>& shards, size_t count, i
 NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                       int ranks_per_node, const MixedPrecision& mixed_precision, bool optimizer_state,
                                       bool params, int64_t micro_steps, int64_t block_bytes, bool step_in_backward,
-                                      int read_ahead, bool step_before_next_gather, bool gradient_slots) {
+                                      int read_ahead, bool step_before_next_gather, bool gradient_slots,
+                                      const std::vector<int64_t>& frozen_numels) {
   TORCH_CHECK(block_bytes > 0 && micro_steps > 0 && read_ahead > 0,
               "estimate_nvme_offload: block_bytes, micro_steps and read_ahead must be positive");
   NvmeOffloadPlan plan;
@@ -492,7 +493,11 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
   // The store has a slot per unit's gradient where NvmeOffloadOptions::step_in_backward and
   // gradient_slots asked for it, in a strategy that hands gradients over (as NvmeOffload decides).
   const bool gradient_slot = gradient_slots && overlaps;
-  plan.resident = estimate_model_state(unit_numels, strategy, world, ranks_per_node, mixed_precision);
+  check_frozen(unit_numels, frozen_numels, "estimate_nvme_offload");
+  const bool freezes = std::any_of(frozen_numels.begin(), frozen_numels.end(), [](int64_t n) { return n > 0; });
+  TORCH_CHECK(!freezes || !mixed_precision.frozen_param_dtype(), "estimate_nvme_offload: ",
+              "frozen_param_dtype with nvme_offload is not supported (fully_shard refuses it)");
+  plan.resident = estimate_model_state(unit_numels, strategy, world, ranks_per_node, mixed_precision, 8, frozen_numels);
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
   const bool fp32 = p == 4;
@@ -500,11 +505,25 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
   const int64_t gathers =
       micro_steps * (keeps_params_unsharded(strategy) ? 0 : (reshards_after_forward(strategy) ? 2 : 1));
   auto blocks = [block_bytes](int64_t bytes) { return (bytes + block_bytes - 1) / block_bytes * block_bytes; };
-  std::vector<int64_t> shards;  // each unit's shard (elements)
-  for (int64_t n : unit_numels) {
-    const int64_t S = (n + K - 1) / K;
+  std::vector<int64_t> shards;           // each unit's trainable shard (elements): what a step reads and writes
+  std::vector<int64_t> gathered_shards;  // and each frozen part's: what the gathers read
+  int64_t frozen_master_bytes = 0, frozen_copy_bytes = 0;
+  for (size_t u = 0; u < unit_numels.size(); ++u) {
+    // A frozen part is a unit of its own to the store: its parameters'
+    // slots (the master, the param-dtype copy) only, read by its gathers
+    // and never written again: it never steps.
+    const int64_t F = (frozen_at(frozen_numels, u) + K - 1) / K;
+    if (F > 0) {
+      gathered_shards.push_back(F);
+      const int64_t frozen_slots[] = {master ? 4 * F : 0, params && !fp32 ? p * F : 0};
+      for (int64_t bytes : frozen_slots) plan.offloaded += bytes, plan.file_bytes += blocks(bytes);
+      if (params) plan.read_per_step += gathers * (fp32 ? 4 : p) * F;
+      if (master) frozen_master_bytes += 4 * F, frozen_copy_bytes += params ? 0 : p * F;
+    }
+    const int64_t S = (unit_numels[u] + K - 1) / K;
     if (S == 0) continue;
     shards.push_back(S);
+    gathered_shards.push_back(S);
     // The store's slots: master, param-dtype copy, exp_avg, exp_avg_sq.
     const int64_t slots[] = {master ? 4 * S : 0, params && !fp32 ? p * S : 0, optimizer_state ? 4 * S : 0,
                              optimizer_state ? 4 * S : 0, gradient_slot ? 4 * S : 0};
@@ -530,9 +549,12 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
     for (int64_t S : shards) master_bytes += 4 * S, copy_bytes += (params ? 0 : p * S);
     plan.resident.params += copy_bytes - master_bytes;
   }
+  plan.resident.params += frozen_copy_bytes - frozen_master_bytes;
+  plan.resident.frozen_params += frozen_copy_bytes - frozen_master_bytes;
   // Each freed once its unit stepped, or once written out.
   if (overlaps) plan.resident.grads = 0;
   std::sort(shards.rbegin(), shards.rend());
+  std::sort(gathered_shards.rbegin(), gathered_shards.rend());
   // Before the next gather, each unit's gradient is read with its state.
   const int64_t per_unit_step = (master ? 4 : 0) + (optimizer_state ? 8 : 0) + (params && !fp32 ? p : 0) +
                                 (step_before_next_gather ? 4 : 0);
@@ -549,7 +571,7 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
   // Written out in backward: the one being written behind and the next one
   // reduced, at backward's peak.
   plan.gradient_buffers = step_before_next_gather ? largest_shards_bytes(shards, 2, 4) : 0;
-  plan.gather_buffers = params ? largest_shards_bytes(shards, ahead + 1, fp32 ? 4 : p) : 0;
+  plan.gather_buffers = params ? largest_shards_bytes(gathered_shards, ahead + 1, fp32 ? 4 : p) : 0;
   return plan;
 }
 

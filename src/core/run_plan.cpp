@@ -51,9 +51,6 @@ RunPlan plan_run(const ModelDescription& model, bool sublayer, const FullyShardO
   plan.shard_group = shard_group_size(strategy, world, plan.ranks_per_node);
   const std::vector<int64_t>& units = plan.unit_numels;
   const std::vector<int64_t>& frozen = plan.frozen_numels;
-  TORCH_CHECK(frozen.empty() || !options.nvme_offload(),
-              "plan_run: frozen parameters with nvme_offload are not supported (fully_shard refuses them: the disk "
-              "offload keeps optimizer state for every unit it holds); freeze nothing, or use cpu_offload");
 
   TransformerShape shape = model.shape;
   shape.sublayer_units = sublayer;
@@ -76,7 +73,7 @@ RunPlan plan_run(const ModelDescription& model, bool sublayer, const FullyShardO
     const bool before_gather = schedule == NvmeStepSchedule::kBeforeNextGather;
     plan.nvme = estimate_nvme_offload(units, strategy, world, plan.shard_group, mp, nvme->optimizer_state(),
                                       nvme->params(), settings.micro_steps, int64_t{1} << 20, in_backward,
-                                      nvme->read_ahead(), before_gather, nvme->gradient_slots());
+                                      nvme->read_ahead(), before_gather, nvme->gradient_slots(), frozen);
   }
   plan.step_peak = plan.nvme ? peak_with_nvme_offload(plan.peak, *plan.nvme) : plan.peak.total();
   plan.comm =

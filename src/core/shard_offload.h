@@ -54,6 +54,14 @@ struct PreparedGradient {
   bool finite = true;         // no inf or nan after unscaling (when the step unscales)
 };
 
+// A unit's shard as the placement plans for it before the unit is built:
+// its elements, and whether it is a frozen part (requires_grad false: no
+// gradient and no optimizer state ever, so nothing of the step's to keep).
+struct ShardPlan {
+  int64_t numel = 0;
+  bool frozen = false;
+};
+
 // What a placement keeps of one unit between uses (CPU offload's pinned
 // gradient buffer and the copy in flight, disk offload's slots in the
 // scratch file): hung on the unit's FlatParam (FlatParam::offload_state),
@@ -72,11 +80,11 @@ class ShardOffload {
   // Whether the shards (and the optimizer state) never leave memory: then
   // a ResidentScope has nothing to do, and is no collective either.
   virtual bool keeps_state_in_memory() const { return true; }
-  // Called before the units are built, with each unit's shard size (disk
+  // Called before the units are built, with each unit's shard (disk
   // offload makes its scratch file), after each unit is built (disk
   // offload moves its shard there at once, so that a sharded
   // initialization never holds every shard), and once every unit is built.
-  virtual void prepare(FsdpState& state, const std::vector<int64_t>& shard_numels) {}
+  virtual void prepare(FsdpState& state, const std::vector<ShardPlan>& shards) {}
   virtual void unit_built(FlatParam& flat) {}
   virtual void attach(FsdpState& state) {}
 

@@ -71,7 +71,8 @@ using memory::Category;
 using memory::MemoryCategoryScope;
 
 struct NvmeOffload::UnitSlots : UnitOffloadState {
-  int64_t numel = 0;  // the shard's elements
+  int64_t numel = 0;    // the shard's elements
+  bool frozen = false;  // a frozen part: never stepped, so its state is never read for a step
   // Slots in the store; -1 where the tensor is not offloaded.
   int master = -1, compute = -1, exp_avg = -1, exp_avg_sq = -1, grad = -1;
   // Whether the slot holds the tensor's current value.
@@ -176,7 +177,7 @@ NvmeOffload::NvmeOffload(const FullyShardOptions& options)
   offload_master_ = param_dtype_ == torch::kFloat ? options_.params() : options_.optimizer_state();
 }
 
-void NvmeOffload::prepare(FsdpState& state, const std::vector<int64_t>& shard_numels) {
+void NvmeOffload::prepare(FsdpState& state, const std::vector<ShardPlan>& shards) {
   state_ = &state;
   const bool fp32 = param_dtype_ == torch::kFloat;
   std::vector<int64_t> slot_bytes;
@@ -187,16 +188,18 @@ void NvmeOffload::prepare(FsdpState& state, const std::vector<int64_t>& shard_nu
     slot_labels.push_back("unit " + std::to_string(u) + " " + what);
     return static_cast<int>(slot_bytes.size() - 1);
   };
-  flats_.assign(shard_numels.size(), nullptr);
+  flats_.assign(shards.size(), nullptr);
   planned_.clear();
-  for (; u < shard_numels.size(); ++u) {
+  for (; u < shards.size(); ++u) {
     planned_.push_back(std::make_unique<UnitSlots>());
     UnitSlots& slots = *planned_.back();
-    slots.numel = shard_numels[u];
+    slots.numel = shards[u].numel;
+    slots.frozen = shards[u].frozen;
     if (slots.numel == 0) continue;
     const int64_t fp32_bytes = slots.numel * 4;
     if (offload_master_) slots.master = add_slot(fp32_bytes, "master");
     if (options_.params() && !fp32) slots.compute = add_slot(slots.numel * c10::elementSize(param_dtype_), "params");
+    if (slots.frozen) continue;  // never stepped: its parameters alone
     if (options_.optimizer_state()) {
       slots.exp_avg = add_slot(fp32_bytes, "exp_avg");
       slots.exp_avg_sq = add_slot(fp32_bytes, "exp_avg_sq");
@@ -497,18 +500,22 @@ void NvmeOffload::read_ahead_after(size_t position, size_t unit) {
   // gathered and computes: only while this step follows that order.
   if (position >= fetch_order_last_.size() || fetch_order_last_[position] != unit) return;
   const size_t depth = static_cast<size_t>(read_ahead_);
-  size_t next = position + 1 + ahead_.size();
+  // After the last read queued: a step in backward may have taken reads
+  // from the middle of the queue (read_state), so its length does not say.
+  size_t next = position + 1;
+  if (!ahead_.empty()) next = std::max(next, ahead_.back().position + 1);
   for (; ahead_.size() < depth && next < fetch_order_last_.size(); ++next) {
     const size_t u = fetch_order_last_[next];
     // A unit whose state a step in backward reads brings its master with it.
     const UnitSlots& slots = unit_slots(u);
-    const bool read_with_state = (backward_optimizer_ && slots.compute < 0) || slots.pending;
+    const bool read_with_state = (backward_optimizer_ && slots.compute < 0 && !slots.frozen) || slots.pending;
     if (slots.numel == 0 || read_with_state ||
         in_memory((*flats_[u]).shard(), slots.numel)) {
       break;  // keep the queue in fetch order: no gaps
     }
     Ahead ahead;
     ahead.unit = u;
+    ahead.position = next;
     ahead.reads = read_compute(u, ahead.values);
     ahead_.push_back(std::move(ahead));
   }
@@ -575,7 +582,7 @@ bool NvmeOffload::begin_step_in_backward(torch::optim::Optimizer& optimizer, dou
 
 void NvmeOffload::read_state(size_t unit) {
   UnitSlots& slots = unit_slots(unit);
-  if (slots.numel == 0 || slots.stepped_in_backward || slots.state_reads) return;
+  if (slots.numel == 0 || slots.frozen || slots.stepped_in_backward || slots.state_reads) return;
   Futures reads;
   if (slots.compute < 0) {
     // fp32 parameters: a master read ahead for the gather (issued before

@@ -74,8 +74,9 @@ class NvmeOffload final : public ShardOffload {
   const char* where() const override { return "disk"; }
   bool keeps_state_in_memory() const override { return false; }
   // Creates this rank's scratch file (refused, naming the folder and the
-  // bytes, where it has no room), a unit's slots after another's.
-  void prepare(FsdpState& state, const std::vector<int64_t>& shard_numels) override;
+  // bytes, where it has no room), a unit's slots after another's: a frozen
+  // part's parameters only (no moments, no gradient).
+  void prepare(FsdpState& state, const std::vector<ShardPlan>& shards) override;
   // Moves the unit's offloaded state to its slots, before the next unit is built.
   void unit_built(FlatParam& flat) override;
   // Checks that every unit was built as planned.
@@ -201,6 +202,7 @@ class NvmeOffload final : public ShardOffload {
   // fetch order.
   struct Ahead {
     size_t unit = 0;
+    size_t position = 0;  // in the last step's fetch order
     torch::Tensor values;
     Futures reads;
   };

@@ -388,7 +388,7 @@ case_offload() {
   fi
 }
 
-row nvme-offload "--offload-optimizer/--offload-params nvme equal the in-memory run bit for bit (losses, checkpoints, resume, reshard); the planner's disk figures; faults leave a resumable checkpoint"
+row nvme-offload "--offload-optimizer/--offload-params nvme equal the in-memory run bit for bit (losses, checkpoints, resume, reshard; LoRA at W = 2 and --freeze at W = 3 too); the planner's disk figures; faults leave a resumable checkpoint"
 
 row nvme-full-disk "--offload-optimizer nvme on a folder without room (a 1 MiB tmpfs): refused by the preflight before the model is built, naming the folder and the bytes; with --no-preflight by each rank's own check, before the first step"
 case_nvme_full_disk() {
@@ -478,7 +478,7 @@ case_ckpt_keep() {
   [ "$(ls "$work/ck1" | paste -sd' ')" = "step-2" ] || fail "with --ckpt-keep 1: $(ls "$work/ck1" | paste -sd' ')"
 }
 
-row freeze "--freeze REGEX: the banner and summary count the trainable parameters; the measured model state holds no gradient or moments for the frozen ones; checkpoints hold the frozen parameters without optimizer state and verify; resume bit for bit in both checkpoint formats, resharded 2 -> 4 within 1e-5; a checkpoint resumed without its --freeze, a pattern that matches nothing, everything, or does not parse, and --freeze with nvme offload are refused"
+row freeze "--freeze REGEX: the banner and summary count the trainable parameters; the measured model state holds no gradient or moments for the frozen ones; checkpoints hold the frozen parameters without optimizer state and verify; resume bit for bit in both checkpoint formats, resharded 2 -> 4 within 1e-5; a checkpoint resumed without its --freeze, and a pattern that matches nothing, everything, or does not parse are refused (with nvme offload: nvme-offload)"
 case_freeze() {
   # That frozen parameters never change, hold no gradient or optimizer
   # bytes, and train as one process does at W = 1..4 is FrozenParameters.*'s
@@ -518,8 +518,6 @@ case_freeze() {
   expect_error "--freeze 'nothing_like_this' matches none of the model's" "$run" -n 2 -- "$train" --preset tiny --freeze 'nothing_like_this'
   expect_error "matches all" "$run" -n 2 -- "$train" --preset tiny --freeze '.'
   expect_error "is not a regular expression" "$run" -n 2 -- "$train" --preset tiny --freeze '('
-  expect_error "--freeze with --offload-optimizer nvme or --offload-params nvme is not supported" \
-    "$run" -n 2 -- "$train" --preset tiny --freeze wpe --offload-optimizer nvme --offload-dir "$work"
 }
 
 row lora "LoRA (--lora-rank): the banner and summary say r, alpha, the linears and the trainable count; --sharded-init trains bit for bit as the default initialization; resume bit for bit in both checkpoint formats; a checkpoint resumed with other LoRA settings or without LoRA, --init-from-adapter beside a contradicting --lora-rank, --save-format hf without --merge-lora, and --save-format peft without LoRA are refused"

@@ -221,10 +221,9 @@ void check_values(const TrainOptions& o, int world) {
   TORCH_CHECK(o.offload == "none" || o.offload == "cpu", "--offload must be none or cpu, got '", o.offload, "'",
               o.offload == "nvme" ? " (offload to disk: --offload-optimizer nvme, --offload-params nvme)" : "");
   TORCH_CHECK(o.device == "cuda" || o.backend != "nccl", "--backend nccl needs --device cuda");
-  TORCH_CHECK((o.freeze.empty() && !o.lora()) || (o.offload_optimizer != "nvme" && o.offload_params != "nvme"),
-              o.lora() ? "--lora-rank" : "--freeze",
-              " with --offload-optimizer nvme or --offload-params nvme is not supported (the disk offload keeps "
-              "optimizer state for every unit): leave it out, or use --offload cpu");
+  TORCH_CHECK(o.base_dtype == "fp32" || (o.offload == "none" && o.offload_optimizer != "nvme" && o.offload_params != "nvme"),
+              "--base-dtype ", o.base_dtype, " with --offload cpu, --offload-optimizer nvme or --offload-params nvme is "
+              "not supported: the offloads hold float32 shards (leave --base-dtype out: the base is then offloaded in fp32)");
 }
 
 fsdp::LrSchedule make_schedule(const TrainOptions& o) {

@@ -120,6 +120,36 @@ expect_error "--offload must be none, cpu, nvme or nvme-optimizer" "$plan" --pre
 grep -q "nvme offload: optimizer state and parameters in $scratch/fsdp-offload-rank0.bin (libaio, O_DIRECT" \
   "$work/nvme-full_shard-fp32.out" || { cat "$work/nvme-full_shard-fp32.out"; fail "the engine is not printed"; }
 
+# Frozen parameters on disk (LoRA's base, --freeze): a unit's frozen part
+# has the parameters' slots only, is read by its gathers and never
+# stepped. A Llama with LoRA r = 8 at W = 2 (clipped: its adapters' update
+# waits for their next gather) and a GPT with its first block frozen at
+# W = 3 (unclipped: the adapters step in backward) equal the same runs in
+# memory bit for bit; fsdp-plan plans the LoRA run's scratch file, disk
+# traffic and resident model state to the byte.
+offload=(--offload-optimizer nvme --offload-params nvme --offload-dir "$scratch")
+for cfg in "lora 2 --model llama --lora-rank 8 --clip-grad-norm 1" "freeze 3 --freeze ^transformer.h.0. --clip-grad-norm 0"; do
+  read -r name ranks extra <<<"$cfg"
+  args=("${common[@]}" $extra --ckpt-format sharded)
+  train_run "mem-$name" "$ranks" "${args[@]}" --ckpt-dir "$work/ck-mem-$name"
+  train_run "nvme-$name" "$ranks" "${args[@]}" --ckpt-dir "$work/ck-nvme-$name" "${offload[@]}"
+  same_losses "$work/nvme-$name.jsonl" "$work/mem-$name.jsonl" 5
+  same_checkpoint "$work/ck-mem-$name/step-5" "$work/ck-nvme-$name/step-5"
+  s="$work/nvme-$name.json"
+  json_ok "$s" '.offload_file_bytes == .offload_file_bytes_predicted and
+                .offload_read_bytes_per_step + .offload_written_bytes_per_step == .offload_io_bytes_per_step_predicted' \
+    "$name: the disk figures are not the planner's: $(jq -c '[.offload_file_bytes, .offload_file_bytes_predicted, .offload_read_bytes_per_step, .offload_written_bytes_per_step, .offload_io_bytes_per_step_predicted]' "$s")"
+  no_scratch_left
+  echo "ok: $name on disk equals in memory bit for bit at W = $ranks"
+done
+"$plan" --model llama --preset tiny --world 2 --strategy full_shard --lora-rank 8 --offload nvme \
+  --json > "$work/plan-lora.json" || fail "fsdp-plan --lora-rank 8 --offload nvme failed"
+s="$work/nvme-lora.json"
+json_is "$work/plan-lora.json" '.strategies[0].nvme.file_bytes' "$(jq .offload_file_bytes "$s")"
+json_is "$work/plan-lora.json" '.strategies[0].nvme.read_bytes_per_step' "$(jq .offload_read_bytes_per_step "$s")"
+json_is "$work/plan-lora.json" '.strategies[0].nvme.written_bytes_per_step' "$(jq .offload_written_bytes_per_step "$s")"
+json_is "$work/plan-lora.json" '.strategies[0].nvme.resident_model_state_bytes' "$(jq '.model_state_bytes | max' "$s")"
+
 # Resume: 3 steps offloaded, then resumed offloaded to 5, equals the
 # uninterrupted run in memory; resharded to W = 1 and 4, equals the same
 # resume in memory.

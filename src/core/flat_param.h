@@ -74,6 +74,16 @@ struct FlatParamConfig {
   torch::Tensor host_major_ranks;
 };
 
+// What a gradient prepared as it arrived (unit_stepper.h's
+// prepare_gradient: disk offload's step before the next gather) left for
+// the step's global decisions while its values are out of memory (the
+// shard's .grad undefined) until its unit steps.
+struct PreparedGradient {
+  double sum_of_squares = 0;      // as clip_grad_norm_ sums it (when the step clips)
+  bool finite = true;             // no inf or nan after unscaling (when the step unscales)
+  double clip_coefficient = 1.0;  // clip_grad_norm_'s scaling, applied when the unit steps
+};
+
 class FlatParam {
  public:
   // Takes the parameters' current values (float32, all on one device; every
@@ -100,6 +110,10 @@ class FlatParam {
   // change where the FlatParam is const (a fetch, a ResidentScope).
   offload::UnitOffloadState* offload_state() const { return offload_state_.get(); }
   void set_offload_state(std::unique_ptr<offload::UnitOffloadState> state) const { offload_state_ = std::move(state); }
+  // The gradient's figures where it was prepared as it arrived and is kept
+  // out of memory (null otherwise): what clipping and loss scaling read
+  // instead of the gradient; dropped when TrainStep zeroes the gradients.
+  std::optional<PreparedGradient>& prepared_gradient() const { return prepared_gradient_; }
   // Where the parameters compute (the shard is on the host with cpu_offload).
   c10::Device device() const { return unsharded_.device(); }
   // The local shard: an fp32 leaf that optimizers step (a plain tensor
@@ -209,6 +223,7 @@ class FlatParam {
   int64_t secondary_version_ = -1;
   int quantized_reduce_stage_ = 0;
   mutable std::unique_ptr<offload::UnitOffloadState> offload_state_;
+  mutable std::optional<PreparedGradient> prepared_gradient_;
 };
 
 }  // namespace fsdp

@@ -111,7 +111,7 @@ struct FsdpStateImpl {
   bool backward_callback_queued_ = false;
   bool requires_gradient_sync_ = true;
   bool unshard_scope_ = false;
-  bool in_train_step_ = false;  // a TrainStep is running the micro-steps (see ShardOffload::before_backward)
+  bool in_train_step_ = false;  // a TrainStep is running the micro-steps (a placement that keeps state out of memory refuses any other backward)
   // The order units entered forward in this pass and in the last whole one.
   std::vector<Unit*> forward_order_this_pass_, forward_order_;
   std::vector<std::pair<Unit*, bool>> deferred_prefetches_;  // (unit, for backward) over the limit

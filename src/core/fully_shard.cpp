@@ -713,7 +713,12 @@ void FsdpStateImpl::rethrow_forward_error(const c10::Error& error) const {
 
 void FsdpStateImpl::on_backward_event() {
   if (backward_callback_queued_) return;
-  offload_->before_backward(in_train_step_);  // before anything of this backward changes
+  // Before anything of this backward changes: where the state leaves
+  // memory, only TrainStep's step brings each unit's in around its update.
+  TORCH_CHECK(in_train_step_ || offload_->keeps_state_in_memory(), "fsdp: a model with nvme_offload trains through ",
+              "fsdp::TrainStep (with an fsdp::FusedAdamW): its optimizer step brings each unit's offloaded state from ",
+              "disk into memory around that unit's update, which a plain loss.backward(); optimizer.step() cannot. ",
+              "This backward was refused before it changed anything");
   if (gather_order_ && !gather_order_->in_pass()) gather_order_->begin_pass();
   backward_callback_queued_ = true;  // the first event of a new backward pass
   for (auto& unit : units_) unit->backward_done_in_this_pass_ = false;

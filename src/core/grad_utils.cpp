@@ -57,16 +57,17 @@ torch::Tensor clip_grad_norm_tensor_(FsdpState& state, double max_norm) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   bool on_host = true;
-  offload::ShardOffload& offload = detail::shard_offload(state);
-  // The gradients in memory, and those a disk offload prepared as they
-  // arrived (their sums of squares taken then), in the shards' order.
+  // The gradients in memory, and those prepared as they arrived (their
+  // sums of squares taken then: disk offload's), in the shards' order.
   double sum_of_squares = 0.0;
-  bool prepared = false;
-  for (const auto& shard : state.parameters()) {
+  std::vector<PreparedGradient*> prepared;
+  for (const auto& unit : detail::units(state)) {
+    if (unit->is_frozen_part()) continue;
+    const torch::Tensor& shard = unit->flat_param().shard();
     if (!shard.grad().defined()) {
-      if (const auto* gradient = offload.prepared_gradient(shard)) {
+      if (auto& gradient = unit->flat_param().prepared_gradient()) {
         sum_of_squares += gradient->sum_of_squares;
-        prepared = true;
+        prepared.push_back(&*gradient);
       }
       continue;
     }
@@ -84,7 +85,7 @@ torch::Tensor clip_grad_norm_tensor_(FsdpState& state, double max_norm) {
   const double coefficient = max_norm / (norm + 1e-6);
   if (coefficient < 1.0) {
     for (auto& grad : grads) grad.mul_(coefficient);
-    if (prepared) offload.clip_prepared_gradients(coefficient);
+    for (PreparedGradient* gradient : prepared) gradient->clip_coefficient = coefficient;  // applied when it steps
   }
   return torch::tensor(norm, torch::kDouble);
 }
@@ -162,11 +163,12 @@ bool GradScaler::unscale_() {
   if (unscaled_) return found_inf_;
   torch::NoGradGuard no_grad;
   bool local_inf = false;
-  const offload::ShardOffload& offload = detail::shard_offload(state_);
-  for (const auto& shard : state_.parameters()) {
+  for (const auto& unit : detail::units(state_)) {
+    if (unit->is_frozen_part()) continue;
+    const torch::Tensor& shard = unit->flat_param().shard();
     if (!shard.grad().defined()) {
       // Unscaled as it arrived (disk offload's prepared gradients).
-      const auto* gradient = offload.prepared_gradient(shard);
+      const auto& gradient = unit->flat_param().prepared_gradient();
       local_inf = local_inf || (gradient && !gradient->finite);
       continue;
     }

@@ -32,9 +32,9 @@ void ShardOffload::accept_gradient(FlatParam& flat, torch::Tensor reduced) {
   flat.accumulate_into_gradient(std::move(reduced));
 }
 
-void ShardOffload::step(FsdpState& state, torch::optim::Optimizer& optimizer, double matrix_weight_decay) {
-  decay_matrix_weights_(state, optimizer, matrix_weight_decay);
-  optimizer.step();
+void ShardOffload::step(FsdpState& state, const UnitStepper& stepper) {
+  decay_matrix_weights_(state, stepper.optimizer(), stepper.matrix_weight_decay());
+  stepper.optimizer().step();
 }
 
 }  // namespace fsdp::offload
@@ -49,16 +49,17 @@ void settle_between_steps(const FsdpState& state) {
 ResidentScope::ResidentScope(const FsdpState& state, const Unit& unit, torch::optim::Optimizer* optimizer, bool agree)
     : offload_(detail::shard_offload(state)),
       flat_(unit.flat_param()),
-      optimizer_(optimizer),
       uncaught_(std::uncaught_exceptions()) {
   if (offload_.keeps_state_in_memory()) return;
+  if (optimizer) stepper_.emplace(*optimizer);
+  const UnitStepper* stepper = stepper_ ? &*stepper_ : nullptr;
   if (!agree) {
-    offload_.make_resident(flat_, optimizer_);
+    offload_.make_resident(flat_, stepper);
     return;
   }
   std::string error;
   try {
-    offload_.make_resident(flat_, optimizer_);
+    offload_.make_resident(flat_, stepper);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -67,7 +68,7 @@ ResidentScope::ResidentScope(const FsdpState& state, const Unit& unit, torch::op
   torch::Tensor failed = torch::tensor({error.empty() ? 0 : 1}, torch::kInt);
   state.group()->all_reduce(failed, ReduceOp::kSum)->wait();
   if (failed.item<int>() == 0) return;
-  if (error.empty()) offload_.release(flat_, optimizer_);  // this rank's part back where it lives
+  if (error.empty()) offload_.release(flat_, stepper);  // this rank's part back where it lives
   TORCH_CHECK(error.empty(), error);
   TORCH_CHECK(false, "another rank could not bring unit ", flat_.unit_index(),
               "'s offloaded state into memory (its error says why)");
@@ -79,14 +80,14 @@ ResidentScope::~ResidentScope() noexcept(false) {
     // Unwinding: what the scope changed may be half done; try to leave the
     // state where it lives without adding an error to the one in flight.
     try {
-      offload_.release(flat_, optimizer_);
+      offload_.release(flat_, stepper_ ? &*stepper_ : nullptr);
     } catch (const std::exception& e) {
       std::cerr << "fsdp: returning unit " << flat_.unit_index() << "'s offloaded state to " << offload_.where()
                 << " failed: " << e.what() << "\n";
     }
     return;
   }
-  offload_.release(flat_, optimizer_);
+  offload_.release(flat_, stepper_ ? &*stepper_ : nullptr);
 }
 
 }  // namespace fsdp

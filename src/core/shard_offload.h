@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 
+#include "core/unit_stepper.h"
 #include "fsdp/offload.h"
 #include "fsdp/options.h"
 
@@ -37,21 +38,6 @@ struct GatherInput {
   // crossed on, so that it waits for the copy and the compute stream does
   // not), or null: the current stream.
   std::unique_ptr<c10::StreamGuard> stream;
-};
-
-// What a step does to every gradient before any unit steps (TrainStep's
-// loss scaling and clipping), for a placement that prepares each gradient
-// as it arrives (ShardOffload::begin_step_in_backward).
-struct StepPreparation {
-  std::optional<double> unscale;  // each gradient times this first (1 / the loss scale), as GradScaler::unscale_
-  bool clips = false;             // clipping will need each gradient's sum of squares
-  bool asks_anything() const { return unscale.has_value() || clips; }
-};
-
-// What a prepared gradient left behind for the step's global decisions.
-struct PreparedGradient {
-  double sum_of_squares = 0;  // as clip_grad_norm_ sums it (when the step clips)
-  bool finite = true;         // no inf or nan after unscaling (when the step unscales)
 };
 
 // A unit's shard as the placement plans for it before the unit is built:
@@ -78,7 +64,10 @@ class ShardOffload {
   // Where the shards are between uses, in messages: "memory", "pinned host memory", "disk".
   virtual const char* where() const = 0;
   // Whether the shards (and the optimizer state) never leave memory: then
-  // a ResidentScope has nothing to do, and is no collective either.
+  // a ResidentScope has nothing to do, and is no collective either. Where
+  // they do, the optimizer steps a unit at a time (check_steps_unit_by_unit),
+  // and only inside fsdp::TrainStep, whose step brings each unit's state in
+  // around its update (a plain backward is refused).
   virtual bool keeps_state_in_memory() const { return true; }
   // Called before the units are built, with each unit's shard (disk
   // offload makes its scratch file), after each unit is built (disk
@@ -109,48 +98,36 @@ class ShardOffload {
   virtual void finish_backward() {}
   // The coming backward is the last of a step. A placement that can take
   // each unit's gradient as it is reduced (accept_gradient) and free it at
-  // once returns true and does so, with `optimizer` and the matrices'
-  // decay (see step()):
+  // once returns true and does so, updating units through `stepper`:
   // - a step that needs no gradient first (`preparation` asks nothing):
   //   each unit steps at once; step() then steps only what that left;
   // - a step that unscales or clips: each gradient is prepared as it
-  //   arrives (unscaled, its sum of squares kept: prepared_gradient) and
-  //   kept out of memory; step() then defers each unit's update, with the
-  //   clip coefficient clip_prepared_gradients gave, to just before its
-  //   next all-gather (or whatever brings it into memory first).
+  //   arrives (prepare_gradient: its figures on its FlatParam, read by
+  //   clipping and the loss scaler) and kept out of memory; step() then
+  //   defers each unit's update, with the clip coefficient clipping left
+  //   on its figures, to just before its next all-gather (or whatever
+  //   brings it into memory first).
   // The numbers are those of the step after backward, bit for bit.
-  virtual bool begin_step_in_backward(torch::optim::Optimizer& optimizer, double matrix_weight_decay,
-                                      const StepPreparation& preparation) {
+  virtual bool begin_step_in_backward(std::shared_ptr<const UnitStepper> stepper, const StepPreparation& preparation) {
     return false;
   }
   // Every update step() left pending applied now (before something reads
   // the state as a whole: a checkpoint's metadata, its step counts).
   virtual void apply_pending_updates() {}
-  // A gradient begin_step_in_backward's placement prepared and keeps out of
-  // memory (the shard's .grad is then undefined), or null.
-  virtual const PreparedGradient* prepared_gradient(const torch::Tensor& shard) const { return nullptr; }
-  // Clipping scales every gradient by `coefficient` (< 1): the prepared
-  // ones when their units step.
-  virtual void clip_prepared_gradients(double coefficient) {}
-  // The gradients of `optimizer`'s parameters were just zeroed in place
+  // The gradients of the units `stepper` steps were just zeroed in place
   // (TrainStep, after its step): the next reduced gradient of each of those
   // units may replace its gradient instead of being added to it.
-  virtual void gradients_zeroed(const torch::optim::Optimizer& optimizer) {}
+  virtual void gradients_zeroed(const UnitStepper& stepper) {}
 
-  // Refuses, by name, an optimizer this placement cannot step with.
-  virtual void check_optimizer(const torch::optim::Optimizer& optimizer) const {}
-  // Refuses a backward outside fsdp::TrainStep where the optimizer step
-  // needs the placement's own pipeline (`in_train_step`: one is running).
-  virtual void before_backward(bool in_train_step) const {}
-  // The optimizer step over the model's shards, after the decoupled decay
-  // of their matrices by matrix_weight_decay (0: none; see
-  // decay_matrix_weights_) at their group's lr.
-  virtual void step(FsdpState& state, torch::optim::Optimizer& optimizer, double matrix_weight_decay);
+  // The optimizer step over the model's shards (see UnitStepper): after
+  // the decoupled decay of their matrices at their group's lr.
+  virtual void step(FsdpState& state, const UnitStepper& stepper);
 
-  // `flat`'s shard (and, with `optimizer`, its state) in memory, and back:
-  // what changed in between is kept. Blocking; ResidentScope calls them.
-  virtual void make_resident(const FlatParam& flat, torch::optim::Optimizer* optimizer) {}
-  virtual void release(const FlatParam& flat, torch::optim::Optimizer* optimizer) {}
+  // `flat`'s shard (and, with `stepper`, its optimizer state) in memory,
+  // and back: what changed in between is kept. Blocking; ResidentScope
+  // calls them.
+  virtual void make_resident(const FlatParam& flat, const UnitStepper* stepper) {}
+  virtual void release(const FlatParam& flat, const UnitStepper* stepper) {}
 
   // Disk traffic since the model was built (zeros without disk).
   virtual OffloadStats stats() const { return OffloadStats(); }
@@ -197,7 +174,7 @@ class ResidentScope {
  private:
   offload::ShardOffload& offload_;
   const FlatParam& flat_;
-  torch::optim::Optimizer* optimizer_;
+  std::optional<UnitStepper> stepper_;  // with an optimizer: its state tensors
   int uncaught_ = 0;
 };
 

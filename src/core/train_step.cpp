@@ -12,6 +12,8 @@
 #include "fsdp/trace.h"
 #include "core/shard_offload.h"
 #include "core/fsdp_state_impl.h"
+#include "core/unit.h"
+#include "core/unit_stepper.h"
 
 namespace fsdp {
 namespace {
@@ -128,7 +130,7 @@ TrainStep::TrainStep(FsdpState& state, torch::optim::Optimizer& optimizer, Train
     }
   }
   check_optimizer_steps_the_shards(state_, optimizer_);
-  detail::shard_offload(state_).check_optimizer(optimizer_);  // disk offload steps with fsdp::FusedAdamW
+  if (!detail::shard_offload(state_).keeps_state_in_memory()) check_steps_unit_by_unit(optimizer_);  // disk offload
   if (scales_loss(options_, state_.options().mixed_precision())) {
     scaler_ = std::make_unique<GradScaler>(state_, options_.grad_scaler());
   }
@@ -155,7 +157,8 @@ void record_offload(StepResult& result, const offload::OffloadStats& before, con
 // only, unless every micro-step syncs): the sum of their losses, each 1/A of
 // its own so that the sum is the step's mean and the gradient that of the
 // mean over the global batch.
-torch::Tensor run_micro_steps(const TrainStep& step, const TrainStep::LossFn& loss_fn) {
+torch::Tensor run_micro_steps(const TrainStep& step, const std::shared_ptr<const UnitStepper>& stepper,
+                              const TrainStep::LossFn& loss_fn) {
   FsdpState& state = step.state();
   GradScaler* scaler = step.scaler();
   const int64_t A = step.options().micro_steps();
@@ -173,11 +176,10 @@ torch::Tensor run_micro_steps(const TrainStep& step, const TrainStep::LossFn& lo
     // GradScaler::unscale_ and clip_grad_norm_ would and steps the unit
     // just before its next gather.
     if (micro == A - 1) {
-      offload::StepPreparation preparation;
+      StepPreparation preparation;
       if (scaler) preparation.unscale = 1.0 / scaler->scale_factor();
       preparation.clips = step.options().clip_grad_norm() > 0;
-      detail::shard_offload(state).begin_step_in_backward(step.optimizer(), step.options().weight_decay(),
-                                                          preparation);
+      detail::shard_offload(state).begin_step_in_backward(stepper, preparation);
     }
     (scaler ? scaler->scale(loss) : loss).backward();
     const torch::Tensor micro_loss = loss.detach().to(torch::kDouble);
@@ -190,7 +192,7 @@ torch::Tensor run_micro_steps(const TrainStep& step, const TrainStep::LossFn& lo
 // The optimizer's part: unscale, clip, then decay and step through the
 // placement (a skipped fp16 step does neither); the gradient norm, read once
 // the step is queued (see clip_grad_norm_tensor_), undefined without clipping.
-torch::Tensor take_optimizer_step(const TrainStep& step, StepResult& result) {
+torch::Tensor take_optimizer_step(const TrainStep& step, const UnitStepper& stepper, StepResult& result) {
   FsdpState& state = step.state();
   GradScaler* scaler = step.scaler();
   const double max_norm = step.options().clip_grad_norm();
@@ -202,9 +204,7 @@ torch::Tensor take_optimizer_step(const TrainStep& step, StepResult& result) {
   // The matrices' decay is part of the step (the offload's: with disk
   // offload a master is in memory only during its unit's step), so a
   // skipped step does not decay either (AdamW decays inside its step).
-  const std::function<void()> take_step = [&] {
-    detail::shard_offload(state).step(state, step.optimizer(), step.options().weight_decay());
-  };
+  const std::function<void()> take_step = [&] { detail::shard_offload(state).step(state, stepper); };
   if (scaler) {
     result.stepped = scaler->step(take_step);
     result.loss_scale = scaler->scale_factor();
@@ -229,14 +229,17 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   in_train_step = true;
   const std::shared_ptr<void> leave_step(nullptr, [&in_train_step](void*) { in_train_step = false; });
   const auto start = Clock::now();
-  torch::Tensor step_loss = run_micro_steps(*this, loss_fn);
+  // The optimizer's update, whole or a unit at a time (as the placement schedules it).
+  const auto stepper = std::make_shared<const UnitStepper>(optimizer_, options_.weight_decay());
+  torch::Tensor step_loss = run_micro_steps(*this, stepper, loss_fn);
   const auto optimizer_start = Clock::now();
-  const torch::Tensor grad_norm = take_optimizer_step(*this, result);
+  const torch::Tensor grad_norm = take_optimizer_step(*this, *stepper, result);
   result.optimizer_s = seconds_since(optimizer_start);
   // Zeroed, not freed, alike on every LibTorch: the gradient shards are
   // model state (what the planner counts and the memory figures measure).
   compat::zero_grad_keeping_memory(optimizer_);
-  offload.gradients_zeroed(optimizer_);
+  for (const auto& unit : detail::units(state_)) unit->flat_param().prepared_gradient().reset();  // a skipped step's
+  offload.gradients_zeroed(*stepper);
   state_.check_idle();
   // On a device this waits for the device to pass the step's collective
   // waits (their timing events); the loss read below waits for all the

@@ -21,10 +21,8 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/fused_adamw.h"
 #include "base/device_context.h"
-#include "core/grad_utils_internal.h"
 #include "fsdp/memory.h"
 #include "fsdp/memory_plan.h"
-#include "fsdp/optimizer_state.h"
 #include "fsdp/trace.h"
 
 namespace fsdp::offload {
@@ -91,8 +89,8 @@ struct NvmeOffload::UnitSlots : UnitOffloadState {
   // Deferred step: the gradient prepared and written out in the last
   // backward, not yet taken by a step; the update left pending by step(),
   // and the gradient read back for it.
-  std::optional<PreparedGradient> prepared;
   std::shared_ptr<DeferredStep> pending;
+  double clip_coefficient = 1.0;  // its gradient's, for the pending update (PreparedGradient's)
   torch::Tensor grad_in;
 };
 
@@ -100,11 +98,7 @@ struct NvmeOffload::UnitSlots : UnitOffloadState {
 // update needs as it was when the step was taken (the trainer may change
 // the learning rate before then).
 struct NvmeOffload::DeferredStep {
-  FusedAdamW* optimizer = nullptr;
-  double clip_coefficient = 1.0;  // < 1: every gradient times this (clip_grad_norm_'s scaling)
-  double matrix_weight_decay = 0;
-  std::unordered_map<const c10::TensorImpl*, torch::optim::AdamWOptions> options;  // each shard's group's, copied
-  OptionsOf options_of;                                                           // pointers into `options`
+  std::shared_ptr<const UnitStepper> stepper;  // UnitStepper::for_later: the group options copied
   int64_t number = 0;    // the optimizer step this is (1 first)
   bool started = false;  // a unit has stepped
 };
@@ -291,34 +285,19 @@ GatherInput NvmeOffload::fetch(const FlatParam& flat) {
   return input;
 }
 
-void NvmeOffload::check_optimizer(const torch::optim::Optimizer& optimizer) const {
-  TORCH_CHECK(dynamic_cast<const FusedAdamW*>(&optimizer), "fsdp::TrainStep: a model with nvme_offload steps with ",
-              "fsdp::FusedAdamW (it brings each unit's state in and out of memory around that unit's update); got ",
-              optimizer_name(optimizer));
+void NvmeOffload::make_resident(const FlatParam& flat, const UnitStepper* stepper) {
+  bring_in(flat.unit_index(), stepper);
 }
 
-void NvmeOffload::before_backward(bool in_train_step) const {
-  TORCH_CHECK(in_train_step, "fsdp: a model with nvme_offload trains through fsdp::TrainStep (with an ",
-              "fsdp::FusedAdamW): its optimizer step brings each unit's offloaded state from disk into memory around ",
-              "that unit's update, which a plain loss.backward(); optimizer.step() cannot. This backward was refused ",
-              "before it changed anything");
+void NvmeOffload::release(const FlatParam& flat, const UnitStepper* stepper) {
+  send_out(flat.unit_index(), stepper);
 }
 
-void NvmeOffload::make_resident(const FlatParam& flat, torch::optim::Optimizer* optimizer) {
-  bring_in(flat.unit_index(), optimizer);
-}
-
-void NvmeOffload::release(const FlatParam& flat, torch::optim::Optimizer* optimizer) {
-  send_out(flat.unit_index(), optimizer);
-}
-
-std::optional<NvmeOffload::Moments> NvmeOffload::moments_of(size_t unit, torch::optim::Optimizer* optimizer) const {
-  if (!optimizer || !options_.optimizer_state() || unit_slots(unit).numel == 0) return std::nullopt;
-  if (!dynamic_cast<torch::optim::AdamW*>(optimizer) && !dynamic_cast<torch::optim::Adam*>(optimizer)) return std::nullopt;
-  OptimizerState optimizer_state(*optimizer);
-  const torch::Tensor& shard = (*flats_[unit]).shard();
-  if (!optimizer_state.has_state(shard)) return std::nullopt;
-  return Moments{optimizer_state.tensor(shard, "exp_avg"), optimizer_state.tensor(shard, "exp_avg_sq")};
+std::optional<NvmeOffload::Moments> NvmeOffload::moments_of(size_t unit, const UnitStepper* stepper) const {
+  if (!stepper || !options_.optimizer_state() || unit_slots(unit).numel == 0) return std::nullopt;
+  std::vector<torch::Tensor> moments = stepper->moments(*flats_[unit]);
+  if (moments.empty()) return std::nullopt;
+  return Moments{moments[0], moments[1]};
 }
 
 void NvmeOffload::wait(Futures& futures) {
@@ -343,10 +322,10 @@ void NvmeOffload::drain(Futures& futures) noexcept {
   futures.clear();
 }
 
-NvmeOffload::Futures NvmeOffload::issue_reads(size_t unit, torch::optim::Optimizer* optimizer) {
+NvmeOffload::Futures NvmeOffload::issue_reads(size_t unit, const UnitStepper* stepper) {
   Futures futures;
   try {
-    issue_reads_into(unit, optimizer, futures);
+    issue_reads_into(unit, stepper, futures);
   } catch (...) {
     drain(futures);  // what was queued before the error lands before its memory can go
     throw;
@@ -354,7 +333,7 @@ NvmeOffload::Futures NvmeOffload::issue_reads(size_t unit, torch::optim::Optimiz
   return futures;
 }
 
-void NvmeOffload::issue_reads_into(size_t unit, torch::optim::Optimizer* optimizer, Futures& futures) {
+void NvmeOffload::issue_reads_into(size_t unit, const UnitStepper* stepper, Futures& futures) {
   UnitSlots& slots = unit_slots(unit);
   if (slots.numel == 0) return;
   settle_writes(unit);  // a slot is read only once its write has landed
@@ -366,7 +345,7 @@ void NvmeOffload::issue_reads_into(size_t unit, torch::optim::Optimizer* optimiz
     shard.set_data(buffer);
     futures.push_back(store_->read(slots.master, buffer.data_ptr()));
   }
-  if (auto moments = moments_of(unit, optimizer)) {
+  if (auto moments = moments_of(unit, stepper)) {
     for (auto [tensor, slot] : {std::pair{moments->exp_avg, slots.exp_avg}, {moments->exp_avg_sq, slots.exp_avg_sq}}) {
       if (in_memory(tensor, slots.numel)) continue;
       TORCH_CHECK(slots.moments_on_disk, "NvmeOffload: the optimizer state of unit ", unit,
@@ -378,7 +357,7 @@ void NvmeOffload::issue_reads_into(size_t unit, torch::optim::Optimizer* optimiz
   }
 }
 
-NvmeOffload::Futures NvmeOffload::issue_writes(size_t unit, torch::optim::Optimizer* optimizer, bool only_changed) {
+NvmeOffload::Futures NvmeOffload::issue_writes(size_t unit, const UnitStepper* stepper, bool only_changed) {
   UnitSlots& slots = unit_slots(unit);
   Futures futures;
   if (slots.numel == 0) return futures;
@@ -401,7 +380,7 @@ NvmeOffload::Futures NvmeOffload::issue_writes(size_t unit, torch::optim::Optimi
       slots.master_on_disk = true;
     }
   }
-  if (auto moments = moments_of(unit, optimizer)) {
+  if (auto moments = moments_of(unit, stepper)) {
     const bool changed = !only_changed || !slots.moments_on_disk ||
                          moments->exp_avg._version() != slots.exp_avg_version ||
                          moments->exp_avg_sq._version() != slots.exp_avg_sq_version;
@@ -414,14 +393,14 @@ NvmeOffload::Futures NvmeOffload::issue_writes(size_t unit, torch::optim::Optimi
   return futures;
 }
 
-void NvmeOffload::free_unit(size_t unit, torch::optim::Optimizer* optimizer) {
+void NvmeOffload::free_unit(size_t unit, const UnitStepper* stepper) {
   UnitSlots& slots = unit_slots(unit);
   if (slots.numel == 0) return;
   torch::NoGradGuard no_grad;
   slots.compute_out = torch::Tensor();
   const torch::Tensor& shard = (*flats_[unit]).shard();
   if (slots.master >= 0 && slots.master_on_disk) shard.set_data(torch::empty({0}, shard.options()));
-  if (auto moments = moments_of(unit, optimizer)) {
+  if (auto moments = moments_of(unit, stepper)) {
     if (slots.moments_on_disk) {
       moments->exp_avg.set_(torch::empty({0}, moments->exp_avg.options()));
       moments->exp_avg_sq.set_(torch::empty({0}, moments->exp_avg_sq.options()));
@@ -429,27 +408,27 @@ void NvmeOffload::free_unit(size_t unit, torch::optim::Optimizer* optimizer) {
   }
 }
 
-void NvmeOffload::bring_in(size_t unit, torch::optim::Optimizer* optimizer) {
+void NvmeOffload::bring_in(size_t unit, const UnitStepper* stepper) {
   // What the scope changes is written back when it ends: a parameter read
   // issued ahead before then would hold the old values.
   discard_read_ahead();
   // A pending update first (written, then read back with the rest).
   if (unit_slots(unit).pending) step_pending(unit);
-  Futures reads = issue_reads(unit, optimizer);
+  Futures reads = issue_reads(unit, stepper);
   wait(reads);
   UnitSlots& slots = unit_slots(unit);
   if (slots.numel == 0) return;
   slots.master_version = (*flats_[unit]).shard()._version();
-  if (auto moments = moments_of(unit, optimizer)) {
+  if (auto moments = moments_of(unit, stepper)) {
     slots.exp_avg_version = moments->exp_avg._version();
     slots.exp_avg_sq_version = moments->exp_avg_sq._version();
   }
 }
 
-void NvmeOffload::send_out(size_t unit, torch::optim::Optimizer* optimizer) {
-  Futures writes = issue_writes(unit, optimizer, /*only_changed=*/true);
+void NvmeOffload::send_out(size_t unit, const UnitStepper* stepper) {
+  Futures writes = issue_writes(unit, stepper, /*only_changed=*/true);
   wait(writes);
-  free_unit(unit, optimizer);
+  free_unit(unit, stepper);
 }
 
 NvmeOffload::Futures NvmeOffload::read_compute(size_t unit, torch::Tensor& into) {
@@ -471,7 +450,7 @@ torch::Tensor NvmeOffload::compute_shard(size_t unit) {
   fetch_order_this_.push_back(unit);
   // Stepping in backward with fp32 parameters, the master this gather sends
   // is the one the step updates: read once, with the unit's moments.
-  if (backward_optimizer_ && slots.compute < 0) read_state(unit);
+  if (steps_in_backward() && slots.compute < 0) read_state(unit);
   if (slots.state_reads) wait(*slots.state_reads);
   torch::Tensor values;
   if (in_memory(shard, slots.numel)) {
@@ -508,7 +487,7 @@ void NvmeOffload::read_ahead_after(size_t position, size_t unit) {
     const size_t u = fetch_order_last_[next];
     // A unit whose state a step in backward reads brings its master with it.
     const UnitSlots& slots = unit_slots(u);
-    const bool read_with_state = (backward_optimizer_ && slots.compute < 0 && !slots.frozen) || slots.pending;
+    const bool read_with_state = (steps_in_backward() && slots.compute < 0 && !slots.frozen) || slots.pending;
     if (slots.numel == 0 || read_with_state ||
         in_memory((*flats_[u]).shard(), slots.numel)) {
       break;  // keep the queue in fetch order: no gaps
@@ -535,42 +514,18 @@ void NvmeOffload::adapt_read_ahead() {
   wait_ns_at_last_step_ = wait_ns_.load();
 }
 
-NvmeOffload::OptionsOf NvmeOffload::options_of(torch::optim::Optimizer& optimizer) {
-  OptionsOf options;
-  for (auto& group : optimizer.param_groups()) {
-    for (const auto& p : group.params()) {
-      options[p.unsafeGetTensorImpl()] = &static_cast<const torch::optim::AdamWOptions&>(group.options());
-    }
-  }
-  return options;
-}
-
-void NvmeOffload::update(size_t unit, FusedAdamW& optimizer, const OptionsOf& options_of_shards,
-                         double matrix_weight_decay) {
-  FlatParam& flat = (*flats_[unit]);
-  const torch::Tensor& shard = flat.shard();
-  const auto& options = *options_of_shards.at(shard.unsafeGetTensorImpl());
-  if (matrix_weight_decay > 0) decay_shard_matrices_(flat, options.lr(), matrix_weight_decay);
-  MemoryCategoryScope scope(Category::kOptimizerState);  // a first step's fresh moments
-  optimizer.step_parameter(options, shard);
-}
-
-bool NvmeOffload::begin_step_in_backward(torch::optim::Optimizer& optimizer, double matrix_weight_decay,
+bool NvmeOffload::begin_step_in_backward(std::shared_ptr<const UnitStepper> stepper,
                                          const StepPreparation& preparation) {
-  auto* fused = dynamic_cast<FusedAdamW*>(&optimizer);
   const NvmeStepSchedule schedule =
       nvme_step_schedule(options_, state_->options().strategy(), preparation.clips, preparation.unscale.has_value());
-  if (!fused || schedule == NvmeStepSchedule::kAfterBackward) return false;
+  if (schedule == NvmeStepSchedule::kAfterBackward) return false;
   step_all_pending();  // a unit no forward needed since the last step
-  backward_options_ = options_of(optimizer);
+  for (size_t u = 0; u < num_units(); ++u) (*flats_[u]).prepared_gradient().reset();
+  backward_stepper_ = std::move(stepper);
   if (schedule == NvmeStepSchedule::kBeforeNextGather) {
     preparing_ = preparation;
-    clip_coefficient_ = 1.0;
-    for (size_t u = 0; u < num_units(); ++u) unit_slots(u).prepared.reset();
     return true;
   }
-  backward_optimizer_ = fused;
-  backward_decay_ = matrix_weight_decay;
   for (size_t u = 0; u < num_units(); ++u) unit_slots(u).stepped_in_backward = false;
   grad_order_this_.clear();
   // The first units to get their gradient: their state is read while backward starts.
@@ -595,7 +550,7 @@ void NvmeOffload::read_state(size_t unit) {
       ahead_.erase(ahead);
     }
   }
-  Futures more = issue_reads(unit, backward_optimizer_);
+  Futures more = issue_reads(unit, backward_stepper_.get());
   reads.insert(reads.end(), more.begin(), more.end());
   slots.state_reads = std::move(reads);
 }
@@ -604,32 +559,26 @@ void NvmeOffload::accept_gradient(FlatParam& flat, torch::Tensor reduced) {
   const size_t unit = flat.unit_index();
   if (flat.offload_state() && slots_of(flat).pending) step_pending(unit);  // the last step's, before this one's
   ShardOffload::accept_gradient(flat, std::move(reduced));
-  if ((!backward_optimizer_ && !preparing_) || !flat.offload_state() || slots_of(flat).numel == 0) return;
-  if (!backward_options_.count(flat.shard().unsafeGetTensorImpl())) return;  // not the optimizer's: left to step()
+  if (!backward_stepper_ || !flat.offload_state() || slots_of(flat).numel == 0) return;
+  if (!backward_stepper_->steps(flat)) return;  // not the optimizer's: left to step()
   if (preparing_) {
-    prepare_gradient(unit);
+    write_out_gradient(unit);
   } else {
     step_now(unit);
   }
 }
 
-void NvmeOffload::prepare_gradient(size_t unit) {
+void NvmeOffload::write_out_gradient(size_t unit) {
   UnitSlots& slots = unit_slots(unit);
   torch::NoGradGuard no_grad;
-  const torch::Tensor& shard = (*flats_[unit]).shard();
+  const FlatParam& flat = *flats_[unit];
+  const torch::Tensor& shard = flat.shard();
   torch::Tensor grad = shard.grad();
   TORCH_CHECK(grad.scalar_type() == torch::kFloat && grad.is_contiguous() && grad.numel() == slots.numel,
               "NvmeOffload: the gradient of unit ", unit, " is not contiguous float32 of its shard's ", slots.numel,
               " elements (", grad.scalar_type(), ", ", grad.numel(), " elements)");
-  // Exactly what GradScaler::unscale_ and clip_grad_norm_ do to a gradient
-  // in memory, on the same values: the step's decisions are the same.
-  PreparedGradient prepared;
-  if (preparing_->unscale) {
-    grad.mul_(*preparing_->unscale);
-    prepared.finite = torch::isfinite(grad).all().item<bool>();
-  }
-  if (preparing_->clips) prepared.sum_of_squares = detail::sum_of_squares_in_double(grad);
-  slots.prepared = prepared;
+  // Its figures on the unit, for clipping and the loss scaler; its values out.
+  flat.prepared_gradient() = prepare_gradient(grad, *preparing_);
   shard.mutable_grad() = torch::Tensor();
   WriteBehind behind{unit, nullptr, Futures{}, grad};
   behind.writes.push_back(store_->write(slots.grad, grad.data_ptr()));
@@ -637,26 +586,10 @@ void NvmeOffload::prepare_gradient(size_t unit) {
   retire_writes(2);
 }
 
-const PreparedGradient* NvmeOffload::prepared_gradient(const torch::Tensor& shard) const {
-  for (size_t u = 0; u < num_units(); ++u) {
-    const FlatParam& flat = (*flats_[u]);
-    if (flat.shard().unsafeGetTensorImpl() != shard.unsafeGetTensorImpl()) continue;
-    const UnitSlots* slots = flat.offload_state() ? &slots_of(flat) : nullptr;
-    return slots && slots->prepared ? &*slots->prepared : nullptr;
-  }
-  return nullptr;
-}
-
-void NvmeOffload::clip_prepared_gradients(double coefficient) { clip_coefficient_ = coefficient; }
-
-void NvmeOffload::gradients_zeroed(const torch::optim::Optimizer& /*optimizer*/) {
-  for (size_t u = 0; u < num_units(); ++u) unit_slots(u).prepared.reset();
-}
-
 void NvmeOffload::read_pending(size_t unit) {
   UnitSlots& slots = unit_slots(unit);
   if (!slots.pending || slots.state_reads || slots.numel == 0) return;
-  Futures reads = issue_reads(unit, slots.pending->optimizer);  // the master where it is out, the moments
+  Futures reads = issue_reads(unit, slots.pending->stepper.get());  // the master where it is out, the moments
   try {
     slots.grad_in = fresh(slots.numel, torch::kFloat, Category::kGradientShard);
     reads.push_back(store_->read(slots.grad, slots.grad_in.data_ptr()));
@@ -685,14 +618,12 @@ void NvmeOffload::step_pending(size_t unit) {
   torch::NoGradGuard no_grad;
   const torch::Tensor& shard = (*flats_[unit]).shard();
   const torch::Tensor kept = shard.grad();  // a gradient of the step under way (none in a plain loop)
-  torch::Tensor grad = std::move(slots.grad_in);
+  shard.mutable_grad() = std::move(slots.grad_in);
   slots.grad_in = torch::Tensor();
-  if (deferred->clip_coefficient < 1.0) grad.mul_(deferred->clip_coefficient);  // as clip_grad_norm_
-  shard.mutable_grad() = grad;
-  update(unit, *deferred->optimizer, deferred->options_of, deferred->matrix_weight_decay);
+  deferred->stepper->update(*flats_[unit], slots.clip_coefficient);
   shard.mutable_grad() = kept;
   slots.pending.reset();
-  writes_behind_.push_back({unit, deferred->optimizer, issue_writes(unit, deferred->optimizer, false), {}});
+  writes_behind_.push_back({unit, deferred->stepper, issue_writes(unit, deferred->stepper.get(), false), {}});
   if (!std::exchange(deferred->started, true)) {
     maybe_fault_offload_for_test(state_->group()->rank(), deferred->number, store_->reachable_path(), true);
   }
@@ -722,11 +653,12 @@ void NvmeOffload::step_now(size_t unit) {
   Futures reads = std::move(*slots.state_reads);
   slots.state_reads.reset();
   wait(reads);
-  update(unit, *backward_optimizer_, backward_options_, backward_decay_);
+  backward_stepper_->update(*flats_[unit]);
   torch::NoGradGuard no_grad;
   (*flats_[unit]).shard().mutable_grad() = torch::Tensor();  // the point: freed at once
   slots.stepped_in_backward = true;
-  writes_behind_.push_back({unit, backward_optimizer_, issue_writes(unit, backward_optimizer_, /*only_changed=*/false), {}});
+  writes_behind_.push_back(
+      {unit, backward_stepper_, issue_writes(unit, backward_stepper_.get(), /*only_changed=*/false), {}});
   if (position == 0) maybe_fault_offload_for_test(state_->group()->rank(), steps_ + 1, store_->reachable_path(), true);
   retire_writes(1);
 }
@@ -736,7 +668,7 @@ void NvmeOffload::retire_writes(size_t keep) {
     WriteBehind behind = std::move(writes_behind_.front());
     writes_behind_.pop_front();
     wait(behind.writes);  // drains them before an error leaves
-    free_unit(behind.unit, behind.optimizer);
+    free_unit(behind.unit, behind.stepper.get());
   }
 }
 
@@ -748,9 +680,10 @@ void NvmeOffload::settle_writes(size_t unit) {
 
 void NvmeOffload::finish_backward() {
   retire_writes(0);
+  const bool stepped_in_backward = backward_stepper_ && !preparing_;
   preparing_.reset();
-  if (!backward_optimizer_) {
-    backward_options_.clear();
+  if (!stepped_in_backward) {
+    backward_stepper_.reset();
     return;
   }
   // State read for a unit that got no gradient: back out (nothing changed).
@@ -760,33 +693,27 @@ void NvmeOffload::finish_backward() {
     Futures reads = std::move(*slots.state_reads);
     slots.state_reads.reset();
     wait(reads);
-    free_unit(u, backward_optimizer_);
+    free_unit(u, backward_stepper_.get());
   }
   grad_order_last_ = std::move(grad_order_this_);
   grad_order_this_.clear();
-  backward_optimizer_ = nullptr;
-  backward_options_.clear();
+  backward_stepper_.reset();
 }
 
-std::shared_ptr<NvmeOffload::DeferredStep> NvmeOffload::defer_step(FusedAdamW& optimizer, const OptionsOf& options,
-                                                                    double matrix_weight_decay) {
+std::shared_ptr<NvmeOffload::DeferredStep> NvmeOffload::defer_step(const UnitStepper& stepper) {
   std::shared_ptr<DeferredStep> deferred;
   for (size_t u = 0; u < num_units(); ++u) {
     UnitSlots& slots = unit_slots(u);
-    if (!slots.prepared || !options.count((*flats_[u]).shard().unsafeGetTensorImpl())) {
-      continue;
-    }
+    const FlatParam& flat = *flats_[u];
+    if (!flat.prepared_gradient() || !stepper.steps(flat)) continue;
     if (!deferred) {
       deferred = std::make_shared<DeferredStep>();
-      deferred->optimizer = &optimizer;
-      deferred->clip_coefficient = clip_coefficient_;
-      deferred->matrix_weight_decay = matrix_weight_decay;
-      for (const auto& [shard, group_options] : options) deferred->options.emplace(shard, *group_options);
-      for (const auto& [shard, group_options] : deferred->options) deferred->options_of[shard] = &group_options;
+      deferred->stepper = stepper.for_later();
       deferred->number = steps_ + 1;
     }
     slots.pending = deferred;
-    slots.prepared.reset();
+    slots.clip_coefficient = flat.prepared_gradient()->clip_coefficient;
+    flat.prepared_gradient().reset();
   }
   if (!deferred) return deferred;
   // Expected in the order this step gathered its units (read from the
@@ -803,11 +730,7 @@ std::shared_ptr<NvmeOffload::DeferredStep> NvmeOffload::defer_step(FusedAdamW& o
   return deferred;
 }
 
-void NvmeOffload::step(FsdpState& /*state: the one attached*/, torch::optim::Optimizer& optimizer,
-                       double matrix_weight_decay) {
-  auto* fused = dynamic_cast<FusedAdamW*>(&optimizer);
-  TORCH_CHECK(fused, "fsdp: a model with nvme_offload steps with fsdp::FusedAdamW (it brings each unit's state in ",
-              "and out of memory around that unit's update); got ", optimizer_name(optimizer));
+void NvmeOffload::step(FsdpState& /*state: the one attached*/, const UnitStepper& stepper) {
   discard_read_ahead();  // the step rewrites every unit
   adapt_read_ahead();
   step_all_pending();     // a unit no forward needed since the last step
@@ -817,22 +740,20 @@ void NvmeOffload::step(FsdpState& /*state: the one attached*/, torch::optim::Opt
   for (size_t u = 0; u < num_units(); ++u) stepped[u] = std::exchange(unit_slots(u).stepped_in_backward, false);
   last_step_in_backward_ = std::any_of(stepped.begin(), stepped.end(), [](bool b) { return b; });
 
-  const OptionsOf options = options_of(optimizer);
-  const std::shared_ptr<DeferredStep> deferred = defer_step(*fused, options, matrix_weight_decay);
+  const std::shared_ptr<DeferredStep> deferred = defer_step(stepper);
   last_step_deferred_ = deferred != nullptr;
   std::vector<size_t> order;
   for (size_t u = 0; u < num_units(); ++u) {
     FlatParam& flat = (*flats_[u]);
-    const auto found = options.find(flat.shard().unsafeGetTensorImpl());
-    if (slots_of(flat).numel == 0 || found == options.end() || stepped[u]) continue;
+    if (slots_of(flat).numel == 0 || !stepper.steps(flat) || stepped[u]) continue;
     if (slots_of(flat).pending) continue;  // left for its next gather (defer_step)
     if (flat.shard().grad().defined()) {
       order.push_back(u);
-    } else if (matrix_weight_decay > 0) {
+    } else if (stepper.matrix_weight_decay() > 0) {
       // No update without a gradient, but decay_matrix_weights_ decays
       // every shard in memory: so does this.
       bring_in(u, nullptr);
-      decay_shard_matrices_(flat, found->second->lr(), matrix_weight_decay);
+      stepper.decay(flat);
       send_out(u, nullptr);
     }
   }
@@ -841,22 +762,22 @@ void NvmeOffload::step(FsdpState& /*state: the one attached*/, torch::optim::Opt
   // leaves, so no buffer is freed under the store.
   std::vector<Futures> reads(order.size()), writes(order.size());
   try {
-    if (!order.empty()) reads[0] = issue_reads(order[0], &optimizer);
+    if (!order.empty()) reads[0] = issue_reads(order[0], &stepper);
     for (size_t i = 0; i < order.size(); ++i) {
       const size_t u = order[i];
-      if (i + 1 < order.size()) reads[i + 1] = issue_reads(order[i + 1], &optimizer);
+      if (i + 1 < order.size()) reads[i + 1] = issue_reads(order[i + 1], &stepper);
       wait(reads[i]);
-      update(u, *fused, options, matrix_weight_decay);
-      writes[i] = issue_writes(u, &optimizer, /*only_changed=*/false);
+      stepper.update(*flats_[u]);
+      writes[i] = issue_writes(u, &stepper, /*only_changed=*/false);
       if (i == 0) maybe_fault_offload_for_test(state_->group()->rank(), steps_ + 1, store_->reachable_path(), true);
       if (i > 0) {
         wait(writes[i - 1]);
-        free_unit(order[i - 1], &optimizer);
+        free_unit(order[i - 1], &stepper);
       }
     }
     if (!order.empty()) {
       wait(writes.back());
-      free_unit(order.back(), &optimizer);
+      free_unit(order.back(), &stepper);
     }
   } catch (...) {
     for (auto& f : reads) drain(f);

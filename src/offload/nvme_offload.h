@@ -11,7 +11,8 @@
 // An offloaded tensor in memory has its full size; out of memory it has none
 // (the fp32 shard keeps its identity, the optimizer's parameter, with empty
 // data). Between steps everything offloaded is out. Three things bring it in:
-// - the optimizer step, unit by unit, overlapping compute wherever the last
+// - the optimizer step, unit by unit (each update a UnitStepper's, from
+//   core: this file names no optimizer), overlapping compute wherever the last
 //   backward of a step hands each unit's gradient over as it is reduced
 //   (begin_step_in_backward; NvmeOffloadOptions::step_in_backward):
 //   - a step that needs no gradient first (no clipping, no loss scaling):
@@ -53,7 +54,6 @@
 
 namespace fsdp {
 class FsdpState;
-class FusedAdamW;
 }  // namespace fsdp
 
 namespace fsdp::offload {
@@ -83,35 +83,27 @@ class NvmeOffload final : public ShardOffload {
   void attach(FsdpState& state) override;
   // The all-gather's input read from disk (or from the param-dtype copy kept in memory).
   GatherInput fetch(const FlatParam& flat) override;
-  // fsdp::FusedAdamW only.
-  void check_optimizer(const torch::optim::Optimizer& optimizer) const override;
-  void before_backward(bool in_train_step) const override;
-  bool begin_step_in_backward(torch::optim::Optimizer& optimizer, double matrix_weight_decay,
-                              const StepPreparation& preparation) override;
+  bool begin_step_in_backward(std::shared_ptr<const UnitStepper> stepper, const StepPreparation& preparation) override;
   // Steps the unit at once, or prepares and writes out its gradient, when
   // begin_step_in_backward armed this backward.
   void accept_gradient(FlatParam& flat, torch::Tensor reduced) override;
-  const PreparedGradient* prepared_gradient(const torch::Tensor& shard) const override;
   void apply_pending_updates() override { step_all_pending(); }
-  void clip_prepared_gradients(double coefficient) override;
-  // Prepared gradients no step took (a step the loss scaler skipped) are dropped.
-  void gradients_zeroed(const torch::optim::Optimizer& optimizer) override;
   // Waits for the writes the units stepped in backward left in flight.
   void finish_backward() override;
   // The optimizer step over every unit that has a gradient, pipelined: the
   // next unit's read and the previous unit's write run while this unit
   // steps; a unit whose gradient was prepared is left pending instead.
-  void step(FsdpState& state, torch::optim::Optimizer& optimizer, double matrix_weight_decay) override;
-  void make_resident(const FlatParam& flat, torch::optim::Optimizer* optimizer) override;
-  void release(const FlatParam& flat, torch::optim::Optimizer* optimizer) override;
+  void step(FsdpState& state, const UnitStepper& stepper) override;
+  void make_resident(const FlatParam& flat, const UnitStepper* stepper) override;
+  void release(const FlatParam& flat, const UnitStepper* stepper) override;
   OffloadStats stats() const override;
   std::optional<NvmeOffloadInfo> nvme_info() const override;
 
-  // Unit `unit`'s offloaded state in memory (optimizer: null for the model's
-  // tensors only), and back on disk: what a changed (or new) tensor holds is
-  // written first. Blocking.
-  void bring_in(size_t unit, torch::optim::Optimizer* optimizer);
-  void send_out(size_t unit, torch::optim::Optimizer* optimizer);
+  // Unit `unit`'s offloaded state in memory (stepper: null for the model's
+  // tensors only; else the optimizer's moments too), and back on disk: what
+  // a changed (or new) tensor holds is written first. Blocking.
+  void bring_in(size_t unit, const UnitStepper* stepper);
+  void send_out(size_t unit, const UnitStepper* stepper);
 
   bool offloads_master() const { return offload_master_; }
   bool offloads_optimizer_state() const { return options_.optimizer_state(); }
@@ -133,17 +125,17 @@ class NvmeOffload final : public ShardOffload {
   size_t num_units() const;
 
   // The optimizer's moments of `unit` when it has state for its shard.
-  std::optional<Moments> moments_of(size_t unit, torch::optim::Optimizer* optimizer) const;
+  std::optional<Moments> moments_of(size_t unit, const UnitStepper* stepper) const;
   // Issues the reads of whatever of `unit` is offloaded and out of memory,
   // into fresh memory; the tensors have their full size at once.
-  Futures issue_reads(size_t unit, torch::optim::Optimizer* optimizer);
-  void issue_reads_into(size_t unit, torch::optim::Optimizer* optimizer, Futures& futures);
+  Futures issue_reads(size_t unit, const UnitStepper* stepper);
+  void issue_reads_into(size_t unit, const UnitStepper* stepper, Futures& futures);
   // Drops the parameter read issued ahead (waiting for it first).
   void discard_read_ahead() noexcept;
   // Issues the writes of what is in memory and must go to disk (everything,
   // or only the changed and the new); free_unit() then frees it.
-  Futures issue_writes(size_t unit, torch::optim::Optimizer* optimizer, bool only_changed);
-  void free_unit(size_t unit, torch::optim::Optimizer* optimizer);
+  Futures issue_writes(size_t unit, const UnitStepper* stepper, bool only_changed);
+  void free_unit(size_t unit, const UnitStepper* stepper);
   void wait(Futures& futures);
   // Waits without throwing (unwinding): memory the store still uses must outlive it.
   static void drain(Futures& futures) noexcept;
@@ -156,16 +148,11 @@ class NvmeOffload final : public ShardOffload {
   // At each step's boundary: one unit deeper where compute waited on the
   // disk for deepen_above of the step (NvmeOffloadOptions::max_read_ahead).
   void adapt_read_ahead();
-  // The update of one unit (decay, then FusedAdamW::step_parameter) with
-  // its group's options; its state is in memory.
-  using OptionsOf = std::unordered_map<const c10::TensorImpl*, const torch::optim::AdamWOptions*>;
-  void update(size_t unit, FusedAdamW& optimizer, const OptionsOf& options_of_shards, double matrix_weight_decay);
-  // The group options of every shard the optimizer steps.
-  static OptionsOf options_of(torch::optim::Optimizer& optimizer);
   // Step in backward: one unit, as its gradient arrived; and the writes
   // behind, retired (waited for, their memory freed) down to `keep` in
   // flight, or down to the last of `unit`'s (before its slots are read).
   void step_now(size_t unit);
+  bool steps_in_backward() const { return backward_stepper_ && !preparing_; }
   // Issues the state reads of `unit` for its step in backward, once.
   void read_state(size_t unit);
   void retire_writes(size_t keep);
@@ -174,13 +161,13 @@ class NvmeOffload final : public ShardOffload {
   // arrived; the pending update of a unit (its state and gradient read,
   // ahead where issued: read_pending), applied and written behind; and
   // every pending update (before anything else needs the state).
-  void prepare_gradient(size_t unit);
+  void write_out_gradient(size_t unit);
   void read_pending(size_t unit);
   void step_pending(size_t unit);
   void step_all_pending();
   // The updates of the units whose gradients were prepared, left pending
-  // (null: none), with the options they need copied.
-  std::shared_ptr<DeferredStep> defer_step(FusedAdamW& optimizer, const OptionsOf& options, double matrix_weight_decay);
+  // (null: none), with a stepper for later (UnitStepper::for_later).
+  std::shared_ptr<DeferredStep> defer_step(const UnitStepper& stepper);
 
   FsdpState* state_ = nullptr;  // set by prepare()
   // Each unit's FlatParam, by index (set as it is built), and the slots
@@ -209,30 +196,25 @@ class NvmeOffload final : public ShardOffload {
   std::vector<size_t> fetch_order_last_, fetch_order_this_;
   std::deque<Ahead> ahead_;
   // Step in backward (begin_step_in_backward to finish_backward): the
-  // optimizer, the matrices' decay, each shard's group options; each
-  // unit's state reads issued at its gather; the units stepped, and their
-  // writes in flight, oldest first.
-  FusedAdamW* backward_optimizer_ = nullptr;
-  double backward_decay_ = 0;
-  OptionsOf backward_options_;
+  // stepper; each unit's state reads issued at its gather; the units
+  // stepped, and their writes in flight, oldest first.
+  std::shared_ptr<const UnitStepper> backward_stepper_;
   // The order gradients arrived in, in the last step and in this one: the
   // next units' state is read while this one steps and the next computes.
   std::vector<size_t> grad_order_last_, grad_order_this_;
   // Writes behind compute, oldest first: the unit (freed when they end),
-  // the optimizer whose state they write, and a gradient they write from.
+  // the stepper whose optimizer's state they write, and a gradient they write from.
   struct WriteBehind {
     size_t unit = 0;
-    torch::optim::Optimizer* optimizer = nullptr;
+    std::shared_ptr<const UnitStepper> stepper;
     Futures writes;
     torch::Tensor source;
   };
   std::deque<WriteBehind> writes_behind_;
   // Deferred step: set from begin_step_in_backward to finish_backward when
-  // this backward prepares the gradients; the clip coefficient for the
-  // coming step(); the order the pending units are expected in (the last
-  // step's gather order) and the next of them.
+  // this backward prepares the gradients; the order the pending units are
+  // expected in (the last step's gather order) and the next of them.
   std::optional<StepPreparation> preparing_;
-  double clip_coefficient_ = 1.0;
   std::vector<size_t> pending_order_;
   size_t pending_next_ = 0;
   bool writes_gradients_ = false;  // the store has a gradient slot per unit

@@ -133,20 +133,16 @@ class CpuOffload final : public ShardOffload {
     }
   }
 
-  // TrainStep zeroed the gradients of `optimizer`'s parameters in place:
+  // TrainStep zeroed the gradients of the units `stepper` steps in place:
   // each of those units' next one may land in its gradient instead of being
   // added to it. Only those: a shard the optimizer does not hold keeps its
   // gradient, which the next one must add to, as in memory (review of
   // issue 25: "gradients_zeroed() flags shards outside the optimizer").
-  void gradients_zeroed(const torch::optim::Optimizer& optimizer) override {
+  void gradients_zeroed(const UnitStepper& stepper) override {
     if (!state_) return;
-    std::unordered_set<const c10::TensorImpl*> zeroed;
-    for (const auto& group : optimizer.param_groups()) {
-      for (const auto& p : group.params()) zeroed.insert(p.unsafeGetTensorImpl());
-    }
     for (const auto& unit : detail::units(*state_)) {
       const FlatParam& flat = unit->flat_param();
-      if (flat.offload_state() && zeroed.count(flat.shard().unsafeGetTensorImpl())) state_of(flat).zeroed = true;
+      if (flat.offload_state() && stepper.steps(flat)) state_of(flat).zeroed = true;
     }
   }
 

@@ -40,7 +40,7 @@ struct FsdpStateImpl {
 
   // FsdpState's construction: plans the units of module_, shards each over
   // group_ (collective). Runs once the state holds this (the offload's
-  // attach() reads the units through the state). `placements` makes the
+  // hooks read the units through the state). `placements` makes the
   // offload the options ask for (src/offload/placements.cpp hands it over).
   void build(const offload::PlacementChoice& placements);
 

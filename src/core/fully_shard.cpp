@@ -302,7 +302,6 @@ void FsdpStateImpl::build(const offload::PlacementChoice& placements) {
   config.host_major_ranks = host_major_ranks_;
   offload_->prepare(self_, shard_plans(plans, frozen, shard_group_ ? shard_group_->size() : 1));
   build_units(std::move(plans), frozen, config);
-  offload_->attach(self_);
   if (options_.cache_host_blocks() && device_context_->on_host() && memory::counting_allocator_installed()) {
     int64_t largest = 0;
     for (const auto& unit : units_) largest = std::max(largest, unit->flat_param().padded_numel());

@@ -1,14 +1,17 @@
 #pragma once
 // One seam for where a model's unit shards live between uses (FSDP2's
 // OffloadPolicy): in memory, in (pinned) host memory, or on disk. One
-// ShardOffload per model, made by fully_shard from its options and attached
+// ShardOffload per model, made by fully_shard from its options and handed
 // to every unit's FlatParam (FlatParamConfig::offload). Through it a unit
 //   fetches its shard for the all-gather          fetch()
 //   hands over its reduced gradient               accept_gradient()
-//   is stepped by the optimizer                   step()
+//   is stepped when the placement schedules it    step(), begin_step_in_backward()
 //   is made resident for state dicts, checkpoints ResidentScope (make_resident / release)
-// The engine asks it and never what kind it is: the training step, the state
-// dicts and the checkpoints hold no offload-specific branch. Not installed.
+// The placement schedules and stores; the update itself is core's
+// (UnitStepper: the decay, the optimizer, the clip coefficient), so no
+// placement names an optimizer. The engine asks it and never what kind it
+// is: the training step, the state dicts and the checkpoints hold no
+// offload-specific branch. Not installed.
 
 #include <torch/torch.h>
 
@@ -69,13 +72,12 @@ class ShardOffload {
   // and only inside fsdp::TrainStep, whose step brings each unit's state in
   // around its update (a plain backward is refused).
   virtual bool keeps_state_in_memory() const { return true; }
-  // Called before the units are built, with each unit's shard (disk
-  // offload makes its scratch file), after each unit is built (disk
-  // offload moves its shard there at once, so that a sharded
-  // initialization never holds every shard), and once every unit is built.
+  // Called before the units are built, with the model's state and each
+  // unit's shard (disk offload makes its scratch file), and after each unit
+  // is built (disk offload moves its shard there at once, so that a
+  // sharded initialization never holds every shard).
   virtual void prepare(FsdpState& state, const std::vector<ShardPlan>& shards) {}
   virtual void unit_built(FlatParam& flat) {}
-  virtual void attach(FsdpState& state) {}
 
   // The fp32 shard of a unit being built, from `slice`, its part of the
   // initial values (on the unit's device): a copy that does not alias it.

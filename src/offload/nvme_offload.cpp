@@ -104,7 +104,7 @@ struct NvmeOffload::DeferredStep {
 };
 
 NvmeOffload::UnitSlots& NvmeOffload::slots_of(const FlatParam& flat) {
-  TORCH_CHECK(flat.offload_state(), "fsdp: unit ", flat.unit_index(), " has no disk offload state (attach() makes it)");
+  TORCH_CHECK(flat.offload_state(), "fsdp: unit ", flat.unit_index(), " has no disk offload state (unit_built() makes it)");
   return static_cast<UnitSlots&>(*flat.offload_state());
 }
 
@@ -227,15 +227,6 @@ void NvmeOffload::unit_built(FlatParam& flat) {
   free_unit(u, nullptr);
 }
 
-void NvmeOffload::attach(FsdpState& state) {
-  for (size_t u = 0; u < flats_.size(); ++u) {
-    TORCH_CHECK(flats_[u] == &detail::units(state)[u]->flat_param(), "NvmeOffload: unit ", u,
-                " is not the unit its slots were written for");
-  }
-  TORCH_CHECK(flats_.size() == state.num_units(), "NvmeOffload: ", flats_.size(), " units planned, ",
-              state.num_units(), " built");
-}
-
 NvmeOffload::~NvmeOffload() {
   // Nothing the store still reads into or writes from may go before it.
   discard_read_ahead();
@@ -273,7 +264,7 @@ std::optional<NvmeOffloadInfo> NvmeOffload::nvme_info() const {
 }
 
 GatherInput NvmeOffload::fetch(const FlatParam& flat) {
-  // Until attach() (the units' first gathers, while they are built) the
+  // Until unit_built() (the units' first gathers, while they are built) the
   // shards are in memory still.
   const size_t unit = flat.unit_index();
   if (!flat.offload_state() || slots_of(flat).numel == 0) return ShardOffload::fetch(flat);
@@ -730,7 +721,7 @@ std::shared_ptr<NvmeOffload::DeferredStep> NvmeOffload::defer_step(const UnitSte
   return deferred;
 }
 
-void NvmeOffload::step(FsdpState& /*state: the one attached*/, const UnitStepper& stepper) {
+void NvmeOffload::step(FsdpState& /*state: the one prepared*/, const UnitStepper& stepper) {
   discard_read_ahead();  // the step rewrites every unit
   adapt_read_ahead();
   step_all_pending();     // a unit no forward needed since the last step

@@ -64,7 +64,7 @@ void check_nvme_offload_options(const FullyShardOptions& options, c10::Device de
 
 class NvmeOffload final : public ShardOffload {
  public:
-  // The scratch file is made when the units are built (attach()). The
+  // The scratch file is made before the units are built (prepare()). The
   // options must have passed check_nvme_offload_options.
   explicit NvmeOffload(const FullyShardOptions& options);
   ~NvmeOffload() override;
@@ -79,8 +79,6 @@ class NvmeOffload final : public ShardOffload {
   void prepare(FsdpState& state, const std::vector<ShardPlan>& shards) override;
   // Moves the unit's offloaded state to its slots, before the next unit is built.
   void unit_built(FlatParam& flat) override;
-  // Checks that every unit was built as planned.
-  void attach(FsdpState& state) override;
   // The all-gather's input read from disk (or from the param-dtype copy kept in memory).
   GatherInput fetch(const FlatParam& flat) override;
   bool begin_step_in_backward(std::shared_ptr<const UnitStepper> stepper, const StepPreparation& preparation) override;
@@ -118,8 +116,8 @@ class NvmeOffload final : public ShardOffload {
   struct DeferredStep;
   using Futures = std::vector<std::shared_future<void>>;
 
-  // What this placement keeps of a unit (UnitSlots, on its FlatParam: made
-  // by attach()), by the unit's FlatParam or its position in detail::units().
+  // What this placement keeps of a unit (UnitSlots, on its FlatParam: hung
+  // there by unit_built()), by the unit's FlatParam or its position in detail::units().
   static UnitSlots& slots_of(const FlatParam& flat);
   UnitSlots& unit_slots(size_t unit) const;
   size_t num_units() const;

@@ -55,7 +55,7 @@ class CpuOffload final : public ShardOffload {
   const char* where() const override { return "pinned host memory"; }
 
   // The units, whose HostUnitState this placement reaches through them.
-  void attach(FsdpState& state) override { state_ = &state; }
+  void prepare(FsdpState& state, const std::vector<ShardPlan>& /*shards*/) override { state_ = &state; }
 
   torch::Tensor make_shard(const torch::Tensor& slice) const override {
     // Pinned, so that the copies to and from the GPU are asynchronous.
@@ -175,7 +175,7 @@ class CpuOffload final : public ShardOffload {
     if (!flat.offload_state()) flat.set_offload_state(std::make_unique<HostUnitState>());
     return static_cast<HostUnitState&>(*flat.offload_state());
   }
-  // Calls f on the state of every unit that has one (none before attach()).
+  // Calls f on the state of every unit that has one (none before the units are built).
   template <class F>
   void for_each_unit_state(F f) {
     if (!state_) return;
@@ -241,7 +241,7 @@ class CpuOffload final : public ShardOffload {
   }
 
   const DeviceContext& context_;
-  FsdpState* state_ = nullptr;  // set by attach()
+  FsdpState* state_ = nullptr;  // set by prepare()
   mutable std::array<int64_t, memory::kNumCategories> pinned_bytes_{};  // counted by count_host_bytes
 };
 

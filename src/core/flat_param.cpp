@@ -188,7 +188,7 @@ void FlatParam::start_unshard(bool exact) {
     pending_unshard_staging_ = input.staging;
   } else if (!shard_aliases_buffer()) {
     unsharded_.copy_(input.values);
-    config_.offload->finish_local_gather(input);
+    if (input.finish_local) input.finish_local(input);
   }
   gathered_version_ = version;
   stale_ = false;

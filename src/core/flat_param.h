@@ -114,6 +114,10 @@ class FlatParam {
   // out of memory (null otherwise): what clipping and loss scaling read
   // instead of the gradient; dropped when TrainStep zeroes the gradients.
   std::optional<PreparedGradient>& prepared_gradient() const { return prepared_gradient_; }
+  // TrainStep zeroed the shard's gradient in place since a gradient last
+  // landed (a placement that copies each reduced gradient into a buffer of
+  // its own may then copy it in instead of adding: CPU offload's).
+  bool& gradient_zeroed_in_place() const { return gradient_zeroed_in_place_; }
   // Where the parameters compute (the shard is on the host with cpu_offload).
   c10::Device device() const { return unsharded_.device(); }
   // The local shard: an fp32 leaf that optimizers step (a plain tensor
@@ -224,6 +228,7 @@ class FlatParam {
   int quantized_reduce_stage_ = 0;
   mutable std::unique_ptr<offload::UnitOffloadState> offload_state_;
   mutable std::optional<PreparedGradient> prepared_gradient_;
+  mutable bool gradient_zeroed_in_place_ = false;
 };
 
 }  // namespace fsdp

@@ -472,6 +472,46 @@ int64_t largest_shards_bytes(const std::vector<int64_t>& shards, size_t count, i
   for (size_t i = 0; i < std::min(count, shards.size()); ++i) total += bytes_per_element * shards[i];
   return total;
 }
+
+// What goes to disk, as NvmeOffload decides it, and when a step's units update.
+struct DiskLayout {
+  bool master = false, params = false, optimizer_state = false, gradient_slot = false;
+  bool step_in_backward = false, step_before_next_gather = false, reshards_after_forward = false;
+  int64_t param_bytes = 4;  // the param dtype's
+  int64_t gathers = 0;      // per step, each reading the offloaded parameters
+  int64_t block_bytes = 1;
+};
+
+// Adds one shard of S elements to the plan: the store's slots (master,
+// param-dtype copy, exp_avg, exp_avg_sq, gradient) and a step's traffic. A
+// frozen part has its parameters' slots alone, read by its gathers and never
+// written again: it never steps. Returns what its resident parameters
+// change by (the param-dtype copy kept in memory, less the master gone).
+int64_t add_shard_on_disk(NvmeOffloadPlan& plan, const DiskLayout& d, int64_t S, bool frozen) {
+  const bool fp32 = d.param_bytes == 4, steps = !frozen;
+  const int64_t p = d.param_bytes;
+  const int64_t slots[] = {d.master ? 4 * S : 0, d.params && !fp32 ? p * S : 0,
+                           steps && d.optimizer_state ? 4 * S : 0, steps && d.optimizer_state ? 4 * S : 0,
+                           steps && d.gradient_slot ? 4 * S : 0};
+  for (int64_t bytes : slots) {
+    plan.offloaded += bytes;
+    plan.file_bytes += (bytes + d.block_bytes - 1) / d.block_bytes * d.block_bytes;
+  }
+  if (d.params) plan.read_per_step += d.gathers * (fp32 ? 4 : p) * S;
+  if (steps) {
+    if (d.optimizer_state) plan.read_per_step += 8 * S, plan.written_per_step += 8 * S;
+    if (d.master) plan.read_per_step += 4 * S, plan.written_per_step += 4 * S;
+    if (d.params) {
+      if (!fp32) plan.written_per_step += p * S;
+      // The master the last backward gather reads stays for the step.
+      if (fp32 && d.step_in_backward && d.reshards_after_forward) plan.read_per_step -= 4 * S;
+      // The first forward gather sends the master its unit's update just wrote.
+      if (d.step_before_next_gather) plan.read_per_step -= (fp32 ? 4 : p) * S;
+    }
+    if (d.step_before_next_gather) plan.read_per_step += 4 * S, plan.written_per_step += 4 * S;
+  }
+  return d.master ? (d.params ? 0 : p * S) - 4 * S : 0;
+}
 }  // namespace
 
 NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
@@ -488,75 +528,55 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
   plan.step_before_next_gather = step_before_next_gather;
   TORCH_CHECK(gradient_slots || !step_before_next_gather, "estimate_nvme_offload: a step before the next gather ",
               "writes its gradients to their slots: it needs gradient_slots");
-  // Either frees each gradient once its unit stepped or once written out.
-  const bool overlaps = step_in_backward || step_before_next_gather;
-  // The store has a slot per unit's gradient where NvmeOffloadOptions::step_in_backward and
-  // gradient_slots asked for it, in a strategy that hands gradients over (as NvmeOffload decides).
-  const bool gradient_slot = gradient_slots && overlaps;
   check_frozen(unit_numels, frozen_numels, "estimate_nvme_offload");
   const bool freezes = std::any_of(frozen_numels.begin(), frozen_numels.end(), [](int64_t n) { return n > 0; });
   TORCH_CHECK(!freezes || !mixed_precision.frozen_param_dtype(), "estimate_nvme_offload: ",
               "frozen_param_dtype with nvme_offload is not supported (fully_shard refuses it)");
   plan.resident = estimate_model_state(unit_numels, strategy, world, ranks_per_node, mixed_precision, 8, frozen_numels);
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
-  const int64_t p = c10::elementSize(mixed_precision.param_dtype());
-  const bool fp32 = p == 4;
-  const bool master = fp32 ? params : optimizer_state;  // as NvmeOffload decides
-  const int64_t gathers =
-      micro_steps * (keeps_params_unsharded(strategy) ? 0 : (reshards_after_forward(strategy) ? 2 : 1));
-  auto blocks = [block_bytes](int64_t bytes) { return (bytes + block_bytes - 1) / block_bytes * block_bytes; };
+  // Either frees each gradient once its unit stepped or once written out.
+  const bool overlaps = step_in_backward || step_before_next_gather;
+  DiskLayout d;
+  d.param_bytes = c10::elementSize(mixed_precision.param_dtype());
+  const bool fp32 = d.param_bytes == 4;
+  d.master = fp32 ? params : optimizer_state;  // as NvmeOffload decides
+  d.params = params;
+  d.optimizer_state = optimizer_state;
+  // The store has a slot per unit's gradient where NvmeOffloadOptions::step_in_backward and
+  // gradient_slots asked for it, in a strategy that hands gradients over (as NvmeOffload decides).
+  d.gradient_slot = gradient_slots && overlaps;
+  d.step_in_backward = step_in_backward;
+  d.step_before_next_gather = step_before_next_gather;
+  d.reshards_after_forward = reshards_after_forward(strategy);
+  d.gathers = micro_steps * (keeps_params_unsharded(strategy) ? 0 : (reshards_after_forward(strategy) ? 2 : 1));
+  d.block_bytes = block_bytes;
   std::vector<int64_t> shards;           // each unit's trainable shard (elements): what a step reads and writes
   std::vector<int64_t> gathered_shards;  // and each frozen part's: what the gathers read
-  int64_t frozen_master_bytes = 0, frozen_copy_bytes = 0;
+  // What leaves the resident figures (sharded strategies keep 4S of params;
+  // zero1 and no_shard keep whole parameters, of which only a separate
+  // master goes).
+  int64_t resident_change = 0, frozen_resident_change = 0;
   for (size_t u = 0; u < unit_numels.size(); ++u) {
-    // A frozen part is a unit of its own to the store: its parameters'
-    // slots (the master, the param-dtype copy) only, read by its gathers
-    // and never written again: it never steps.
-    const int64_t F = (frozen_at(frozen_numels, u) + K - 1) / K;
+    const int64_t F = (frozen_at(frozen_numels, u) + K - 1) / K;  // a frozen part is a unit of its own to the store
     if (F > 0) {
       gathered_shards.push_back(F);
-      const int64_t frozen_slots[] = {master ? 4 * F : 0, params && !fp32 ? p * F : 0};
-      for (int64_t bytes : frozen_slots) plan.offloaded += bytes, plan.file_bytes += blocks(bytes);
-      if (params) plan.read_per_step += gathers * (fp32 ? 4 : p) * F;
-      if (master) frozen_master_bytes += 4 * F, frozen_copy_bytes += params ? 0 : p * F;
+      frozen_resident_change += add_shard_on_disk(plan, d, F, /*frozen=*/true);
     }
     const int64_t S = (unit_numels[u] + K - 1) / K;
     if (S == 0) continue;
     shards.push_back(S);
     gathered_shards.push_back(S);
-    // The store's slots: master, param-dtype copy, exp_avg, exp_avg_sq.
-    const int64_t slots[] = {master ? 4 * S : 0, params && !fp32 ? p * S : 0, optimizer_state ? 4 * S : 0,
-                             optimizer_state ? 4 * S : 0, gradient_slot ? 4 * S : 0};
-    for (int64_t bytes : slots) plan.offloaded += bytes, plan.file_bytes += blocks(bytes);
-    if (optimizer_state) plan.read_per_step += 8 * S, plan.written_per_step += 8 * S;
-    if (master) plan.read_per_step += 4 * S, plan.written_per_step += 4 * S;
-    if (params) {
-      plan.read_per_step += gathers * (fp32 ? 4 : p) * S;
-      if (!fp32) plan.written_per_step += p * S;
-      // The master the last backward gather reads stays for the step.
-      if (fp32 && step_in_backward && reshards_after_forward(strategy)) plan.read_per_step -= 4 * S;
-      // The first forward gather sends the master its unit's update just wrote.
-      if (step_before_next_gather) plan.read_per_step -= (fp32 ? 4 : p) * S;
-    }
-    if (step_before_next_gather) plan.read_per_step += 4 * S, plan.written_per_step += 4 * S;
+    resident_change += add_shard_on_disk(plan, d, S, /*frozen=*/false);
   }
-  // What leaves the resident figures (sharded strategies keep 4S of params;
-  // zero1 and no_shard keep whole parameters, of which only a separate
-  // master goes).
   if (optimizer_state) plan.resident.optimizer = 0;
-  if (master) {
-    int64_t master_bytes = 0, copy_bytes = 0;
-    for (int64_t S : shards) master_bytes += 4 * S, copy_bytes += (params ? 0 : p * S);
-    plan.resident.params += copy_bytes - master_bytes;
-  }
-  plan.resident.params += frozen_copy_bytes - frozen_master_bytes;
-  plan.resident.frozen_params += frozen_copy_bytes - frozen_master_bytes;
+  plan.resident.params += resident_change + frozen_resident_change;
+  plan.resident.frozen_params += frozen_resident_change;
   // Each freed once its unit stepped, or once written out.
   if (overlaps) plan.resident.grads = 0;
   std::sort(shards.rbegin(), shards.rend());
   std::sort(gathered_shards.rbegin(), gathered_shards.rend());
   // Before the next gather, each unit's gradient is read with its state.
-  const int64_t per_unit_step = (master ? 4 : 0) + (optimizer_state ? 8 : 0) + (params && !fp32 ? p : 0) +
+  const int64_t per_unit_step = (d.master ? 4 : 0) + (optimizer_state ? 8 : 0) + (params && !fp32 ? d.param_bytes : 0) +
                                 (step_before_next_gather ? 4 : 0);
   // Before the next gather: the read_ahead units read ahead of forward (the
   // stepping one's master becomes its gather's input; measured at medium,
@@ -571,7 +591,7 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
   // Written out in backward: the one being written behind and the next one
   // reduced, at backward's peak.
   plan.gradient_buffers = step_before_next_gather ? largest_shards_bytes(shards, 2, 4) : 0;
-  plan.gather_buffers = params ? largest_shards_bytes(gathered_shards, ahead + 1, fp32 ? 4 : p) : 0;
+  plan.gather_buffers = params ? largest_shards_bytes(gathered_shards, ahead + 1, fp32 ? 4 : d.param_bytes) : 0;
   return plan;
 }
 

@@ -54,12 +54,12 @@ ResidentScope::ResidentScope(const FsdpState& state, const Unit& unit, torch::op
   if (optimizer) stepper_.emplace(*optimizer);
   const UnitStepper* stepper = stepper_ ? &*stepper_ : nullptr;
   if (!agree) {
-    offload_.make_resident(flat_, stepper);
+    offload_.set_resident(flat_, stepper, true);
     return;
   }
   std::string error;
   try {
-    offload_.make_resident(flat_, stepper);
+    offload_.set_resident(flat_, stepper, true);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -68,7 +68,7 @@ ResidentScope::ResidentScope(const FsdpState& state, const Unit& unit, torch::op
   torch::Tensor failed = torch::tensor({error.empty() ? 0 : 1}, torch::kInt);
   state.group()->all_reduce(failed, ReduceOp::kSum)->wait();
   if (failed.item<int>() == 0) return;
-  if (error.empty()) offload_.release(flat_, stepper);  // this rank's part back where it lives
+  if (error.empty()) offload_.set_resident(flat_, stepper, false);  // this rank's part back where it lives
   TORCH_CHECK(error.empty(), error);
   TORCH_CHECK(false, "another rank could not bring unit ", flat_.unit_index(),
               "'s offloaded state into memory (its error says why)");
@@ -80,14 +80,14 @@ ResidentScope::~ResidentScope() noexcept(false) {
     // Unwinding: what the scope changed may be half done; try to leave the
     // state where it lives without adding an error to the one in flight.
     try {
-      offload_.release(flat_, stepper_ ? &*stepper_ : nullptr);
+      offload_.set_resident(flat_, stepper_ ? &*stepper_ : nullptr, false);
     } catch (const std::exception& e) {
       std::cerr << "fsdp: returning unit " << flat_.unit_index() << "'s offloaded state to " << offload_.where()
                 << " failed: " << e.what() << "\n";
     }
     return;
   }
-  offload_.release(flat_, stepper_ ? &*stepper_ : nullptr);
+  offload_.set_resident(flat_, stepper_ ? &*stepper_ : nullptr, false);
 }
 
 }  // namespace fsdp

@@ -6,7 +6,7 @@
 //   fetches its shard for the all-gather          fetch()
 //   hands over its reduced gradient               accept_gradient()
 //   is stepped when the placement schedules it    step(), begin_step_in_backward()
-//   is made resident for state dicts, checkpoints ResidentScope (make_resident / release)
+//   is made resident for state dicts, checkpoints ResidentScope (set_resident)
 // The placement schedules and stores; the update itself is core's
 // (UnitStepper: the decay, the optimizer, the clip coefficient), so no
 // placement names an optimizer. The engine asks it and never what kind it
@@ -17,6 +17,7 @@
 
 #include <c10/core/StreamGuard.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -41,6 +42,10 @@ struct GatherInput {
   // crossed on, so that it waits for the copy and the compute stream does
   // not), or null: the current stream.
   std::unique_ptr<c10::StreamGuard> stream;
+  // Where the input was copied into the buffer without a collective (a
+  // shard group of one): what lets the compute stream use the buffer after
+  // it (CPU offload: it waits for the copy stream), or nothing.
+  std::function<void(GatherInput&)> finish_local;
 };
 
 // A unit's shard as the placement plans for it before the unit is built:
@@ -66,12 +71,13 @@ class ShardOffload {
 
   // Where the shards are between uses, in messages: "memory", "pinned host memory", "disk".
   virtual const char* where() const = 0;
-  // Whether the shards (and the optimizer state) never leave memory: then
-  // a ResidentScope has nothing to do, and is no collective either. Where
-  // they do, the optimizer steps a unit at a time (check_steps_unit_by_unit),
-  // and only inside fsdp::TrainStep, whose step brings each unit's state in
-  // around its update (a plain backward is refused).
-  virtual bool keeps_state_in_memory() const { return true; }
+  // Whether the shards (and the optimizer state) never leave memory: all
+  // but disk offload (nvme_info()). Then a ResidentScope has nothing to do,
+  // and is no collective either. Where they leave it, the optimizer steps a
+  // unit at a time (check_steps_unit_by_unit), and only inside
+  // fsdp::TrainStep, whose step brings each unit's state in around its
+  // update (a plain backward is refused).
+  bool keeps_state_in_memory() const { return !nvme_info().has_value(); }
   // Called before the units are built, with the model's state and each
   // unit's shard (disk offload makes its scratch file), and after each unit
   // is built (disk offload moves its shard there at once, so that a
@@ -85,9 +91,6 @@ class ShardOffload {
   // The all-gather's input of `flat` (whose shard is not a slice of its
   // gathered buffer). Made under the unsharded buffers' memory category.
   virtual GatherInput fetch(const FlatParam& flat);
-  // A fetched input was copied into the buffer without a collective (a
-  // shard group of one): the compute stream may use the buffer after this.
-  virtual void finish_local_gather(GatherInput& input) const {}
 
   // A unit's reduced (and, across replicas, averaged) gradient shard, on
   // the unit's device in the reduce dtype: becomes (or adds to) the
@@ -116,24 +119,18 @@ class ShardOffload {
   // Every update step() left pending applied now (before something reads
   // the state as a whole: a checkpoint's metadata, its step counts).
   virtual void apply_pending_updates() {}
-  // The gradients of the units `stepper` steps were just zeroed in place
-  // (TrainStep, after its step): the next reduced gradient of each of those
-  // units may replace its gradient instead of being added to it.
-  virtual void gradients_zeroed(const UnitStepper& stepper) {}
 
   // The optimizer step over the model's shards (see UnitStepper): after
   // the decoupled decay of their matrices at their group's lr.
   virtual void step(FsdpState& state, const UnitStepper& stepper);
 
-  // `flat`'s shard (and, with `stepper`, its optimizer state) in memory,
-  // and back: what changed in between is kept. Blocking; ResidentScope
-  // calls them.
-  virtual void make_resident(const FlatParam& flat, const UnitStepper* stepper) {}
-  virtual void release(const FlatParam& flat, const UnitStepper* stepper) {}
+  // `flat`'s shard (and, with `stepper`, its optimizer state) brought into
+  // memory (`resident`), and back where it lives: what changed in between
+  // is kept. Blocking; ResidentScope calls it.
+  virtual void set_resident(const FlatParam& flat, const UnitStepper* stepper, bool resident) {}
 
-  // Disk traffic since the model was built (zeros without disk).
-  virtual OffloadStats stats() const { return OffloadStats(); }
-  // What the disk offload is, or nothing without one.
+  // What the disk offload is and its traffic since the model was built, or
+  // nothing without one.
   virtual std::optional<NvmeOffloadInfo> nvme_info() const { return std::nullopt; }
 };
 

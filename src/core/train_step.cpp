@@ -141,6 +141,12 @@ TrainStep::TrainStep(FsdpState& state, torch::optim::Optimizer& optimizer, Train
 }
 
 namespace {
+// The disk offload's traffic so far (zeros without one).
+offload::OffloadStats offload_stats(const offload::ShardOffload& offload) {
+  const auto info = offload.nvme_info();
+  return info ? info->stats : offload::OffloadStats();
+}
+
 // The step's share of the disk offload's figures: `now` less `before`.
 void record_offload(StepResult& result, const offload::OffloadStats& before, const offload::OffloadStats& now) {
   result.offload_bytes_read = now.bytes_read - before.bytes_read;
@@ -222,7 +228,7 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   memory::reset_device_peaks(state_.device());
   state_.reset_comm_stats();
   offload::ShardOffload& offload = detail::shard_offload(state_);
-  const offload::OffloadStats io_before = offload.stats();
+  const offload::OffloadStats io_before = offload_stats(offload);
   // The backward passes below are this step's (a placement whose step
   // needs its own pipeline refuses any other).
   bool& in_train_step = detail::FsdpStateImpl::of(state_).in_train_step_;
@@ -238,8 +244,13 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   // Zeroed, not freed, alike on every LibTorch: the gradient shards are
   // model state (what the planner counts and the memory figures measure).
   compat::zero_grad_keeping_memory(optimizer_);
-  for (const auto& unit : detail::units(state_)) unit->flat_param().prepared_gradient().reset();  // a skipped step's
-  offload.gradients_zeroed(*stepper);
+  for (const auto& unit : detail::units(state_)) {
+    FlatParam& flat = unit->flat_param();
+    flat.prepared_gradient().reset();  // a skipped step's
+    // The next reduced gradient may land in it instead of adding to it
+    // (CPU offload's pinned buffer): only the optimizer's shards were zeroed.
+    if (stepper->steps(flat)) flat.gradient_zeroed_in_place() = true;
+  }
   state_.check_idle();
   // On a device this waits for the device to pass the step's collective
   // waits (their timing events); the loss read below waits for all the
@@ -253,7 +264,7 @@ StepResult TrainStep::operator()(const LossFn& loss_fn) {
   result.loss = step_loss.item<double>();
   if (grad_norm.defined()) result.grad_norm = grad_norm.item<double>();
   result.step_s = seconds_since(start);
-  record_offload(result, io_before, offload.stats());  // zeros where the shards never leave memory
+  record_offload(result, io_before, offload_stats(offload));  // zeros where the shards never leave memory
   result.figures = figures_now(state_, optimizer_);
   if (options_.gather_rank_figures()) result.per_rank = gather_figures(state_.group(), result.figures);
   return result;

@@ -276,12 +276,12 @@ GatherInput NvmeOffload::fetch(const FlatParam& flat) {
   return input;
 }
 
-void NvmeOffload::make_resident(const FlatParam& flat, const UnitStepper* stepper) {
-  bring_in(flat.unit_index(), stepper);
-}
-
-void NvmeOffload::release(const FlatParam& flat, const UnitStepper* stepper) {
-  send_out(flat.unit_index(), stepper);
+void NvmeOffload::set_resident(const FlatParam& flat, const UnitStepper* stepper, bool resident) {
+  if (resident) {
+    bring_in(flat.unit_index(), stepper);
+  } else {
+    send_out(flat.unit_index(), stepper);
+  }
 }
 
 std::optional<NvmeOffload::Moments> NvmeOffload::moments_of(size_t unit, const UnitStepper* stepper) const {

@@ -72,7 +72,6 @@ class NvmeOffload final : public ShardOffload {
   NvmeOffload& operator=(const NvmeOffload&) = delete;
 
   const char* where() const override { return "disk"; }
-  bool keeps_state_in_memory() const override { return false; }
   // Creates this rank's scratch file (refused, naming the folder and the
   // bytes, where it has no room), a unit's slots after another's: a frozen
   // part's parameters only (no moments, no gradient).
@@ -92,9 +91,8 @@ class NvmeOffload final : public ShardOffload {
   // next unit's read and the previous unit's write run while this unit
   // steps; a unit whose gradient was prepared is left pending instead.
   void step(FsdpState& state, const UnitStepper& stepper) override;
-  void make_resident(const FlatParam& flat, const UnitStepper* stepper) override;
-  void release(const FlatParam& flat, const UnitStepper* stepper) override;
-  OffloadStats stats() const override;
+  void set_resident(const FlatParam& flat, const UnitStepper* stepper, bool resident) override;
+  OffloadStats stats() const;
   std::optional<NvmeOffloadInfo> nvme_info() const override;
 
   // Unit `unit`'s offloaded state in memory (stepper: null for the model's

@@ -77,18 +77,18 @@ class CpuOffload final : public ShardOffload {
     input.values = param_dtype == torch::kFloat ? input.staging : torch::empty({flat.shard_numel()}, on_device.dtype(param_dtype));
     context_.copy_stream_waits_for_compute();
     input.stream = std::make_unique<c10::StreamGuard>(context_.copy_stream());
+    // Copied into the buffer without a gather: the compute stream waits for the copy.
+    input.finish_local = [this](GatherInput& copied_in) {
+      c10::Event copied = context_.record_on_copy_stream();
+      copied_in.stream.reset();
+      copied.block(context_.compute_stream());
+      copied_in.staging = torch::Tensor();
+    };
     input.staging.copy_(flat.shard().detach(), /*non_blocking=*/true);
     if (!input.values.is_same(input.staging)) input.values.copy_(input.staging);
     return input;
   }
 
-  void finish_local_gather(GatherInput& input) const override {
-    if (!input.stream) return;
-    c10::Event copied = context_.record_on_copy_stream();
-    input.stream.reset();
-    copied.block(context_.compute_stream());
-    input.staging = torch::Tensor();
-  }
 
   void accept_gradient(FlatParam& flat, torch::Tensor reduced) override {
     if (reduced.device() == flat.shard().device()) return ShardOffload::accept_gradient(flat, std::move(reduced));
@@ -133,18 +133,6 @@ class CpuOffload final : public ShardOffload {
     }
   }
 
-  // TrainStep zeroed the gradients of the units `stepper` steps in place:
-  // each of those units' next one may land in its gradient instead of being
-  // added to it. Only those: a shard the optimizer does not hold keeps its
-  // gradient, which the next one must add to, as in memory (review of
-  // issue 25: "gradients_zeroed() flags shards outside the optimizer").
-  void gradients_zeroed(const UnitStepper& stepper) override {
-    if (!state_) return;
-    for (const auto& unit : detail::units(*state_)) {
-      const FlatParam& flat = unit->flat_param();
-      if (flat.offload_state() && stepper.steps(flat)) state_of(flat).zeroed = true;
-    }
-  }
 
   // The host steps the shards next, so no copy of them may still be
   // reading (an unused prefetch's) when it writes.
@@ -153,7 +141,7 @@ class CpuOffload final : public ShardOffload {
  private:
   // Where a reduced gradient lands on the host: in the unit's own pinned
   // buffer, which becomes the shard's gradient (it had none) or already is
-  // it and holds zeros (gradients_zeroed()); or, where the gradient holds
+  // it and holds zeros (FlatParam::gradient_zeroed_in_place()); or, where the gradient holds
   // an earlier micro-step's sum, in a buffer of its own, added at the end.
   enum class Landing { kBecomesGradient, kInGradient, kAdd };
   // The reduced gradient on its way to pinned host memory on the copy
@@ -164,12 +152,10 @@ class CpuOffload final : public ShardOffload {
     std::optional<c10::Event> copied;
   };
   // What this placement keeps of a unit (on its FlatParam): its pinned
-  // gradient buffer, the copy in flight, and whether its gradient was zeroed
-  // in place (gradients_zeroed()) since the last one landed.
+  // gradient buffer and the copy in flight.
   struct HostUnitState : UnitOffloadState {
     std::unique_ptr<PendingHostGradient> pending;
     torch::Tensor gradient_buffer;
-    bool zeroed = false;
   };
   static HostUnitState& state_of(const FlatParam& flat) {
     if (!flat.offload_state()) flat.set_offload_state(std::make_unique<HostUnitState>());
@@ -186,7 +172,10 @@ class CpuOffload final : public ShardOffload {
 
   Landing landing_of(const FlatParam& flat) {
     HostUnitState& unit = state_of(flat);
-    const bool zeroed = std::exchange(unit.zeroed, false);
+    // TrainStep zeroed it in place since the last one landed (only the
+    // optimizer's shards: one it does not hold keeps its gradient, which
+    // the next one adds to, as in memory; review of issue 25).
+    const bool zeroed = std::exchange(flat.gradient_zeroed_in_place(), false);
     const torch::Tensor& grad = flat.shard().grad();
     if (!grad.defined()) return Landing::kBecomesGradient;
     if (zeroed && unit.gradient_buffer.defined() && grad.is_same(unit.gradient_buffer)) return Landing::kInGradient;

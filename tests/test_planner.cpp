@@ -280,20 +280,22 @@ TEST(Planner, RunPlanAddsTheModelsActivationsAndTheRunAhead) {
   const auto plain = fsdp::FullyShardOptions();
   const auto checkpointed = fsdp::FullyShardOptions().activation_checkpointing(true);
 
-  const fsdp::RunPlan base = fsdp::plan_run(gpt, false, plain, settings);
+  const fsdp::RunPlan base = fsdp::plan_run({gpt, plain, settings});
   EXPECT_EQ(base.peak.total(), fsdp::estimate_step_peak(gpt.shape, ShardingStrategy::kFullShard, 2, 2,
                                                         fsdp::MixedPrecision(), true, false, gpt.layer_units)
                                    .total());
   EXPECT_EQ(base.step_peak, base.peak.total());
   EXPECT_EQ(base.shard_group, 2);
-  EXPECT_EQ(fsdp::plan_run(llama, false, plain, settings).peak.activations - base.peak.activations, 2 * 9 * M * C * fp32);
-  EXPECT_EQ(fsdp::plan_run(llama, false, checkpointed, settings).peak.activations -
-                fsdp::plan_run(gpt, false, checkpointed, settings).peak.activations,
+  EXPECT_EQ(fsdp::plan_run({llama, plain, settings}).peak.activations - base.peak.activations, 2 * 9 * M * C * fp32);
+  EXPECT_EQ(fsdp::plan_run({llama, checkpointed, settings}).peak.activations -
+                fsdp::plan_run({gpt, checkpointed, settings}).peak.activations,
             9 * M * C * fp32);
   settings.gathers_run_ahead = true;
   const int64_t padded_block = (gpt.layer_units[1] + 1) / 2 * 2;
-  EXPECT_EQ(fsdp::plan_run(gpt, false, plain, settings).peak.gathered - base.peak.gathered, padded_block * fp32);
-  EXPECT_THROW(fsdp::plan_run(gpt, true, plain, settings), c10::Error);  // no sublayer units described
+  EXPECT_EQ(fsdp::plan_run({gpt, plain, settings}).peak.gathered - base.peak.gathered, padded_block * fp32);
+  fsdp::RunSettings sublayer = settings;
+  sublayer.sublayer_units = true;
+  EXPECT_THROW(fsdp::plan_run({gpt, plain, sublayer}), c10::Error);  // no sublayer units described
 }
 
 // The step-time model: with collectives measured for the plan's world and
@@ -307,7 +309,7 @@ TEST(Planner, StepTimeFromMeasuredCollectivesOrRings) {
   fsdp::RunSettings settings;
   settings.world = kWorld;
   settings.ranks_per_node = kHostRanks;
-  const fsdp::RunPlan plan = fsdp::plan_run(gpt, false, fsdp::FullyShardOptions(), settings);
+  const fsdp::RunPlan plan = fsdp::plan_run({gpt, fsdp::FullyShardOptions(), settings});
   fsdp::ClusterDescription cluster;
   cluster.flops = 1e12;
   cluster.intra_bandwidth = cluster.inter_bandwidth = 1e6;
@@ -325,7 +327,7 @@ TEST(Planner, StepTimeFromMeasuredCollectivesOrRings) {
   EXPECT_DOUBLE_EQ(measured.step, compute + comm - 0.5 * comm);
   EXPECT_DOUBLE_EQ(measured.efficiency, compute / measured.step);
   settings.world = 2;  // not what was measured: the ring model, whose communication hides behind compute
-  const fsdp::RunPlan two = fsdp::plan_run(gpt, false, fsdp::FullyShardOptions(), settings);
+  const fsdp::RunPlan two = fsdp::plan_run({gpt, fsdp::FullyShardOptions(), settings});
   const fsdp::StepTime ring = fsdp::estimate_step_time(two, cluster, 1e3);
   EXPECT_GT(ring.comm, 0);
   EXPECT_GT(ring.step, 1e3);  // the first unit's gather is not hidden
@@ -450,7 +452,7 @@ TEST(Planner, FrozenPartsInTheStepPeakAndCheckpointStaging) {
   model.layer_frozen = kFrozen;
   fsdp::RunSettings settings;
   settings.world = kWorld;
-  EXPECT_EQ(fsdp::plan_run(model, false, fsdp::FullyShardOptions(), settings).peak.state.frozen_params, 4 * 501);
+  EXPECT_EQ(fsdp::plan_run({model, fsdp::FullyShardOptions(), settings}).peak.state.frozen_params, 4 * 501);
 }
 
 // On disk a frozen part has its parameters' slot alone (shards of 251 and

@@ -16,6 +16,8 @@
 #include "fsdp/gpt.h"
 #include "fsdp/grad_utils.h"
 #include "fsdp/host_memory.h"
+#include "base/strings.h"
+#include "core/host_resources.h"
 #include "fsdp/preemption.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/token_data.h"
@@ -234,11 +236,11 @@ TEST(Preemption, OneRanksSignalStopsEveryRank) {
   EXPECT_EQ(preemption.signal_here(), last ? SIGUSR1 : 0);
 }
 
-fsdp::HostMemoryRun small_run() {
-  fsdp::HostMemoryRun run;
+fsdp::PlannedRun small_run() {
+  fsdp::PlannedRun run;
   run.model = fsdp::models::GPTConfig::preset("small").plan_description();
   run.settings.world = 2;
-  run.ranks_here = 2;
+  run.settings.ranks_here = 2;
   return run;
 }
 
@@ -256,32 +258,32 @@ TEST(HostMemory, AvailableHonoursTheOverride) {
 // activation checkpointing need less; the preflight refuses what does not
 // fit, listing the variants, and passes what does.
 TEST(HostMemory, PreflightRefusesWhatDoesNotFit) {
-  const fsdp::HostMemoryRun run = small_run();
-  const fsdp::HostMemorySettings plain;
-  fsdp::HostMemorySettings lean;
-  lean.sharded_init = lean.activation_checkpointing = true;
-  const int64_t need = fsdp::host_memory_needed(run, plain);
+  const fsdp::PlannedRun run = small_run();
+  fsdp::PlannedRun lean = run;
+  lean.settings.sharded_init = true;
+  lean.options.activation_checkpointing(true);
+  const int64_t need = fsdp::host_memory_needed(run);
   EXPECT_GT(need, fsdp::kHostRuntimeBytes);
-  EXPECT_LT(fsdp::host_memory_needed(run, lean), need);
+  EXPECT_LT(fsdp::host_memory_needed(lean), need);
   // Rank 0 also holds Open MPI's two copies of a block's whole fp32
   // gradient while it reduce-scatters it; replicated gradients have none.
-  const int64_t block = (fsdp::plan_host_memory_run(run, plain).unit_numels[1] + 1) / 2 * 2;
-  const fsdp::HostMemoryNeed here = fsdp::preflight_host_memory(run, plain, 3 * need);
+  const int64_t block = (fsdp::plan_run(run).unit_numels[1] + 1) / 2 * 2;
+  const fsdp::HostMemoryNeed here = fsdp::preflight_host_memory(run, 3 * need);
   EXPECT_EQ(here.per_rank, need);
   EXPECT_EQ(here.reduce_scatter_buffers, 2 * 4 * block);
   EXPECT_EQ(here.host, 2 * need + here.reduce_scatter_buffers);
   EXPECT_EQ(here.all_ranks, here.host);
-  fsdp::HostMemoryRun replicated = run;
+  fsdp::PlannedRun replicated = run;
   replicated.options.strategy(fsdp::ShardingStrategy::kNoShard);
-  EXPECT_EQ(fsdp::host_memory_need(replicated, plain).reduce_scatter_buffers, 0);
+  EXPECT_EQ(fsdp::host_memory_need(replicated).reduce_scatter_buffers, 0);
   // Two hosts of 2 ranks, one shard group over both: each host is planned
   // with the group's first rank, the world with it once.
-  fsdp::HostMemoryRun across = run;
+  fsdp::PlannedRun across = run;
   across.settings.world = 4;
-  const fsdp::HostMemoryNeed two_hosts = fsdp::host_memory_need(across, plain);
+  const fsdp::HostMemoryNeed two_hosts = fsdp::host_memory_need(across);
   EXPECT_EQ(two_hosts.host, 2 * two_hosts.per_rank + two_hosts.reduce_scatter_buffers);
   EXPECT_EQ(two_hosts.all_ranks, 4 * two_hosts.per_rank + two_hosts.reduce_scatter_buffers);
-  const std::string error = error_of([&] { fsdp::preflight_host_memory(run, plain, 2 * need); });
+  const std::string error = error_of([&] { fsdp::preflight_host_memory(run, 2 * need); });
   EXPECT_NE(error.find("preflight: this run needs about " + fsdp::format_mib(need) + " per rank"), std::string::npos)
       << error;
   EXPECT_NE(error.find("2 rank(s) here and MPI's reduce-scatter buffers (" + fsdp::format_mib(2 * 4 * block) +
@@ -290,23 +292,25 @@ TEST(HostMemory, PreflightRefusesWhatDoesNotFit) {
             std::string::npos)
       << error;
   EXPECT_NE(error.find("\n  --sharded-init --activation-checkpointing: "), std::string::npos) << error;
-  const auto variants = fsdp::host_memory_variants(run, plain);
+  const auto variants = fsdp::host_memory_variants(run);
   EXPECT_EQ(variants.size(), 5u);  // fp32 and sharded: the parameters' disk offload too
-  EXPECT_EQ(fsdp::host_memory_variants(replicated, plain).size(), 4u);
+  EXPECT_EQ(fsdp::host_memory_variants(replicated).size(), 4u);
+  // Each variant is the run with other options, as fully_shard would take them.
+  EXPECT_TRUE(variants[1].run.options.activation_checkpointing() && variants[1].run.settings.sharded_init);
+  EXPECT_EQ(variants[1].flags, "--sharded-init --activation-checkpointing");
+  EXPECT_TRUE(variants[4].run.options.nvme_offload() && variants[4].run.options.nvme_offload()->params());
 }
 
 // The disk: this host's ranks' scratch files together (the planner's size
 // each) against the folder's free space, refused naming both.
 TEST(HostMemory, PreflightChecksTheScratchFilesTogether) {
-  fsdp::HostMemoryRun run = small_run();
-  fsdp::HostMemorySettings settings;
-  EXPECT_EQ(fsdp::preflight_scratch_space(run, settings, 0), 0);  // nothing on disk
-  run.options.nvme_offload(fsdp::NvmeOffloadOptions("/scratch-folder"));
-  settings.nvme_optimizer = true;
-  const int64_t file = fsdp::plan_host_memory_run(run, settings).nvme->file_bytes;
+  fsdp::PlannedRun run = small_run();
+  EXPECT_EQ(fsdp::preflight_scratch_space(run, 0), 0);  // nothing on disk
+  run.options.nvme_offload(fsdp::NvmeOffloadOptions("/scratch-folder").optimizer_state(true));
+  const int64_t file = fsdp::plan_run(run).nvme->file_bytes;
   ASSERT_GT(file, 0);
-  EXPECT_EQ(fsdp::preflight_scratch_space(run, settings, 2 * file), 2 * file);
-  const std::string error = error_of([&] { fsdp::preflight_scratch_space(run, settings, 2 * file - 1); });
+  EXPECT_EQ(fsdp::preflight_scratch_space(run, 2 * file), 2 * file);
+  const std::string error = error_of([&] { fsdp::preflight_scratch_space(run, 2 * file - 1); });
   EXPECT_NE(error.find("scratch files need " + std::to_string(2 * file) + " bytes"), std::string::npos) << error;
   EXPECT_NE(error.find("in '/scratch-folder', which has " + std::to_string(2 * file - 1) + " bytes"), std::string::npos)
       << error;

@@ -17,42 +17,10 @@
 
 namespace fsdp {
 
-/// The memory this host can still give (bytes): /proc/meminfo's MemAvailable,
-/// or less under a cgroup v2 limit (memory.max - memory.current). The
-/// environment variable FSDP_PREFLIGHT_AVAILABLE_BYTES overrides (to check
-/// the preflight itself).
-int64_t host_memory_available();
 
-/// The ranks of this host: mpirun's OMPI_COMM_WORLD_LOCAL_SIZE, else all of
-/// `world_size`.
-int ranks_on_this_host(int world_size);
-
-/// Bytes as MiB with two decimals ("642.60 MiB"), as the tools print memory.
-std::string format_mib(int64_t bytes);
-
-/// The run the host memory is planned for (what does not change between the
-/// variants the preflight offers): the model, fully_shard's options and the
-/// run's settings, as plan_run takes them.
-struct HostMemoryRun {
-  ModelDescription model;     ///< the model's description (its config's plan_description())
-  /// fully_shard's options: their strategy, precision, prefetch, ZeRO++ and
-  /// disk offload's own options (HostMemorySettings sets activation
-  /// checkpointing and what goes to disk).
-  FullyShardOptions options;
-  /// The run's settings; ranks_per_node 0: the ranks of this host where they
-  /// divide the world (as fully_shard's split), else the world.
-  RunSettings settings;
-  int ranks_here = 1;  ///< ranks on this host (ranks_on_this_host)
-};
-
-/// The settings that change a rank's host memory.
-struct HostMemorySettings {
-  bool activation_checkpointing = false;  ///< recompute blocks in backward
-  bool sublayer_units = false;            ///< a unit per attention and per MLP
-  bool sharded_init = false;              ///< no whole model built on every rank first
-  bool nvme_optimizer = false;            ///< optimizer state offloaded to disk
-  bool nvme_params = false;               ///< parameter shards offloaded to disk
-};
+// Every function below plans a PlannedRun (run_plan.h) for this host:
+// RunSettings::ranks_here of them (0 counts as 1), its sharded_init and
+// wrap, and the options' activation checkpointing and disk offload.
 
 /// LibTorch's, MPI's and the data's own memory per rank, beside the tensors
 /// (measured 180-250 MiB).
@@ -66,27 +34,25 @@ constexpr int64_t kHostRuntimeBytes = int64_t{256} << 20;
 /// whole model each rank builds first and flattens, whichever is larger;
 /// plus kHostRuntimeBytes.
 int64_t host_memory_needed(const RunPlan& plan, bool sharded_init);
-/// The same for the run with `settings`: host_memory_needed of its plan_run.
-int64_t host_memory_needed(const HostMemoryRun& run, const HostMemorySettings& settings);
-/// The plan the preflight checks: `run` with `settings` applied.
-RunPlan plan_host_memory_run(const HostMemoryRun& run, const HostMemorySettings& settings);
+/// The same for `run`: host_memory_needed of its plan_run.
+int64_t host_memory_needed(const PlannedRun& run);
 
 /// A change of settings the preflight offers, named by fsdp-train's options.
 struct HostMemoryVariant {
   std::string flags;  ///< e.g. `--sharded-init --activation-checkpointing`
-  HostMemorySettings settings;  ///< the run's settings with that change applied
+  PlannedRun run;     ///< the run with that change applied (its options, its settings)
 };
-/// The variants offered for `settings`, from the least change on (the disk
+/// The variants offered for `run`, from the least change on (the disk
 /// offload of parameters only where the strategy shards them, and for fp32
 /// parameters unless the optimizer state goes to disk too).
-std::vector<HostMemoryVariant> host_memory_variants(const HostMemoryRun& run, const HostMemorySettings& settings);
+std::vector<HostMemoryVariant> host_memory_variants(const PlannedRun& run);
 
 /// The disk offload's read-ahead (NvmeOffloadOptions::read_ahead) that fits
 /// `available` bytes for the ranks of this host: the one `run.options`
 /// asks for where it fits, else the deepest shallower one that fits (each
 /// unit read ahead holds its shards in memory), else the one asked for (the
 /// preflight then refuses the run). Without disk offload, 0.
-int fitting_read_ahead(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t available);
+int fitting_read_ahead(const PlannedRun& run, int64_t available);
 
 /// What a shard group's first rank holds beyond the others while Open MPI
 /// reduce-scatters a unit's gradient (bytes): MPI_Reduce_scatter_block
@@ -112,20 +78,14 @@ struct HostMemoryNeed {
   int64_t host = 0;                    ///< this host's ranks together
   int64_t all_ranks = 0;               ///< the world's ranks together
 };
-/// The need of `run` with `settings` (see HostMemoryNeed).
-HostMemoryNeed host_memory_need(const HostMemoryRun& run, const HostMemorySettings& settings);
+/// The need of `run` (see HostMemoryNeed).
+HostMemoryNeed host_memory_need(const PlannedRun& run);
 
 /// The preflight: returns host_memory_need when this host's need fits
 /// `available` bytes, else throws saying what the run needs, what the host
 /// has and what each variant would need.
-HostMemoryNeed preflight_host_memory(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t available);
+HostMemoryNeed preflight_host_memory(const PlannedRun& run, int64_t available);
 
-/// The bytes disk offload's scratch files may take in `dir`
-/// (offload::scratch_bytes_free, with the world's scratch files already
-/// there counted as free: each rank truncates its own). The environment
-/// variable FSDP_PREFLIGHT_DISK_FREE_BYTES overrides (to check the
-/// preflight itself).
-int64_t scratch_space_available(const std::string& dir, int world_size);
 
 /// The preflight of disk offload's scratch space: this host's ranks' files
 /// (NvmeOffloadPlan::file_bytes each, to the byte the files' size) against
@@ -133,6 +93,6 @@ int64_t scratch_space_available(const std::string& dir, int world_size);
 /// without disk offload); throws naming both where they do not fit, before a
 /// rank reserves its file (each rank's own check sees the others' files not
 /// yet reserved).
-int64_t preflight_scratch_space(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t free_bytes);
+int64_t preflight_scratch_space(const PlannedRun& run, int64_t free_bytes);
 
 }  // namespace fsdp

@@ -73,6 +73,28 @@ struct RunSettings {
   ///@{
   bool async_checkpoint = false, full_checkpoint = false;
   ///@}
+  /// The model's wrap: a unit per attention and per MLP (the trainer's
+  /// `--wrap sublayer`; ModelDescription::sublayer_units), else per layer.
+  bool sublayer_units = false;
+  /// Each unit initialized on its own (the trainer's `--sharded-init`): no
+  /// whole model built on every rank first (host_memory_needed).
+  bool sharded_init = false;
+  /// The ranks of this host, for its host memory (host_memory_need); 0:
+  /// planned for one rank's. Where ranks_per_node is 0 it also gives the
+  /// node size: these ranks where they divide the world (as fully_shard
+  /// splits), else the world.
+  int ranks_here = 0;
+};
+
+/// One run as every planner takes it: plan_run, the host-memory preflight
+/// (host_memory.h) and fsdp-plan. `options` are the options fully_shard
+/// takes for the run (strategy, precision, prefetch, ZeRO++, activation
+/// checkpointing, disk offload), read as the engine reads them: a variant
+/// of the run is a copy with other options.
+struct PlannedRun {
+  ModelDescription model;      ///< the model's description (its config's plan_description())
+  FullyShardOptions options;   ///< fully_shard's options for the run
+  RunSettings settings;        ///< what else of the run changes its plan
 };
 
 /// A run's plan, per rank (plan_run).
@@ -97,14 +119,9 @@ struct RunPlan {
   CheckpointStaging staging;
 };
 
-/// The plan of a run of `model`'s `options.activation_checkpointing()` and
-/// wrap (`sublayer`: a unit per attention and per MLP), with fully_shard's
-/// `options` (strategy, precision, prefetch, ZeRO++, disk offload) and the
-/// run's `settings`. Throws where the options refuse the world
-/// (check_zero_plus_plus_plan, a hybrid's node size), and, as fully_shard
-/// does, for frozen parameters with disk offload.
-RunPlan plan_run(const ModelDescription& model, bool sublayer, const FullyShardOptions& options,
-                 const RunSettings& settings);
+/// The plan of `run`. Throws where its options refuse the world
+/// (check_zero_plus_plus_plan, a hybrid's node size).
+RunPlan plan_run(const PlannedRun& run);
 
 /// A cluster, for the step-time model (estimate_step_time): what `fsdp-plan
 /// --cluster` reads, and `fsdp-plan calibrate` measures.

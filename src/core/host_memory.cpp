@@ -3,6 +3,8 @@
 #include "fsdp/host_memory.h"
 
 #include "fsdp/offload.h"
+#include "base/strings.h"
+#include "core/host_resources.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -53,27 +55,31 @@ int ranks_on_this_host(int world_size) {
   return local ? std::max(1, std::atoi(local)) : world_size;
 }
 
-std::string format_mib(int64_t bytes) {
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(2) << bytes / (1024.0 * 1024.0) << " MiB";
-  return s.str();
+namespace {
+
+// This host's ranks: RunSettings::ranks_here, one at least.
+int ranks_here(const PlannedRun& run) { return std::max(1, run.settings.ranks_here); }
+
+// `run`'s plan on this host (its ranks give the node size where none is set).
+RunPlan plan_here(const PlannedRun& run) {
+  PlannedRun here = run;
+  here.settings.ranks_here = ranks_here(run);
+  return plan_run(here);
 }
 
-RunPlan plan_host_memory_run(const HostMemoryRun& run, const HostMemorySettings& settings) {
-  FullyShardOptions options = run.options;
-  options.activation_checkpointing(settings.activation_checkpointing);
-  if (settings.nvme_optimizer || settings.nvme_params) {
-    NvmeOffloadOptions nvme = options.nvme_offload().value_or(NvmeOffloadOptions(""));
-    options.nvme_offload(nvme.optimizer_state(settings.nvme_optimizer).params(settings.nvme_params));
-  } else {
-    options.nvme_offload(std::nullopt);
+// `run` with the disk offload of the optimizer state and the parameters as
+// asked (both false: none), the rest of the offload's options kept.
+PlannedRun with_disk_offload(PlannedRun run, bool optimizer_state, bool params) {
+  if (!optimizer_state && !params) {
+    run.options.nvme_offload(std::nullopt);
+    return run;
   }
-  RunSettings run_settings = run.settings;
-  if (run_settings.ranks_per_node == 0) {
-    run_settings.ranks_per_node = run_settings.world % run.ranks_here == 0 ? run.ranks_here : run_settings.world;
-  }
-  return plan_run(run.model, settings.sublayer_units, options, run_settings);
+  NvmeOffloadOptions nvme = run.options.nvme_offload().value_or(NvmeOffloadOptions(""));
+  run.options.nvme_offload(nvme.optimizer_state(optimizer_state).params(params));
+  return run;
 }
+
+}  // namespace
 
 int64_t host_memory_needed(const RunPlan& plan, bool sharded_init) {
   const std::vector<int64_t>& units = plan.unit_numels;
@@ -93,8 +99,8 @@ int64_t host_memory_needed(const RunPlan& plan, bool sharded_init) {
   return std::max(step, construction) + kHostRuntimeBytes;
 }
 
-int64_t host_memory_needed(const HostMemoryRun& run, const HostMemorySettings& settings) {
-  return host_memory_needed(plan_host_memory_run(run, settings), settings.sharded_init);
+int64_t host_memory_needed(const PlannedRun& run) {
+  return host_memory_needed(plan_here(run), run.settings.sharded_init);
 }
 
 int64_t reduce_scatter_root_bytes(const RunPlan& plan, const MixedPrecision& mixed_precision) {
@@ -108,8 +114,8 @@ int64_t reduce_scatter_root_bytes(const RunPlan& plan, const MixedPrecision& mix
   return 2 * largest * static_cast<int64_t>(c10::elementSize(mixed_precision.effective_reduce_dtype()));
 }
 
-HostMemoryNeed host_memory_need(const HostMemoryRun& run, const HostMemorySettings& settings) {
-  const RunPlan plan = plan_host_memory_run(run, settings);
+HostMemoryNeed host_memory_need(const PlannedRun& run) {
+  const RunPlan plan = plan_here(run);
   const int64_t root_bytes = reduce_scatter_root_bytes(plan, run.options.mixed_precision());
   const int64_t rank0_staging = plan.staging.rank0 - plan.staging.per_rank;
   // The shard groups' first ranks this host may hold: its ranks over the
@@ -117,60 +123,66 @@ HostMemoryNeed host_memory_need(const HostMemoryRun& run, const HostMemorySettin
   // another), and one at least (which of the hosts holds the first rank of
   // a group that spans hosts is not known here).
   const int64_t K = plan.shard_group;
-  const int64_t group_firsts = std::max<int64_t>(1, (run.ranks_here + K - 1) / K);
+  const int64_t group_firsts = std::max<int64_t>(1, (ranks_here(run) + K - 1) / K);
   HostMemoryNeed need;
-  need.per_rank = host_memory_needed(plan, settings.sharded_init);
+  need.per_rank = host_memory_needed(plan, run.settings.sharded_init);
   need.reduce_scatter_buffers = group_firsts * root_bytes;
-  need.host = need.per_rank * run.ranks_here + rank0_staging + need.reduce_scatter_buffers;
+  need.host = need.per_rank * ranks_here(run) + rank0_staging + need.reduce_scatter_buffers;
   need.all_ranks = need.per_rank * run.settings.world + rank0_staging + run.settings.world / K * root_bytes;
   return need;
 }
 
-std::vector<HostMemoryVariant> host_memory_variants(const HostMemoryRun& run, const HostMemorySettings& settings) {
-  const bool ac = settings.activation_checkpointing, sublayer = settings.sublayer_units;
-  const bool nvme_optimizer = settings.nvme_optimizer, nvme_params = settings.nvme_params;
+std::vector<HostMemoryVariant> host_memory_variants(const PlannedRun& run) {
+  const auto& nvme = run.options.nvme_offload();
+  const bool nvme_optimizer = nvme && nvme->optimizer_state(), nvme_params = nvme && nvme->params();
+  // Each change on top of the one before.
+  PlannedRun sharded_init = run;
+  sharded_init.settings.sharded_init = true;
+  PlannedRun recomputed = sharded_init;
+  recomputed.options.activation_checkpointing(true);
+  PlannedRun sublayer = recomputed;
+  sublayer.settings.sublayer_units = true;
   std::vector<HostMemoryVariant> variants = {
-      {"--sharded-init", {ac, sublayer, true, nvme_optimizer, nvme_params}},
-      {"--sharded-init --activation-checkpointing", {true, sublayer, true, nvme_optimizer, nvme_params}},
-      {"--sharded-init --activation-checkpointing --wrap sublayer", {true, true, true, nvme_optimizer, nvme_params}},
-      {"--sharded-init --activation-checkpointing --offload-optimizer nvme", {true, sublayer, true, true, nvme_params}}};
+      {"--sharded-init", sharded_init},
+      {"--sharded-init --activation-checkpointing", recomputed},
+      {"--sharded-init --activation-checkpointing --wrap sublayer", sublayer},
+      {"--sharded-init --activation-checkpointing --offload-optimizer nvme", with_disk_offload(recomputed, true, nvme_params)}};
   const bool shardable = !keeps_params_unsharded(run.options.strategy());
   if (shardable && (run.options.mixed_precision().param_dtype() == torch::kFloat || nvme_optimizer)) {
     variants.push_back({"--sharded-init --activation-checkpointing --offload-optimizer nvme --offload-params nvme",
-                        {true, sublayer, true, true, true}});
+                        with_disk_offload(recomputed, true, true)});
   }
   return variants;
 }
 
-int fitting_read_ahead(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t available) {
-  if (!run.options.nvme_offload() || !(settings.nvme_optimizer || settings.nvme_params)) return 0;
-  const int asked = run.options.nvme_offload()->read_ahead();
-  HostMemoryRun shallower = run;
+int fitting_read_ahead(const PlannedRun& run, int64_t available) {
+  const auto& nvme = run.options.nvme_offload();
+  if (!nvme || !(nvme->optimizer_state() || nvme->params())) return 0;
+  const int asked = nvme->read_ahead();
+  PlannedRun shallower = run;
   for (int depth = asked; depth >= 1; --depth) {
-    shallower.options.nvme_offload(NvmeOffloadOptions(*run.options.nvme_offload()).read_ahead(depth));
-    if (host_memory_need(shallower, settings).host <= available) return depth;
+    shallower.options.nvme_offload(NvmeOffloadOptions(*nvme).read_ahead(depth));
+    if (host_memory_need(shallower).host <= available) return depth;
   }
   return asked;
 }
 
-HostMemoryNeed preflight_host_memory(const HostMemoryRun& run, const HostMemorySettings& settings,
-                                     int64_t available) {
-  const HostMemoryNeed need = host_memory_need(run, settings);
+HostMemoryNeed preflight_host_memory(const PlannedRun& run, int64_t available) {
+  const HostMemoryNeed need = host_memory_need(run);
   const int64_t needed = need.per_rank;
-  const int ranks_here = run.ranks_here;
   if (need.host <= available) return need;
   std::ostringstream alternatives;
   bool any = false;
-  for (const auto& v : host_memory_variants(run, settings)) {
-    const HostMemoryNeed n = host_memory_need(run, v.settings);
+  for (const auto& v : host_memory_variants(run)) {
+    const HostMemoryNeed n = host_memory_need(v.run);
     alternatives << "\n  " << v.flags << ": " << format_mib(n.per_rank) << " per rank, " << format_mib(n.host)
                  << (n.host <= available ? " (fits)" : " (does not fit)");
     any = any || n.host <= available;
   }
   TORCH_CHECK(false, "preflight: this run needs about ", format_mib(needed), " per rank on the host (the planner's step peak",
-              settings.sharded_init ? "" : " or the whole model each rank builds first", ", plus ",
+              run.settings.sharded_init ? "" : " or the whole model each rank builds first", ", plus ",
               format_mib(kHostRuntimeBytes), " of runtime", run.settings.async_checkpoint ? ", and the asynchronous checkpoints' staging" : "",
-              "), ", ranks_here, " rank(s) here",
+              "), ", ranks_here(run), " rank(s) here",
               need.reduce_scatter_buffers > 0 ? " and MPI's reduce-scatter buffers (" + format_mib(need.reduce_scatter_buffers) + ")" : "",
               ": ", format_mib(need.host),
               ", but the host has ", format_mib(available), " available. With other settings:", alternatives.str(),
@@ -187,12 +199,12 @@ int64_t scratch_space_available(const std::string& dir, int world_size) {
   return offload::scratch_bytes_free(dir, reused);
 }
 
-int64_t preflight_scratch_space(const HostMemoryRun& run, const HostMemorySettings& settings, int64_t free_bytes) {
-  const RunPlan plan = plan_host_memory_run(run, settings);
+int64_t preflight_scratch_space(const PlannedRun& run, int64_t free_bytes) {
+  const RunPlan plan = plan_here(run);
   if (!plan.nvme) return 0;
-  const int64_t needed = plan.nvme->file_bytes * run.ranks_here;
+  const int64_t needed = plan.nvme->file_bytes * ranks_here(run);
   TORCH_CHECK(needed <= free_bytes, "preflight: the disk offload's scratch files need ", needed, " bytes (",
-              format_mib(needed), ": ", plan.nvme->file_bytes, " bytes a rank, ", run.ranks_here,
+              format_mib(needed), ": ", plan.nvme->file_bytes, " bytes a rank, ", ranks_here(run),
               " rank(s) here) in '", run.options.nvme_offload()->store().dir(), "', which has ", free_bytes, " bytes (",
               format_mib(free_bytes), ") free: free space there, give another --offload-dir, or offload less");
   return needed;

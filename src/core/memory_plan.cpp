@@ -2,6 +2,8 @@
 
 #include "core/host_groups.h"
 #include "fsdp/host_memory.h"
+#include "base/strings.h"
+#include "core/host_resources.h"
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>

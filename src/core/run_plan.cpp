@@ -33,8 +33,11 @@ void ModelDescription::describe_units(bool sublayer, torch::nn::Module& model, c
   (sublayer ? sublayer_frozen : layer_frozen) = std::move(frozen);
 }
 
-RunPlan plan_run(const ModelDescription& model, bool sublayer, const FullyShardOptions& options,
-                 const RunSettings& settings) {
+RunPlan plan_run(const PlannedRun& run) {
+  const ModelDescription& model = run.model;
+  const FullyShardOptions& options = run.options;
+  const RunSettings& settings = run.settings;
+  const bool sublayer = settings.sublayer_units;
   RunPlan plan;
   const int world = settings.world;
   const ShardingStrategy strategy = options.strategy();
@@ -47,7 +50,11 @@ RunPlan plan_run(const ModelDescription& model, bool sublayer, const FullyShardO
   plan.world = world;
   plan.unit_numels = model.units(sublayer);
   plan.frozen_numels = model.frozen(sublayer);
-  plan.ranks_per_node = settings.ranks_per_node > 0 ? settings.ranks_per_node : world;
+  // No node size given: this host's ranks where they divide the world (as
+  // fully_shard splits), else the world on one host.
+  const int here = settings.ranks_here;
+  plan.ranks_per_node = settings.ranks_per_node > 0 ? settings.ranks_per_node
+                                                    : (here > 0 && world % here == 0 ? here : world);
   plan.shard_group = shard_group_size(strategy, world, plan.ranks_per_node);
   const std::vector<int64_t>& units = plan.unit_numels;
   const std::vector<int64_t>& frozen = plan.frozen_numels;

@@ -10,6 +10,7 @@
 
 #include "base/strings.h"
 #include "fsdp/host_memory.h"
+#include "core/host_resources.h"
 #include "fsdp/wrap_policy.h"
 
 namespace fsdp::lora {

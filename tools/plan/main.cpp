@@ -229,17 +229,18 @@ fsdp::RunSettings plan_settings(const Report& r) {
   settings.scales_loss = fsdp::scales_loss(fsdp::TrainStepOptions(), r.mp);
   settings.async_checkpoint = r.in.ckpt_async != "none";
   settings.full_checkpoint = r.in.ckpt_async == "full";
+  settings.sublayer_units = r.in.wrap == "sublayer";
+  settings.sharded_init = r.in.sharded_init;
   return settings;
 }
 
 namespace {
 
 Plan plan_strategy(const Report& r, fsdp::ShardingStrategy s) {
-  const bool sublayer = r.in.wrap == "sublayer";
-  const fsdp::RunPlan run = fsdp::plan_run(r.model.description, sublayer, plan_options(r, s, true), plan_settings(r));
+  const fsdp::RunPlan run = fsdp::plan_run({r.model.description, plan_options(r, s, true), plan_settings(r)});
   Plan plan{run};
   // What the options add to the memory, against the same strategy without them.
-  const fsdp::RunPlan plain = fsdp::plan_run(r.model.description, sublayer, plan_options(r, s, false), plan_settings(r));
+  const fsdp::RunPlan plain = fsdp::plan_run({r.model.description, plan_options(r, s, false), plan_settings(r)});
   plan.quantized_gather_buffers = plan.run.peak.gathered - plain.peak.gathered;
   // Offload keeps fp32 masters, gradient shards and optimizer state in host memory (ZeRO-Offload's split).
   if (r.in.offload == "cpu") plan.host = plan.run.peak.state.total();

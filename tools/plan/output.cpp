@@ -295,8 +295,8 @@ void print_recommendation(const Report& r) {
   // The same text fsdp-train --strategy auto prints.
   std::cout << "--budget (" << gib(r.recommendation->budget) << " per rank): " << r.recommendation->reason << "\n";
   if (!r.recommendation->choice) return;
-  const fsdp::RunPlan chosen = fsdp::plan_run(r.model.description, r.in.wrap == "sublayer",
-                                              plan_options(r, r.recommendation->choice->strategy, false), plan_settings(r));
+  const fsdp::RunPlan chosen =
+      fsdp::plan_run({r.model.description, plan_options(r, r.recommendation->choice->strategy, false), plan_settings(r)});
   std::cout << "  (on top of the budget: prefetch's unit ahead, activations and backward's buffers; "
             << fsdp::strategy_name(r.recommendation->choice->strategy) << "'s step peak is " << gib(chosen.peak.total())
             << ")\n";

@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/host_memory.h"
+#include "base/strings.h"
+#include "core/host_resources.h"
 #include "fsdp/hugging_face.h"
 #include "fsdp/offload.h"
 #include "train/report_util.h"
@@ -50,9 +52,9 @@ int ranks_per_host(const Run& run, const fsdp::FsdpState& state, int world) {
 
 Predictions predict(const TrainOptions& o, const Run& run, const fsdp::FsdpState& state, int64_t num_params,
                     int world) {
-  const fsdp::RunPlan plan = fsdp::plan_run(run.plan_description, o.wrap == "sublayer", run.fsdp_options,
-                                            run_settings(o, run, world, ranks_per_host(run, state, world),
-                                                         state.gathers_run_ahead()));
+  const fsdp::RunPlan plan = fsdp::plan_run(
+      {run.plan_description, run.fsdp_options,
+       run_settings(o, run, world, ranks_per_host(run, state, world), state.gathers_run_ahead())});
   Predictions p;
   p.num_params = num_params;
   p.unit_numels = plan.unit_numels;

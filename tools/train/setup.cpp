@@ -14,6 +14,8 @@
 #include "fsdp/device_choice.h"
 #include "fsdp/error.h"
 #include "fsdp/host_memory.h"
+#include "base/strings.h"
+#include "core/host_resources.h"
 #include "fsdp/memory.h"
 #include "fsdp/hugging_face.h"
 #include "fsdp/memory_plan.h"
@@ -105,22 +107,15 @@ fsdp::ShardingStrategy pick_strategy(const TrainOptions& o, Run& run, int world)
 // description (run.plan_description) is what the plan needs.
 void preflight(const TrainOptions& o, Run& run, int world) {
   if (o.no_preflight || o.device != "cpu") return;
-  fsdp::HostMemoryRun plan;
-  plan.model = run.plan_description;
-  plan.options = run.fsdp_options;
+  // The run as fully_shard will take it: the same options.
+  fsdp::PlannedRun plan{run.plan_description, run.fsdp_options,
+                        run_settings(o, run, world, run.fsdp_options.ranks_per_node(), false)};
   if (o.strategy == "auto") plan.options.strategy(fsdp::ShardingStrategy::kFullShard);
-  plan.ranks_here = fsdp::ranks_on_this_host(world);
-  plan.settings = run_settings(o, run, world, run.fsdp_options.ranks_per_node(), false);
-  fsdp::HostMemorySettings settings;
-  settings.activation_checkpointing = o.activation_checkpointing;
-  settings.sublayer_units = o.wrap == "sublayer";
-  settings.sharded_init = o.sharded_init;
-  settings.nvme_optimizer = o.offload_optimizer == "nvme";
-  settings.nvme_params = o.offload_params == "nvme";
+  plan.settings.ranks_here = fsdp::ranks_on_this_host(world);
   const int64_t available = fsdp::host_memory_available();
   // The disk offload reads ahead as deep as asked where the host has room,
   // and shallower, saying so, where only that fits.
-  const int read_ahead = fsdp::fitting_read_ahead(plan, settings, available);
+  const int read_ahead = fsdp::fitting_read_ahead(plan, available);
   if (read_ahead > 0 && read_ahead != o.offload_read_ahead) {
     run.warnings.push_back("preflight: --offload-read-ahead " + std::to_string(o.offload_read_ahead) +
                            " does not fit this host's " + fsdp::format_mib(available) + " available; reading " +
@@ -130,20 +125,20 @@ void preflight(const TrainOptions& o, Run& run, int world) {
     run.fsdp_options.nvme_offload(shallower);
     plan.options.nvme_offload(shallower);
   }
-  const fsdp::HostMemoryNeed need = fsdp::preflight_host_memory(plan, settings, available);
-  if (uses_nvme(o)) fsdp::preflight_scratch_space(plan, settings, fsdp::scratch_space_available(o.offload_dir, world));
+  const fsdp::HostMemoryNeed need = fsdp::preflight_host_memory(plan, available);
+  if (uses_nvme(o)) fsdp::preflight_scratch_space(plan, fsdp::scratch_space_available(o.offload_dir, world));
   run.ram_predicted = need.per_rank;
   run.ram_predicted_all_ranks = need.all_ranks;
   run.ram_predicted_deepest = run.ram_predicted;
   if (read_ahead == 0 || run.fsdp_options.nvme_offload()->max_read_ahead() <= read_ahead) return;
   // It deepens, where compute waits on the disk, as far as the host has room for.
   const fsdp::NvmeOffloadOptions asked = *run.fsdp_options.nvme_offload();  // a copy: run's options change below
-  fsdp::HostMemoryRun deepest = plan;
+  fsdp::PlannedRun deepest = plan;
   deepest.options.nvme_offload(fsdp::NvmeOffloadOptions(asked).read_ahead(asked.max_read_ahead()));
-  const int deepest_fitting = fsdp::fitting_read_ahead(deepest, settings, available);
+  const int deepest_fitting = fsdp::fitting_read_ahead(deepest, available);
   run.fsdp_options.nvme_offload(fsdp::NvmeOffloadOptions(asked).max_read_ahead(deepest_fitting));
   deepest.options.nvme_offload(fsdp::NvmeOffloadOptions(asked).read_ahead(deepest_fitting));
-  run.ram_predicted_deepest = fsdp::host_memory_needed(deepest, settings);
+  run.ram_predicted_deepest = fsdp::host_memory_needed(deepest);
 }
 
 // What a LoRA run writes: its adapters (--save-format peft), the merged
@@ -385,6 +380,8 @@ fsdp::RunSettings run_settings(const TrainOptions& o, const Run& run, int world,
   settings.gathers_run_ahead = gathers_run_ahead;
   settings.async_checkpoint = o.ckpt_async && !o.ckpt_dir.empty();
   settings.full_checkpoint = o.ckpt_format == "full";
+  settings.sublayer_units = o.wrap == "sublayer";
+  settings.sharded_init = o.sharded_init;
   return settings;
 }
 

@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/host_memory.h"
+#include "base/strings.h"
+#include "core/host_resources.h"
 #include "fsdp/hugging_face.h"
 #include "train/report.h"
 #include "tool_support.h"

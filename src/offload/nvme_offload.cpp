@@ -736,7 +736,14 @@ void NvmeOffload::step(FsdpState& /*state: the one prepared*/, const UnitStepper
   std::vector<size_t> order;
   for (size_t u = 0; u < num_units(); ++u) {
     FlatParam& flat = (*flats_[u]);
-    if (slots_of(flat).numel == 0 || !stepper.steps(flat) || stepped[u]) continue;
+    if (!stepper.steps(flat) || stepped[u]) continue;
+    if (slots_of(flat).numel == 0) {
+      // An empty shard (this rank's part of a unit whose parameters are all
+      // frozen, as LoRA's root): nothing on disk, but the optimizer keeps its
+      // step count, as it does in memory (the checkpoint's metadata reads it).
+      if (flat.shard().grad().defined()) stepper.update(flat);
+      continue;
+    }
     if (slots_of(flat).pending) continue;  // left for its next gather (defer_step)
     if (flat.shard().grad().defined()) {
       order.push_back(u);

@@ -135,6 +135,11 @@ for cfg in "lora 2 --model llama --lora-rank 8 --clip-grad-norm 1" "freeze 3 --f
   train_run "nvme-$name" "$ranks" "${args[@]}" --ckpt-dir "$work/ck-nvme-$name" "${offload[@]}"
   same_losses "$work/nvme-$name.jsonl" "$work/mem-$name.jsonl" 5
   same_checkpoint "$work/ck-mem-$name/step-5" "$work/ck-nvme-$name/step-5"
+  # The optimizer's step count and state, as metadata.json records them (LoRA's root unit has an
+  # empty trainable shard: nothing on disk, but stepped, as in memory).
+  [ "$(jq -c .optimizer "$work/ck-mem-$name/step-5/metadata.json")" = \
+    "$(jq -c .optimizer "$work/ck-nvme-$name/step-5/metadata.json")" ] ||
+    fail "$name: metadata.json's optimizer differs: $(jq -c .optimizer "$work/ck-nvme-$name/step-5/metadata.json")"
   s="$work/nvme-$name.json"
   json_ok "$s" '.offload_file_bytes == .offload_file_bytes_predicted and
                 .offload_read_bytes_per_step + .offload_written_bytes_per_step == .offload_io_bytes_per_step_predicted' \
@@ -142,6 +147,15 @@ for cfg in "lora 2 --model llama --lora-rank 8 --clip-grad-norm 1" "freeze 3 --f
   no_scratch_left
   echo "ok: $name on disk equals in memory bit for bit at W = $ranks"
 done
+# LoRA on disk resumed: 3 steps, then resumed to 5, equals the run in memory.
+args=("${common[@]}" --model llama --lora-rank 8)
+train_run lora-a 2 "${base[@]}" --model llama --lora-rank 8 --steps 3 --ckpt-dir "$work/ck-lora-resume" "${offload[@]}"
+train_run lora-b 2 "${args[@]}" --ckpt-dir "$work/ck-lora-resume" --resume "${offload[@]}"
+log_steps "$work/lora-b.jsonl" 4 5 > "$work/lora-b-4-5.jsonl"
+log_steps "$work/mem-lora.jsonl" 4 5 > "$work/mem-lora-4-5.jsonl"
+same_losses "$work/lora-b-4-5.jsonl" "$work/mem-lora-4-5.jsonl" 2
+no_scratch_left
+echo "ok: LoRA on disk resumes bit for bit"
 "$plan" --model llama --preset tiny --world 2 --strategy full_shard --lora-rank 8 --offload nvme \
   --json > "$work/plan-lora.json" || fail "fsdp-plan --lora-rank 8 --offload nvme failed"
 s="$work/nvme-lora.json"

@@ -57,6 +57,8 @@ mutations=(
   "21-planner-forgets-prefetched-unit|^trainer_planner$|$trainer"
   "22-reader-range-check-removed|^fuzz_safetensors_reader$|fsdp fsdp-ckpt"
   "23-metadata-numel-check-removed|^fuzz_checkpoint_metadata$|fsdp fsdp-ckpt"
+  "24-nvme-skips-empty-shard|^trainer_nvme-offload$|$trainer"
+  "25-read-ahead-by-queue-length|^trainer_nvme-offload$|$trainer"
 )
 
 here="$(cd "$(dirname "$0")" && pwd)"

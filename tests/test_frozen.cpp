@@ -64,9 +64,8 @@ void expect_trainable_gradients_match(const fsdp::FsdpState& state, const torch:
   const auto expected = reference.named_parameters();
   for (const auto& unit : fsdp::detail::units(state)) {
     const fsdp::FlatParam& flat = unit->flat_param();
-    if (unit->is_frozen_part()) {
-      EXPECT_FALSE(flat.shard().grad().defined()) << unit->display_name();
-      continue;
+    if (const fsdp::FlatParam* frozen = unit->frozen_params()) {
+      EXPECT_FALSE(frozen->shard().grad().defined()) << frozen->name();
     }
     if (flat.entries().empty()) continue;
     ASSERT_TRUE(flat.shard().grad().defined()) << unit->display_name();
@@ -150,11 +149,11 @@ TEST(FrozenParameters, NeverChangeAndHoldNoGradientOrOptimizerBytes) {
     const auto& units = fsdp::detail::units(model.state());
     int64_t frozen_shard_numel = 0;
     for (const auto& unit : units) {
-      const fsdp::FlatParam& flat = unit->flat_param();
-      if (!unit->is_frozen_part()) continue;
-      frozen_shard_numel += flat.shard_numel();
-      EXPECT_FALSE(flat.shard().requires_grad() || flat.shard().grad().defined()) << unit->display_name();
-      for (const auto& e : flat.entries()) EXPECT_TRUE(is_frozen(e.name)) << e.name;
+      const fsdp::FlatParam* flat = unit->frozen_params();
+      if (!flat) continue;
+      frozen_shard_numel += flat->shard_numel();
+      EXPECT_FALSE(flat->shard().requires_grad() || flat->shard().grad().defined()) << flat->name();
+      for (const auto& e : flat->entries()) EXPECT_TRUE(is_frozen(e.name)) << e.name;
     }
     EXPECT_GT(frozen_shard_numel, 0);
     const int64_t trainable = trainable_shard_numel(model.state());
@@ -174,8 +173,8 @@ TEST(FrozenParameters, NeverChangeAndHoldNoGradientOrOptimizerBytes) {
     if (c.strategy == ShardingStrategy::kFullShard && c.param_dtype == torch::kFloat) {
       int64_t gathered = 0, reduced = 0;
       for (const auto& unit : units) {
-        gathered += unit->flat_param().padded_numel();
-        if (!unit->is_frozen_part()) reduced += unit->flat_param().padded_numel();
+        for (const fsdp::FlatParam* flat : unit->buffers()) gathered += flat->padded_numel();
+        reduced += unit->flat_param().padded_numel();
       }
       const auto bytes = [&](fsdp::CollectiveKind kind) { return last.comm.bytes[static_cast<size_t>(kind)]; };
       EXPECT_EQ(bytes(fsdp::CollectiveKind::kReduceScatter), 4 * reduced);
@@ -190,7 +189,6 @@ TEST(FrozenParameters, NeverChangeAndHoldNoGradientOrOptimizerBytes) {
     int64_t gradient_numel = 0;
     for (const auto& unit : units) {
       const fsdp::FlatParam& flat = unit->flat_param();
-      if (unit->is_frozen_part()) continue;
       gradient_numel += flat.config().full_gradients ? flat.padded_numel() : flat.shard_numel();
     }
     if (!c.cpu_offload) {  // (offloaded gradients live in pinned host blocks, counted apart)
@@ -382,8 +380,7 @@ TEST(Lora, TrainsTheSameAdaptersAsOneProcess) {
       EXPECT_NEAR(result.loss, reference_loss.item<double>(), 1e-5 * reference_loss.item<double>()) << "step " << step;
       if (step == 0 && name == "full_shard") {
         int64_t reduced = 0;
-        for (const auto& unit : fsdp::detail::units(sharded.state()))
-          if (!unit->is_frozen_part()) reduced += unit->flat_param().padded_numel();
+        for (const auto& unit : fsdp::detail::units(sharded.state())) reduced += unit->flat_param().padded_numel();
         EXPECT_EQ(result.comm.bytes[static_cast<size_t>(fsdp::CollectiveKind::kReduceScatter)], 4 * reduced);
       }
     }
@@ -439,11 +436,9 @@ TEST(Lora, HoldsTheBaseInBf16AsOneProcessWould) {
   const fsdp::memory::Usage before = fsdp::memory::usage();
   auto sharded = fsdp::fully_shard(make(), world_group, fsdp::testing::block_units().mixed_precision(fsdp::MixedPrecision().frozen_param_dtype(torch::kBFloat16)));
   int64_t frozen_numel = 0, trainable_numel = 0;
-  for (const auto& unit : fsdp::detail::units(sharded.state())) {
-    const fsdp::FlatParam& flat = unit->flat_param();
-    (unit->is_frozen_part() ? frozen_numel : trainable_numel) += flat.shard_numel();
-    EXPECT_EQ(flat.shard().scalar_type(), unit->is_frozen_part() ? torch::kBFloat16 : torch::kFloat)
-        << unit->display_name();
+  for (const fsdp::FlatParam* flat : fsdp::detail::flat_params(sharded.state())) {
+    (flat->frozen() ? frozen_numel : trainable_numel) += flat->shard_numel();
+    EXPECT_EQ(flat->shard().scalar_type(), flat->frozen() ? torch::kBFloat16 : torch::kFloat) << flat->name();
   }
   EXPECT_EQ(fsdp::memory::usage().live(Category::kParameterShard) - before.live(Category::kParameterShard),
             2 * frozen_numel + 4 * trainable_numel);

@@ -146,7 +146,7 @@ void FlatParam::start_unshard(bool exact) {
   // queued since the pass began (gather_order.h says why that is safe).
   std::optional<c10::StreamGuard> on_gather_stream;
   if (config_.gather_order && config_.gather_order->in_pass()) {
-    on_gather_stream.emplace(config_.gather_order->enter(unit_index()));
+    on_gather_stream.emplace(config_.gather_order->enter(index()));
   }
   if (unsharded_.storage().nbytes() == 0) {
     MemoryCategoryScope scope(buffer_category(config_));
@@ -246,7 +246,7 @@ void FlatParam::reshard() {
     // Its users are queued on the compute stream: held until a later
     // gather's stream has waited for them.
     const int64_t nbytes = static_cast<int64_t>(unsharded_.storage().nbytes());
-    if (nbytes > 0) config_.gather_order->hold(compat::take_storage(unsharded_), nbytes, unit_index());
+    if (nbytes > 0) config_.gather_order->hold(compat::take_storage(unsharded_), nbytes, index());
   } else {
     compat::free_storage(unsharded_);
   }
@@ -276,7 +276,7 @@ void FlatParam::write_back_shard() {
 }
 
 void FlatParam::start_reduce_gradients() {
-  TORCH_CHECK(!config_.frozen, "FlatParam: unit ", unit_index(),
+  TORCH_CHECK(!config_.frozen, "FlatParam: unit ", index(),
               " holds frozen parameters, which have no gradient to reduce");
   TORCH_CHECK(!pending_reduce_, "FlatParam: a gradient reduction is already in flight");
   torch::NoGradGuard no_grad;

@@ -51,12 +51,16 @@ struct FlatParamConfig {
   // wait for the compute stream: the CPU, offload, groups without a gather
   // stream): src/core/gather_order.h.
   GatherOrder* gather_order = nullptr;
-  size_t unit_index = 0;  // the unit's position in detail::units()
+  // Its position in detail::flat_params() (the order the placements, the
+  // gather order and checkpoints number buffers in), and its name there:
+  // its unit's, and "<unit>#frozen" for the unit's frozen parameters.
+  size_t index = 0;
+  std::string name;
   // The parameters never change (requires_grad false when sharded): the
   // shard is no leaf that requires grad and is not among
   // FsdpState::parameters(), so no optimizer steps, decays or clips it; it
   // gets no gradient buffer and is never reduced. A unit's frozen
-  // parameters are a FlatParam of their own (Unit::frozen_part()), so that
+  // parameters are a FlatParam of their own (Unit::frozen_params()), so that
   // its trainable one keeps gradients, reductions and optimizer state for
   // trainable elements only.
   bool frozen = false;
@@ -103,8 +107,9 @@ class FlatParam {
   int shard_rank() const { return config_.shard_group ? config_.shard_group->rank() : 0; }
   const FlatParamConfig& config() const { return config_; }
   bool frozen() const { return config_.frozen; }
-  // The unit's position in detail::units() (its place in the orders units run in).
-  size_t unit_index() const { return config_.unit_index; }
+  // Its position in detail::flat_params(), and its name (FlatParamConfig::index, ::name).
+  size_t index() const { return config_.index; }
+  const std::string& name() const { return config_.name; }
   // What the model's offload keeps of this unit (core/shard_offload.h), or
   // null before it made any. The placement's, not the parameter's: it may
   // change where the FlatParam is const (a fetch, a ResidentScope).

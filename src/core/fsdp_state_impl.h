@@ -3,8 +3,8 @@
 // device context, the gather order, the groups and the pass's bookkeeping,
 // with the events units call (the autograd-driven hooks, prefetch, the end of
 // backward). The engine's own; not installed. Engine code and tests reach a
-// state's parts through detail::units(), detail::shard_offload() and
-// detail::device_context() below.
+// state's parts through detail::units(), detail::flat_params(),
+// detail::shard_offload() and detail::device_context() below.
 
 #include <torch/torch.h>
 
@@ -17,6 +17,7 @@
 namespace fsdp {
 
 class Unit;              // core/unit.h
+class FlatParam;         // core/flat_param.h
 struct FlatParamConfig;  // core/flat_param.h
 class DeviceContext;     // base/device_context.h
 class GatherOrder;       // core/gather_order.h
@@ -82,13 +83,14 @@ struct FsdpStateImpl {
   void issue_prefetch(Unit* unit, bool backward);
   void issue_deferred_prefetches();
   void make_groups();
-  // Builds a Unit per plan (root first), materializing and initializing
-  // parameters through options().param_init_fn() when one is given, and
-  // links each frozen part (frozen[u]) to the unit before it.
-  void build_units(std::vector<UnitPlan> plans, const std::vector<bool>& frozen, const FlatParamConfig& config);
-  void build_unit_list(std::vector<UnitPlan> plans, const std::vector<bool>& frozen, const FlatParamConfig& config);
-  // Builds the unit at position `index` of units_ (a frozen part: see Unit::frozen_part()).
-  std::unique_ptr<Unit> make_unit(UnitPlan plan, const FlatParamConfig& config, size_t index, bool frozen);
+  // Builds a Unit per unit plan (root first) and a buffer per buffer plan
+  // (`buffers`: a unit's trainable parameters, then its frozen ones where
+  // it has any, frozen[b]), materializing and initializing parameters
+  // through options().param_init_fn() when one is given: a buffer is built
+  // (and its full parameters freed) once its last parameter is done.
+  void build_units(std::vector<UnitPlan> buffers, const std::vector<bool>& frozen, const FlatParamConfig& config);
+  // Builds buffer `index` (its place in flat_params_) and gives it to `unit`.
+  void make_buffer(Unit& unit, UnitPlan plan, const FlatParamConfig& config, size_t index, bool frozen);
   // Every rank must have planned the same units with the same sizes, or the
   // first collective would pair different buffers: checked at construction.
   void check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans) const;
@@ -108,6 +110,7 @@ struct FsdpStateImpl {
   // units_, whose configs point at it.
   std::unique_ptr<GatherOrder> gather_order_;
   std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<FlatParam*> flat_params_;  // the units' buffers, in units_' order (owned by them)
   bool backward_callback_queued_ = false;
   bool requires_gradient_sync_ = true;
   bool unshard_scope_ = false;
@@ -123,6 +126,10 @@ struct FsdpStateImpl {
 
 // The units of `state`, root first.
 inline const std::vector<std::unique_ptr<Unit>>& units(const FsdpState& state) { return FsdpStateImpl::of(state).units_; }
+// Every unit's buffers in that order, a unit's trainable one before its
+// frozen one: what the placements, state dicts and checkpoints walk, one
+// shard at a time (FlatParam::index() is the position here).
+inline const std::vector<FlatParam*>& flat_params(const FsdpState& state) { return FsdpStateImpl::of(state).flat_params_; }
 // Where the units' shards live between uses.
 inline offload::ShardOffload& shard_offload(const FsdpState& state) { return *FsdpStateImpl::of(state).offload_; }
 // The device and the streams the units' shards cross on.

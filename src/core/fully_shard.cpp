@@ -56,11 +56,12 @@ std::vector<compat::NodePtr> make_accumulators(const std::vector<FlatParamEntry>
   return accumulators;
 }
 
-// Moves each unit's frozen parameters (requires_grad false) into a plan of
-// their own right after it (see Unit::frozen_part()); returns, per plan,
-// whether it is such a frozen part. A unit without frozen parameters is
-// planned as before, so a model that trains every parameter is sharded, and
-// trains, exactly as without this split.
+// Splits each unit's plan into its buffers' plans: its trainable
+// parameters, then, where it has any, its frozen ones (requires_grad false;
+// see Unit::frozen_params()). Returns, per buffer plan, whether it is a
+// frozen one. A unit without frozen parameters has one buffer, so a model
+// that trains every parameter is sharded, and trains, exactly as without
+// this split.
 std::vector<bool> split_frozen_parameters(std::vector<UnitPlan>& plans) {
   std::vector<UnitPlan> split;
   std::vector<bool> frozen;
@@ -105,15 +106,27 @@ const char* unit_state_name(UnitState state) {
   return "unknown";
 }
 
-Unit::Unit(FsdpStateImpl* owner, UnitPlan plan, FlatParamConfig config)
-    : owner_(owner),
-      name_(std::move(plan.name)),
-      module_(plan.module),
-      flat_(std::move(plan.params), std::move(config)),
-      grad_accumulators_(make_accumulators(flat_.entries())) {
+Unit::Unit(FsdpStateImpl* owner, std::string name, torch::nn::Module* module)
+    : owner_(owner), name_(std::move(name)), module_(module) {}
+
+void Unit::adopt(std::unique_ptr<FlatParam> buffer) {
+  if (buffer->frozen()) {
+    TORCH_CHECK(!frozen_, "FSDP unit '", display_name(), "' was given a second frozen buffer");
+    buffer->initialize_views();
+    frozen_ = std::move(buffer);
+    return;
+  }
+  TORCH_CHECK(!flat_, "FSDP unit '", display_name(), "' was given a second trainable buffer");
+  grad_accumulators_ = make_accumulators(buffer->entries());
   for (auto& accumulator : grad_accumulators_) accumulator->add_post_hook(std::make_unique<GradientReadyHook>(this));
-  flat_.initialize_views();
-  state_ = flat_.config().persistent_params ? UnitState::kUnsharded : UnitState::kSharded;
+  buffer->initialize_views();
+  state_ = buffer->config().persistent_params ? UnitState::kUnsharded : UnitState::kSharded;
+  flat_ = std::move(buffer);
+}
+
+std::vector<FlatParam*> Unit::buffers() const {
+  if (frozen_) return {flat_.get(), frozen_.get()};
+  return {flat_.get()};
 }
 
 bool Unit::checkpointed() const {
@@ -133,30 +146,25 @@ void Unit::transition(std::initializer_list<UnitState> from, UnitState to) {
               unit_state_name(state_), " (expected ", expected,
               "). Is the unit's module called outside fsdp::unit_forward, or twice in one forward?");
   state_ = to;
-  if (frozen_part_) frozen_part_->state_ = to;  // gathered and freed with this unit
 }
 
 void Unit::start_gathers() {
-  flat_.start_unshard();
-  if (frozen_part_) frozen_part_->flat_.start_unshard();
+  for (FlatParam* buffer : buffers()) buffer->start_unshard();
 }
 
 void Unit::finish_gathers() {
-  flat_.unshard();
-  if (frozen_part_) frozen_part_->flat_.unshard();
+  for (FlatParam* buffer : buffers()) buffer->unshard();
 }
 
 void Unit::reshard_all() {
-  flat_.reshard();
-  if (frozen_part_) frozen_part_->flat_.reshard();
+  for (FlatParam* buffer : buffers()) buffer->reshard();
 }
 
 void Unit::pre_forward() {
   owner_->on_forward_entered(*this);
   inputs_watched_ = 0;
   transition({UnitState::kSharded, UnitState::kUnsharded}, UnitState::kForward);
-  flat_.drop_secondary();  // left by a forward whose backward never came
-  if (frozen_part_) frozen_part_->flat_.drop_secondary();
+  for (FlatParam* buffer : buffers()) buffer->drop_secondary();  // left by a forward whose backward never came
   span_begin_us_ = trace::enabled() ? trace::now_us() : -1.0;
   owner_->on_unit_started(*this);
   // Our own gather is issued first, the next unit's after it: every rank
@@ -169,12 +177,11 @@ void Unit::pre_forward() {
 void Unit::post_forward() {
   // Without autograd there is no backward to keep the parameters for; an
   // UnshardScope keeps them for its whole life.
-  const bool reshard = !flat_.config().persistent_params && !owner_->in_unshard_scope() &&
+  const bool reshard = !flat_->config().persistent_params && !owner_->in_unshard_scope() &&
                        (reshards_after_forward(owner_->options().strategy()) || !torch::GradMode::is_enabled());
   transition({UnitState::kForward}, reshard ? UnitState::kSharded : UnitState::kUnsharded);
   if (reshard && torch::GradMode::is_enabled() && owner_->options().zero_plus_plus().secondary_partition()) {
-    flat_.keep_secondary();  // backward gathers it inside the host
-    if (frozen_part_) frozen_part_->flat_.keep_secondary();
+    for (FlatParam* buffer : buffers()) buffer->keep_secondary();  // backward gathers it inside the host
   }
   if (reshard) reshard_all();
   trace::complete("forward " + display_name(), "forward", span_begin_us_);
@@ -197,7 +204,7 @@ void Unit::pre_backward() {
   finish_gathers();
   // A checkpointed unit recomputes its forward first: its gradient buffer
   // waits until then (before_recomputed_gradients).
-  if (owner_->requires_gradient_sync() && !checkpointed()) flat_.prepare_gradient_buffer();
+  if (owner_->requires_gradient_sync() && !checkpointed()) flat_->prepare_gradient_buffer();
   gradients_pending_ = static_cast<int64_t>(grad_accumulators_.size()) + inputs_watched_;
 }
 
@@ -207,7 +214,7 @@ void Unit::before_recomputed_gradients() {
   // before this unit's gradient buffer exists keeps one full-size gradient
   // buffer alive instead of two.
   owner_->finish_reductions_in_flight(/*wait_for_host_copies=*/false);
-  flat_.prepare_gradient_buffer();
+  flat_->prepare_gradient_buffer();
 }
 
 void Unit::on_gradient_ready() {
@@ -226,7 +233,7 @@ void Unit::on_input_gradient() {
 
 void Unit::post_backward() {
   backward_done_in_this_pass_ = true;
-  const bool persistent = flat_.config().persistent_params;
+  const bool persistent = flat_->config().persistent_params;
   transition({UnitState::kBackward}, persistent ? UnitState::kUnsharded : UnitState::kSharded);
   if (owner_->options().backward_prefetch() == BackwardPrefetch::kPost) owner_->prefetch_after(*this, /*backward=*/true);
   if (owner_->requires_gradient_sync()) {
@@ -235,7 +242,7 @@ void Unit::post_backward() {
     // finish the previous units' (overlapped with this unit's backward)
     // before starting ours, so at most one is in flight.
     owner_->finish_reductions_in_flight(/*wait_for_host_copies=*/false);
-    flat_.start_reduce_gradients();  // the trainable parameters' only: frozen ones have none
+    flat_->start_reduce_gradients();  // the trainable parameters' only: frozen ones have none
   }
   reshard_all();
   trace::complete("backward " + display_name(), "backward", span_begin_us_);
@@ -304,7 +311,7 @@ void FsdpStateImpl::build(const offload::PlacementChoice& placements) {
   build_units(std::move(plans), frozen, config);
   if (options_.cache_host_blocks() && device_context_->on_host() && memory::counting_allocator_installed()) {
     int64_t largest = 0;
-    for (const auto& unit : units_) largest = std::max(largest, unit->flat_param().padded_numel());
+    for (const FlatParam* flat : flat_params_) largest = std::max(largest, flat->padded_numel());
     const int64_t limit = host_block_cache_limit(largest, options_.nvme_offload().has_value());
     memory::set_block_cache_limit(std::max(memory::block_cache_limit(), limit));
   }
@@ -314,9 +321,7 @@ void FsdpStateImpl::build(const offload::PlacementChoice& placements) {
     buffer.set_data(buffer.is_floating_point() ? buffer.to(to, buffer_dtype) : buffer.to(to));
   }
   std::lock_guard<std::mutex> lock(registry_mutex);
-  for (const auto& unit : units_) {
-    if (!unit->is_frozen_part()) registry()[unit->module()] = unit.get();
-  }
+  for (const auto& unit : units_) registry()[unit->module()] = unit.get();
 }
 
 void FsdpStateImpl::set_unsharded_scope(bool on, bool writeback) {
@@ -327,7 +332,7 @@ void FsdpStateImpl::set_unsharded_scope(bool on, bool writeback) {
                 "fsdp::UnshardScope: writeback needs float32 parameters; the parameters are gathered in ",
                 options_.mixed_precision().param_dtype());
     for (auto& unit : units_) {
-      unit->flat_param().unshard(/*exact=*/true);  // every rank gathers every unit, in the same order
+      for (FlatParam* flat : unit->buffers()) flat->unshard(/*exact=*/true);  // every rank gathers every unit, in the same order
       unit->state_ = UnitState::kUnsharded;
     }
     unshard_scope_ = true;
@@ -337,12 +342,13 @@ void FsdpStateImpl::set_unsharded_scope(bool on, bool writeback) {
   for (auto& unit : units_) {
     TORCH_CHECK(unit->state_ == UnitState::kUnsharded, "FSDP unit '", unit->display_name(), "' is ",
                 unit_state_name(unit->state_), " when its UnshardScope ends (expected UNSHARDED)");
-    if (writeback) {
-      ResidentScope resident(self_, *unit);
-      unit->flat_param().write_back_shard();
+    for (FlatParam* flat : unit->buffers()) {
+      if (!writeback) continue;
+      ResidentScope resident(self_, *flat);
+      flat->write_back_shard();
     }
     if (unit->flat_param().config().persistent_params) continue;
-    unit->flat_param().reshard();
+    unit->reshard_all();
     unit->state_ = UnitState::kSharded;
   }
 }
@@ -359,75 +365,81 @@ UnshardScope::~UnshardScope() {
   }
 }
 
-void FsdpStateImpl::build_units(std::vector<UnitPlan> plans, const std::vector<bool>& frozen,
+void FsdpStateImpl::build_units(std::vector<UnitPlan> buffers, const std::vector<bool>& frozen,
                                 const FlatParamConfig& config) {
-  build_unit_list(std::move(plans), frozen, config);
-  for (size_t u = 1; u < units_.size(); ++u) {
-    if (units_[u]->is_frozen_part()) units_[u - 1]->frozen_part_ = units_[u].get();
+  // The units first, empty: a buffer goes to the unit of the last
+  // trainable plan before it (its own).
+  std::vector<Unit*> unit_of(buffers.size());
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    if (!frozen[b]) units_.push_back(std::make_unique<Unit>(this, buffers[b].name, buffers[b].module));
+    TORCH_CHECK(!units_.empty(), "fully_shard: a frozen buffer has no unit before it");
+    unit_of[b] = units_.back().get();
   }
-}
-
-void FsdpStateImpl::build_unit_list(std::vector<UnitPlan> plans, const std::vector<bool>& frozen,
-                                    const FlatParamConfig& config) {
   const ParamInitFn& init = options_.param_init_fn();
+  auto build = [&](size_t b) { make_buffer(*unit_of[b], std::move(buffers[b]), config, b, frozen[b]); };
   if (!init) {
-    for (const auto& plan : plans) {
+    for (const auto& plan : buffers) {
       for (const auto& [name, param] : plan.params) {
         TORCH_CHECK(!memory::is_deferred(param.data_ptr()), "fully_shard: parameter '", name,
                     "' was created under memory::DeferredInit and has no values: give FullyShardOptions::param_init_fn");
       }
     }
-    for (size_t u = 0; u < plans.size(); ++u) units_.push_back(make_unit(std::move(plans[u]), config, u, frozen[u]));
-    return;
-  }
-  // Sharded initialization: parameters in named_parameters() order, each
-  // unit sharded (and its full parameters freed) once its last one is done.
-  std::unordered_map<const c10::TensorImpl*, size_t> owner;
-  std::vector<size_t> remaining(plans.size());
-  for (size_t u = 0; u < plans.size(); ++u) {
-    for (const auto& [name, param] : plans[u].params) owner[param.unsafeGetTensorImpl()] = u;
-    remaining[u] = plans[u].params.size();
-  }
-  std::vector<std::unique_ptr<Unit>> built(plans.size());
-  auto build = [&](size_t u) { built[u] = make_unit(std::move(plans[u]), config, u, frozen[u]); };
-  for (size_t u = 0; u < plans.size(); ++u)
-    if (remaining[u] == 0) build(u);  // a unit without parameters of its own
-  for (auto& [name, param] : unique_named_parameters(*module_)) {
-    auto it = owner.find(param.unsafeGetTensorImpl());
-    if (it == owner.end()) continue;  // frozen or otherwise not sharded
-    const std::vector<int64_t> shape = param.sizes().vec();
-    {
-      torch::NoGradGuard no_grad;
-      // On the CPU, whatever the units' device: the init draws from the CPU
-      // generator, so the weights are those of an unsharded CPU build. The
-      // unit moves to its device when it is sharded, a unit at a time.
-      if (memory::is_deferred(param.data_ptr())) param.set_data(torch::empty(shape, torch::kFloat));
-      init(name, param);
+    for (size_t b = 0; b < buffers.size(); ++b) build(b);
+  } else {
+    // Sharded initialization: parameters in named_parameters() order, each
+    // buffer sharded (and its full parameters freed) once its last one is done.
+    std::unordered_map<const c10::TensorImpl*, size_t> owner;
+    std::vector<size_t> remaining(buffers.size());
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      for (const auto& [name, param] : buffers[b].params) owner[param.unsafeGetTensorImpl()] = b;
+      remaining[b] = buffers[b].params.size();
     }
-    TORCH_CHECK(param.sizes().vec() == shape && param.scalar_type() == torch::kFloat &&
-                    !memory::is_deferred(param.data_ptr()),
-                "fully_shard: param_init_fn left parameter '", name, "' without float32 values of its shape");
-    if (--remaining[it->second] == 0) build(it->second);
+    std::vector<bool> built(buffers.size(), false);
+    auto build_once = [&](size_t b) {
+      build(b);
+      built[b] = true;
+    };
+    for (size_t b = 0; b < buffers.size(); ++b)
+      if (remaining[b] == 0) build_once(b);  // a buffer without parameters (a unit with none of its own)
+    for (auto& [name, param] : unique_named_parameters(*module_)) {
+      auto it = owner.find(param.unsafeGetTensorImpl());
+      if (it == owner.end()) continue;  // not sharded
+      const std::vector<int64_t> shape = param.sizes().vec();
+      {
+        torch::NoGradGuard no_grad;
+        // On the CPU, whatever the units' device: the init draws from the CPU
+        // generator, so the weights are those of an unsharded CPU build. The
+        // unit moves to its device when it is sharded, a buffer at a time.
+        if (memory::is_deferred(param.data_ptr())) param.set_data(torch::empty(shape, torch::kFloat));
+        init(name, param);
+      }
+      TORCH_CHECK(param.sizes().vec() == shape && param.scalar_type() == torch::kFloat &&
+                      !memory::is_deferred(param.data_ptr()),
+                  "fully_shard: param_init_fn left parameter '", name, "' without float32 values of its shape");
+      if (--remaining[it->second] == 0) build_once(it->second);
+    }
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      TORCH_CHECK(built[b], "fully_shard: unit '", unit_of[b]->display_name(),
+                  "' has parameters that named_parameters() does not list");
+    }
   }
-  for (size_t u = 0; u < plans.size(); ++u) {
-    TORCH_CHECK(built[u], "fully_shard: unit '", u == 0 ? "<root>" : plans[u].name,
-                "' has parameters that named_parameters() does not list");
-    units_.push_back(std::move(built[u]));
-  }
+  for (const auto& unit : units_)
+    for (FlatParam* flat : unit->buffers()) flat_params_.push_back(flat);
 }
 
-std::unique_ptr<Unit> FsdpStateImpl::make_unit(UnitPlan plan, const FlatParamConfig& config, size_t index,
-                                               bool frozen) {
+void FsdpStateImpl::make_buffer(Unit& unit, UnitPlan plan, const FlatParamConfig& config, size_t index, bool frozen) {
   FlatParamConfig own = config;
-  own.unit_index = index;
+  own.index = index;
+  own.name = std::move(plan.name);
   own.frozen = frozen;
   if (frozen && options_.mixed_precision().frozen_param_dtype()) {  // held, gathered and computed in its own dtype
     own.shard_dtype = *options_.mixed_precision().frozen_param_dtype();
     own.mixed_precision = MixedPrecision().param_dtype(own.shard_dtype).reduce_dtype(own.shard_dtype);
   }
-  auto unit = std::make_unique<Unit>(this, std::move(plan), std::move(own));
-  offload_->unit_built(unit->flat_param());
-  return unit;
+  auto flat = std::make_unique<FlatParam>(std::move(plan.params), std::move(own));
+  FlatParam& built = *flat;
+  unit.adopt(std::move(flat));
+  offload_->unit_built(built);
 }
 
 void FsdpStateImpl::check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans) const {
@@ -470,18 +482,14 @@ void FsdpStateImpl::check_same_plan_on_every_rank(const std::vector<UnitPlan>& p
 
 FsdpState::~FsdpState() {
   std::lock_guard<std::mutex> lock(registry_mutex);
-  for (auto& unit : impl_->units_) {
-    if (!unit->is_frozen_part()) registry().erase(unit->module());
-  }
+  for (auto& unit : impl_->units_) registry().erase(unit->module());
 }
 
 std::optional<offload::NvmeOffloadInfo> FsdpState::nvme_offload() const { return impl_->offload_->nvme_info(); }
 
 std::vector<torch::Tensor> FsdpState::parameters() const {
   std::vector<torch::Tensor> shards;
-  for (const auto& unit : impl_->units_) {
-    if (!unit->is_frozen_part()) shards.push_back(unit->flat_param().shard());
-  }
+  for (const auto& unit : impl_->units_) shards.push_back(unit->flat_param().shard());
   return shards;
 }
 
@@ -580,7 +588,9 @@ void FsdpState::check_idle() const {
   for (const auto& unit : impl_->units_) {
     const bool persistent = unit->flat_param().config().persistent_params;
     const UnitState idle = persistent ? UnitState::kUnsharded : UnitState::kSharded;
-    TORCH_CHECK(unit->state() == idle && unit->flat_param().is_unsharded() == persistent, "FSDP unit '",
+    bool at_rest = unit->state() == idle;
+    for (const FlatParam* flat : unit->buffers()) at_rest = at_rest && flat->is_unsharded() == persistent;
+    TORCH_CHECK(at_rest, "FSDP unit '",
                 unit->display_name(), "' is ", unit_state_name(unit->state()), " between steps (expected ",
                 unit_state_name(idle), ")");
     TORCH_CHECK(!unit->flat_param().reduce_pending(), "FSDP unit '", unit->display_name(),
@@ -690,9 +700,9 @@ void FsdpStateImpl::recover_from_failed_backward() {
   for (auto& unit : units_) {
     if (unit->state() != UnitState::kBackward) continue;
     unit->flat_param().drop_gradient_buffer();
-    unit->flat_param().drop_secondary();
+    for (FlatParam* flat : unit->buffers()) flat->drop_secondary();
     for (const auto& e : unit->flat_param().entries()) e.param.mutable_grad().reset();
-    unit->flat_param().reshard();
+    unit->reshard_all();
     unit->state_ = unit->flat_param().config().persistent_params ? UnitState::kUnsharded : UnitState::kSharded;
   }
   if (gather_order_) gather_order_->end_pass();
@@ -701,7 +711,7 @@ void FsdpStateImpl::recover_from_failed_backward() {
 void FsdpStateImpl::rethrow_forward_error(const c10::Error& error) const {
   std::string never_entered;
   for (const auto& unit : units_) {
-    if (unit->entered_in_this_forward_ || unit->is_frozen_part()) continue;  // a frozen part enters with its owner
+    if (unit->entered_in_this_forward_) continue;
     never_entered += (never_entered.empty() ? "" : ", ") + unit->display_name();
   }
   if (never_entered.empty()) throw;  // the error being handled, with its own type
@@ -751,11 +761,11 @@ void FsdpStateImpl::finish_backward() {
   // Units some of whose parameters got no gradient in this pass never
   // counted down to zero: reduce them now (missing gradients count as zero).
   for (auto& unit : units_) {
-    if (unit->state() == UnitState::kBackward && !unit->is_frozen_part()) unit->post_backward();
+    if (unit->state() == UnitState::kBackward) unit->post_backward();
   }
   finish_reductions_in_flight();
   release_unused_prefetches();
-  for (auto& unit : units_) unit->flat_param().drop_secondary();  // of units backward never reached
+  for (FlatParam* flat : flat_params_) flat->drop_secondary();  // of units backward never reached
   if (gather_order_) gather_order_->end_pass();
   offload_->finish_backward();
 }

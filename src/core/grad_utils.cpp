@@ -62,7 +62,6 @@ torch::Tensor clip_grad_norm_tensor_(FsdpState& state, double max_norm) {
   double sum_of_squares = 0.0;
   std::vector<PreparedGradient*> prepared;
   for (const auto& unit : detail::units(state)) {
-    if (unit->is_frozen_part()) continue;
     const torch::Tensor& shard = unit->flat_param().shard();
     if (!shard.grad().defined()) {
       if (auto& gradient = unit->flat_param().prepared_gradient()) {
@@ -164,7 +163,6 @@ bool GradScaler::unscale_() {
   torch::NoGradGuard no_grad;
   bool local_inf = false;
   for (const auto& unit : detail::units(state_)) {
-    if (unit->is_frozen_part()) continue;
     const torch::Tensor& shard = unit->flat_param().shard();
     if (!shard.grad().defined()) {
       // Unscaled as it arrived (disk offload's prepared gradients).

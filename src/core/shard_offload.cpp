@@ -11,7 +11,6 @@
 
 #include "core/flat_param.h"
 #include "core/fsdp_state_impl.h"
-#include "core/unit.h"
 #include "fsdp/grad_utils.h"
 
 namespace fsdp::offload {
@@ -46,9 +45,10 @@ void settle_between_steps(const FsdpState& state) {
   detail::shard_offload(state).apply_pending_updates();
 }
 
-ResidentScope::ResidentScope(const FsdpState& state, const Unit& unit, torch::optim::Optimizer* optimizer, bool agree)
+ResidentScope::ResidentScope(const FsdpState& state, const FlatParam& flat, torch::optim::Optimizer* optimizer,
+                             bool agree)
     : offload_(detail::shard_offload(state)),
-      flat_(unit.flat_param()),
+      flat_(flat),
       uncaught_(std::uncaught_exceptions()) {
   if (offload_.keeps_state_in_memory()) return;
   if (optimizer) stepper_.emplace(*optimizer);
@@ -70,7 +70,7 @@ ResidentScope::ResidentScope(const FsdpState& state, const Unit& unit, torch::op
   if (failed.item<int>() == 0) return;
   if (error.empty()) offload_.set_resident(flat_, stepper, false);  // this rank's part back where it lives
   TORCH_CHECK(error.empty(), error);
-  TORCH_CHECK(false, "another rank could not bring unit ", flat_.unit_index(),
+  TORCH_CHECK(false, "another rank could not bring unit ", flat_.index(),
               "'s offloaded state into memory (its error says why)");
 }
 
@@ -82,7 +82,7 @@ ResidentScope::~ResidentScope() noexcept(false) {
     try {
       offload_.set_resident(flat_, stepper_ ? &*stepper_ : nullptr, false);
     } catch (const std::exception& e) {
-      std::cerr << "fsdp: returning unit " << flat_.unit_index() << "'s offloaded state to " << offload_.where()
+      std::cerr << "fsdp: returning unit " << flat_.index() << "'s offloaded state to " << offload_.where()
                 << " failed: " << e.what() << "\n";
     }
     return;

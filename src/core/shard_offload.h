@@ -29,7 +29,6 @@ namespace fsdp {
 class DeviceContext;
 class FlatParam;
 class FsdpState;
-class Unit;
 }  // namespace fsdp
 
 namespace fsdp::offload {
@@ -156,15 +155,16 @@ namespace fsdp {
 // optimizer's step counts) is the last step's. The one place that flushes.
 void settle_between_steps(const FsdpState& state);
 
-// A unit's shard, and with `optimizer` its optimizer state, in memory for the
-// scope's life (nothing to do where they never leave it): checkpoints and
-// state dicts read and write them inside one, a unit at a time. What the
+// One buffer's shard (detail::flat_params()), and with `optimizer` its
+// optimizer state, in memory for the scope's life (nothing to do where they
+// never leave it): checkpoints and state dicts read and write them inside
+// one, a buffer at a time. What the
 // scope changed is kept when it ends. With `agree` the entry is collective
 // over the model's group: a rank that cannot bring its state in makes every
 // rank throw (for callers that gather inside the scope).
 class ResidentScope {
  public:
-  ResidentScope(const FsdpState& state, const Unit& unit, torch::optim::Optimizer* optimizer = nullptr,
+  ResidentScope(const FsdpState& state, const FlatParam& flat, torch::optim::Optimizer* optimizer = nullptr,
                 bool agree = false);
   ~ResidentScope() noexcept(false);
   ResidentScope(const ResidentScope&) = delete;

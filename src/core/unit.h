@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,24 +28,29 @@ struct FsdpStateImpl;
 
 class Unit {
  public:
-  Unit(detail::FsdpStateImpl* owner, UnitPlan plan, FlatParamConfig config);
-  const std::string& name() const { return name_; }  // "" for the root
-  size_t index() const { return flat_.unit_index(); }  // its position in detail::units()
+  // A unit named `name` ("" for the root) over `module`, with no buffers
+  // yet: FsdpStateImpl::build_units adopts them (adopt()) as their
+  // parameters are ready.
+  Unit(detail::FsdpStateImpl* owner, std::string name, torch::nn::Module* module);
+  const std::string& name() const { return name_; }
   std::string display_name() const;
   UnitState state() const { return state_; }
-  const FlatParam& flat_param() const { return flat_; }
-  FlatParam& flat_param() { return flat_; }
+  // Its trainable parameters: every parameter when none is frozen (and
+  // none when all are).
+  const FlatParam& flat_param() const { return *flat_; }
+  FlatParam& flat_param() { return *flat_; }
+  // Its frozen parameters (requires_grad false when sharded), or null: a
+  // buffer of their own, so that the trainable one keeps gradients,
+  // reductions and optimizer state for trainable elements only. The unit
+  // gathers, frees and moves it with the trainable one, and never reduces it.
+  FlatParam* frozen_params() const { return frozen_.get(); }
+  // Its buffers: the trainable one, then the frozen one if any.
+  std::vector<FlatParam*> buffers() const;
   const torch::nn::Module* module() const { return module_; }
-  // Frozen parameters (requires_grad false when sharded) are a unit of
-  // their own, right after their owner in detail::units(): the owner gathers
-  // and frees them with its own (same boundary, prefetch and reshard) and
-  // moves their state with its own, but never reduces them. Every path that
-  // walks the units (state dicts, checkpoints, residency, memory) so sees
-  // them under their names, and only FsdpState::parameters() leaves them out.
-  // frozen_part(): the owner's frozen unit, or null; is_frozen_part(): this
-  // is one (its module is the owner's; it is not registered for it).
-  Unit* frozen_part() const { return frozen_part_; }
-  bool is_frozen_part() const { return flat_.frozen(); }
+  // Takes one of its buffers (trainable or frozen, FlatParam::frozen()),
+  // just built: the trainable one's gradient accumulators get the hook
+  // that counts its gradients in, then the parameters become views.
+  void adopt(std::unique_ptr<FlatParam> buffer);
 
   // Activation checkpointing: whether this unit's forward runs without
   // keeping activations, and the body that runs (and reruns) it.
@@ -68,7 +74,7 @@ class Unit {
 
  private:
   void transition(std::initializer_list<UnitState> from, UnitState to);
-  // The unit's gathers and frees, of its frozen part too.
+  // The gathers and frees of every buffer of the unit.
   void start_gathers();
   void finish_gathers();
   void reshard_all();
@@ -76,8 +82,7 @@ class Unit {
   detail::FsdpStateImpl* owner_;
   std::string name_;
   torch::nn::Module* module_;
-  FlatParam flat_;
-  Unit* frozen_part_ = nullptr;  // set by FsdpStateImpl::build_units
+  std::unique_ptr<FlatParam> flat_, frozen_;
   // Held here because autograd keeps gradient accumulators only weakly: a
   // dropped one is recreated later without our post hook. Created while the
   // parameters have their full shape and compute dtype, which they fix.

@@ -46,8 +46,8 @@ std::vector<torch::Tensor> UnitStepper::moments(const FlatParam& flat) const {
 
 const torch::optim::AdamWOptions& UnitStepper::options_of(const FlatParam& flat) const {
   const auto found = options_.find(flat.shard().unsafeGetTensorImpl());
-  TORCH_CHECK(found != options_.end(), "fsdp: unit ", flat.unit_index(), "'s shard is not the optimizer's");
-  TORCH_CHECK(found->second, "fsdp: unit ", flat.unit_index(), " is stepped alone, which needs AdamW's options; the "
+  TORCH_CHECK(found != options_.end(), "fsdp: unit ", flat.index(), "'s shard is not the optimizer's");
+  TORCH_CHECK(found->second, "fsdp: unit ", flat.index(), " is stepped alone, which needs AdamW's options; the "
               "optimizer is ", optimizer_name(optimizer_));
   return *found->second;
 }

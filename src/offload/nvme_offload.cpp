@@ -104,7 +104,7 @@ struct NvmeOffload::DeferredStep {
 };
 
 NvmeOffload::UnitSlots& NvmeOffload::slots_of(const FlatParam& flat) {
-  TORCH_CHECK(flat.offload_state(), "fsdp: unit ", flat.unit_index(), " has no disk offload state (unit_built() makes it)");
+  TORCH_CHECK(flat.offload_state(), "fsdp: unit ", flat.index(), " has no disk offload state (unit_built() makes it)");
   return static_cast<UnitSlots&>(*flat.offload_state());
 }
 
@@ -206,7 +206,7 @@ void NvmeOffload::prepare(FsdpState& state, const std::vector<ShardPlan>& shards
 }
 
 void NvmeOffload::unit_built(FlatParam& flat) {
-  const size_t u = flat.unit_index();
+  const size_t u = flat.index();
   TORCH_CHECK(store_ && u < planned_.size() && planned_[u], "NvmeOffload: unit ", u,
               " was built without its slots (prepare() plans every unit once)");
   TORCH_CHECK(planned_[u]->numel == flat.shard_numel(), "NvmeOffload: unit ", u, " was planned with a shard of ",
@@ -266,7 +266,7 @@ std::optional<NvmeOffloadInfo> NvmeOffload::nvme_info() const {
 GatherInput NvmeOffload::fetch(const FlatParam& flat) {
   // Until unit_built() (the units' first gathers, while they are built) the
   // shards are in memory still.
-  const size_t unit = flat.unit_index();
+  const size_t unit = flat.index();
   if (!flat.offload_state() || slots_of(flat).numel == 0) return ShardOffload::fetch(flat);
   // The update the last step left pending: the gather sends its result.
   if (slots_of(flat).pending) step_pending(unit);
@@ -278,9 +278,9 @@ GatherInput NvmeOffload::fetch(const FlatParam& flat) {
 
 void NvmeOffload::set_resident(const FlatParam& flat, const UnitStepper* stepper, bool resident) {
   if (resident) {
-    bring_in(flat.unit_index(), stepper);
+    bring_in(flat.index(), stepper);
   } else {
-    send_out(flat.unit_index(), stepper);
+    send_out(flat.index(), stepper);
   }
 }
 
@@ -547,7 +547,7 @@ void NvmeOffload::read_state(size_t unit) {
 }
 
 void NvmeOffload::accept_gradient(FlatParam& flat, torch::Tensor reduced) {
-  const size_t unit = flat.unit_index();
+  const size_t unit = flat.index();
   if (flat.offload_state() && slots_of(flat).pending) step_pending(unit);  // the last step's, before this one's
   ShardOffload::accept_gradient(flat, std::move(reduced));
   if (!backward_stepper_ || !flat.offload_state() || slots_of(flat).numel == 0) return;

@@ -17,7 +17,7 @@
 #include "base/compat.h"
 #include "base/device_context.h"
 #include "core/fsdp_state_impl.h"
-#include "core/unit.h"
+#include "core/flat_param.h"
 #include "fsdp/grad_utils.h"
 #include "fsdp/memory.h"
 #include "offload/nvme_offload.h"
@@ -165,8 +165,8 @@ class CpuOffload final : public ShardOffload {
   template <class F>
   void for_each_unit_state(F f) {
     if (!state_) return;
-    for (const auto& unit : detail::units(*state_)) {
-      if (unit->flat_param().offload_state()) f(state_of(unit->flat_param()));
+    for (const FlatParam* flat : detail::flat_params(*state_)) {
+      if (flat->offload_state()) f(state_of(*flat));
     }
   }
 

@@ -6,7 +6,7 @@
 
 #include "fsdp/checkpoint.h"
 #include "core/fsdp_state_impl.h"
-#include "core/unit.h"
+#include "core/flat_param.h"
 #include "state_dict/checkpoint_json.h"
 #include "state_dict/checkpoint_schema.h"
 
@@ -275,9 +275,9 @@ CheckpointInfo load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimi
   const int64_t optimizer_step = meta.at("optimizer").at("step").get<int64_t>();
   const bool has_state = meta.at("optimizer").value("has_state", true);
   torch::NoGradGuard no_grad;
-  for (size_t u = 0; u < detail::units(state).size(); ++u) {
-    FlatParam& flat = detail::units(state)[u]->flat_param();
-    ResidentScope resident(state, *detail::units(state)[u], &optimizer);
+  for (size_t u = 0; u < detail::flat_params(state).size(); ++u) {
+    FlatParam& flat = *detail::flat_params(state)[u];
+    ResidentScope resident(state, flat, &optimizer);
     // This rank's new shard covers [begin, end) of the real elements; the
     // padding after them stays zero.
     const int64_t begin = std::min(flat.shard_rank() * flat.shard_numel(), flat.numel());

@@ -4,7 +4,7 @@
 
 #include "fsdp/checkpoint.h"
 #include "core/fsdp_state_impl.h"
-#include "core/unit.h"
+#include "core/flat_param.h"
 #include "state_dict/checkpoint_json.h"
 #include "state_dict/checkpoint_schema.h"
 
@@ -42,9 +42,9 @@ void write_shard_file(FsdpState& state, const OptimizerState& optimizer, const n
   auto [name, specs] = expected_files(meta, CheckpointFormat::kSharded).at(shard_index);
   safetensors::Writer writer((temp_dir / name).string(), std::move(specs),
                              {{"format", format_tag(CheckpointFormat::kSharded)}, {"shard", std::to_string(shard_index)}});
-  for (size_t u = 0; u < detail::units(state).size(); ++u) {
-    ResidentScope resident(state, *detail::units(state)[u], &optimizer.optimizer());
-    const FlatParam& flat = detail::units(state)[u]->flat_param();
+  for (size_t u = 0; u < detail::flat_params(state).size(); ++u) {
+    const FlatParam& flat = *detail::flat_params(state)[u];
+    ResidentScope resident(state, flat, &optimizer.optimizer());
     writer.write(flat.shard().detach().to(torch::kFloat));  // a frozen part held in bf16 saved exactly, in fp32
     if (flat.frozen()) continue;  // no optimizer state (unit_state_names)
     for (const auto& name : optimizer.tensor_names()) writer.write(optimizer.value(flat.shard(), name));
@@ -72,7 +72,7 @@ void prepare_temp_dir(const ProcessGroupPtr& group, const std::string& dir, cons
 // metadata.json's fields but "files", as they stand now.
 nlohmann::json checkpoint_metadata(const FsdpState& state, const OptimizerState& optimizer_state, int64_t step,
                                    const CheckpointExtra& extra_texts, CheckpointFormat format) {
-  const torch::Tensor first_shard = detail::units(state).front()->flat_param().shard();
+  const torch::Tensor first_shard = detail::flat_params(state).front()->shard();
   nlohmann::json optimizer_meta = {{"type", optimizer_state.type()},
                                    {"step", optimizer_state.step(first_shard)},
                                    {"state", optimizer_state.tensor_names()},
@@ -191,9 +191,9 @@ std::vector<StagedCheckpoint::File> stage_shard_file(FsdpState& state, const Opt
   const std::map<std::string, std::string> header = {{"format", format_tag(CheckpointFormat::kSharded)},
                                                      {"shard", std::to_string(shard_index)}};
   StagedCheckpoint::File file{(temp_dir / name).string(), std::move(specs), header, {}};
-  for (size_t u = 0; u < detail::units(state).size(); ++u) {
-    ResidentScope resident(state, *detail::units(state)[u], &optimizer.optimizer());
-    const FlatParam& flat = detail::units(state)[u]->flat_param();
+  for (size_t u = 0; u < detail::flat_params(state).size(); ++u) {
+    const FlatParam& flat = *detail::flat_params(state)[u];
+    ResidentScope resident(state, flat, &optimizer.optimizer());
     const torch::Tensor& shard = flat.shard();
     file.tensors.push_back(staging.copy(shard.to(torch::kFloat)));  // fp32 on disk, whatever the frozen dtype
     if (flat.frozen()) continue;  // no optimizer state (unit_state_names)
@@ -214,7 +214,7 @@ std::vector<StagedCheckpoint::File> stage_full_files(FsdpState& state, const Opt
   auto optimizer_metadata = metadata;
   optimizer_metadata["optimizer"] = optimizer.type();
   optimizer_metadata["optimizer_step"] =
-      std::to_string(optimizer.step(detail::units(state).front()->flat_param().shard()));
+      std::to_string(optimizer.step(detail::flat_params(state).front()->shard()));
   StagedCheckpoint::File model{(temp_dir / kModelFile).string(), {}, metadata, {}};
   StagedCheckpoint::File moments{(temp_dir / kOptimizerFile).string(), {}, optimizer_metadata, {}};
   auto keep = [&](const FlatParam& flat, const torch::Tensor& local, StagedCheckpoint::File& file,
@@ -229,9 +229,9 @@ std::vector<StagedCheckpoint::File> stage_full_files(FsdpState& state, const Opt
       file.tensors.push_back(full.narrow(0, e.offset, e.numel).view(e.shape));
     }
   };
-  for (size_t u = 0; u < detail::units(state).size(); ++u) {
-    const FlatParam& flat = detail::units(state)[u]->flat_param();
-    ResidentScope resident(state, *detail::units(state)[u], &optimizer.optimizer(), /*agree=*/true);
+  for (size_t u = 0; u < detail::flat_params(state).size(); ++u) {
+    const FlatParam& flat = *detail::flat_params(state)[u];
+    ResidentScope resident(state, flat, &optimizer.optimizer(), /*agree=*/true);
     keep(flat, flat.shard(), model, nullptr);  // the fp32 masters
     if (flat.frozen()) continue;               // no optimizer state (unit_state_names)
     for (const auto& name : optimizer.tensor_names()) {

@@ -6,7 +6,7 @@
 
 #include "state_dict/checkpoint_schema.h"
 #include "core/fsdp_state_impl.h"
-#include "core/unit.h"
+#include "core/flat_param.h"
 #include "state_dict/checkpoint_json.h"
 
 #include <fcntl.h>
@@ -150,11 +150,11 @@ void fsync_path(const fs::path& path) {
 
 nlohmann::json unit_layout(const FsdpState& state) {
   nlohmann::json units = nlohmann::json::array();
-  for (const auto& unit : detail::units(state)) {
-    const FlatParam& flat = unit->flat_param();
+  for (FlatParam* buffer : detail::flat_params(state)) {
+    const FlatParam& flat = *buffer;
     nlohmann::json params = nlohmann::json::array();
     for (const auto& e : flat.entries()) params.push_back({{"name", e.name}, {"shape", e.shape}, {"offset", e.offset}});
-    units.push_back({{"name", unit->name()}, {"numel", flat.numel()}, {"shard_numel", flat.shard_numel()},
+    units.push_back({{"name", flat.name()}, {"numel", flat.numel()}, {"shard_numel", flat.shard_numel()},
                      {"params", params}});
     if (flat.frozen()) units.back()["frozen"] = true;
   }

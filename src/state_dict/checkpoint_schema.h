@@ -33,9 +33,10 @@ std::string tensor_name(size_t unit, const std::string& what);
 // Flushes a file or folder to the disk (errors ignored).
 void fsync_path(const std::filesystem::path& path);
 
-// metadata.json's "units": every unit's name, numel, shard_numel and
-// parameters (name, shape, offset), as `state` lays them out; "frozen":
-// true on a unit's frozen part (Unit::frozen_part()), absent elsewhere.
+// metadata.json's "units": every buffer's (detail::flat_params()) name,
+// numel, shard_numel and parameters (name, shape, offset), as `state` lays
+// them out; "frozen": true on a unit's frozen buffer (Unit::frozen_params(),
+// named "<unit>#frozen"), absent elsewhere.
 nlohmann::json unit_layout(const FsdpState& state);
 
 // What a checkpoint holds of every unit: "param" (the fp32 master), then

@@ -1,6 +1,6 @@
 #include "fsdp/state_dict.h"
 #include "core/fsdp_state_impl.h"
-#include "core/unit.h"
+#include "core/flat_param.h"
 #include "state_dict/save_faults.h"
 
 #include <algorithm>
@@ -51,9 +51,9 @@ StateDict full_state_dict(FsdpState& state, FullStateDictOptions options) {
   settle_between_steps(state);
   const bool keep = !options.rank0_only() || state.group()->rank() == 0;
   std::map<std::string, torch::Tensor> gathered;
-  for (const auto& unit : detail::units(state)) {
-    const FlatParam& flat = unit->flat_param();
-    ResidentScope resident(state, *unit, nullptr, /*agree=*/true);
+  for (FlatParam* buffer : detail::flat_params(state)) {
+    const FlatParam& flat = *buffer;
+    ResidentScope resident(state, flat, nullptr, /*agree=*/true);
     // The fp32 masters, one unit at a time (a frozen part held in bf16: its values, exactly, in fp32).
     torch::Tensor full = flat.gather_full(flat.shard()).to(torch::kFloat);
     if (!keep) continue;
@@ -73,8 +73,8 @@ void load_full_state_dict(FsdpState& state, const StateDict& dict) {
   settle_between_steps(state);
   // Everything is checked before anything changes.
   size_t expected = 0;
-  for (const auto& unit : detail::units(state)) {
-    for (const auto& e : unit->flat_param().entries()) {
+  for (const FlatParam* flat : detail::flat_params(state)) {
+    for (const auto& e : flat->entries()) {
       ++expected;
       const torch::Tensor* value = dict.find(e.name);
       TORCH_CHECK(value, "load_full_state_dict: the state dict has no '", e.name, "' (expected shape ",
@@ -87,8 +87,8 @@ void load_full_state_dict(FsdpState& state, const StateDict& dict) {
   if (dict.size() != expected) {
     for (const auto& item : dict) {
       bool known = false;
-      for (const auto& unit : detail::units(state))
-        for (const auto& e : unit->flat_param().entries()) known = known || e.name == item.key();
+      for (const FlatParam* flat : detail::flat_params(state))
+        for (const auto& e : flat->entries()) known = known || e.name == item.key();
       TORCH_CHECK(known, "load_full_state_dict: the model has no parameter '", item.key(), "'");
     }
   }
@@ -100,12 +100,12 @@ void load_full_state_dict(FsdpState& state, const StateDict& dict) {
 void load_shards(FsdpState& state, const ParameterReader& read, const ParameterFilter& only) {
   settle_between_steps(state);
   torch::NoGradGuard no_grad;
-  for (const auto& unit : detail::units(state)) {
-    FlatParam& flat = unit->flat_param();
+  for (FlatParam* buffer : detail::flat_params(state)) {
+    FlatParam& flat = *buffer;
     const auto& entries = flat.entries();
     const bool some = !only || std::any_of(entries.begin(), entries.end(), [&](const auto& e) { return only(e.name); });
     if (!some) continue;  // a unit none of whose parameters is asked for is not even made resident
-    ResidentScope resident(state, *unit);
+    ResidentScope resident(state, flat);
     // This rank's shard covers [begin, end) of the unit's flat elements.
     const int64_t begin = flat.shard_rank() * flat.shard_numel(), end = begin + flat.shard_numel();
     torch::Tensor shard = flat.shard().detach();
@@ -130,9 +130,9 @@ void load_shards(FsdpState& state, const ParameterReader& read, const ParameterF
 
 ShardedStateDict sharded_state_dict(const FsdpState& state) {
   ShardedStateDict dict;
-  for (const auto& unit : detail::units(state)) {
-    const FlatParam& flat = unit->flat_param();
-    ResidentScope resident(state, *unit);
+  for (FlatParam* buffer : detail::flat_params(state)) {
+    const FlatParam& flat = *buffer;
+    ResidentScope resident(state, flat);
     const int64_t begin = flat.shard_rank() * flat.shard_numel(), end = begin + flat.shard_numel();
     for (const auto& e : flat.entries()) {
       const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
@@ -164,9 +164,9 @@ void load_sharded_state_dict(FsdpState& state, const ShardedStateDict& dict) {
                 " (saved with another world size, strategy or wrapping? use a full state dict or a checkpoint)");
   }
   torch::NoGradGuard no_grad;
-  for (const auto& unit : detail::units(state)) {
-    FlatParam& flat = unit->flat_param();
-    ResidentScope resident(state, *unit);
+  for (FlatParam* buffer : detail::flat_params(state)) {
+    FlatParam& flat = *buffer;
+    ResidentScope resident(state, flat);
     const int64_t begin = flat.shard_rank() * flat.shard_numel(), end = begin + flat.shard_numel();
     for (const auto& e : flat.entries()) {
       const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
@@ -222,11 +222,11 @@ void stream_full(FsdpState& state, const OpenWeightWriter& open_model, torch::op
       // state tensor (exp_avg) of every parameter, then the next (one
       // gathered state tensor at a time).
       std::vector<safetensors::TensorSpec> params, moments;
-      for (const auto& unit : detail::units(state)) {
-        for (const auto& e : unit->flat_param().entries()) params.push_back({e.name, torch::kFloat, e.shape});
-        if (!optimizer_state || unit->flat_param().frozen()) continue;  // frozen: no optimizer state
+      for (const FlatParam* flat : detail::flat_params(state)) {
+        for (const auto& e : flat->entries()) params.push_back({e.name, torch::kFloat, e.shape});
+        if (!optimizer_state || flat->frozen()) continue;  // frozen: no optimizer state
         for (const auto& name : optimizer_state->tensor_names()) {
-          for (const auto& e : unit->flat_param().entries()) {
+          for (const auto& e : flat->entries()) {
             moments.push_back({optimizer_tensor_name(e.name, name), torch::kFloat, e.shape});
           }
         }
@@ -236,7 +236,7 @@ void stream_full(FsdpState& state, const OpenWeightWriter& open_model, torch::op
         auto optimizer_metadata = metadata;
         optimizer_metadata["optimizer"] = optimizer_state->type();
         optimizer_metadata["optimizer_step"] =
-            std::to_string(optimizer_state->step(detail::units(state).front()->flat_param().shard()));
+            std::to_string(optimizer_state->step(detail::flat_params(state).front()->shard()));
         optimizer_writer = std::make_unique<safetensors::Writer>(optimizer_path, std::move(moments), optimizer_metadata);
       }
     } catch (const std::exception& e) {
@@ -253,9 +253,9 @@ void stream_full(FsdpState& state, const OpenWeightWriter& open_model, torch::op
       error = error_message(e);
     }
   };
-  for (size_t u = 0; u < detail::units(state).size(); ++u) {
-    const FlatParam& flat = detail::units(state)[u]->flat_param();
-    ResidentScope resident(state, *detail::units(state)[u], optimizer, /*agree=*/true);
+  for (size_t u = 0; u < detail::flat_params(state).size(); ++u) {
+    const FlatParam& flat = *detail::flat_params(state)[u];
+    ResidentScope resident(state, flat, optimizer, /*agree=*/true);
     stream(flat, flat.shard(), model_writer.get());  // the fp32 masters, not the compute-dtype copies
     if (optimizer_state && !flat.frozen()) {
       for (const auto& name : optimizer_state->tensor_names()) {

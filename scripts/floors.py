@@ -16,6 +16,8 @@ include its own floor and the ones below, never one above.
     offload     the placements behind the seam (memory, host, disk)
     models, state_dict, text
                 models and their data, state dicts and checkpoints, tokenizers
+    plan        the memory planner (its own library, fsdp_plan): what a run
+                needs, from the models' descriptions and fully_shard's options
     tools       (tools/: the programs)
 
 A file in src/FOLDER/ is on FOLDER's floor; a public header include/fsdp/X.h
@@ -28,7 +30,7 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FLOORS = [("base",), ("comm",), ("optim",), ("core",), ("offload",), ("models", "state_dict", "text"), ("tools",)]
+FLOORS = [("base",), ("comm",), ("optim",), ("core",), ("offload",), ("models", "state_dict", "text"), ("plan",), ("tools",)]
 FLOOR_OF = {folder: level for level, folders in enumerate(FLOORS) for folder in folders}
 # Public headers no .cpp of the same name implements: the folder that owns them.
 PUBLIC_HEADER_FLOORS = {

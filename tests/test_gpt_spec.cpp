@@ -123,7 +123,7 @@ TEST(NextTokenLoss, SlicedEqualsCrossEntropyAndNeverHoldsTheLogits) {
   // A hub-sized vocabulary: 83 rows a slice, so 170 rows take three slices,
   // the last one short; two targets ignored (-100) as cross_entropy does.
   const int64_t V = 100003, C = 16, M = 170;
-  ASSERT_EQ(fsdp::loss_slice_rows(V), 83);
+  ASSERT_EQ(fsdp::models::loss_slice_rows(V), 83);
   torch::manual_seed(3);
   const torch::Tensor hidden = torch::randn({M, C}).requires_grad_();
   const torch::Tensor weight = (torch::randn({V, C}) * 0.3).requires_grad_();

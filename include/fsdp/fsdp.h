@@ -4,7 +4,11 @@
 ///
 /// Every header it includes is installed and is the library's public API; the
 /// engine's own (flat parameters, the offload stores, kernels, LibTorch
-/// version shims) are the library's own and are not installed.
+/// version shims) are the library's own and are not installed. The memory
+/// planner, which a training program does not need, is a library of its own
+/// (fsdp::fsdp_plan): include fsdp/run_plan.h (one run's plan),
+/// fsdp/memory_plan.h (the estimates it puts together) or fsdp/host_memory.h
+/// (the host-memory preflight), and link it.
 
 /// \mainpage fsdp-cpp: fully sharded data parallel training for LibTorch's C++ frontend
 ///
@@ -36,8 +40,8 @@
 ///   \ref fsdp::sharded_state_dict and their loaders (fsdp/state_dict.h).
 /// - Checkpoints: \ref fsdp::save_checkpoint and \ref fsdp::load_checkpoint (any world size and
 ///   strategy), \ref fsdp::CheckpointManager (interval, keep-N, resume with stateful objects).
-/// - Memory: \ref fsdp::choose_strategy and \ref fsdp::estimate_step_peak plan it,
-///   fsdp/memory.h counts it.
+/// - Memory: fsdp/memory.h counts it; the planner (fsdp::fsdp_plan: \ref fsdp::plan_run,
+///   \ref fsdp::choose_strategy, \ref fsdp::estimate_step_peak) plans it.
 ///
 /// The Files page lists each header with what it is for.
 
@@ -70,7 +74,6 @@
 #include "fsdp/fused_adamw.h"    // FusedAdamW: AdamW in one pass over memory
 #include "fsdp/gpt.h"            // the reference GPT (shared/spec/gpt.md)
 #include "fsdp/grad_utils.h"     // clipping by the global norm, GradScaler, weight decay
-#include "fsdp/host_memory.h"    // host-memory planning and the preflight
 #include "fsdp/hugging_face.h"   // Hugging Face GPT-2 and Llama folders (config.json, model.safetensors) in and out
 #include "fsdp/language_model.h"  // LanguageModel: what the trainer needs of a GPT or a Llama
 #include "fsdp/llama.h"          // the Llama (Hugging Face LlamaForCausalLM's names and semantics)
@@ -78,13 +81,12 @@
 #include "fsdp/peft.h"            // LoRA adapters in and out of PEFT's folders, merged into the weights
 #include "fsdp/lr_schedule.h"    // warmup, constant and cosine learning rates
 #include "fsdp/memory.h"         // exact tensor memory by category
-#include "fsdp/memory_plan.h"    // the planner: memory and communication per strategy
 #include "fsdp/model_config.h"   // ModelConfig: one model's configuration, of any family
+#include "fsdp/model_description.h"  // what a model tells the planner of itself
 #include "fsdp/offload.h"        // disk offload: its options and a read-only view
 #include "fsdp/optimizer_state.h"  // the optimizers whose state can be sharded
 #include "fsdp/options.h"        // FullyShardOptions, strategies, mixed precision
 #include "fsdp/preemption.h"     // SIGTERM/SIGUSR1 as a collective stop at step boundaries
-#include "fsdp/run_plan.h"       // one run's plan: its peak, traffic, disk offload and staging
 #include "fsdp/safetensors.h"    // safetensors files, read and written as streams
 #include "fsdp/state_dict.h"     // full and sharded state dicts under the model's names
 #include "fsdp/token_data.h"     // token files and the spec's data orders

@@ -9,9 +9,19 @@
 #include <cstdint>
 #include <string>
 
-#include "fsdp/run_plan.h"
+#include "fsdp/model_description.h"
 
 namespace fsdp::models {
+
+/// The next-token loss (models::next_token_loss) computes its logits in
+/// slices of at most this many elements (32 MiB in fp32), recomputed in
+/// backward, so that no B x T x vocab tensor is ever kept: at hub
+/// vocabularies (50 k to 152 k) the full logits and their gradients were
+/// the largest tensors of a step.
+constexpr int64_t kLossSliceElements = int64_t{1} << 23;
+/// The rows of one slice of the loss at `vocab` (at least 1). A step whose
+/// B x T rows fit in one slice computes the loss whole, as before slicing.
+int64_t loss_slice_rows(int64_t vocab);
 
 /// The model families: what fsdp-train's --model names, and what weight
 /// files and checkpoints record as their "model". Each has one config type

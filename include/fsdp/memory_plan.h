@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/model_description.h"
 #include "fsdp/options.h"
 
 namespace fsdp {
@@ -163,13 +164,6 @@ StrategyChoice choose_strategy(const std::vector<int64_t>& unit_numels, int worl
                                const MixedPrecision& mixed_precision, int64_t budget,
                                const std::vector<int64_t>& frozen_numels = {});
 
-/// The host block cache's limit that fully_shard sets (FullyShardOptions::
-/// cache_host_blocks): six of the largest unit's fp32 buffers, three with disk
-/// offload (a run sized against memory, where the cache's reserved bytes are
-/// counted: the trainer's preflight adds them). Without the cache, glibc keeps
-/// freed shard-sized buffers in its heap and RSS grows far past the live bytes
-/// (xl at W = 4 with offload: 5.9 GB a rank against 2.7 GB with it).
-int64_t host_block_cache_limit(int64_t largest_padded_unit_numel, bool nvme_offload);
 
 /// Asynchronous checkpoints (CheckpointManagerOptions::async): the host
 /// memory a save's staging copy holds from the save until its background
@@ -197,48 +191,6 @@ CheckpointStaging estimate_checkpoint_staging(const std::vector<int64_t>& unit_n
                                               int world, int ranks_per_node, bool full_format,
                                               int64_t optimizer_bytes_per_element = 8,
                                               const std::vector<int64_t>& frozen_numels = {});
-
-/// A decoder-only transformer as shared/spec/gpt.md builds it (pre-norm
-/// blocks, a 4x MLP, materialized attention scores, a tied head), and the
-/// per-rank batch.
-struct TransformerShape {
-  /// The model's dimensions (as GPTConfig's) and the per-rank batch.
-  ///@{
-  int64_t vocab = 0, context = 0, layers = 0, heads = 0, width = 0, batch = 0;
-  ///@}
-  /// One unit per attention and one per MLP instead of one per block (the
-  /// trainer's `--wrap sublayer`); the norms then belong to the root.
-  bool sublayer_units = false;
-  /// The activation elements a layer keeps beyond the reference GPT block's,
-  /// per token, in the param dtype: 0 for the GPT, 9 C for a Llama decoder
-  /// layer of width C, more with its families' switches
-  /// (models::LlamaConfig::plan_description says why).
-  /// A checkpointed run keeps them for the one layer being recomputed.
-  int64_t extra_layer_activations = 0;
-  /// The attention is written out (fsdp/attention.h), so that every layer
-  /// keeps its B H T^2 probabilities (and the run one T x T mask); else
-  /// fused, which keeps one fp32 log-sum-exp per head and position instead.
-  bool attention_saves_probabilities = true;
-  /// The units fully_shard makes: the root (the embeddings and the final
-  /// norm) first, then each block's (or attention's and MLP's).
-  std::vector<int64_t> unit_numels() const;
-};
-
-/// Throws, naming the units and `layers`, unless the planner's lists of
-/// `units` units (a few lists of one int64 each) fit this host's available
-/// memory: every family's config checks it before any list is made (two
-/// billion layers once listed units until the kernel's OOM killer came).
-void check_unit_lists_fit(int64_t units, int64_t layers);
-
-/// The next-token loss (models::next_token_loss) computes its logits in
-/// slices of at most this many elements (32 MiB in fp32), recomputed in
-/// backward, so that no B x T x vocab tensor is ever kept: at hub
-/// vocabularies (50 k to 152 k) the full logits and their gradients were
-/// the largest tensors of a step.
-constexpr int64_t kLossSliceElements = int64_t{1} << 23;
-/// The rows of one slice of the loss at `vocab` (at least 1). A step whose
-/// B x T rows fit in one slice computes the loss whole, as before slicing.
-int64_t loss_slice_rows(int64_t vocab);
 
 /// The peak tensor bytes of one training step, per rank, by category: the
 /// model state at rest, the gathered parameters, the activations autograd
@@ -340,26 +292,6 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
                                       bool step_in_backward = false, int read_ahead = 2,
                                       bool step_before_next_gather = false, bool gradient_slots = true,
                                       const std::vector<int64_t>& frozen_numels = {});
-/// When a disk-offloaded run's optimizer updates each unit. The one rule:
-/// the engine (NvmeOffload, each step) and the planner (plan_run) both ask it.
-enum class NvmeStepSchedule {
-  /// In the optimizer step, after backward: not asked for
-  /// (NvmeOffloadOptions::step_in_backward), a strategy that keeps whole
-  /// gradients and hands none over (no_shard, zero1), or a clipped or
-  /// loss-scaled step with nowhere to write the gradients (gradient_slots off).
-  kAfterBackward,
-  /// Each unit as its gradient is reduced: asked for, and nothing needs every
-  /// gradient first (no clipping, no loss scaling).
-  kInBackward,
-  /// Each gradient written out in backward, and its unit stepped just before
-  /// its next gather: asked for, with gradient slots, in a step that clips or
-  /// scales the loss.
-  kBeforeNextGather,
-};
-/// The schedule of a run offloading to disk with `nvme`, in `strategy`,
-/// whose step clips the gradients or scales the loss.
-NvmeStepSchedule nvme_step_schedule(const NvmeOffloadOptions& nvme, ShardingStrategy strategy, bool clips_gradients,
-                                    bool scales_loss);
 /// The step's peak of host memory with disk offload: the in-memory peak less
 /// what is offloaded, plus the gather's buffers, and the step's: during
 /// backward when the units step there; before the next gather, the larger

@@ -13,7 +13,7 @@
 #include "fsdp/gpt.h"
 #include "fsdp/language_model.h"
 #include "fsdp/llama.h"
-#include "fsdp/run_plan.h"
+#include "fsdp/model_description.h"
 #include "fsdp/wrap_policy.h"
 
 namespace fsdp::models {

@@ -266,12 +266,33 @@ struct FullyShardOptions {
   /// in flight; on `large` six measured 6 % faster than three, twelve no
   /// faster), so each re-gather reuses a buffer instead of faulting in fresh
   /// pages. The cached bytes are reserved, not live: peak RSS did not grow.
-  /// Three buffers with nvme_offload (fsdp::host_block_cache_limit). The
+  /// Three buffers with nvme_offload. The
   /// limit is the process's: fully_shard only ever raises it, and
   /// memory::set_block_cache_limit / empty_block_cache lower or empty it.
   TORCH_ARG(bool, cache_host_blocks) = true;
   /// ZeRO++'s quantized and hierarchical collectives (all off by default).
   TORCH_ARG(ZeroPlusPlus, zero_plus_plus) = ZeroPlusPlus();
 };
+
+/// When a disk-offloaded run's optimizer updates each unit. The one rule:
+/// the engine (NvmeOffload, each step) and the planner (plan_run) both ask it.
+enum class NvmeStepSchedule {
+  /// In the optimizer step, after backward: not asked for
+  /// (NvmeOffloadOptions::step_in_backward), a strategy that keeps whole
+  /// gradients and hands none over (no_shard, zero1), or a clipped or
+  /// loss-scaled step with nowhere to write the gradients (gradient_slots off).
+  kAfterBackward,
+  /// Each unit as its gradient is reduced: asked for, and nothing needs every
+  /// gradient first (no clipping, no loss scaling).
+  kInBackward,
+  /// Each gradient written out in backward, and its unit stepped just before
+  /// its next gather: asked for, with gradient slots, in a step that clips or
+  /// scales the loss.
+  kBeforeNextGather,
+};
+/// The schedule of a run offloading to disk with `nvme`, in `strategy`,
+/// whose step clips the gradients or scales the loss.
+NvmeStepSchedule nvme_step_schedule(const NvmeOffloadOptions& nvme, ShardingStrategy strategy, bool clips_gradients,
+                                    bool scales_loss);
 
 }  // namespace fsdp

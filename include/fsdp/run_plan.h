@@ -11,48 +11,11 @@
 #include <vector>
 
 #include "fsdp/memory_plan.h"
+#include "fsdp/model_description.h"
 #include "fsdp/options.h"
 #include "fsdp/wrap_policy.h"
 
 namespace fsdp {
-
-/// What a model tells the planner of itself (models::GPTConfig and
-/// models::LlamaConfig give theirs, before any tensor exists).
-struct ModelDescription {
-  /// Its dimensions, the per-rank batch, and the activations a layer keeps
-  /// beyond the reference GPT block's (TransformerShape::extra_layer_activations).
-  TransformerShape shape;
-  /// The element counts of the units fully_shard makes of it, the root first:
-  /// one unit per layer, and one per attention and per MLP (the trainer's
-  /// `--wrap sublayer`, whose layer norms then belong to the root).
-  /// With frozen parameters, each unit's trainable elements only.
-  ///@{
-  std::vector<int64_t> layer_units, sublayer_units;
-  ///@}
-  /// Fine-tuning: per unit of each wrap (as layer_units, sublayer_units),
-  /// the elements of its frozen part, the parameters that require no
-  /// gradient (estimate_model_state says what they cost); empty where
-  /// nothing is frozen.
-  ///@{
-  std::vector<int64_t> layer_frozen, sublayer_frozen;
-  ///@}
-  /// The units of one wrap: sublayer_units or layer_units.
-  const std::vector<int64_t>& units(bool sublayer) const { return sublayer ? sublayer_units : layer_units; }
-  /// Their frozen parts: sublayer_frozen or layer_frozen.
-  const std::vector<int64_t>& frozen(bool sublayer) const { return sublayer ? sublayer_frozen : layer_frozen; }
-  /// The parameters' element count, frozen ones included.
-  int64_t num_parameters() const;
-  /// The elements that train: num_parameters() less the frozen ones.
-  int64_t num_trainable() const;
-  /// Sets one wrap's units (`sublayer`: sublayer_units and sublayer_frozen,
-  /// else the layer ones) to those fully_shard makes of `model` with
-  /// `policy` (plan_units, root first), each split as fully_shard splits it
-  /// into its trainable elements and its frozen part's: for a model whose
-  /// parameters are partly frozen (requires_grad false), or that has more of
-  /// them (LoRA's adapters), than its config describes. `model` may be one
-  /// built under memory::DeferredInit: only its shapes are read.
-  void describe_units(bool sublayer, torch::nn::Module& model, const WrapPolicy& policy);
-};
 
 /// What a run adds to fully_shard's options for its plan.
 struct RunSettings {

@@ -1,7 +1,7 @@
 #pragma once
 // What this host has for a run, as the preflights and the tools read it:
 // memory, the ranks sharing it, and disk room for offload's scratch files.
-// Defined in host_memory.cpp. Not installed: a training program asks
+// Not installed: a training program asks
 // fsdp-train's preflight (or fsdp::preflight_host_memory) instead.
 
 #include <cstdint>

@@ -97,4 +97,11 @@ const char* dtype_name(torch::ScalarType type) {
   }
 }
 
+NvmeStepSchedule nvme_step_schedule(const NvmeOffloadOptions& nvme, ShardingStrategy strategy, bool clips_gradients,
+                                    bool scales_loss) {
+  if (!nvme.step_in_backward() || keeps_full_gradients(strategy)) return NvmeStepSchedule::kAfterBackward;
+  if (!clips_gradients && !scales_loss) return NvmeStepSchedule::kInBackward;
+  return nvme.gradient_slots() ? NvmeStepSchedule::kBeforeNextGather : NvmeStepSchedule::kAfterBackward;
+}
+
 }  // namespace fsdp

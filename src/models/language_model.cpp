@@ -6,6 +6,12 @@
 #include "fsdp/fully_shard.h"
 
 namespace fsdp::models {
+
+int64_t loss_slice_rows(int64_t vocab) {
+  TORCH_CHECK(vocab > 0, "loss_slice_rows: the vocabulary must be positive, got ", vocab);
+  return std::max<int64_t>(1, kLossSliceElements / vocab);
+}
+
 namespace {
 
 constexpr int64_t kIgnoredTarget = -100;  // cross_entropy's default ignore_index

@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "fsdp/fully_shard.h"
-#include "fsdp/memory_plan.h"
+#include "fsdp/model_description.h"
 #include "fsdp/lora.h"
 #include "base/strings.h"
 

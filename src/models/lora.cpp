@@ -9,7 +9,6 @@
 #include <set>
 
 #include "base/strings.h"
-#include "fsdp/host_memory.h"
 #include "core/host_resources.h"
 #include "fsdp/wrap_policy.h"
 

@@ -22,7 +22,7 @@
 #include "fsdp/fused_adamw.h"
 #include "base/device_context.h"
 #include "fsdp/memory.h"
-#include "fsdp/memory_plan.h"
+#include "fsdp/options.h"
 #include "fsdp/trace.h"
 
 namespace fsdp::offload {

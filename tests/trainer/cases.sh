@@ -563,7 +563,7 @@ row checkpoint "full-format resume bit for bit; resharded resume (W = 1, 4 hybri
 
 row checkpoint-async "--ckpt-async, both formats: losses and every checkpoint file as the synchronous run's; a second save waits and says so; blocked and background time in the summary; resume bit for bit; a rank killed in a background write leaves the previous checkpoint"
 
-row checkpoint-compat "checkpoints written by commit 04d839d resume bit for bit"
+row checkpoint-compat "checkpoints written by commit 04d839d, and by dd8c28a with frozen parameters and LoRA, resume bit for bit"
 
 row ckpt-tool "fsdp-ckpt inspects, verifies, converts and lists checkpoints"
 

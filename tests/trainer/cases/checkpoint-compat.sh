@@ -1,10 +1,11 @@
 # Checkpoints written by an earlier fsdp-cpp resume bit-exactly: the fixtures
 # in tests/fixtures/checkpoint-04d839d/ were saved at step 3 of 6 by commit
 # 04d839d (the trainer before it became a program over the library's
-# checkpoint manager); resuming them must give, to the last bit, the losses
-# of steps 4-6 that 04d839d itself gave resuming them with this LibTorch
+# checkpoint manager), and those in checkpoint-dd8c28a-frozen/ (frozen
+# parameters and LoRA) at step 3 of 5 by dd8c28a (before a unit owned its
+# frozen buffer); resuming them must give, to the last bit, the losses that
+# commit itself gave resuming them with this LibTorch
 # (losses-libtorch-<version>.jsonl beside each fixture).
-fixtures="$here/../fixtures/checkpoint-04d839d"
 # The flags each fixture was trained with (its README says so too).
 declare -A flags=(
   [sharded]="--lr-schedule cosine --warmup-steps 2 --weight-decay 0.1"
@@ -69,30 +70,52 @@ within_tolerance() {  # EXPECTED ACTUAL RELATIVE: every step's loss within RELAT
 this_kind_wrote_the_fixtures() {
   [ "$(cpu_bf16_isa)" = avx512bf16 ] && case "$(blas_kernel)" in zen|haswell|skylakex|cooperlake|mkl) true ;; *) false ;; esac
 }
-for fixture in sharded full; do
-  mkdir -p "$work/$fixture"
-  cp -r "$fixtures/$fixture/step-3" "$work/$fixture/"
+# resume_fixture SET NAME FLAGS...: resumes SET/NAME/step-3 to step LAST
+# (6 for 04d839d's, 5 for dd8c28a's) and compares its losses with the
+# recording beside it.
+resume_fixture() {
+  local set="$1" fixture="$2" last="$3"; shift 3
+  local dir="$here/../fixtures/$set/$fixture" name="$set-$fixture" expected version kind other_version=0
+  mkdir -p "$work/$name"
+  cp -r "$dir/step-3" "$work/$name/"
   # --attention written: 04d839d wrote its attention out (the fused kernel of
   # LibTorch 2.x, the default there now, rounds otherwise in the last bits).
-  # shellcheck disable=SC2086
-  train_run "$fixture" 2 --preset tiny --steps 6 --ckpt-dir "$work/$fixture" --ckpt-every 3 --resume --attention written ${flags[$fixture]}
-  version=$(jq -r .libtorch "$work/$fixture.json")
-  for expected in "$fixtures/$fixture/losses-libtorch-$version-$(cpu_bf16_isa)-$(blas_kernel).jsonl" \
-                  "$fixtures/$fixture/losses-libtorch-$version-$(cpu_bf16_isa).jsonl" \
-                  "$fixtures/$fixture/losses-libtorch-$version.jsonl"; do
+  train_run "$name" 2 --preset tiny --steps "$last" --ckpt-dir "$work/$name" --ckpt-every 3 --resume --attention written "$@"
+  version=$(jq -r .libtorch "$work/$name.json")
+  for expected in "$dir/losses-libtorch-$version-$(cpu_bf16_isa)-$(blas_kernel).jsonl" \
+                  "$dir/losses-libtorch-$version-$(cpu_bf16_isa).jsonl" \
+                  "$dir/losses-libtorch-$version.jsonl"; do
     [ ! -f "$expected" ] || break
   done
-  [ -f "$expected" ] || fail "no losses recorded for LibTorch $version in $fixtures/$fixture (add them from a run of 04d839d)"
-  [ "$(jq -r .first_step "$work/$fixture.json")" = 3 ] || fail "$fixture: did not resume at step 3"
-  jq -c '[.step,.loss]' "$work/$fixture.jsonl" > "$work/$fixture.losses"
+  [ -f "$expected" ] || [ "$set" = "$fixtures_04d839d" ] || {
+    # dd8c28a's were recorded with Debian's LibTorch only: fp32 runs,
+    # compared within the tolerance on another LibTorch.
+    expected="$dir/losses-libtorch-1.13.0.jsonl"
+    other_version=1
+  }
+  [ -f "$expected" ] || fail "no losses recorded for LibTorch $version in $dir (add them from a run of $set's commit)"
+  [ "$(jq -r .first_step "$work/$name.json")" = 3 ] || fail "$name: did not resume at step 3"
+  jq -c '[.step,.loss]' "$work/$name.jsonl" > "$work/$name.losses"
   kind="bf16 $(cpu_bf16_isa), BLAS kernel $(blas_kernel)"
-  if [ "$(basename "$expected")" != "losses-libtorch-$version.jsonl" ] || this_kind_wrote_the_fixtures; then
-    diff "$expected" "$work/$fixture.losses" ||
-      fail "$fixture: the resumed losses differ from 04d839d's in $(basename "$expected") (this CPU: $kind)"
-    echo "ok: $fixture checkpoint of 04d839d resumed; steps 4-6 equal its run's bit for bit (LibTorch $version, $(basename "$expected"))"
+  if [ "$other_version" = 0 ] && { [ "$(basename "$expected")" != "losses-libtorch-$version.jsonl" ] || this_kind_wrote_the_fixtures; }; then
+    diff "$expected" "$work/$name.losses" ||
+      fail "$name: the resumed losses differ from the recording's in $(basename "$expected") (this CPU: $kind)"
+    echo "ok: $name resumed; steps 4-$last equal its commit's run bit for bit (LibTorch $version, $(basename "$expected"))"
   else
-    within_tolerance "$expected" "$work/$fixture.losses" "${tolerance[$fixture]}" ||
-      fail "$fixture: the resumed losses differ from 04d839d's in $(basename "$expected") by more than ${tolerance[$fixture]} relative (this CPU: $kind): $(tr '\n' ' ' < "$work/$fixture.losses")"
-    echo "ok: $fixture checkpoint of 04d839d resumed; steps 4-6 within ${tolerance[$fixture]} of its run's (LibTorch $version, this CPU: $kind, which has no recording of its own)"
+    within_tolerance "$expected" "$work/$name.losses" "${tolerance[$fixture]}" ||
+      fail "$name: the resumed losses differ from the recording's in $(basename "$expected") by more than ${tolerance[$fixture]} relative (this CPU: $kind): $(tr '\n' ' ' < "$work/$name.losses")"
+    echo "ok: $name resumed; steps 4-$last within ${tolerance[$fixture]} of its commit's run (LibTorch $version, this CPU: $kind, which has no recording of its own: $(basename "$expected"))"
   fi
+}
+fixtures_04d839d=checkpoint-04d839d
+for fixture in sharded full; do
+  # shellcheck disable=SC2086
+  resume_fixture "$fixtures_04d839d" "$fixture" 6 ${flags[$fixture]}
 done
+# Frozen parameters (dd8c28a: a unit's frozen buffer was then a unit of its
+# own; the format is the same): the unit layout a resume checks (names,
+# order, parameters) and the values it loads.
+tolerance[freeze]=1e-5
+tolerance[lora]=1e-5
+resume_fixture checkpoint-dd8c28a-frozen freeze 5 --freeze '^transformer.h.0.' --weight-decay 0.1
+resume_fixture checkpoint-dd8c28a-frozen lora 5 --model llama --lora-rank 4 --weight-decay 0.1

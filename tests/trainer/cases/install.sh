@@ -15,6 +15,7 @@ for f in bin/fsdp-train bin/fsdp-ckpt bin/fsdp-plan bin/fsdp-run bin/fsdp-plot; 
   [ -x "$prefix/$f" ] || fail "$f is not installed (or not executable)"
 done
 ls "$prefix"/lib*/libfsdp.* >/dev/null 2>&1 || fail "libfsdp is not installed"
+ls "$prefix"/lib*/libfsdp_plan.* >/dev/null 2>&1 || fail "libfsdp_plan (the planner) is not installed"
 # The CUDA configuration's module, beside libfsdp (src/comm/cuda_module.cpp
 # looks there from the installed tools), finding its libraries from there.
 if [ "$(cache FSDP_CUDA)" = ON ]; then
@@ -37,11 +38,20 @@ for example in "$src"/examples/*.cpp; do
 done
 grep -q '#include "fsdp/fsdp.h"' "$prefix/include/fsdp/fsdp.h" && fail "fsdp/fsdp.h includes itself"
 [ -f "$prefix/include/fsdp/fsdp.h" ] || fail "the umbrella header fsdp/fsdp.h is not installed"
-# Every installed header is reachable from the umbrella: none is installed that it leaves out.
+# Every installed header is reachable from the umbrella: none is installed
+# that it leaves out, but the planner's (fsdp::fsdp_plan, a library of its
+# own), which it names instead.
+planner_headers="memory_plan.h run_plan.h host_memory.h"
 for h in "$prefix"/include/fsdp/*.h; do
   n=$(basename "$h"); [ "$n" = fsdp.h ] && continue
+  if [[ " $planner_headers " == *" $n "* ]]; then
+    ! grep -q "#include \"fsdp/$n\"" "$prefix/include/fsdp/fsdp.h" || fail "fsdp/fsdp.h includes the planner's fsdp/$n"
+    grep -q "fsdp/$n" "$prefix/include/fsdp/fsdp.h" || fail "fsdp/fsdp.h does not name the planner's fsdp/$n"
+    continue
+  fi
   grep -q "#include \"fsdp/$n\"" "$prefix/include/fsdp/fsdp.h" || fail "fsdp/fsdp.h does not include the installed fsdp/$n"
 done
+grep -q "fsdp::fsdp_plan" "$cmake_dir/fsdp_cppTargets.cmake" || fail "the package exports no fsdp::fsdp_plan"
 # The exported target carries no build-tree property: no source paths, no
 # precompiled header, no default-corpus definition.
 targets=$(cat "$cmake_dir"/fsdp_cppTargets*.cmake)

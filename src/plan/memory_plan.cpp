@@ -1,9 +1,8 @@
 #include "fsdp/memory_plan.h"
 
 #include "core/host_groups.h"
-#include "fsdp/host_memory.h"
 #include "base/strings.h"
-#include "core/host_resources.h"
+#include "fsdp/language_model.h"
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
@@ -254,57 +253,6 @@ StrategyChoice choose_strategy(const std::vector<int64_t>& unit_numels, int worl
   return choice;
 }
 
-namespace {
-
-// The shape's counts as the planner multiplies them, checked before any is
-// computed in 64 bits or listed: dimensions positive; its parameters' and
-// activations' bytes (with room for the factors the estimates apply) within
-// int64; its list of units no more than this host can hold. A shape beyond
-// these overflowed into negative sizes, or listed two billion units until
-// the kernel's OOM killer ended fsdp-plan.
-void check_shape(const TransformerShape& s) {
-  TORCH_CHECK(s.vocab > 0 && s.context > 0 && s.layers > 0 && s.heads > 0 && s.width > 0 && s.batch > 0,
-              "every dimension of the planned model must be positive, got vocab ", s.vocab, ", context ", s.context,
-              ", layers ", s.layers, ", heads ", s.heads, ", width ", s.width, ", batch ", s.batch);
-  const long double V = s.vocab, T = s.context, L = s.layers, H = s.heads, C = s.width, B = s.batch;
-  const long double params = V * C + T * C + 2 * C + L * (12 * C * C + 17 * C);
-  // Activations: per block's token its width many times over and its heads'
-  // scores; the logits and their gradient.
-  const long double activations = B * T * (L * (64 * C + 16 * H * T) + 16 * V);
-  const long double limit = static_cast<long double>(int64_t{1} << 62);
-  TORCH_CHECK(params * 64 < limit && activations < limit, "the planned model (vocab ", s.vocab, ", context ", s.context,
-              ", layers ", s.layers, ", heads ", s.heads, ", width ", s.width, ", batch ", s.batch, ") has ",
-              static_cast<double>(params), " parameters and ", static_cast<double>(activations),
-              " bytes of activations: beyond what 64-bit byte counts hold");
-  check_unit_lists_fit((s.sublayer_units ? 2 : 1) * s.layers + 1, s.layers);
-}
-
-}  // namespace
-
-void check_unit_lists_fit(int64_t units, int64_t layers) {
-  // The planner keeps a few lists of one int64 per unit: 16 is a bound.
-  const int64_t list_bytes = units * static_cast<int64_t>(sizeof(int64_t)) * 16;
-  const int64_t available = host_memory_available();
-  TORCH_CHECK(list_bytes <= available, "the planned model has ", units, " units (layers ", layers,
-              "): the planner's lists of them alone take ", format_mib(list_bytes), ", beyond this host's ",
-              format_mib(available), " available");
-}
-
-std::vector<int64_t> TransformerShape::unit_numels() const {
-  check_shape(*this);
-  const int64_t C = width;
-  std::vector<int64_t> numels = {vocab * C + context * C + 2 * C};  // wte (tied with the head), wpe, ln_f
-  for (int64_t i = 0; i < layers; ++i) {
-    if (!sublayer_units) {
-      numels.push_back(12 * C * C + 13 * C);
-      continue;
-    }
-    numels[0] += 4 * C;                  // the block's two norms
-    numels.push_back(4 * C * C + 4 * C);  // attention: c_attn, c_proj
-    numels.push_back(8 * C * C + 5 * C);  // MLP: c_fc, c_proj
-  }
-  return numels;
-}
 
 namespace {
 
@@ -340,7 +288,7 @@ struct LossMemory {
   int64_t backward = 0;  // at backward's start, beside what is kept
 };
 LossMemory loss_memory(const TransformerShape& shape, int64_t p, int64_t root_gradients) {
-  const int64_t M = shape.batch * shape.context, C = shape.width, V = shape.vocab, R = loss_slice_rows(V);
+  const int64_t M = shape.batch * shape.context, C = shape.width, V = shape.vocab, R = models::loss_slice_rows(V);
   if (M <= R) return {M * V * 4, 2 * M * V * 4};
   const int64_t cast_bytes = p == 4 ? 0 : p;  // what a compute dtype other than fp32 adds, per element
   return {0, V * C * (4 + cast_bytes) + M * C * p + std::max(R * V * (4 + 2 * cast_bytes), root_gradients)};
@@ -423,15 +371,6 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
                activation_checkpointing ? unit_gradients + 4 * C * C * p + std::max(probabilities, 4 * M * C * p)
                                         : std::max(unit_gradients - largest_unit_activations, softmax_backward));
   return peak;
-}
-
-int64_t loss_slice_rows(int64_t vocab) {
-  TORCH_CHECK(vocab > 0, "loss_slice_rows: the vocabulary must be positive, got ", vocab);
-  return std::max<int64_t>(1, kLossSliceElements / vocab);
-}
-
-int64_t host_block_cache_limit(int64_t largest_padded_unit_numel, bool nvme_offload) {
-  return (nvme_offload ? 3 : 6) * largest_padded_unit_numel * static_cast<int64_t>(sizeof(float));
 }
 
 CheckpointStaging estimate_checkpoint_staging(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy,
@@ -595,13 +534,6 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
   plan.gradient_buffers = step_before_next_gather ? largest_shards_bytes(shards, 2, 4) : 0;
   plan.gather_buffers = params ? largest_shards_bytes(gathered_shards, ahead + 1, fp32 ? 4 : d.param_bytes) : 0;
   return plan;
-}
-
-NvmeStepSchedule nvme_step_schedule(const NvmeOffloadOptions& nvme, ShardingStrategy strategy, bool clips_gradients,
-                                    bool scales_loss) {
-  if (!nvme.step_in_backward() || keeps_full_gradients(strategy)) return NvmeStepSchedule::kAfterBackward;
-  if (!clips_gradients && !scales_loss) return NvmeStepSchedule::kInBackward;
-  return nvme.gradient_slots() ? NvmeStepSchedule::kBeforeNextGather : NvmeStepSchedule::kAfterBackward;
 }
 
 int64_t peak_with_nvme_offload(const StepPeak& peak, const NvmeOffloadPlan& plan) {

@@ -10,28 +10,6 @@
 
 namespace fsdp {
 
-int64_t ModelDescription::num_parameters() const {
-  return num_trainable() + std::accumulate(layer_frozen.begin(), layer_frozen.end(), int64_t{0});
-}
-
-int64_t ModelDescription::num_trainable() const {
-  return std::accumulate(layer_units.begin(), layer_units.end(), int64_t{0});
-}
-
-void ModelDescription::describe_units(bool sublayer, torch::nn::Module& model, const WrapPolicy& policy) {
-  std::vector<int64_t> trainable, frozen;
-  bool any_frozen = false;
-  for (const UnitPlan& unit : plan_units(model, policy)) {
-    trainable.push_back(0);
-    frozen.push_back(0);
-    // fully_shard's split (split_frozen_parameters): by requires_grad.
-    for (const auto& [name, param] : unit.params) (param.requires_grad() ? trainable : frozen).back() += param.numel();
-    any_frozen = any_frozen || frozen.back() > 0;
-  }
-  if (!any_frozen) frozen.clear();  // planned exactly as a model that freezes nothing
-  (sublayer ? sublayer_units : layer_units) = std::move(trainable);
-  (sublayer ? sublayer_frozen : layer_frozen) = std::move(frozen);
-}
 
 RunPlan plan_run(const PlannedRun& run) {
   const ModelDescription& model = run.model;

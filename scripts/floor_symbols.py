@@ -4,13 +4,16 @@ files need a symbol that only a higher floor defines (a function declared on
 a lower floor and defined on a higher one, a vtable whose key function lives
 upstairs), so that a lower floor would not link without the floors above it.
 
-    scripts/floor_symbols.py OBJECT_DIR
+    scripts/floor_symbols.py OBJECT_DIR...
 
-OBJECT_DIR holds the library's objects as CMake lays them out,
+Each OBJECT_DIR holds one library's objects as CMake lays them out,
 OBJECT_DIR/<folder>/<file>.cpp.o for src/<folder>/<file>.cpp; the floors are
 scripts/floors.py's (which holds the same plan for #includes). The build runs
-this after it archives libfsdp (CMakeLists.txt), so a definition on the wrong
-floor fails the build, naming the symbol, who needs it and who defines it.
+this after it archives libfsdp, and after libfsdp_plan over both libraries'
+objects (CMakeLists.txt), so a definition on the wrong floor fails the build,
+naming the symbol, who needs it and who defines it: an engine object that
+needs the planner's too (the link order alone would not catch it, since the
+tools link both).
 
 A symbol counts as defined on a floor when one of its objects defines it
 strongly (nm's T, D, B, R): inline functions and template instances, which
@@ -48,20 +51,21 @@ def demangle(names):
 
 
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2:
         sys.exit(__doc__)
-    root = sys.argv[1]
+    roots = sys.argv[1:]
     objects = []  # (floor level, folder/file, path)
-    for folder in sorted(os.listdir(root)):
-        if folder not in FLOOR_OF:
-            continue
-        for dirpath, _, files in os.walk(os.path.join(root, folder)):
-            for f in sorted(files):
-                if f.endswith(".o"):
-                    objects.append((FLOOR_OF[folder], os.path.join(folder, f[:-len(".cpp.o")] + ".cpp"),
-                                    os.path.join(dirpath, f)))
+    for root in roots:
+        for folder in sorted(os.listdir(root)):
+            if folder not in FLOOR_OF:
+                continue
+            for dirpath, _, files in os.walk(os.path.join(root, folder)):
+                for f in sorted(files):
+                    if f.endswith(".o"):
+                        objects.append((FLOOR_OF[folder], os.path.join(folder, f[:-len(".cpp.o")] + ".cpp"),
+                                        os.path.join(dirpath, f)))
     if not objects:
-        sys.exit(f"floor_symbols.py: no object files under {root}")
+        sys.exit(f"floor_symbols.py: no object files under {' '.join(roots)}")
     lowest_definer = {}  # symbol -> (level, file) of the lowest floor defining it
     needs = []  # (level, file, symbol)
     for level, name, path in objects:

@@ -38,6 +38,8 @@ UnitStepper::UnitStepper(torch::optim::Optimizer& optimizer, double matrix_weigh
 bool UnitStepper::steps(const FlatParam& flat) const { return options_.count(flat.shard().unsafeGetTensorImpl()) > 0; }
 
 std::vector<torch::Tensor> UnitStepper::moments(const FlatParam& flat) const {
+  // Asked of the optimizer's type first: OptimizerState refuses an optimizer
+  // whose state it cannot shard, and any optimizer may be asked.
   if (!dynamic_cast<torch::optim::AdamW*>(&optimizer_) && !dynamic_cast<torch::optim::Adam*>(&optimizer_)) return {};
   OptimizerState state(optimizer_);
   if (!state.has_state(flat.shard())) return {};
@@ -63,7 +65,7 @@ void UnitStepper::update(const FlatParam& flat, double clip_coefficient) const {
   torch::NoGradGuard no_grad;
   const torch::Tensor& shard = flat.shard();
   if (clip_coefficient < 1.0) shard.grad().mul_(clip_coefficient);  // as clip_grad_norm_
-  if (matrix_weight_decay_ > 0) decay_shard_matrices_(flat, options.lr(), matrix_weight_decay_);
+  decay(flat);
   memory::MemoryCategoryScope scope(memory::Category::kOptimizerState);  // a first step's fresh moments
   fused_->step_parameter(options, shard);
 }

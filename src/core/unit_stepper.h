@@ -49,17 +49,17 @@ class UnitStepper {
 
   torch::optim::Optimizer& optimizer() const { return optimizer_; }
   double matrix_weight_decay() const { return matrix_weight_decay_; }
-  // Whether the optimizer steps the unit's shard (a frozen part's it never does).
+  // Whether the optimizer steps the buffer's shard (a frozen buffer's it never does).
   bool steps(const FlatParam& flat) const;
   // The optimizer's state of the unit's shard that a placement may keep out
   // of memory, as the optimizer holds it now: Adam's and AdamW's two
   // moments (exp_avg, exp_avg_sq), the optimizer's own tensors; none before
   // the first step that gave the unit a gradient, nor for other optimizers.
   std::vector<torch::Tensor> moments(const FlatParam& flat) const;
-  // The unit's update, its shard, gradient and state in memory: the
-  // matrices' decay at its group's lr, then its gradient times
-  // `clip_coefficient` where that is below 1 (clip_grad_norm_'s scaling),
-  // then FusedAdamW::step_parameter with its group's options.
+  // The unit's update, its shard, gradient and state in memory: its
+  // gradient times `clip_coefficient` where that is below 1
+  // (clip_grad_norm_'s scaling), the matrices' decay (decay()), then
+  // FusedAdamW::step_parameter with its group's options.
   void update(const FlatParam& flat, double clip_coefficient = 1.0) const;
   // The matrices' decay alone, for a unit without a gradient this step
   // (decay_matrix_weights_ decays every shard the optimizer holds).

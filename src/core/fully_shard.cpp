@@ -123,6 +123,7 @@ void Unit::adopt(std::unique_ptr<FlatParam> buffer) {
     TORCH_CHECK(!frozen_, "FSDP unit '", display_name(), "' was given a second frozen buffer");
     buffer->initialize_views();
     frozen_ = std::move(buffer);
+    buffers_.push_back(frozen_.get());  // last: the trainable one goes first whenever it comes
     return;
   }
   TORCH_CHECK(!flat_, "FSDP unit '", display_name(), "' was given a second trainable buffer");
@@ -131,11 +132,7 @@ void Unit::adopt(std::unique_ptr<FlatParam> buffer) {
   buffer->initialize_views();
   state_ = buffer->config().persistent_params ? UnitState::kUnsharded : UnitState::kSharded;
   flat_ = std::move(buffer);
-}
-
-std::vector<FlatParam*> Unit::buffers() const {
-  if (frozen_) return {flat_.get(), frozen_.get()};
-  return {flat_.get()};
+  buffers_.insert(buffers_.begin(), flat_.get());
 }
 
 bool Unit::checkpointed() const {

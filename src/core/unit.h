@@ -44,8 +44,9 @@ class Unit {
   // reductions and optimizer state for trainable elements only. The unit
   // gathers, frees and moves it with the trainable one, and never reduces it.
   FlatParam* frozen_params() const { return frozen_.get(); }
-  // Its buffers: the trainable one, then the frozen one if any.
-  std::vector<FlatParam*> buffers() const;
+  // Its buffers: the trainable one, then the frozen one if any (the
+  // gathers and frees walk them at every unit boundary: kept, not rebuilt).
+  const std::vector<FlatParam*>& buffers() const { return buffers_; }
   const torch::nn::Module* module() const { return module_; }
   // Takes one of its buffers (trainable or frozen, FlatParam::frozen()),
   // just built: the trainable one's gradient accumulators get the hook
@@ -83,6 +84,7 @@ class Unit {
   std::string name_;
   torch::nn::Module* module_;
   std::unique_ptr<FlatParam> flat_, frozen_;
+  std::vector<FlatParam*> buffers_;  // flat_, then frozen_ if any (adopt())
   // Held here because autograd keeps gradient accumulators only weakly: a
   // dropped one is recreated later without our post hook. Created while the
   // parameters have their full shape and compute dtype, which they fix.

@@ -90,14 +90,17 @@ Args parse_args(int argc, char** argv) {
 fsdp::FullyShardOptions shard_options(const Args& args, c10::Device device) {
   fsdp::FullyShardOptions options;
   options.wrap_policy(fsdp::module_type_policy<ResidualBlockImpl>())  // every ResidualBlock a unit
-      .strategy(fsdp::parse_strategy(args.strategy))
+      .strategy(fsdp::parse_enum<fsdp::ShardingStrategy>(args.strategy))
       .mixed_precision(fsdp::MixedPrecision()
-                           .param_dtype(fsdp::parse_dtype(args.param_dtype))  // gathered and computed in
-                           .reduce_dtype(torch::kFloat))                      // gradients reduced in
-      .device(device)                  // units move there as they are sharded
-      .cpu_offload(args.cpu_offload);  // fp32 shards and the optimizer step in host memory
-  if (!args.nvme_dir.empty()) {        // the parameter shards and AdamW's moments on disk
-    options.nvme_offload(fsdp::NvmeOffloadOptions(args.nvme_dir).optimizer_state(true).params(true));
+                           // gathered and computed in --param-dtype, gradients reduced in fp32
+                           .param_dtype(fsdp::parse_enum<torch::ScalarType>(args.param_dtype))
+                           .reduce_dtype(torch::kFloat))
+      .device(device);  // units move there as they are sharded
+  TORCH_CHECK(!args.cpu_offload || args.nvme_dir.empty(), "--cpu-offload or --nvme-offload: one placement, not both");
+  if (args.cpu_offload) {  // fp32 shards and the optimizer step in host memory
+    options.offload(fsdp::OffloadPolicy::cpu());
+  } else if (!args.nvme_dir.empty()) {  // the parameter shards and AdamW's moments on disk
+    options.offload(fsdp::OffloadPolicy::nvme(fsdp::NvmeOffloadOptions(args.nvme_dir).optimizer_state(true).params(true)));
   }
   return options;
 }
@@ -110,7 +113,7 @@ int main(int argc, char** argv) {
     // The CPU over MPI, or this rank's GPU over NCCL (a world of one: a group of one, no NCCL).
     fsdp::DeviceChoice where = fsdp::choose_device(args.device == "cuda" ? torch::kCUDA : torch::kCPU,
                                                    fsdp::CollectiveBackend::kAuto, mpi.world());
-    const auto input_dtype = fsdp::parse_dtype(args.param_dtype);
+    const auto input_dtype = fsdp::parse_enum<torch::ScalarType>(args.param_dtype);
     torch::manual_seed(1234);
     const torch::Tensor w_true = torch::randn({16}).to(where.device);  // the function to learn, alike on every rank
 

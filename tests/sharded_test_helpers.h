@@ -19,7 +19,7 @@
 #include "fsdp/fused_adamw.h"
 #include "fsdp/gpt.h"
 #include "fsdp/memory.h"
-#include "fsdp/memory_plan.h"
+#include "plan/estimates.h"
 #include "fsdp/model_config.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/token_data.h"
@@ -77,7 +77,7 @@ inline models::TokenData data_for(const models::ModelConfig& config) {
   return models::TokenData(make_token_file("strategies", 20000, c.vocab), c.context, c.vocab);
 }
 
-inline std::string name_of(ShardingStrategy s) { return strategy_name(s); }
+inline std::string name_of(ShardingStrategy s) { return fsdp::enum_name(s); }
 inline std::string name_of(const models::GPTConfig& c) { return c.width == tiny().width ? "tiny" : "uneven"; }
 inline std::string name_of(const models::ModelConfig& c) {
   return c.kind() == models::ModelKind::kGpt ? name_of(c.gpt()) : "every-switch llama";

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "fsdp/memory.h"
+#include "base/memory_counters.h"
 
 using fsdp::memory::Category;
 
@@ -130,11 +131,11 @@ TEST(Allocator, TheEnginesLargeBuffersArePagesOfTheirOwn) {
       mem::MemoryCategoryScope scope(category);
       torch::Tensor buffer = torch::empty({bytes}, torch::kByte);
       data = buffer.data_ptr();
-      EXPECT_EQ(reinterpret_cast<uintptr_t>(data) % 4096, 0u) << mem::category_name(category);
-      EXPECT_EQ(mem::usage().live(category) - start.live(category), bytes) << mem::category_name(category);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(data) % 4096, 0u) << fsdp::enum_name(category);
+      EXPECT_EQ(mem::usage().live(category) - start.live(category), bytes) << fsdp::enum_name(category);
       EXPECT_EQ(::msync(data, 4096, MS_ASYNC), 0) << "mapped while live";
     }
-    EXPECT_EQ(::msync(data, 4096, MS_ASYNC), -1) << mem::category_name(category) << ": still mapped once freed";
+    EXPECT_EQ(::msync(data, 4096, MS_ASYNC), -1) << fsdp::enum_name(category) << ": still mapped once freed";
     EXPECT_EQ(errno, ENOMEM);
   }
   EXPECT_EQ(mem::usage().live_total, start.live_total);

@@ -17,6 +17,7 @@
 #include "fsdp/gpt.h"
 #include "fsdp/llama.h"
 #include "test_helpers.h"
+#include "models/attention_kernel.h"
 
 namespace {
 
@@ -123,7 +124,7 @@ TEST(Attention, ModelsComputeEitherKernel) {
     fused->init_weights(11);
     const double a = written->forward(idx, targets).item<double>(), b = fused->forward(idx, targets).item<double>();
     EXPECT_LT(std::abs(a - b) / std::abs(a), 1e-6) << (family == 0 ? "GPT" : "Llama") << ": " << a << " vs " << b;
-    std::cout << std::setprecision(17) << (family == 0 ? "GPT" : "Llama") << " loss, written out " << a << ", " << fsdp::attention_kernel_name(other) << " " << b << "\n";
+    std::cout << std::setprecision(17) << (family == 0 ? "GPT" : "Llama") << " loss, written out " << a << ", " << fsdp::enum_name(other) << " " << b << "\n";
   }
 }
 

@@ -20,8 +20,8 @@
 #include "fsdp/checkpoint_manager.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/gpt.h"
-#include "fsdp/memory_plan.h"
-#include "fsdp/optimizer_state.h"
+#include "plan/estimates.h"
+#include "optim/optimizer_state.h"
 #include "fsdp/safetensors.h"
 #include "fsdp/token_data.h"
 #include "fsdp/train_step.h"
@@ -29,6 +29,7 @@
 #include "mpi_test_env.h"
 #include "sharded_test_helpers.h"
 #include "test_helpers.h"
+#include "state_dict/safetensors_metadata.h"
 
 using fsdp::ShardingStrategy;
 using fsdp::testing::world_group;
@@ -86,7 +87,7 @@ void expect_exact_resume(const Options& options, const std::string& name, fsdp::
   EXPECT_EQ(info.step, 2);
   fsdp::TrainStep step_resumed(resumed, opt_resumed);
   train(resumed, step_resumed, 2, 4);
-  expect_same_params(resumed.state(), straight.state(), name + " " + fsdp::checkpoint_format_name(format));
+  expect_same_params(resumed.state(), straight.state(), name + " " + fsdp::enum_name(format));
   world_group->barrier()->wait();
   if (world_group->rank() == 0) std::filesystem::remove_all(dir);
 }
@@ -294,7 +295,7 @@ struct Trained {
 // moment while the write was delayed: the staging copy is a copy.
 TEST(Checkpoint, AsyncSaveWritesTheSynchronousBytesWhileTrainingGoesOn) {
   for (auto format : {fsdp::CheckpointFormat::kSharded, fsdp::CheckpointFormat::kFull}) {
-    const std::string name = fsdp::checkpoint_format_name(format);
+    const std::string name = fsdp::enum_name(format);
     const std::string sync_dir = fresh_dir("sync_" + name), async_dir = fresh_dir("async_" + name);
     Trained run;
     run.train(2);

@@ -13,12 +13,14 @@
 #include <random>
 
 #include "fsdp/checkpoint.h"
-#include "fsdp/checksum.h"
+#include "base/checksum.h"
 #include "fsdp/gpt.h"
 #include "fsdp/safetensors.h"
 #include "fsdp/state_dict.h"
 #include "state_dict/checkpoint_json.h"
 #include "test_helpers.h"
+#include "state_dict/safetensors_metadata.h"
+#include "core/unit_plan.h"
 
 // tests/fixtures/ of this checkout (fixtures_path.cpp).
 const char* fsdp_test_fixtures();
@@ -118,11 +120,11 @@ TEST(Checksum, KnownAnswersAndEverySplitGivesTheSameDigest) {
       at += piece;
     }
     hasher.update(bytes.data() + at, bytes.size() - at);
-    EXPECT_EQ(hasher.digest(), fsdp::checksum::hash(a, bytes.data(), bytes.size())) << fsdp::checksum::algorithm_name(a);
-    EXPECT_EQ(fsdp::checksum::parse_algorithm(fsdp::checksum::algorithm_name(a), "f"), a);
+    EXPECT_EQ(hasher.digest(), fsdp::checksum::hash(a, bytes.data(), bytes.size())) << fsdp::enum_name(a);
+    EXPECT_EQ(fsdp::checksum::parse_algorithm(fsdp::enum_name(a), "f"), a);
   }
-  EXPECT_EQ(std::string(fsdp::checksum::algorithm_name(fsdp::checksum::kWritten)), "xxh3_64");
-  EXPECT_EQ(std::string(fsdp::checksum::algorithm_name(fsdp::checksum::kUnnamed)), "fnv1a64");
+  EXPECT_EQ(std::string(fsdp::enum_name(fsdp::checksum::kWritten)), "xxh3_64");
+  EXPECT_EQ(std::string(fsdp::enum_name(fsdp::checksum::kUnnamed)), "fnv1a64");
 }
 
 // The writer streams through 8 MiB blocks, hashing one while the one before

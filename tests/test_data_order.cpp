@@ -124,8 +124,8 @@ TEST(DataOrder, BadValidationSplitsAreRefused) {
   EXPECT_NE(message_of([] { fsdp::models::TokenData("/tmp/fsdp_test_val.txt", 8, 256).val_batch(0, 1); })
                 .find("no validation split"),
             std::string::npos);
-  EXPECT_NE(message_of([] { fsdp::models::parse_data_order("random"); })
-                .find("unknown data order 'random': expected sequential or shuffled"),
+  EXPECT_NE(message_of([] { fsdp::parse_enum<fsdp::models::DataOrder>("random"); })
+                .find("unknown data order 'random': expected one of sequential, shuffled"),
             std::string::npos);
 }
 

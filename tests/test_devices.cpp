@@ -165,7 +165,7 @@ TEST(Gpu, CpuOffloadTrainsAsWithoutAndHoldsLessDeviceMemory) {
   const int64_t plain_peak = fsdp::memory::device_usage(gpu()).peak_allocated;
   torch::cuda::synchronize();
   fsdp::memory::reset_device_peaks(gpu());
-  const auto offloaded = train_losses(block_units().device(gpu()).cpu_offload(true), 4, gpu());
+  const auto offloaded = train_losses(block_units().device(gpu()).offload(fsdp::OffloadPolicy::cpu()), 4, gpu());
   const int64_t offload_peak = fsdp::memory::device_usage(gpu()).peak_allocated;
   // The offloaded shards step with FusedAdamW on the CPU, the others with
   // AdamW's CUDA kernels: another formula's rounding.

@@ -24,6 +24,7 @@
 #include "fsdp/error.h"
 #include "fsdp/trace.h"
 #include "offload/disk_store.h"
+#include "base/trace_events.h"
 
 using fsdp::offload::DiskStore;
 using fsdp::offload::DiskStoreOptions;
@@ -81,7 +82,7 @@ class Engines : public ::testing::TestWithParam<IoEngine> {};
 }  // namespace
 
 TEST_P(Engines, EverySlotComesBackByteForByte) {
-  const std::string dir = scratch_dir(std::string("roundtrip-") + fsdp::offload::io_engine_name(GetParam()));
+  const std::string dir = scratch_dir(std::string("roundtrip-") + fsdp::enum_name(GetParam()));
   {
     std::unique_ptr<DiskStore> store_owner;
     std::vector<std::string> labels;
@@ -92,7 +93,7 @@ TEST_P(Engines, EverySlotComesBackByteForByte) {
     fsdp::trace::enable();
     const double since_us = fsdp::trace::now_us();  // the trace keeps every earlier test's events
     if (GetParam() != IoEngine::kAuto) EXPECT_EQ(store.engine(), GetParam());
-    EXPECT_EQ(store.engine_description().rfind(fsdp::offload::io_engine_name(store.engine()), 0), 0)
+    EXPECT_EQ(store.engine_description().rfind(fsdp::enum_name(store.engine()), 0), 0)
         << store.engine_description();
     EXPECT_FALSE(std::filesystem::exists(store.path())) << "the name is unlinked once the file is open";
     EXPECT_TRUE(std::filesystem::exists(store.reachable_path()));
@@ -148,7 +149,7 @@ TEST_P(Engines, EverySlotComesBackByteForByte) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DiskStore, Engines, ::testing::Values(IoEngine::kAuto, IoEngine::kLibaio, IoEngine::kThreads),
-                         [](const auto& info) { return std::string(fsdp::offload::io_engine_name(info.param)); });
+                         [](const auto& info) { return std::string(fsdp::enum_name(info.param)); });
 
 // A byte changed on the disk is found by the block's checksum and named.
 TEST_P(Engines, ACorruptedBlockIsNamedWithItsOffset) {
@@ -312,8 +313,8 @@ TEST(DiskStore, BadRequestsAndOptionsAreRefused) {
             std::string::npos);
   EXPECT_NE(error_of([&] { DiskStore(DiskStoreOptions(dir + "/missing"), {10}); }).find(dir + "/missing"),
             std::string::npos);
-  EXPECT_NE(error_of([] { fsdp::offload::parse_io_engine("spdk"); })
-                .find("unknown offload I/O engine 'spdk' (expected auto, libaio or threads)"),
+  EXPECT_NE(error_of([] { fsdp::parse_enum<fsdp::offload::IoEngine>("spdk"); })
+                .find("unknown offload I/O engine 'spdk': expected one of auto, libaio, threads"),
             std::string::npos);
   DiskStore store(DiskStoreOptions(dir), {4096, 8192});
   std::vector<char> buffer(8192);

@@ -29,6 +29,7 @@
 #include "mpi_test_env.h"
 #include "sharded_test_helpers.h"
 #include "test_helpers.h"
+#include "core/unit_plan.h"
 
 using fsdp::ShardingStrategy;
 using fsdp::memory::Category;
@@ -111,7 +112,7 @@ TEST(FrozenParameters, NeverChangeAndHoldNoGradientOrOptimizerBytes) {
     SCOPED_TRACE(c.name);
     const fsdp::memory::Usage before = fsdp::memory::usage();
     auto model = fsdp::fully_shard(make_partly_frozen_gpt(), world_group,
-                                   fsdp::testing::options_for(c.strategy, c.param_dtype).cpu_offload(c.cpu_offload));
+                                   fsdp::testing::options_for(c.strategy, c.param_dtype).offload(c.cpu_offload ? fsdp::OffloadPolicy::cpu() : fsdp::OffloadPolicy()));
     const auto initial = fsdp::testing::full_params(model.state());
     std::unique_ptr<torch::optim::AdamW> optimizer;
     auto options = fsdp::TrainStepOptions().gather_rank_figures(false).clip_grad_norm(c.clip ? 0.01 : 0.0);

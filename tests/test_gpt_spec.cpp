@@ -10,9 +10,11 @@
 
 #include "fsdp/gpt.h"
 #include "fsdp/memory.h"
-#include "fsdp/memory_plan.h"
+#include "plan/estimates.h"
 #include "fsdp/wrap_policy.h"
 #include "test_helpers.h"
+#include "models/loss_slices.h"
+#include "core/unit_plan.h"
 
 using fsdp::models::GPTConfig;
 using fsdp::models::GPT;

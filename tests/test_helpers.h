@@ -26,6 +26,7 @@
 #include "fsdp/model_config.h"
 #include "fsdp/options.h"
 #include "fsdp/wrap_policy.h"
+#include "core/unit_plan.h"
 
 namespace fsdp::testing {
 

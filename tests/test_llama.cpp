@@ -15,6 +15,8 @@
 #include "fsdp/llama.h"
 #include "fsdp/wrap_policy.h"
 #include "test_helpers.h"
+#include "models/attention_kernel.h"
+#include "core/unit_plan.h"
 
 namespace llama_test {
 

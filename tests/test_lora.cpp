@@ -19,6 +19,8 @@
 #include "fsdp/peft.h"
 #include "fsdp/wrap_policy.h"
 #include "test_helpers.h"
+#include "state_dict/peft_files.h"
+#include "core/unit_plan.h"
 
 namespace {
 

@@ -41,7 +41,7 @@ TEST(LrSchedule, WarmupThenCosineFollowsTheSpecFormula) {
 }
 
 TEST(LrSchedule, BadSettingsAreRefusedAndResumesCompareWhatMatters) {
-  auto cosine = fsdp::LrSchedule().kind(fsdp::parse_lr_schedule("cosine")).lr(1e-3).min_lr(1e-4).total_steps(10);
+  auto cosine = fsdp::LrSchedule().kind(fsdp::parse_enum<fsdp::LrScheduleKind>("cosine")).lr(1e-3).min_lr(1e-4).total_steps(10);
   EXPECT_NE(message_of([&] { fsdp::LrSchedule(cosine).warmup_steps(10).validate(); }).find("warmup_steps < total_steps"),
             std::string::npos);
   EXPECT_NE(message_of([&] { fsdp::LrSchedule(cosine).min_lr(2e-3).validate(); }).find("min_lr must be in [0, lr]"),
@@ -49,9 +49,9 @@ TEST(LrSchedule, BadSettingsAreRefusedAndResumesCompareWhatMatters) {
   EXPECT_NE(message_of([&] { fsdp::LrSchedule(cosine).total_steps(0).validate(); }).find("total_steps"),
             std::string::npos);
   EXPECT_NE(message_of([&] { fsdp::LrSchedule().lr(0).validate(); }).find("lr must be positive"), std::string::npos);
-  EXPECT_NE(message_of([&] { fsdp::parse_lr_schedule("linear"); }).find("constant or cosine, got 'linear'"),
+  EXPECT_NE(message_of([&] { fsdp::parse_enum<fsdp::LrScheduleKind>("linear"); }).find("unknown learning-rate schedule 'linear': expected one of constant, cosine"),
             std::string::npos);
-  EXPECT_STREQ(fsdp::lr_schedule_name(fsdp::parse_lr_schedule("cosine")), "cosine");
+  EXPECT_STREQ(fsdp::enum_name(fsdp::parse_enum<fsdp::LrScheduleKind>("cosine")), "cosine");
   // A cosine's length and floor are part of it; a constant's are not.
   EXPECT_TRUE(cosine.same_as(fsdp::LrSchedule(cosine)));
   EXPECT_FALSE(cosine.same_as(fsdp::LrSchedule(cosine).total_steps(20)));

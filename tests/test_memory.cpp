@@ -14,7 +14,7 @@
 #include "fsdp/fused_adamw.h"
 #include "fsdp/gpt.h"
 #include "fsdp/memory.h"
-#include "fsdp/memory_plan.h"
+#include "plan/estimates.h"
 #include "fsdp/token_data.h"
 #include "fsdp/train_step.h"
 #include "mpi_test_env.h"

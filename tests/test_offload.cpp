@@ -23,6 +23,7 @@
 #include "mpi_test_env.h"
 #include "sharded_test_helpers.h"
 #include "test_helpers.h"
+#include "core/strategy_rules.h"
 
 using fsdp::models::GPTConfig;
 using fsdp::models::GPT;
@@ -38,13 +39,13 @@ using fsdp::testing::train_losses;
 TEST(CpuOffload, TrainsExactlyAsWithoutOffload) {
   for (auto strategy : {fsdp::ShardingStrategy::kFullShard, fsdp::ShardingStrategy::kShardGradOp}) {
     const auto plain = train_losses(block_units(strategy), 4, torch::kCPU);
-    const auto offloaded = train_losses(block_units(strategy).cpu_offload(true), 4, torch::kCPU);
-    EXPECT_EQ(plain, offloaded) << fsdp::strategy_name(strategy);
+    const auto offloaded = train_losses(block_units(strategy).offload(fsdp::OffloadPolicy::cpu()), 4, torch::kCPU);
+    EXPECT_EQ(plain, offloaded) << fsdp::enum_name(strategy);
   }
 }
 
 TEST(CpuOffload, ShardsGradientsAndOptimizerStateStayOnTheHost) {
-  auto model = fsdp::fully_shard(make_gpt(tiny()), world_group, block_units().cpu_offload(true));
+  auto model = fsdp::fully_shard(make_gpt(tiny()), world_group, block_units().offload(fsdp::OffloadPolicy::cpu()));
   fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());
   const GPTConfig config = tiny();
   torch::Tensor x = torch::randint(config.vocab, {2, config.context}, torch::kLong);
@@ -61,10 +62,10 @@ TEST(CpuOffload, IsRefusedForStrategiesThatKeepWholeParameters) {
   for (auto strategy : {fsdp::ShardingStrategy::kNoShard, fsdp::ShardingStrategy::kZero1}) {
     GPT gpt = make_gpt(tiny());
     try {
-      fsdp::fully_shard(gpt, world_group, block_units(strategy).cpu_offload(true));
-      ADD_FAILURE() << "cpu_offload with " << fsdp::strategy_name(strategy) << " was accepted";
+      fsdp::fully_shard(gpt, world_group, block_units(strategy).offload(fsdp::OffloadPolicy::cpu()));
+      ADD_FAILURE() << "OffloadPolicy::cpu() with " << fsdp::enum_name(strategy) << " was accepted";
     } catch (const c10::Error& e) {
-      EXPECT_NE(fsdp::error_message(e).find("cpu_offload needs a sharded strategy"), std::string::npos)
+      EXPECT_NE(fsdp::error_message(e).find("OffloadPolicy::cpu() needs a sharded strategy"), std::string::npos)
           << fsdp::error_message(e);
     }
   }
@@ -101,7 +102,7 @@ TEST(DiskOffload, RefusesAPlainBackwardAndStaysUsable) {
   std::vector<double> losses[2];
   for (int offloaded = 0; offloaded < 2; ++offloaded) {
     auto options = block_units();
-    if (offloaded) options.nvme_offload(offload_everything_to(dir));
+    if (offloaded) options.offload(fsdp::OffloadPolicy::nvme(offload_everything_to(dir)));
     auto model = fsdp::fully_shard(make_gpt(config), world_group, options);
     fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());
     auto [x, y] = data.batch(0, 0, r, W, 1, 2);
@@ -141,7 +142,7 @@ TEST(DiskOffload, RefusesAReadAheadThatCannotGrow) {
     const torch::Tensor before = gpt->parameters()[0].clone();
     std::string error;
     try {
-      fsdp::fully_shard(gpt, world_group, block_units().nvme_offload(offload));
+      fsdp::fully_shard(gpt, world_group, block_units().offload(fsdp::OffloadPolicy::nvme(offload)));
     } catch (const c10::Error& e) {
       error = e.what_without_backtrace();
     }
@@ -170,7 +171,7 @@ TEST(DiskOffload, EqualsMemoryThroughEvaluationAndStateDictLoads) {
       fsdp::MixedPrecision mp;
       mp.param_dtype(dtype);
       auto options = block_units().mixed_precision(mp);
-      if (offloaded) options.nvme_offload(offload_everything_to(dir));
+      if (offloaded) options.offload(fsdp::OffloadPolicy::nvme(offload_everything_to(dir)));
       auto model = fsdp::fully_shard(make_gpt(config), world_group, options);
       ASSERT_EQ(model.state().nvme_offload().has_value(), offloaded == 1);
       fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());
@@ -190,7 +191,7 @@ TEST(DiskOffload, EqualsMemoryThroughEvaluationAndStateDictLoads) {
     }
     ASSERT_EQ(losses[0].size(), losses[1].size());
     for (size_t i = 0; i < losses[0].size(); ++i) {
-      EXPECT_EQ(losses[1][i], losses[0][i]) << fsdp::dtype_name(dtype) << ": loss " << i << " (steps and evaluations)";
+      EXPECT_EQ(losses[1][i], losses[0][i]) << fsdp::enum_name(dtype) << ": loss " << i << " (steps and evaluations)";
     }
   }
   world_group->barrier()->wait();
@@ -235,20 +236,20 @@ TEST(DiskOffload, StepsEachUnitInBackwardAsItsGradientArrives) {
           // numbers. After backward: asked, or (loss scaled) for want of room
           // in the scratch file to write the gradients out.
           const bool no_gradient_slots = placement == kAfterBackward && scaling;
-          options.nvme_offload(offload_everything_to(dir)
+          options.offload(fsdp::OffloadPolicy::nvme(offload_everything_to(dir)
                                    .params(params)
                                    .read_ahead(placement == kInBackward ? 1 : 3)
                                    .max_read_ahead(placement == kInBackward ? 3 : 0)
                                    .deepen_above(0)
                                    .step_in_backward(placement == kInBackward || no_gradient_slots)
-                                   .gradient_slots(!no_gradient_slots));
+                                   .gradient_slots(!no_gradient_slots)));
         }
         auto model = fsdp::fully_shard(make_gpt(config), world_group, options);
         fsdp::FusedAdamW optimizer(model.parameters(), spec_adamw());
         fsdp::TrainStep train_step(model, optimizer,
                                    fsdp::TrainStepOptions().micro_steps(2).weight_decay(0.1).clip_grad_norm(clip).loss_scaling(
                                        scaling));
-        const std::string what = std::string(fsdp::strategy_name(strategy)) + (clip > 0 ? ", clipped" : "") +
+        const std::string what = std::string(fsdp::enum_name(strategy)) + (clip > 0 ? ", clipped" : "") +
                                  (scaling ? ", loss scaled" : "") +
                                  (placement == kInBackward ? ", in backward" : ", after backward");
         for (int64_t step = 0; step < 3; ++step) {
@@ -278,7 +279,7 @@ TEST(DiskOffload, StepsEachUnitInBackwardAsItsGradientArrives) {
       for (int placement : {kInBackward, kAfterBackward}) {
         for (size_t i = 0; i < losses[0].size(); ++i) {
           EXPECT_EQ(losses[placement][i], losses[kMemory][i])
-              << fsdp::strategy_name(strategy) << (clip > 0 ? " clipped" : "") << (scaling ? ", loss scaled" : "")
+              << fsdp::enum_name(strategy) << (clip > 0 ? " clipped" : "") << (scaling ? ", loss scaled" : "")
               << ", placement " << placement
               << ": step " << i;
         }

@@ -13,12 +13,13 @@
 #include "fsdp/gpt.h"
 #include "fsdp/grad_utils.h"
 #include "fsdp/lr_schedule.h"
-#include "fsdp/optimizer_state.h"
+#include "optim/optimizer_state.h"
 #include "fsdp/token_data.h"
 #include "fsdp/train_step.h"
 #include "mpi_test_env.h"
 #include "sharded_test_helpers.h"
 #include "test_helpers.h"
+#include "core/unit_plan.h"
 
 using fsdp::models::GPTConfig;
 using fsdp::models::GPT;

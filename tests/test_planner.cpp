@@ -9,10 +9,12 @@
 
 #include "fsdp/device_choice.h"
 #include "fsdp/lora.h"
-#include "fsdp/memory_plan.h"
+#include "plan/estimates.h"
 #include "fsdp/model_config.h"
 #include "fsdp/run_plan.h"
 #include "test_helpers.h"
+#include "core/cpu_features.h"
+#include "core/strategy_rules.h"
 
 #include <string>
 #include <vector>

@@ -26,6 +26,7 @@
 #include "mpi_test_env.h"
 #include "sharded_test_helpers.h"
 #include "test_helpers.h"
+#include "base/trace_events.h"
 
 using fsdp::models::GPTConfig;
 using fsdp::models::GPT;

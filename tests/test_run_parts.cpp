@@ -15,7 +15,7 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/gpt.h"
 #include "fsdp/grad_utils.h"
-#include "fsdp/host_memory.h"
+#include "plan/host_memory.h"
 #include "base/strings.h"
 #include "core/host_resources.h"
 #include "fsdp/preemption.h"
@@ -24,6 +24,7 @@
 #include "fsdp/train_step.h"
 #include "mpi_test_env.h"
 #include "test_helpers.h"
+#include "models/evaluation_defaults.h"
 
 using fsdp::testing::block_units;
 using fsdp::testing::make_gpt;
@@ -298,7 +299,7 @@ TEST(HostMemory, PreflightRefusesWhatDoesNotFit) {
   // Each variant is the run with other options, as fully_shard would take them.
   EXPECT_TRUE(variants[1].run.options.activation_checkpointing() && variants[1].run.settings.sharded_init);
   EXPECT_EQ(variants[1].flags, "--sharded-init --activation-checkpointing");
-  EXPECT_TRUE(variants[4].run.options.nvme_offload() && variants[4].run.options.nvme_offload()->params());
+  EXPECT_TRUE(variants[4].run.options.offload().nvme_options() && variants[4].run.options.offload().nvme_options()->params());
 }
 
 // The disk: this host's ranks' scratch files together (the planner's size
@@ -306,7 +307,7 @@ TEST(HostMemory, PreflightRefusesWhatDoesNotFit) {
 TEST(HostMemory, PreflightChecksTheScratchFilesTogether) {
   fsdp::PlannedRun run = small_run();
   EXPECT_EQ(fsdp::preflight_scratch_space(run, 0), 0);  // nothing on disk
-  run.options.nvme_offload(fsdp::NvmeOffloadOptions("/scratch-folder").optimizer_state(true));
+  run.options.offload(fsdp::OffloadPolicy::nvme(fsdp::NvmeOffloadOptions("/scratch-folder").optimizer_state(true)));
   const int64_t file = fsdp::plan_run(run).nvme->file_bytes;
   ASSERT_GT(file, 0);
   EXPECT_EQ(fsdp::preflight_scratch_space(run, 2 * file), 2 * file);

@@ -23,11 +23,13 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/fused_adamw.h"
 #include "fsdp/gpt.h"
-#include "fsdp/memory_plan.h"
+#include "plan/estimates.h"
 #include "fsdp/token_data.h"
 #include "mpi_test_env.h"
 #include "sharded_test_helpers.h"
 #include "test_helpers.h"
+#include "core/strategy_rules.h"
+#include "core/unit_plan.h"
 
 using fsdp::models::GPTConfig;
 using fsdp::models::GPT;
@@ -177,7 +179,7 @@ std::vector<ShardingCase> sharding_cases(const ModelConfig& config) {
     cases.push_back({"activation checkpointing", units(full).activation_checkpointing(true)});
     cases.push_back({"sublayer units, activation checkpointing", units(full, true).activation_checkpointing(true)});
     cases.push_back({"sharded initialization", units(full), /*sharded_init=*/true});
-    cases.push_back({"cpu offload", units(full).cpu_offload(true)});
+    cases.push_back({"cpu offload", units(full).offload(fsdp::OffloadPolicy::cpu())});
   }
   return cases;
 }
@@ -383,14 +385,24 @@ TEST(Sharding, SublayerUnitsGiveTheGradientsOfOneProcess) {
   }
 }
 
-TEST(Sharding, StrategyNamesRoundTripAndUnknownNamesAreRefused) {
-  for (auto s : kAllStrategies) EXPECT_EQ(fsdp::parse_strategy(fsdp::strategy_name(s)), s);
+TEST(Sharding, EnumNamesRoundTripAliasesParseAndUnknownNamesAreRefused) {
+  for (auto s : kAllStrategies) EXPECT_EQ(fsdp::parse_enum<fsdp::ShardingStrategy>(fsdp::enum_name(s)), s);
   try {
-    fsdp::parse_strategy("zero4");
+    fsdp::parse_enum<fsdp::ShardingStrategy>("zero4");
     ADD_FAILURE();
   } catch (const c10::Error& e) {
     EXPECT_NE(fsdp::error_message(e).find("unknown sharding strategy 'zero4': expected one of no_shard, zero1"),
               std::string::npos);
   }
-  EXPECT_THROW(fsdp::parse_dtype("fp8"), c10::Error);
+  // An alias parses to its value and is not listed; a value with no name is named as LibTorch names it.
+  EXPECT_EQ(fsdp::parse_enum<torch::ScalarType>("bfloat16"), torch::kBFloat16);
+  EXPECT_EQ(std::string(fsdp::enum_name(torch::kBFloat16)), "bf16");
+  EXPECT_EQ(std::string(fsdp::enum_name(torch::kDouble)), c10::toString(torch::kDouble));
+  try {
+    fsdp::parse_enum<torch::ScalarType>("fp8");
+    ADD_FAILURE();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(fsdp::error_message(e).find("unknown dtype 'fp8': expected one of fp32, bf16, fp16"), std::string::npos)
+        << fsdp::error_message(e);
+  }
 }

@@ -17,6 +17,10 @@
 #include "mpi_test_env.h"
 #include "sharded_test_helpers.h"
 #include "test_helpers.h"
+#include "state_dict/hugging_face_files.h"
+#include "base/memory_counters.h"
+#include "core/strategy_rules.h"
+#include "core/unit_plan.h"
 
 using fsdp::models::GPTConfig;
 using fsdp::models::GPT;
@@ -52,12 +56,12 @@ TEST(StateDict, LoadFullIntoAShardedModel) {
     auto source = fsdp::fully_shard(make_gpt(tiny(), 5), world_group, block_units());
     auto target = fsdp::fully_shard(make_gpt(tiny(), 6), world_group, block_units(strategy));
     fsdp::load_full_state_dict(target.state(), fsdp::full_state_dict(source.state()));
-    expect_same_params(target.state(), source.state(), fsdp::strategy_name(strategy));
+    expect_same_params(target.state(), source.state(), fsdp::enum_name(strategy));
     // And the loaded model computes with the loaded values (the gathered
     // copies were refreshed).
     auto [x, y] = batch(token_data(), 0, 0, 1, 2);
     torch::NoGradGuard no_grad;
-    EXPECT_TRUE(torch::equal(target(x, y), source(x, y))) << fsdp::strategy_name(strategy);
+    EXPECT_TRUE(torch::equal(target(x, y), source(x, y))) << fsdp::enum_name(strategy);
   }
   auto model = fsdp::fully_shard(make_gpt(tiny()), world_group, block_units());
   fsdp::StateDict dict = fsdp::full_state_dict(model.state());
@@ -80,7 +84,7 @@ TEST(StateDict, HuggingFaceFoldersIntoTheShardsAndOut) {
   llama.tie_word_embeddings = llama.fused_projections = true;
   llama.hub_family = "phi3";
   for (const fsdp::models::ModelConfig& config : {fsdp::models::ModelConfig(tiny()), fsdp::models::ModelConfig(llama)}) {
-    const std::string kind = fsdp::models::model_kind_name(config.kind());
+    const std::string kind = fsdp::enum_name(config.kind());
     const std::string dir = "/tmp/fsdp_test_hf_" + kind + "_w" + std::to_string(world_group->size());
     hf::HubConfig hub;
     hub.model = config;

@@ -20,6 +20,7 @@
 #include "mpi_test_env.h"
 #include "sharded_test_helpers.h"
 #include "test_helpers.h"
+#include "base/memory_counters.h"
 
 using fsdp::models::GPTConfig;
 using fsdp::models::GPT;

@@ -8,6 +8,7 @@
 
 #include "fsdp/wrap_policy.h"
 #include "test_helpers.h"
+#include "core/unit_plan.h"
 
 
 

@@ -23,7 +23,7 @@
 #include "fsdp/fused_adamw.h"
 #include "fsdp/gpt.h"
 #include "fsdp/memory.h"
-#include "fsdp/memory_plan.h"
+#include "plan/estimates.h"
 #include "mpi_test_env.h"
 #include "sharded_test_helpers.h"
 #include "test_helpers.h"
@@ -49,9 +49,9 @@ ZeroPlusPlus qgz() { return ZeroPlusPlus().gradient_quantization(Quantization::k
 ZeroPlusPlus all_three() { return qwz().secondary_partition(true).gradient_quantization(Quantization::kInt8); }
 
 std::string describe(const ZeroPlusPlus& z) {
-  std::string s = std::string("gather ") + fsdp::quantization_name(z.gather_quantization()) + ", secondary " +
+  std::string s = std::string("gather ") + fsdp::enum_name(z.gather_quantization()) + ", secondary " +
                   (z.secondary_partition() ? "on" : "off") + ", gradients " +
-                  fsdp::quantization_name(z.gradient_quantization());
+                  fsdp::enum_name(z.gradient_quantization());
   return s;
 }
 
@@ -84,7 +84,7 @@ TEST(ZeroPlusPlus, BytesPerStepMatchThePlannerInsideAndAcrossHosts) {
       {ShardingStrategy::kHybridShard, qwz(), torch::kFloat},
   };
   for (const auto& c : cases) {
-    SCOPED_TRACE(std::string(fsdp::strategy_name(c.strategy)) + ", " + describe(c.z) +
+    SCOPED_TRACE(std::string(fsdp::enum_name(c.strategy)) + ", " + describe(c.z) +
                  (c.dtype == torch::kFloat ? "" : ", bf16") + ", block " + std::to_string(c.z.quantization_block()));
     auto sharded = fsdp::fully_shard(fsdp::testing::make_gpt(fsdp::testing::tiny()), world_group,
                                      zpp_options(c.strategy, c.z, c.dtype));
@@ -261,7 +261,7 @@ TEST(ZeroPlusPlus, RefusesOptionsThatCannotHelp) {
       {ShardingStrategy::kFullShard, qwz().quantization_block(6), "positive multiple of 4 elements"},
   };
   for (const auto& c : cases) {
-    SCOPED_TRACE(std::string(fsdp::strategy_name(c.strategy)) + ", " + describe(c.z));
+    SCOPED_TRACE(std::string(fsdp::enum_name(c.strategy)) + ", " + describe(c.z));
     auto model = fsdp::testing::make_gpt(fsdp::testing::tiny());
     const torch::Tensor before = model->transformer->wte->weight.detach().clone();
     try {

@@ -21,6 +21,10 @@
 #include "fsdp/safetensors.h"
 #include "state_dict/checkpoint_json.h"  // metadata.json in full (src/, not installed)
 #include "tool_support.h"
+#include "state_dict/hugging_face_files.h"
+#include "state_dict/safetensors_metadata.h"
+#include "base/checksum.h"
+#include "state_dict/checkpoint_schema.h"
 
 namespace {
 
@@ -41,7 +45,7 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 void inspect_checkpoint(const std::string& path) {
   fsdp::SavedCheckpoint saved(path);
   const nlohmann::json& m = saved.metadata().json;
-  std::cout << fsdp::checkpoint_format_name(saved.format()) << " checkpoint " << path << "\n"
+  std::cout << fsdp::enum_name(saved.format()) << " checkpoint " << path << "\n"
             << "  step " << m.at("step") << ", saved by " << m.at("world_size") << " ranks with "
             << m.at("strategy").get<std::string>()
             << (saved.format() == fsdp::CheckpointFormat::kSharded
@@ -69,10 +73,10 @@ void inspect_checkpoint(const std::string& path) {
   for (const auto& [file, checksum] : m.at("files").items()) {
     const fsdp::safetensors::Reader reader((fs::path(path) / file).string());  // the header only
     std::cout << "    " << file << " " << fs::file_size(fs::path(path) / file) << " B, "
-              << fsdp::checksum::algorithm_name(reader.checksum_algorithm()) << " " << checksum.get<std::string>() << "\n";
+              << fsdp::enum_name(reader.checksum_algorithm()) << " " << checksum.get<std::string>() << "\n";
   }
   std::cout << "    metadata.json " << fs::file_size(fs::path(path) / "metadata.json") << " B, "
-            << m.value("checksum_algorithm", fsdp::checksum::algorithm_name(fsdp::checksum::kUnnamed)) << " "
+            << m.value("checksum_algorithm", fsdp::enum_name(fsdp::checksum::kUnnamed)) << " "
             << m.at("checksum").get<std::string>() << "\n";
   if (!m.at("extra").empty()) std::cout << "  extra: " << m.at("extra").dump() << "\n";
 }
@@ -86,7 +90,7 @@ void inspect_folder(const std::string& path, const std::vector<fsdp::CheckpointE
     std::cout << "  " << std::left << std::setw(16) << fs::path(e.path).filename().string() << std::setw(12)
               << (e.complete ? "complete" : "unfinished");
     if (e.complete) {
-      std::cout << fsdp::checkpoint_format_name(e.format) << ", step " << e.info.step << ", world size "
+      std::cout << fsdp::enum_name(e.format) << ", step " << e.info.step << ", world size "
                 << e.info.world_size << ", " << e.info.strategy << "\n";
     } else {
       std::cout << e.problem << "\n";
@@ -111,7 +115,7 @@ void inspect_file(const std::string& path) {
   std::cout << "safetensors file " << path << " (" << fs::file_size(path) << " B)\n";
   for (const auto& [key, value] : reader.metadata()) std::cout << "  metadata " << key << " = " << value << "\n";
   if (reader.has_checksum() && !reader.metadata().count(fsdp::safetensors::kChecksumAlgorithmKey)) {
-    std::cout << "  checksum algorithm " << fsdp::checksum::algorithm_name(reader.checksum_algorithm())
+    std::cout << "  checksum algorithm " << fsdp::enum_name(reader.checksum_algorithm())
               << " (the file names none: it was written before XXH3)\n";
   }
   int64_t elements = 0;
@@ -165,7 +169,7 @@ fsdp::models::ModelConfig recorded_config(const std::string& path) {
   }
   TORCH_CHECK(!text.empty(), "'", path, "' records no model configuration (\"config\"); fsdp-train writes it");
   if (model_type.empty()) model_type = text.find("kv_heads") != std::string::npos ? "llama" : "gpt";
-  return fsdp::models::ModelConfig::parse(fsdp::models::parse_model_kind(model_type), text);
+  return fsdp::models::ModelConfig::parse(fsdp::parse_enum<fsdp::models::ModelKind>(model_type), text);
 }
 
 // How convert --format hf writes: --save-dtype, --hf-shard-size, --source-model.
@@ -182,7 +186,7 @@ void convert_weights(const std::string& in, const std::string& out, const std::s
     TORCH_CHECK(!hf::is_model(in), "'", in, "' is a Hugging Face model already");
     hf::SaveOptions options;  // the flags first: before anything is read
     options.max_shard_bytes(hf::parse_size(e.shard_size));
-    if (e.save_dtype != "source") options.dtype(fsdp::parse_dtype(e.save_dtype));
+    if (e.save_dtype != "source") options.dtype(fsdp::parse_enum<torch::ScalarType>(e.save_dtype));
     hf::HubConfig config;
     config.model = recorded_config(in);
     if (!e.source_model.empty()) {  // the model it was fine-tuned from: its other config.json fields and dtype

@@ -24,6 +24,8 @@
 #include "fsdp/run_plan.h"
 #include "text/pretokenizer.h"
 #include "tool_support.h"
+#include "models/attention_kernel.h"
+#include "core/unit_plan.h"
 
 namespace fsdp_tools {
 
@@ -47,7 +49,7 @@ struct ModelFlags {
   // LibTorch does not have.
   fsdp::AttentionKernel attention_kernel() const {
     try {
-      const fsdp::AttentionKernel kernel = fsdp::parse_attention_kernel(attention);
+      const fsdp::AttentionKernel kernel = fsdp::parse_enum<fsdp::AttentionKernel>(attention);
       fsdp::resolve_attention(kernel);
       return kernel;
     } catch (const c10::Error& e) {
@@ -58,7 +60,7 @@ struct ModelFlags {
   // --model's family; throws naming the flag and the names it takes.
   fsdp::models::ModelKind kind() const {
     try {
-      return fsdp::models::parse_model_kind(model);
+      return fsdp::parse_enum<fsdp::models::ModelKind>(model);
     } catch (const c10::Error&) {
       TORCH_CHECK(false, "--model must be gpt or llama, got '", model, "'");
     }
@@ -144,8 +146,8 @@ inline fsdp::models::ModelConfig init_from_config(const ModelFlags& f, const std
                                                   std::vector<std::string>& ignored) {
   const fsdp::hugging_face::HubConfig hub = fsdp::hugging_face::read_config(config_path);
   const fsdp::models::ModelKind kind = hub.model.kind();
-  TORCH_CHECK(kind == f.kind(), "--init-from '", f.init_from, "' holds a ", fsdp::models::model_kind_name(kind),
-              " model: pass --model ", fsdp::models::model_kind_name(kind));
+  TORCH_CHECK(kind == f.kind(), "--init-from '", f.init_from, "' holds a ", fsdp::enum_name(kind),
+              " model: pass --model ", fsdp::enum_name(kind));
   ignored.insert(ignored.end(), hub.ignored.begin(), hub.ignored.end());
   const fsdp::TransformerShape shape = hub.model.shape();
   auto check = [&](const char* flag, const std::optional<int64_t>& given, int64_t value) {
@@ -217,7 +219,7 @@ struct ZeroPlusPlusFlags {
     TORCH_CHECK(quantization_block > 0, "--quantization-block must be positive, got ", quantization_block);
     auto quantization = [](const std::string& flag, const std::string& value) {
       try {
-        return fsdp::parse_quantization(value);
+        return fsdp::parse_enum<fsdp::Quantization>(value);
       } catch (const c10::Error& e) {
         TORCH_CHECK(false, flag, ": ", fsdp::error_message(e));
       }
@@ -335,8 +337,8 @@ inline fsdp::lora::LoraOptions lora_options(const FineTuneFlags& f, uint64_t see
 // --base-dtype's frozen parameters.
 inline fsdp::MixedPrecision mixed_precision(const RunFlags& run, const FineTuneFlags& fine_tune) {
   fsdp::MixedPrecision mp;
-  mp.param_dtype(fsdp::parse_dtype(run.param_dtype));
-  if (!run.reduce_dtype.empty()) mp.reduce_dtype(fsdp::parse_dtype(run.reduce_dtype));
+  mp.param_dtype(fsdp::parse_enum<torch::ScalarType>(run.param_dtype));
+  if (!run.reduce_dtype.empty()) mp.reduce_dtype(fsdp::parse_enum<torch::ScalarType>(run.reduce_dtype));
   if (fine_tune.base_dtype == "bf16") mp.frozen_param_dtype(torch::kBFloat16);  // (with LoRA: apply_fine_tuning)
   return mp;
 }

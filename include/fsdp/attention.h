@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include "fsdp/enum_names.h"
 
 namespace fsdp {
 
@@ -25,22 +26,9 @@ enum class AttentionKernel {
   kWrittenOut  ///< q k^T / sqrt(d), the causal mask, softmax, times v (LibTorch 1.13's only path)
 };
 
-/// Whether this LibTorch has scaled_dot_product_attention (2.0 and later).
-bool fused_attention_available();
-/// kAuto resolved for this LibTorch (kFused or kWrittenOut); kFused on a
-/// LibTorch without the kernel throws, naming the version.
-AttentionKernel resolve_attention(AttentionKernel kernel);
-/// "auto", "sdpa" or "written" (what the tools' --attention takes and prints).
-std::string attention_kernel_name(AttentionKernel kernel);
-/// The inverse of attention_kernel_name; throws naming the three.
-AttentionKernel parse_attention_kernel(const std::string& name);
-/// What the run computes, for its banner: for the fused path the kernel
-/// LibTorch picks for queries of `options` with `heads` heads (and
-/// `kv_heads` key-value heads) of `head_dim` ("flash", "efficient", "cudnn",
-/// "math", ...), e.g. "scaled_dot_product_attention (flash, LibTorch's
-/// choice for float on cpu)"; else "written out (...)" and why.
-std::string describe_attention(AttentionKernel kernel, const torch::TensorOptions& options, int64_t heads,
-                               int64_t kv_heads, int64_t head_dim);
+namespace detail {
+const EnumNames& enum_names(EnumTag<AttentionKernel>);  ///< "auto", "sdpa", "written" (what the tools' --attention takes and prints)
+}  // namespace detail
 
 /// Causal attention of q [B, H, T, d] over k and v [B, Hkv, T, d], H a
 /// multiple of Hkv (grouped-query heads: query head h reads key-value head

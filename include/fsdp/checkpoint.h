@@ -1,9 +1,9 @@
 #pragma once
 /// \file
-/// Training checkpoints: save, load, list, prune, convert.
+/// Training checkpoints: save, load, find the latest, convert.
 ///
 /// Training checkpoints: the model's fp32 masters and the optimizer's state
-/// (Adam, AdamW or SGD: see optimizer_state.h; the step count included), in
+/// (Adam, AdamW or SGD, the step count included: docs/checkpoints.md), in
 /// one of two formats, plus metadata.json (layout, the optimizer's type and
 /// state names, every file's checksum, training position, its own checksum
 /// and the checksum's algorithm: see checksum.h; checkpoints from before
@@ -12,7 +12,7 @@
 ///    at once; the fast path for large models.
 ///  - full: the full state dict, gathered unit by unit and written by rank 0:
 ///    model.safetensors (standard names, loadable by any safetensors reader)
-///    and optimizer.safetensors (optimizer_tensor_name()).
+///    and optimizer.safetensors (each state under "<parameter>.<state name>").
 /// Either reloads on another world size and strategy: each rank reads only
 /// the flat ranges its new shards cover.
 ///
@@ -30,6 +30,7 @@
 
 #include "fsdp/fully_shard.h"
 #include "fsdp/safetensors.h"
+#include "fsdp/enum_names.h"
 
 namespace fsdp {
 
@@ -38,8 +39,9 @@ enum class CheckpointFormat {
   kSharded,  ///< every shard in its own file, written by its rank
   kFull,     ///< model.safetensors and optimizer.safetensors, written by rank 0
 };
-const char* checkpoint_format_name(CheckpointFormat format);      ///< "sharded", "full"
-CheckpointFormat parse_checkpoint_format(const std::string& name);  ///< throws listing the choices
+namespace detail {
+const EnumNames& enum_names(EnumTag<CheckpointFormat>);  ///< "sharded", "full"
+}  // namespace detail
 
 /// What metadata.json's "extra" holds beside the tensors: by key, each value
 /// as JSON text (for example `{"loss_scale": "65536.0", "data": "{\"seed\":0}"}`).
@@ -128,27 +130,5 @@ void convert_to_full(const std::string& checkpoint, const std::string& output);
 
 /// The newest complete checkpoint under dir ("" if there is none).
 std::string latest_checkpoint(const std::string& dir);
-
-/// One DIR/step-N (or DIR/step-N.tmp) of a checkpoint folder.
-struct CheckpointEntry {
-  std::string path;  ///< the directory
-  int64_t step = -1;  ///< N, from the directory's name
-  /// step-N with a metadata.json that parses, names a known format and
-  /// matches its own checksum (the data files are not read: SavedCheckpoint
-  /// verifies those).
-  bool complete = false;
-  CheckpointFormat format = CheckpointFormat::kSharded;  ///< when complete
-  CheckpointInfo info;                                   ///< when complete
-  std::shared_ptr<const CheckpointMetadata> metadata;    ///< when complete: metadata.json parsed
-  std::string problem;                                   ///< why not complete
-};
-
-/// Every step-N and step-N.tmp directory under dir, newest step first (at
-/// equal steps the complete one first); empty if dir holds none.
-std::vector<CheckpointEntry> list_checkpoints(const std::string& dir);
-
-/// Removes all but the newest `keep` complete checkpoints and any unfinished
-/// ones older than the newest complete (call on one rank).
-void prune_checkpoints(const std::string& dir, int keep);
 
 }  // namespace fsdp

@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include "fsdp/enum_names.h"
 
 namespace fsdp {
 
@@ -33,8 +34,9 @@ enum class CollectiveKind {
   kAllToAll,       ///< ProcessGroup::all_to_all
   kCount           ///< the number of kinds (the size of CommStats' arrays), not a kind
 };
-/// The kind's name for reports: "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all".
-const char* collective_name(CollectiveKind kind);
+namespace detail {
+const EnumNames& enum_names(EnumTag<CollectiveKind>);  ///< "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all"
+}  // namespace detail
 
 /// An asynchronous collective. wait() blocks until it is done and rethrows the
 /// error it failed with (on every rank, for mismatched collectives). It is

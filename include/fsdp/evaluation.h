@@ -31,9 +31,6 @@ struct EvaluationOptions {
   TORCH_ARG(c10::Device, device) = c10::Device(c10::kCPU);
 };
 
-/// The default E: 64 rounded up to a multiple of the world size.
-int64_t default_evaluation_sequences(int world_size);
-
 /// Collective over `world` (and the model's units): the mean of `loss` over
 /// the first E validation sequences of `data`, without gradients. `state` is
 /// the sharded model's (checked idle afterwards: every unit resharded).

@@ -6,9 +6,9 @@
 /// engine's own (flat parameters, the offload stores, kernels, LibTorch
 /// version shims) are the library's own and are not installed. The memory
 /// planner, which a training program does not need, is a library of its own
-/// (fsdp::fsdp_plan): include fsdp/run_plan.h (one run's plan),
-/// fsdp/memory_plan.h (the estimates it puts together) or fsdp/host_memory.h
-/// (the host-memory preflight), and link it.
+/// (fsdp::fsdp_plan): include fsdp/run_plan.h (one run's plan, plan_run) and
+/// fsdp/memory_plan.h (its figures), and link it. Its estimates and the
+/// host-memory preflight are its own (src/plan/), for the tools.
 
 /// \mainpage fsdp-cpp: fully sharded data parallel training for LibTorch's C++ frontend
 ///
@@ -41,7 +41,8 @@
 /// - Checkpoints: \ref fsdp::save_checkpoint and \ref fsdp::load_checkpoint (any world size and
 ///   strategy), \ref fsdp::CheckpointManager (interval, keep-N, resume with stateful objects).
 /// - Memory: fsdp/memory.h counts it; the planner (fsdp::fsdp_plan: \ref fsdp::plan_run,
-///   \ref fsdp::choose_strategy, \ref fsdp::estimate_step_peak) plans it.
+///   whose \ref fsdp::RunPlan holds the figures) plans it.
+/// - Names: \ref fsdp::enum_name and \ref fsdp::parse_enum name and parse every option's enum.
 ///
 /// The Files page lists each header with what it is for.
 
@@ -63,10 +64,11 @@
 /// Chrome/Perfetto traces of units, collectives and the caller's own spans.
 
 #include "fsdp/attention.h"      // causal attention, fused (scaled_dot_product_attention) or written out
-#include "fsdp/checkpoint.h"     // training checkpoints: save, load, list, prune, convert
+#include "fsdp/checkpoint.h"     // training checkpoints: save, load, find the latest, convert
 #include "fsdp/checkpoint_manager.h"  // CheckpointManager: interval, keep-N, resume over stateful objects
-#include "fsdp/checksum.h"       // the checksums our files carry (XXH3, FNV-1a)
+#include "fsdp/checksum.h"       // the checksum algorithms our files name (XXH3, FNV-1a)
 #include "fsdp/comm.h"           // process groups (MPI, NCCL) and MpiEnvironment
+#include "fsdp/enum_names.h"     // enum_name and parse_enum: every option's names
 #include "fsdp/device_choice.h"  // the device and collectives of a rank; the scheduler-world check
 #include "fsdp/error.h"          // error messages without LibTorch's backtrace
 #include "fsdp/evaluation.h"     // sharded evaluation: the mean loss over held-out sequences
@@ -84,7 +86,6 @@
 #include "fsdp/model_config.h"   // ModelConfig: one model's configuration, of any family
 #include "fsdp/model_description.h"  // what a model tells the planner of itself
 #include "fsdp/offload.h"        // disk offload: its options and a read-only view
-#include "fsdp/optimizer_state.h"  // the optimizers whose state can be sharded
 #include "fsdp/options.h"        // FullyShardOptions, strategies, mixed precision
 #include "fsdp/preemption.h"     // SIGTERM/SIGUSR1 as a collective stop at step boundaries
 #include "fsdp/safetensors.h"    // safetensors files, read and written as streams

@@ -60,7 +60,7 @@ class FsdpState {
   std::vector<torch::Tensor> parameters() const;
   /// How many units fully_shard() made (the root included).
   size_t num_units() const;
-  /// What the disk offload (FullyShardOptions::nvme_offload) is and has
+  /// What the disk offload (OffloadPolicy::nvme) is and has
   /// moved so far, or nothing without one.
   std::optional<offload::NvmeOffloadInfo> nvme_offload() const;
   /// Whether the units' gathers run ahead of the compute on the shard group's

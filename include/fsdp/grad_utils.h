@@ -18,22 +18,6 @@ namespace fsdp {
 /// max_norm / (norm + 1e-6) when that is below 1. Collective; returns the
 /// norm before clipping, the same on every rank.
 double clip_grad_norm_(FsdpState& state, double max_norm);
-/// The same, the norm as a 0-dimensional double tensor where the gradients
-/// are: on a GPU nothing waits for it (the sums, the all-reduce and the
-/// scaling are queued on the stream), so the host can queue the optimizer's
-/// step behind them and read the norm afterwards (PyTorch returns a tensor
-/// for the same reason).
-torch::Tensor clip_grad_norm_tensor_(FsdpState& state, double max_norm);
-
-/// Decoupled (AdamW's) weight decay of the parameters of 2 or more dimensions
-/// only, not of biases and norm gains (the spec's and nanoGPT's rule):
-/// p *= 1 - lr * weight_decay, lr being that of the shard's parameter group.
-/// A flat shard mixes matrices with vectors, so the decay goes by the element
-/// ranges the shard holds of each matrix. Call it right before the
-/// optimizer's step, with the optimizer's own weight decay at 0: that is
-/// torch AdamW with two parameter groups (decay on matrices, 0 on the rest).
-/// Local: every rank decays its own shards.
-void decay_matrix_weights_(FsdpState& state, torch::optim::Optimizer& optimizer, double weight_decay);
 
 /// GradScaler's schedule of the scale (PyTorch's GradScaler arguments and defaults).
 struct GradScalerOptions {

@@ -10,18 +10,9 @@
 #include <string>
 
 #include "fsdp/model_description.h"
+#include "fsdp/enum_names.h"
 
 namespace fsdp::models {
-
-/// The next-token loss (models::next_token_loss) computes its logits in
-/// slices of at most this many elements (32 MiB in fp32), recomputed in
-/// backward, so that no B x T x vocab tensor is ever kept: at hub
-/// vocabularies (50 k to 152 k) the full logits and their gradients were
-/// the largest tensors of a step.
-constexpr int64_t kLossSliceElements = int64_t{1} << 23;
-/// The rows of one slice of the loss at `vocab` (at least 1). A step whose
-/// B x T rows fit in one slice computes the loss whole, as before slicing.
-int64_t loss_slice_rows(int64_t vocab);
 
 /// The model families: what fsdp-train's --model names, and what weight
 /// files and checkpoints record as their "model". Each has one config type
@@ -30,8 +21,11 @@ enum class ModelKind {
   kGpt,    ///< "gpt": the reference GPT (gpt.h), Hugging Face's GPT-2
   kLlama,  ///< "llama": the Llama (llama.h), Hugging Face's Llama
 };
-const char* model_kind_name(ModelKind kind);  ///< "gpt", "llama"
-ModelKind parse_model_kind(const std::string& name);  ///< throws, listing the names
+}  // namespace fsdp::models
+namespace fsdp::detail {
+const EnumNames& enum_names(EnumTag<models::ModelKind>);  ///< "gpt", "llama"
+}  // namespace fsdp::detail
+namespace fsdp::models {
 
 /// logits = x @ weight^T, with `weight` registered as the very tensor it is
 /// tied to (the token embedding), so that both names are one parameter: the GPT's
@@ -83,8 +77,8 @@ class LanguageModel : public torch::nn::Module {
   virtual int64_t context() const = 0;
   /// Its family.
   virtual ModelKind kind() const = 0;
-  /// "gpt" or "llama": model_kind_name(kind()), what fsdp-train's --model calls it.
-  std::string model_type() const { return model_kind_name(kind()); }
+  /// "gpt" or "llama": enum_name(kind()), what fsdp-train's --model calls it.
+  std::string model_type() const { return enum_name(kind()); }
   /// Its configuration in words (the config's describe()).
   virtual std::string describe() const = 0;
   /// What the planner needs of it (the config's plan_description()): its

@@ -35,8 +35,11 @@ struct RopeScaling {
   double high_freq_factor = 4.0;  ///< llama3: high_freq_factor
   int64_t original_context = 8192;  ///< llama3: original_max_position_embeddings
 };
-const char* rope_scaling_name(RopeScaling::Kind kind);  ///< "default", "linear", "llama3"
-RopeScaling::Kind parse_rope_scaling(const std::string& name);  ///< throws, listing the names
+}  // namespace fsdp::models
+namespace fsdp::detail {
+const EnumNames& enum_names(EnumTag<models::RopeScaling::Kind>);  ///< "default", "linear", "llama3"
+}  // namespace fsdp::detail
+namespace fsdp::models {
 
 /// The model's dimensions (Hugging Face LlamaConfig's fields) and the per-rank batch.
 struct LlamaConfig {

@@ -65,9 +65,6 @@ struct LoraReport {
 /// [0, 1), and a model that has adapters already.
 LoraReport apply(torch::nn::Module& model, const LoraOptions& options);
 
-/// Whether apply() gave `linear` an adapter.
-bool has_adapter(const torch::nn::Linear& linear);
-
 /// `linear`(x) with its adapter, if apply() gave it one; `linear`(x) otherwise.
 torch::Tensor forward(const torch::nn::Linear& linear, const torch::Tensor& x);
 

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <string>
+#include "fsdp/enum_names.h"
 
 namespace fsdp {
 
@@ -30,8 +31,9 @@ enum class LrScheduleKind {
   kConstant,  ///< the peak learning rate to the end
   kCosine     ///< a cosine decay from the peak to min_lr at the last step
 };
-const char* lr_schedule_name(LrScheduleKind kind);  ///< "constant", "cosine"
-LrScheduleKind parse_lr_schedule(const std::string& name);  ///< throws, listing the names
+namespace detail {
+const EnumNames& enum_names(EnumTag<LrScheduleKind>);  ///< "constant", "cosine"
+}  // namespace detail
 
 /// The learning rate of every step (see lr_at()); setters chain, as in fsdp/lr_schedule.h's example.
 struct LrSchedule {

@@ -13,6 +13,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include "fsdp/enum_names.h"
 
 namespace fsdp::memory {
 
@@ -28,8 +29,11 @@ enum class Category {
 };
 /// The number of categories (the size of Usage's arrays).
 constexpr size_t kNumCategories = static_cast<size_t>(Category::kCount);
-/// The category's name for reports (e.g. "parameter_shards").
-const char* category_name(Category c);
+}  // namespace fsdp::memory
+namespace fsdp::detail {
+const EnumNames& enum_names(EnumTag<memory::Category>);  ///< for reports: "parameter_shards", "gradient_shards", ...
+}  // namespace fsdp::detail
+namespace fsdp::memory {
 
 /// The counting allocator's figures (usage()): live and peak bytes, by category and in all.
 struct Usage {
@@ -56,8 +60,6 @@ struct Usage {
 /// Installs the counting allocator (idempotent). Tensors allocated before this
 /// call are not counted; call it first thing in main().
 void install_counting_allocator();
-/// Whether install_counting_allocator() was called (else every figure is 0).
-bool counting_allocator_installed();
 
 /// The figures now (this process's CPU tensors since the allocator was installed).
 Usage usage();
@@ -74,28 +76,6 @@ void set_block_cache_limit(int64_t bytes);
 /// The cache's limit in bytes (0: off).
 int64_t block_cache_limit();
 void empty_block_cache();  ///< frees every cached block; the limit stays
-
-/// The units' gathered parameter buffers (FlatParam's unsharded buffers,
-/// filled before each use and freed after), on whatever device they are:
-/// bytes live now and at their peak since reset_peaks(), counted exactly where
-/// fsdp-cpp fills and frees them. On a GPU this is the split of transient
-/// device memory beside the CUDA caching allocator's totals, which cannot be
-/// split by category the way the counting allocator splits host memory.
-struct GatheredUsage {
-  /// The gathered buffers' bytes now, and their peak since reset_peaks().
-  ///@{
-  int64_t live = 0, peak = 0;
-  ///@}
-};
-/// The gathered buffers' bytes (see GatheredUsage).
-GatheredUsage gathered_usage();
-/// Host memory from another allocator than the CPU's, which the counting
-/// allocator cannot see (pinned blocks, from CUDA's host allocator, for CPU
-/// offload on a GPU): its owner counts `delta` bytes into (+) or out of (-)
-/// `category` as it allocates and frees them. Ignored without the counting
-/// allocator.
-void count_host_bytes(Category category, int64_t delta);
-void count_gathered_bytes(int64_t delta);  ///< FlatParam's, as it fills (+) and frees (-) a buffer
 
 /// A GPU's memory as the CUDA caching allocator sees it (every tensor on the
 /// device, ours and the model's; the categories above count host memory):
@@ -147,7 +127,5 @@ class DeferredInit {
   DeferredInit(const DeferredInit&) = delete;
   DeferredInit& operator=(const DeferredInit&) = delete;
 };
-/// Whether a data pointer belongs to a deferred tensor.
-bool is_deferred(const void* data);
 
 }  // namespace fsdp::memory

@@ -28,7 +28,7 @@ class ModelConfig {
   /// A Llama's configuration (implicit, as the GPT's).
   ModelConfig(LlamaConfig llama) : family_(std::move(llama)) {}  // NOLINT(google-explicit-constructor)
   /// A configuration from its describe() text, which weight files and
-  /// checkpoints record under "config" beside "model" (model_kind_name);
+  /// checkpoints record under "config" beside "model" (enum_name);
   /// throws naming a missing or unreadable field.
   static ModelConfig parse(ModelKind kind, const std::string& described);
 

@@ -41,12 +41,6 @@ struct TransformerShape {
   std::vector<int64_t> unit_numels() const;
 };
 
-/// Throws, naming the units and `layers`, unless the planner's lists of
-/// `units` units (a few lists of one int64 each) fit this host's available
-/// memory: every family's config checks it before any list is made (two
-/// billion layers once listed units until the kernel's OOM killer came).
-void check_unit_lists_fit(int64_t units, int64_t layers);
-
 /// What a model tells the planner of itself (models::GPTConfig and
 /// models::LlamaConfig give theirs, before any tensor exists).
 struct ModelDescription {

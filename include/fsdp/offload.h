@@ -2,7 +2,7 @@
 /// \file
 /// Disk offload: its options and a read-only view.
 ///
-/// What a user sets and sees of disk offload (FullyShardOptions::nvme_offload):
+/// What a user sets and sees of disk offload (OffloadPolicy::nvme):
 /// the scratch files' folder and I/O engine, and a read-only view of a model's
 /// offload (FsdpState::nvme_offload()). The machinery behind it (the disk
 /// store, the per-unit placement of shards) is the engine's own, not installed.
@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include "fsdp/enum_names.h"
 
 namespace fsdp::offload {
 
@@ -21,10 +22,11 @@ enum class IoEngine {
   kLibaio,  ///< libaio with O_DIRECT, or refused where it is unavailable
   kThreads  ///< a worker thread with pread/pwrite (buffered)
 };
-/// "auto", "libaio" or "threads".
-const char* io_engine_name(IoEngine engine);
-/// "auto", "libaio" or "threads"; throws naming what it got.
-IoEngine parse_io_engine(const std::string& name);
+}  // namespace fsdp::offload
+namespace fsdp::detail {
+const EnumNames& enum_names(EnumTag<offload::IoEngine>);  ///< "auto", "libaio", "threads"
+}  // namespace fsdp::detail
+namespace fsdp::offload {
 
 /// Where and how a rank's scratch file is kept.
 struct DiskStoreOptions {
@@ -44,16 +46,6 @@ struct DiskStoreOptions {
   /// file system says): for tests of a full disk, and to leave room for others.
   TORCH_ARG(int64_t, free_bytes_limit) = -1;
 };
-
-/// The scratch file of a store with `options`: `DIR/fsdp-offload-<name>.bin`.
-std::string scratch_file_path(const DiskStoreOptions& options);
-/// The name fully_shard gives rank `rank`'s scratch file ("rank3").
-std::string rank_scratch_name(int rank);
-/// The bytes a scratch file may take in `dir`: what its file system gives an
-/// unprivileged writer (statvfs), plus what the files at `reused` hold there
-/// (a store truncates its own file, so an earlier run's counts as free).
-/// Throws where `dir` cannot be examined.
-int64_t scratch_bytes_free(const std::string& dir, const std::vector<std::string>& reused);
 
 /// A model's disk traffic so far, and how long compute waited for it.
 struct OffloadStats {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "fsdp/enum_names.h"
 #include "fsdp/offload.h"
 #include "fsdp/wrap_policy.h"
 
@@ -27,17 +28,11 @@ enum class ShardingStrategy {
   kHybridShardZero2  ///< kShardGradOp inside a node, replicated across nodes
 };
 
-/// "no_shard", "zero1", "shard_grad_op", "full_shard", "hybrid_shard", "hybrid_shard_zero2".
-const char* strategy_name(ShardingStrategy strategy);
-ShardingStrategy parse_strategy(const std::string& name);  ///< throws, listing the names
-/// Shards inside a node and replicates across nodes (hybrid_shard, hybrid_shard_zero2).
-bool is_hybrid(ShardingStrategy strategy);
-/// Parameters stay unsharded between steps (no_shard, zero1).
-bool keeps_params_unsharded(ShardingStrategy strategy);
-/// Gradients are reduced into a full-size, replicated buffer (no_shard, zero1).
-bool keeps_full_gradients(ShardingStrategy strategy);
-/// Parameters are freed after forward and gathered again for backward.
-bool reshards_after_forward(ShardingStrategy strategy);
+/// Names (enum_name, parse_enum): "no_shard", "zero1", "shard_grad_op",
+/// "full_shard", "hybrid_shard", "hybrid_shard_zero2".
+namespace detail {
+const EnumNames& enum_names(EnumTag<ShardingStrategy>);
+}  // namespace detail
 
 /// As PyTorch's MixedPrecision: the optimizer always steps fp32 master
 /// shards; param_dtype is what is gathered and computed with (the shard is
@@ -62,14 +57,16 @@ struct MixedPrecision {
   /// optimizer state (fsdp-train --base-dtype bf16). Their values are rounded
   /// to it once, when sharded; state dicts and checkpoints hold them in fp32
   /// (exactly those values). Unset: as the other parameters (fp32 shards,
-  /// gathered in param_dtype). Not with cpu_offload, nvme_offload or
-  /// quantized gathers.
+  /// gathered in param_dtype). Not with an offload or quantized gathers.
   TORCH_ARG(std::optional<torch::ScalarType>, frozen_param_dtype) = std::nullopt;
 };
 
-const char* dtype_name(torch::ScalarType type);  ///< "fp32", "bf16", "fp16"
-/// Also takes "float32", "bfloat16", "float16"; throws, listing the names.
-torch::ScalarType parse_dtype(const std::string& name);
+/// The dtypes' names (enum_name, parse_enum<torch::ScalarType>): "fp32",
+/// "bf16", "fp16", with "float32", "bfloat16", "float16" as aliases; any other
+/// dtype is named as LibTorch names it, and parses as none.
+namespace detail {
+const EnumNames& enum_names(EnumTag<torch::ScalarType>);
+}  // namespace detail
 
 /// When backward issues the next unit's all-gather (PyTorch's BackwardPrefetch).
 enum class BackwardPrefetch {
@@ -79,8 +76,9 @@ enum class BackwardPrefetch {
   kPost   ///< at this unit's post-backward, after its gradients are computed
           ///< and before their reduce-scatter
 };
-const char* backward_prefetch_name(BackwardPrefetch prefetch);   ///< "none", "pre", "post"
-BackwardPrefetch parse_backward_prefetch(const std::string& name);  ///< throws, listing the names
+namespace detail {
+const EnumNames& enum_names(EnumTag<BackwardPrefetch>);  ///< "none", "pre", "post"
+}  // namespace detail
 
 /// Offload to disk (DeepSpeed's ZeRO-Infinity), for model state larger than
 /// memory: each rank's offloaded state lives in one scratch file in
@@ -140,10 +138,40 @@ struct NvmeOffloadOptions {
   /// deepest that fits the host). The numbers are the same at any depth.
   TORCH_ARG(int, max_read_ahead) = 0;
   /// The share of a step compute may wait on the disk before the read-ahead
-  /// deepens (0: after every step, up to max_read_ahead).
+  /// deepens (0: after every step, up to max_read_ahead). The trainer keeps
+  /// the default; 0 makes the deepening happen on a fast disk too, which is
+  /// how the tests check that every depth gives the same numbers.
   TORCH_ARG(double, deepen_above) = 0.02;
   /// Where and how (the scratch file's name is set per rank).
   TORCH_ARG(offload::DiskStoreOptions, store);
+};
+
+/// Where a model's sharded state lives between uses: one placement a model,
+/// as FSDP2's one offload_policy. The default keeps it where the units
+/// compute; cpu() and nvme() move it out (fsdp-train: --offload,
+/// --offload-optimizer and --offload-params choose it).
+class OffloadPolicy {
+ public:
+  /// No offload: the shards live where the units compute.
+  OffloadPolicy() = default;
+  /// CPU offload (PyTorch's CPUOffload(offload_params=True), FSDP2's
+  /// CPUOffloadPolicy): the fp32 shards, their gradients and so the optimizer
+  /// state live in host memory (pinned for a GPU model), and the optimizer
+  /// steps there (fsdp::FusedAdamW is the fast one); the device holds only
+  /// the parameters being gathered and the gradients being reduced. Sharded
+  /// strategies only.
+  static OffloadPolicy cpu();
+  /// Offload to disk (see NvmeOffloadOptions); CPU units only.
+  static OffloadPolicy nvme(NvmeOffloadOptions options);
+
+  /// Whether the shards live in host memory (cpu()).
+  bool is_cpu() const { return cpu_; }
+  /// The disk offload's options (nvme()); empty for the other placements.
+  const std::optional<NvmeOffloadOptions>& nvme_options() const { return nvme_; }
+
+ private:
+  bool cpu_ = false;
+  std::optional<NvmeOffloadOptions> nvme_;
 };
 
 /// How a collective's payload is quantized (ZeRO++'s qwZ and qgZ).
@@ -151,9 +179,9 @@ enum class Quantization {
   kNone,  ///< not quantized: the payload travels in its own dtype
   kInt8   ///< int8 in blocks of ZeroPlusPlus::quantization_block elements, one fp32 scale per block
 };
-/// "none", "int8".
-const char* quantization_name(Quantization quantization);
-Quantization parse_quantization(const std::string& name);  ///< throws, listing the names
+namespace detail {
+const EnumNames& enum_names(EnumTag<Quantization>);  ///< "none", "int8"
+}  // namespace detail
 
 /// ZeRO++'s three ways to cut the traffic between hosts (DeepSpeed's
 /// zero_quantized_weights, zero_hpz_partition_size and
@@ -244,15 +272,9 @@ struct FullyShardOptions {
   /// initialized, so the full model never exists on any rank. Every rank
   /// must produce the same values (seed the RNG alike before fully_shard).
   TORCH_ARG(ParamInitFn, param_init_fn) = nullptr;
-  /// CPU offload (PyTorch's CPUOffload(offload_params=True), FSDP2's
-  /// CPUOffloadPolicy): the fp32 shards, their gradients and so the optimizer
-  /// state live in host memory (pinned for a GPU model), and the optimizer
-  /// steps there (fsdp::FusedAdamW is the fast one); the device holds only
-  /// the parameters being gathered and the gradients being reduced. Sharded
-  /// strategies only.
-  TORCH_ARG(bool, cpu_offload) = false;
-  /// Offload to disk (see NvmeOffloadOptions); CPU units only.
-  TORCH_ARG(std::optional<NvmeOffloadOptions>, nvme_offload) = std::nullopt;
+  /// Where the units' shards live between uses (OffloadPolicy): beside the
+  /// compute by default, in host memory, or on disk.
+  TORCH_ARG(OffloadPolicy, offload);
   /// The device the units compute on (FSDP1's device_id): parameters and
   /// buffers are moved there as their unit is sharded, and parameters under
   /// memory::DeferredInit are materialized there, so a model built on the CPU
@@ -266,33 +288,12 @@ struct FullyShardOptions {
   /// in flight; on `large` six measured 6 % faster than three, twelve no
   /// faster), so each re-gather reuses a buffer instead of faulting in fresh
   /// pages. The cached bytes are reserved, not live: peak RSS did not grow.
-  /// Three buffers with nvme_offload. The
+  /// Three buffers with disk offload. The
   /// limit is the process's: fully_shard only ever raises it, and
   /// memory::set_block_cache_limit / empty_block_cache lower or empty it.
   TORCH_ARG(bool, cache_host_blocks) = true;
   /// ZeRO++'s quantized and hierarchical collectives (all off by default).
   TORCH_ARG(ZeroPlusPlus, zero_plus_plus) = ZeroPlusPlus();
 };
-
-/// When a disk-offloaded run's optimizer updates each unit. The one rule:
-/// the engine (NvmeOffload, each step) and the planner (plan_run) both ask it.
-enum class NvmeStepSchedule {
-  /// In the optimizer step, after backward: not asked for
-  /// (NvmeOffloadOptions::step_in_backward), a strategy that keeps whole
-  /// gradients and hands none over (no_shard, zero1), or a clipped or
-  /// loss-scaled step with nowhere to write the gradients (gradient_slots off).
-  kAfterBackward,
-  /// Each unit as its gradient is reduced: asked for, and nothing needs every
-  /// gradient first (no clipping, no loss scaling).
-  kInBackward,
-  /// Each gradient written out in backward, and its unit stepped just before
-  /// its next gather: asked for, with gradient slots, in a step that clips or
-  /// scales the loss.
-  kBeforeNextGather,
-};
-/// The schedule of a run offloading to disk with `nvme`, in `strategy`,
-/// whose step clips the gradients or scales the loss.
-NvmeStepSchedule nvme_step_schedule(const NvmeOffloadOptions& nvme, ShardingStrategy strategy, bool clips_gradients,
-                                    bool scales_loss);
 
 }  // namespace fsdp

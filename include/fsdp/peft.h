@@ -46,10 +46,6 @@ struct AdapterConfig {
 AdapterConfig adapter_config(const models::ModelConfig& model, const lora::LoraOptions& options,
                              const std::string& base_model = "");
 
-/// adapter_config.json's text, with every key PEFT 0.21 writes (its defaults
-/// for what LoRA here does not set), task_type CAUSAL_LM.
-std::string adapter_config_json(const AdapterConfig& config);
-
 /// Reads FOLDER/adapter_config.json. Throws, naming the key, for what the
 /// adapters here cannot do: another peft_type, use_dora, use_rslora, bias
 /// other than "none", lora_bias, modules_to_save, a rank_pattern or
@@ -58,14 +54,6 @@ std::string adapter_config_json(const AdapterConfig& config);
 /// variants, an init_lora_weights that changes the base weights (PiSSA,
 /// OLoRA, CorDA, LoftQ...), a regular expression for target_modules.
 AdapterConfig read_adapter_config(const std::string& folder);
-
-/// PEFT's name of one of the model's adapter parameters.
-std::string to_peft_name(const models::ModelConfig& model, const std::string& name);
-
-/// The adapter parameters of `adapters` (lora::adapters of a model of this
-/// configuration), each linear's A then B, with their shapes.
-std::vector<safetensors::TensorSpec> adapter_specs(const models::ModelConfig& model,
-                                                   const std::vector<lora::AdapterInfo>& adapters);
 
 /// Loads FOLDER/adapter_model.safetensors into a sharded model's adapters:
 /// each rank reads only the elements of its own shards; the other parameters

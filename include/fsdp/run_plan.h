@@ -3,7 +3,7 @@
 /// One run's plan: its step's peak memory by category, its traffic, its disk
 /// offload and its checkpoint staging, worked out in one place from the
 /// model's description, fully_shard's options and the run's settings.
-/// fsdp-train's prediction, its preflight (host_memory.h) and fsdp-plan each
+/// fsdp-train's prediction, its host-memory preflight (src/plan/host_memory.h) and fsdp-plan each
 /// make theirs with plan_run, so that all three give one figure for one run.
 
 #include <cstdint>
@@ -50,7 +50,7 @@ struct RunSettings {
 };
 
 /// One run as every planner takes it: plan_run, the host-memory preflight
-/// (host_memory.h) and fsdp-plan. `options` are the options fully_shard
+/// (src/plan/host_memory.h) and fsdp-plan. `options` are the options fully_shard
 /// takes for the run (strategy, precision, prefetch, ZeRO++, activation
 /// checkpointing, disk offload), read as the engine reads them: a variant
 /// of the run is a copy with other options.
@@ -72,7 +72,7 @@ struct RunPlan {
   /// The in-memory step's peak by category, the model's own activations and
   /// a run-ahead gather's buffer included.
   StepPeak peak;
-  /// With FullyShardOptions::nvme_offload: what leaves memory, and the disk traffic.
+  /// With OffloadPolicy::nvme: what leaves memory, and the disk traffic.
   std::optional<NvmeOffloadPlan> nvme;
   /// The step's peak tensor bytes: peak.total(), or peak_with_nvme_offload.
   int64_t step_peak = 0;

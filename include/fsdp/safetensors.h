@@ -8,8 +8,8 @@
 /// first, then one tensor at a time, so a writer never holds the whole model.
 ///
 /// Every file we write carries its checksum in the header's metadata
-/// (kChecksumKey: the hash of the whole file as written, with those 16 hex
-/// digits read as zeros; kChecksumAlgorithmKey: the algorithm, see
+/// ("fsdp_checksum": the hash of the whole file as written, with those 16 hex
+/// digits read as zeros; "fsdp_checksum_algorithm": the algorithm, see
 /// checksum.h), so it stays a standard safetensors file that any reader
 /// loads, and we can verify it without a side file. Files that name no
 /// algorithm were written before XXH3 with FNV-1a, and verify as such.
@@ -78,7 +78,7 @@ class Reader {
   std::string path_;
   uint64_t data_start_ = 0;
   uint64_t checksum_offset_ = 0;  // of the 16 hex digits in the file; 0: none
-  checksum::Algorithm checksum_algorithm_ = checksum::kUnnamed;
+  checksum::Algorithm checksum_algorithm_ = checksum::Algorithm::kFnv1a64;  // a file naming none
   std::vector<TensorEntry> tensors_;
   std::map<std::string, std::string> metadata_;
 };
@@ -114,20 +114,8 @@ class Writer {
   uint64_t checksum_offset_ = 0;
 };
 
-/// The header metadata's key of our checksum (16 hex digits).
-constexpr const char* kChecksumKey = "fsdp_checksum";
-/// The header metadata's key of the checksum's algorithm (checksum::algorithm_name).
-constexpr const char* kChecksumAlgorithmKey = "fsdp_checksum_algorithm";
-/// 16 lower-case hex digits, and back (throws on anything else).
-///@{
-std::string hex64(uint64_t value);
-uint64_t parse_hex64(const std::string& text);
-///@}
-
-/// The safetensors dtype code ("F32", "BF16", ...) of a scalar type, and back.
-///@{
-std::string dtype_code(torch::ScalarType type);
+/// The scalar type of a safetensors dtype code ("F32", "BF16", ...).
 torch::ScalarType scalar_type(const std::string& code);
-///@}
 
 }  // namespace fsdp::safetensors
+

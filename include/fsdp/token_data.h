@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include "fsdp/enum_names.h"
 
 namespace fsdp::models {
 
@@ -18,11 +19,11 @@ enum class DataOrder {
   kShuffled     ///< each sequence's start is splitmix64 of its global index
 };
 
-const char* data_order_name(DataOrder order);  ///< "sequential", "shuffled"
-DataOrder parse_data_order(const std::string& name);  ///< throws, listing the names
-
-/// The spec's splitmix64 (all arithmetic mod 2^64).
-uint64_t splitmix64(uint64_t z);
+}  // namespace fsdp::models
+namespace fsdp::detail {
+const EnumNames& enum_names(EnumTag<models::DataOrder>);  ///< "sequential", "shuffled"
+}  // namespace fsdp::detail
+namespace fsdp::models {
 
 /// The library's defaults are the spec's base order over the whole file, so
 /// that a plain TokenData(path, T, V) reads what it always read; fsdp-train

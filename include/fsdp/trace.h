@@ -21,17 +21,6 @@ namespace fsdp::trace {
 
 /// Starts (or, with false, stops) recording; the calling thread is named "compute".
 void enable(bool on = true);
-/// Whether events are being recorded.
-bool enabled();
-
-/// Microseconds since the process's first use of the tracer.
-double now_us();
-
-/// Names the calling thread in the trace (an offload's I/O thread: "offload
-/// io"); unnamed threads other than the compute thread are "comm <n>".
-void name_thread(std::string name);
-/// Records a complete event [begin_us, now) on the calling thread.
-void complete(std::string name, const char* category, double begin_us, std::string detail = "");
 
 /// Records [construction, destruction) on the calling thread.
 class Span {

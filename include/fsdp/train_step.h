@@ -66,11 +66,6 @@ struct TrainStepOptions {
   TORCH_ARG(bool, gather_rank_figures) = true;
 };
 
-/// Whether a TrainStep with `options` over a model of `mixed_precision`
-/// scales the loss: TrainStepOptions::loss_scaling, else whether the
-/// parameters or the reductions are fp16.
-bool scales_loss(const TrainStepOptions& options, const MixedPrecision& mixed_precision);
-
 /// One rank's memory at the end of a step, from the counting allocator (zeros
 /// if it is not installed).
 struct RankFigures {
@@ -109,7 +104,7 @@ struct StepResult {
   double optimizer_s = 0.0;   ///< unscaling, clipping and the optimizer's step
   CommStats comm;             ///< the units' collectives in this step (comm.wait_seconds: exposed communication)
   /// Disk offload's traffic in this step, and the time compute waited on it
-  /// (zeros without nvme_offload).
+  /// (zeros without disk offload).
   ///@{
   int64_t offload_bytes_read = 0, offload_bytes_written = 0;
   double offload_wait_s = 0.0;
@@ -128,7 +123,7 @@ class TrainStep {
  public:
   /// The optimizer must step exactly state.parameters() (the local shards),
   /// and be one whose state can be sharded (Adam, AdamW, SGD): anything else
-  /// is refused here, by name. With nvme_offload it must be an
+  /// is refused here, by name. With disk offload (OffloadPolicy::nvme) it must be an
   /// fsdp::FusedAdamW, and its step goes through the offload's pipeline.
   TrainStep(FsdpState& state, torch::optim::Optimizer& optimizer, TrainStepOptions options = TrainStepOptions());
   /// The same, over the model fully_shard() returned.

@@ -35,20 +35,4 @@ WrapPolicy min_params_policy(int64_t min_numel);
 /// A module becomes a unit if any of the policies says so.
 WrapPolicy any_policy(std::vector<WrapPolicy> policies);
 
-/// A module's parameters with tied registrations collapsed to the first name
-/// (in named_parameters order): the names state dicts and files use.
-std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(const torch::nn::Module& module);
-
-/// The outcome of applying a policy: units in the module tree's pre-order, the
-/// root unit first. Parameters are listed once each (tied registrations
-/// collapse to the first name in named_parameters order).
-struct UnitPlan {
-  std::string name;  ///< qualified module name, "" for the root
-  torch::nn::Module* module = nullptr;  ///< the unit's module (the root's for the root unit)
-  std::vector<std::pair<std::string, torch::Tensor>> params;  ///< (qualified name, parameter) it owns
-};
-/// Applies `policy` to the module tree of `root`: one UnitPlan per unit, the
-/// root unit first; throws if a tied parameter would land in two units.
-std::vector<UnitPlan> plan_units(torch::nn::Module& root, const WrapPolicy& policy);
-
 }  // namespace fsdp

@@ -1,10 +1,20 @@
-#include "fsdp/checksum.h"
+#include "base/checksum.h"
 
 #include <c10/util/Exception.h>
 #include <xxhash.h>
 
 // XXH3's streaming API is stable from xxHash 0.8.0 on.
 static_assert(XXH_VERSION_NUMBER >= 800, "xxHash 0.8.0 or newer is needed (Debian: libxxhash-dev)");
+
+namespace fsdp::detail {
+
+const EnumNames& enum_names(EnumTag<checksum::Algorithm>) {
+  static const EnumNames names = EnumNames::of<checksum::Algorithm>(
+      "checksum algorithm", {{checksum::Algorithm::kFnv1a64, "fnv1a64"}, {checksum::Algorithm::kXxh3_64, "xxh3_64"}});
+  return names;
+}
+
+}  // namespace fsdp::detail
 
 namespace fsdp::checksum {
 namespace {
@@ -18,15 +28,11 @@ constexpr Algorithm kAlgorithms[] = {Algorithm::kFnv1a64, Algorithm::kXxh3_64};
 
 }  // namespace
 
-const char* algorithm_name(Algorithm algorithm) {
-  return algorithm == Algorithm::kFnv1a64 ? "fnv1a64" : "xxh3_64";
-}
-
 Algorithm parse_algorithm(const std::string& name, const std::string& file) {
   std::string known;
   for (Algorithm a : kAlgorithms) {
-    if (name == algorithm_name(a)) return a;
-    known += (known.empty() ? "" : ", ") + std::string(algorithm_name(a));
+    if (name == enum_name(a)) return a;
+    known += (known.empty() ? "" : ", ") + std::string(enum_name(a));
   }
   TORCH_CHECK(false, "'", file, "' has a checksum by algorithm '", name, "', which this version cannot check (expected ",
               known, ")");

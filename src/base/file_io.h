@@ -20,7 +20,7 @@
 #include <memory>
 #include <string>
 
-#include "fsdp/checksum.h"
+#include "base/checksum.h"
 
 namespace fsdp::file_io {
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/compat.h"
+#include "base/memory_counters.h"
 
 namespace fsdp::memory {
 namespace {
@@ -89,7 +90,7 @@ void unmap(void* context) {
 c10::DataPtr map_pages(size_t nbytes, Category category) {
   const size_t bytes = (nbytes + kPageBytes - 1) / kPageBytes * kPageBytes;
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  TORCH_CHECK(base != MAP_FAILED, "out of memory: cannot map ", bytes, " bytes for ", category_name(category), ": ",
+  TORCH_CHECK(base != MAP_FAILED, "out of memory: cannot map ", bytes, " bytes for ", fsdp::enum_name(category), ": ",
               std::strerror(errno));
   return {base, new Mapping{base, bytes}, &unmap, c10::Device(c10::DeviceType::CPU)};
 }
@@ -224,18 +225,24 @@ CountingAllocator* installed = nullptr;
 
 }  // namespace
 
-const char* category_name(Category c) {
-  switch (c) {
-    case Category::kParameterShard: return "parameter_shards";
-    case Category::kGradientShard: return "gradient_shards";
-    case Category::kOptimizerState: return "optimizer_state";
-    case Category::kUnshardedBuffer: return "unsharded_buffers";
-    case Category::kSecondaryPartition: return "secondary_partition";
-    case Category::kOther: return "other";
-    case Category::kCount: break;
-  }
-  return "unknown";
+}  // namespace fsdp::memory
+
+namespace fsdp::detail {
+
+const EnumNames& enum_names(EnumTag<memory::Category>) {
+  static const EnumNames names = EnumNames::of<memory::Category>("memory category", {
+      {memory::Category::kParameterShard, "parameter_shards"},
+      {memory::Category::kGradientShard, "gradient_shards"},
+      {memory::Category::kOptimizerState, "optimizer_state"},
+      {memory::Category::kUnshardedBuffer, "unsharded_buffers"},
+      {memory::Category::kSecondaryPartition, "secondary_partition"},
+      {memory::Category::kOther, "other"}});
+  return names;
 }
+
+}  // namespace fsdp::detail
+
+namespace fsdp::memory {
 
 int64_t Usage::model_state() const {
   return live(Category::kParameterShard) + live(Category::kGradientShard) + live(Category::kOptimizerState);

@@ -1,4 +1,5 @@
 #include "fsdp/trace.h"
+#include "base/trace_events.h"
 
 #include <c10/util/Exception.h>
 

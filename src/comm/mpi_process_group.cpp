@@ -33,6 +33,7 @@
 #include "comm/all_to_all_check.h"
 #include "fsdp/comm.h"
 #include "fsdp/trace.h"
+#include "base/trace_events.h"
 
 namespace fsdp {
 namespace {
@@ -107,7 +108,7 @@ std::string describe(const Signature& s) {
   std::ostringstream out;
   if (s.kind == -1) return "barrier";
   if (s.kind == -2) return "split";
-  out << collective_name(static_cast<CollectiveKind>(s.kind)) << "(" << static_cast<torch::ScalarType>(s.dtype) << ", "
+  out << fsdp::enum_name(static_cast<CollectiveKind>(s.kind)) << "(" << static_cast<torch::ScalarType>(s.dtype) << ", "
       << s.count << " elements per rank";
   if (s.kind == static_cast<int>(CollectiveKind::kBroadcast)) out << ", root " << s.root;
   if (s.kind == static_cast<int>(CollectiveKind::kReduceScatter) || s.kind == static_cast<int>(CollectiveKind::kAllReduce))
@@ -361,7 +362,7 @@ class MpiProcessGroup final : public ProcessGroup {
       try {
         check_signatures(task.signature);
         const int kind = task.signature.kind;
-        trace::Span span(kind < 0 ? describe(task.signature) : collective_name(static_cast<CollectiveKind>(kind)),
+        trace::Span span(kind < 0 ? describe(task.signature) : fsdp::enum_name(static_cast<CollectiveKind>(kind)),
                          "comm", trace::enabled() ? describe(task.signature) : "");
         task.body();
       } catch (...) {

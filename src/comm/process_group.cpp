@@ -1,6 +1,7 @@
 // The backend-independent parts of process groups: work handles and byte counters.
 #include "fsdp/comm.h"
 #include "fsdp/trace.h"
+#include "base/trace_events.h"
 
 #include <torch/torch.h>
 
@@ -12,17 +13,19 @@
 
 namespace fsdp {
 
-const char* collective_name(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::kAllGather: return "all_gather";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAllReduce: return "all_reduce";
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kAllToAll: return "all_to_all";
-    case CollectiveKind::kCount: break;
-  }
-  return "unknown";
+namespace detail {
+
+const EnumNames& enum_names(EnumTag<CollectiveKind>) {
+  static const EnumNames names = EnumNames::of<CollectiveKind>("collective", {
+      {CollectiveKind::kAllGather, "all_gather"},
+      {CollectiveKind::kReduceScatter, "reduce_scatter"},
+      {CollectiveKind::kAllReduce, "all_reduce"},
+      {CollectiveKind::kBroadcast, "broadcast"},
+      {CollectiveKind::kAllToAll, "all_to_all"}});
+  return names;
 }
+
+}  // namespace detail
 
 Work::Work(std::shared_future<void> done, std::atomic<double>* wait_seconds, std::string description, double timeout_s)
     : done_(std::move(done)), wait_seconds_(wait_seconds), description_(std::move(description)), timeout_s_(timeout_s) {}

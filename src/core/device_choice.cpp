@@ -1,6 +1,7 @@
 // Device and backend selection, and the scheduler-world check.
 
 #include "fsdp/device_choice.h"
+#include "core/cpu_features.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 

@@ -12,6 +12,7 @@
 #include "core/gather_order.h"
 #include "fsdp/memory.h"
 #include "core/shard_offload.h"
+#include "base/memory_counters.h"
 
 namespace fsdp {
 

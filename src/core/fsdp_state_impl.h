@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fsdp/fully_shard.h"
+#include "core/unit_plan.h"
 
 namespace fsdp {
 

@@ -11,6 +11,10 @@
 #include "core/host_groups.h"
 #include "core/unit.h"
 #include "core/shard_offload.h"
+#include "base/memory_counters.h"
+#include "base/trace_events.h"
+#include "core/unit_plan.h"
+#include "core/strategy_rules.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/engine.h>
@@ -268,7 +272,7 @@ void FsdpStateImpl::build(const offload::PlacementChoice& placements) {
   if (const auto dtype = options_.mixed_precision().frozen_param_dtype()) {
     TORCH_CHECK(*dtype == torch::kFloat || *dtype == torch::kBFloat16 || *dtype == torch::kHalf,
                 "fully_shard: frozen_param_dtype must be float32, bfloat16 or float16, got ", *dtype);
-    TORCH_CHECK(!options_.cpu_offload() && !options_.nvme_offload() &&
+    TORCH_CHECK(!options_.offload().is_cpu() && !options_.offload().nvme_options() &&
                     options_.zero_plus_plus().gather_quantization() == Quantization::kNone,
                 "fully_shard: frozen_param_dtype with cpu_offload, nvme_offload or quantized gathers is not "
                 "supported: the offloads and ZeRO++'s quantization hold float32 shards; leave it unset");
@@ -294,7 +298,7 @@ void FsdpStateImpl::build(const offload::PlacementChoice& placements) {
   check_zero_plus_plus(options_);
   check_same_plan_on_every_rank(plans);
   make_groups();
-  device_context_ = std::make_unique<DeviceContext>(device_, /*copy_stream=*/options_.cpu_offload());
+  device_context_ = std::make_unique<DeviceContext>(device_, /*copy_stream=*/options_.offload().is_cpu());
   offload_ = placements.make(options_, *device_context_);
   // Offloaded shards cross on the copy stream, which waits for the compute
   // stream: their gathers keep that order.
@@ -302,7 +306,7 @@ void FsdpStateImpl::build(const offload::PlacementChoice& placements) {
   // ZeRO++'s gathers use buffers of their own (packed payloads, host
   // slices) whose lifetimes the gather order does not manage: they wait for
   // the compute stream.
-  if (gather_stream && !options_.cpu_offload() && !options_.nvme_offload() && !options_.zero_plus_plus().any()) {
+  if (gather_stream && !options_.offload().is_cpu() && !options_.offload().nvme_options() && !options_.zero_plus_plus().any()) {
     gather_order_ = std::make_unique<GatherOrder>(*gather_stream, device_);
   }
   const ShardingStrategy strategy = options_.strategy();
@@ -318,7 +322,7 @@ void FsdpStateImpl::build(const offload::PlacementChoice& placements) {
   if (options_.cache_host_blocks() && device_context_->on_host() && memory::counting_allocator_installed()) {
     int64_t largest = 0;
     for (const FlatParam* flat : flat_params_) largest = std::max(largest, flat->padded_numel());
-    const int64_t limit = host_block_cache_limit(largest, options_.nvme_offload().has_value());
+    const int64_t limit = host_block_cache_limit(largest, options_.offload().nvme_options().has_value());
     memory::set_block_cache_limit(std::max(memory::block_cache_limit(), limit));
   }
   const torch::ScalarType buffer_dtype = options_.mixed_precision().param_dtype();

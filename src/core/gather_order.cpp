@@ -12,6 +12,8 @@
 
 #include "fsdp/memory.h"
 #include "fsdp/trace.h"
+#include "base/memory_counters.h"
+#include "base/trace_events.h"
 
 namespace fsdp {
 

@@ -1,5 +1,6 @@
 // ZeRO++'s refusals and host groups: see host_groups.h.
 #include "core/host_groups.h"
+#include "core/strategy_rules.h"
 
 #include <torch/torch.h>
 
@@ -17,15 +18,15 @@ void check_zero_plus_plus(const FullyShardOptions& options) {
   if (!z.any()) return;
   const ShardingStrategy s = options.strategy();
   TORCH_CHECK(!keeps_params_unsharded(s), "fully_shard: ZeRO++'s options (zero_plus_plus) need a sharded strategy: ",
-              strategy_name(s), " keeps the parameters whole and all-reduces the gradients, with nothing to gather "
+              fsdp::enum_name(s), " keeps the parameters whole and all-reduces the gradients, with nothing to gather "
               "or reduce-scatter");
   TORCH_CHECK(!z.secondary_partition() || s == ShardingStrategy::kFullShard,
-              "fully_shard: secondary_partition (hpZ) needs full_shard, found ", strategy_name(s), ": ",
+              "fully_shard: secondary_partition (hpZ) needs full_shard, found ", fsdp::enum_name(s), ": ",
               is_hybrid(s) ? "a hybrid strategy already gathers inside the host"
                            : "shard_grad_op keeps the parameters from forward to backward and gathers once",
               "; it keeps the host's slice after forward so that backward's gather stays inside the host");
   TORCH_CHECK(z.gradient_quantization() == Quantization::kNone || !is_hybrid(s),
-              "fully_shard: gradient_quantization (qgZ) needs full_shard or shard_grad_op, found ", strategy_name(s),
+              "fully_shard: gradient_quantization (qgZ) needs full_shard or shard_grad_op, found ", fsdp::enum_name(s),
               ": a hybrid strategy already reduce-scatters inside the host and all-reduces shards across hosts");
   TORCH_CHECK(z.quantization_block() > 0 && z.quantization_block() % 4 == 0,
               "fully_shard: quantization_block must be a positive multiple of 4 elements (each block's fp32 scale "

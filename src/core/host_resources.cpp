@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fsdp/offload.h"
+#include "core/scratch_file.h"
 
 namespace fsdp {
 

@@ -7,15 +7,16 @@
 
 namespace fsdp {
 
-LrScheduleKind parse_lr_schedule(const std::string& name) {
-  if (name == "constant") return LrScheduleKind::kConstant;
-  if (name == "cosine") return LrScheduleKind::kCosine;
-  TORCH_CHECK(false, "the learning-rate schedule must be constant or cosine, got '", name, "'");
+namespace detail {
+
+const EnumNames& enum_names(EnumTag<LrScheduleKind>) {
+  static const EnumNames names = EnumNames::of<LrScheduleKind>("learning-rate schedule", {
+      {LrScheduleKind::kConstant, "constant"},
+      {LrScheduleKind::kCosine, "cosine"}});
+  return names;
 }
 
-const char* lr_schedule_name(LrScheduleKind kind) {
-  return kind == LrScheduleKind::kCosine ? "cosine" : "constant";
-}
+}  // namespace detail
 
 void LrSchedule::validate() const {
   TORCH_CHECK(lr() > 0, "LrSchedule: lr must be positive, got ", lr());

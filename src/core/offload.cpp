@@ -4,6 +4,7 @@
 // both use them.
 
 #include "fsdp/offload.h"
+#include "core/scratch_file.h"
 
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -17,20 +18,21 @@
 
 namespace fsdp::offload {
 
-const char* io_engine_name(IoEngine engine) {
-  switch (engine) {
-    case IoEngine::kAuto: return "auto";
-    case IoEngine::kLibaio: return "libaio";
-    case IoEngine::kThreads: return "threads";
-  }
-  return "unknown";
+}  // namespace fsdp::offload
+
+namespace fsdp::detail {
+
+const EnumNames& enum_names(EnumTag<offload::IoEngine>) {
+  static const EnumNames names = EnumNames::of<offload::IoEngine>("offload I/O engine", {
+      {offload::IoEngine::kAuto, "auto"},
+      {offload::IoEngine::kLibaio, "libaio"},
+      {offload::IoEngine::kThreads, "threads"}});
+  return names;
 }
 
-IoEngine parse_io_engine(const std::string& name) {
-  for (IoEngine e : {IoEngine::kAuto, IoEngine::kLibaio, IoEngine::kThreads})
-    if (name == io_engine_name(e)) return e;
-  TORCH_CHECK(false, "unknown offload I/O engine '", name, "' (expected auto, libaio or threads)");
-}
+}  // namespace fsdp::detail
+
+namespace fsdp::offload {
 
 std::string scratch_file_path(const DiskStoreOptions& options) {
   return options.dir() + "/fsdp-offload-" + options.name() + ".bin";

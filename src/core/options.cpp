@@ -1,4 +1,5 @@
 #include "fsdp/options.h"
+#include "core/strategy_rules.h"
 
 #include <c10/util/Exception.h>
 
@@ -6,34 +7,57 @@
 #include <vector>
 
 namespace fsdp {
-namespace {
+namespace detail {
 
-const std::vector<std::pair<const char*, ShardingStrategy>>& strategies() {
-  static const std::vector<std::pair<const char*, ShardingStrategy>> table = {
-      {"no_shard", ShardingStrategy::kNoShard},
-      {"zero1", ShardingStrategy::kZero1},
-      {"shard_grad_op", ShardingStrategy::kShardGradOp},
-      {"full_shard", ShardingStrategy::kFullShard},
-      {"hybrid_shard", ShardingStrategy::kHybridShard},
-      {"hybrid_shard_zero2", ShardingStrategy::kHybridShardZero2}};
-  return table;
+const EnumNames& enum_names(EnumTag<ShardingStrategy>) {
+  static const EnumNames names = EnumNames::of<ShardingStrategy>("sharding strategy",
+                               {{ShardingStrategy::kNoShard, "no_shard"},
+                                {ShardingStrategy::kZero1, "zero1"},
+                                {ShardingStrategy::kShardGradOp, "shard_grad_op"},
+                                {ShardingStrategy::kFullShard, "full_shard"},
+                                {ShardingStrategy::kHybridShard, "hybrid_shard"},
+                                {ShardingStrategy::kHybridShardZero2, "hybrid_shard_zero2"}});
+  return names;
 }
 
-}  // namespace
-
-const char* strategy_name(ShardingStrategy strategy) {
-  for (const auto& [name, s] : strategies())
-    if (s == strategy) return name;
-  return "unknown";
+const EnumNames& enum_names(EnumTag<BackwardPrefetch>) {
+  static const EnumNames names = EnumNames::of<BackwardPrefetch>("backward prefetch",
+                               {{BackwardPrefetch::kNone, "none"},
+                                {BackwardPrefetch::kPre, "pre"},
+                                {BackwardPrefetch::kPost, "post"}});
+  return names;
 }
 
-ShardingStrategy parse_strategy(const std::string& name) {
-  std::string known;
-  for (const auto& [n, s] : strategies()) {
-    if (name == n) return s;
-    known += (known.empty() ? "" : ", ") + std::string(n);
-  }
-  TORCH_CHECK(false, "unknown sharding strategy '", name, "': expected one of ", known);
+const EnumNames& enum_names(EnumTag<Quantization>) {
+  static const EnumNames names = EnumNames::of<Quantization>(
+      "quantization", {{Quantization::kNone, "none"}, {Quantization::kInt8, "int8"}});
+  return names;
+}
+
+const EnumNames& enum_names(EnumTag<torch::ScalarType>) {
+  static const EnumNames names = EnumNames::of<torch::ScalarType>("dtype",
+                               {{torch::kFloat, "fp32"},
+                                {torch::kBFloat16, "bf16"},
+                                {torch::kHalf, "fp16"},
+                                {torch::kFloat, "float32"},
+                                {torch::kBFloat16, "bfloat16"},
+                                {torch::kHalf, "float16"}},
+                               [](int value) { return c10::toString(static_cast<torch::ScalarType>(value)); });
+  return names;
+}
+
+}  // namespace detail
+
+OffloadPolicy OffloadPolicy::cpu() {
+  OffloadPolicy policy;
+  policy.cpu_ = true;
+  return policy;
+}
+
+OffloadPolicy OffloadPolicy::nvme(NvmeOffloadOptions options) {
+  OffloadPolicy policy;
+  policy.nvme_ = std::move(options);
+  return policy;
 }
 
 bool is_hybrid(ShardingStrategy s) {
@@ -48,53 +72,6 @@ bool keeps_full_gradients(ShardingStrategy s) { return keeps_params_unsharded(s)
 
 bool reshards_after_forward(ShardingStrategy s) {
   return s == ShardingStrategy::kFullShard || s == ShardingStrategy::kHybridShard;
-}
-
-const char* backward_prefetch_name(BackwardPrefetch prefetch) {
-  switch (prefetch) {
-    case BackwardPrefetch::kNone: return "none";
-    case BackwardPrefetch::kPre: return "pre";
-    case BackwardPrefetch::kPost: return "post";
-  }
-  return "unknown";
-}
-
-BackwardPrefetch parse_backward_prefetch(const std::string& name) {
-  for (auto p : {BackwardPrefetch::kNone, BackwardPrefetch::kPre, BackwardPrefetch::kPost}) {
-    if (name == backward_prefetch_name(p)) return p;
-  }
-  TORCH_CHECK(false, "unknown backward prefetch '", name, "': expected none, pre or post");
-}
-
-const char* quantization_name(Quantization quantization) {
-  switch (quantization) {
-    case Quantization::kNone: return "none";
-    case Quantization::kInt8: return "int8";
-  }
-  return "unknown";
-}
-
-Quantization parse_quantization(const std::string& name) {
-  for (auto q : {Quantization::kNone, Quantization::kInt8}) {
-    if (name == quantization_name(q)) return q;
-  }
-  TORCH_CHECK(false, "unknown quantization '", name, "': expected none or int8");
-}
-
-torch::ScalarType parse_dtype(const std::string& name) {
-  if (name == "fp32" || name == "float32") return torch::kFloat;
-  if (name == "bf16" || name == "bfloat16") return torch::kBFloat16;
-  if (name == "fp16" || name == "float16") return torch::kHalf;
-  TORCH_CHECK(false, "unknown dtype '", name, "': expected fp32, bf16 or fp16");
-}
-
-const char* dtype_name(torch::ScalarType type) {
-  switch (type) {
-    case torch::kFloat: return "fp32";
-    case torch::kBFloat16: return "bf16";
-    case torch::kHalf: return "fp16";
-    default: return c10::toString(type);
-  }
 }
 
 NvmeStepSchedule nvme_step_schedule(const NvmeOffloadOptions& nvme, ShardingStrategy strategy, bool clips_gradients,

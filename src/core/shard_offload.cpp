@@ -12,6 +12,7 @@
 #include "core/flat_param.h"
 #include "core/fsdp_state_impl.h"
 #include "fsdp/grad_utils.h"
+#include "core/grad_utils_internal.h"
 
 namespace fsdp::offload {
 

@@ -8,12 +8,16 @@
 
 #include "base/compat.h"
 #include "base/device_context.h"
-#include "fsdp/optimizer_state.h"
+#include "optim/optimizer_state.h"
 #include "fsdp/trace.h"
 #include "core/shard_offload.h"
 #include "core/fsdp_state_impl.h"
 #include "core/unit.h"
 #include "core/unit_stepper.h"
+#include "base/memory_counters.h"
+#include "core/grad_utils_internal.h"
+#include "core/strategy_rules.h"
+#include "core/loss_scaling.h"
 
 namespace fsdp {
 namespace {

@@ -6,7 +6,7 @@
 #include "core/grad_utils_internal.h"
 #include "fsdp/fused_adamw.h"
 #include "fsdp/memory.h"
-#include "fsdp/optimizer_state.h"
+#include "optim/optimizer_state.h"
 
 namespace fsdp {
 

@@ -1,6 +1,7 @@
 // Applying a wrap policy to a module tree, and assigning parameters to units.
 
 #include "fsdp/wrap_policy.h"
+#include "core/unit_plan.h"
 
 #include <map>
 #include <unordered_map>

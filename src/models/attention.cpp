@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "../base/compat.h"
+#include "models/attention_kernel.h"
 
 #if FSDP_TORCH_AT_LEAST(2, 0)
 #include <ATen/SDPBackend.h>
@@ -70,21 +71,17 @@ AttentionKernel resolve_attention(AttentionKernel kernel) {
   return kernel;
 }
 
-std::string attention_kernel_name(AttentionKernel kernel) {
-  switch (kernel) {
-    case AttentionKernel::kAuto: return "auto";
-    case AttentionKernel::kFused: return "sdpa";
-    case AttentionKernel::kWrittenOut: return "written";
-  }
-  TORCH_CHECK(false, "attention_kernel_name: unknown AttentionKernel ", static_cast<int>(kernel));
+namespace detail {
+
+const EnumNames& enum_names(EnumTag<AttentionKernel>) {
+  static const EnumNames names = EnumNames::of<AttentionKernel>("attention", {
+      {AttentionKernel::kAuto, "auto"},
+      {AttentionKernel::kFused, "sdpa"},
+      {AttentionKernel::kWrittenOut, "written"}});
+  return names;
 }
 
-AttentionKernel parse_attention_kernel(const std::string& name) {
-  for (AttentionKernel k : {AttentionKernel::kAuto, AttentionKernel::kFused, AttentionKernel::kWrittenOut}) {
-    if (attention_kernel_name(k) == name) return k;
-  }
-  TORCH_CHECK(false, "the attention must be auto, sdpa or written, got '", name, "'");
-}
+}  // namespace detail
 
 std::string describe_attention(AttentionKernel kernel, const torch::TensorOptions& options, int64_t heads,
                                int64_t kv_heads, int64_t head_dim) {

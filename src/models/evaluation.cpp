@@ -1,6 +1,7 @@
 // Sharded evaluation over the validation split of a token source.
 
 #include "fsdp/evaluation.h"
+#include "models/evaluation_defaults.h"
 
 #include <algorithm>
 

@@ -10,6 +10,7 @@
 #include "base/strings.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/lora.h"
+#include "models/attention_kernel.h"
 
 namespace fsdp::models {
 

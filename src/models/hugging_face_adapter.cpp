@@ -15,7 +15,7 @@ const Adapter& adapter(models::ModelKind kind) {
   for (const Adapter* a : adapters()) {
     if (a->kind() == kind) return *a;
   }
-  TORCH_CHECK(false, "no Hugging Face adapter for the model kind ", models::model_kind_name(kind));
+  TORCH_CHECK(false, "no Hugging Face adapter for the model kind ", fsdp::enum_name(kind));
 }
 
 const Adapter* adapter_for_model_type(const std::string& model_type) {

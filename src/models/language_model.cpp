@@ -4,6 +4,8 @@
 #include "fsdp/language_model.h"
 
 #include "fsdp/fully_shard.h"
+#include "models/loss_slices.h"
+#include "core/unit_plan.h"
 
 namespace fsdp::models {
 
@@ -95,20 +97,20 @@ struct SlicedNextTokenLoss : public torch::autograd::Function<SlicedNextTokenLos
 
 }  // namespace
 
-const char* model_kind_name(ModelKind kind) {
-  switch (kind) {
-    case ModelKind::kGpt: return "gpt";
-    case ModelKind::kLlama: return "llama";
-  }
-  TORCH_CHECK(false, "unknown model kind ", static_cast<int>(kind));
+}  // namespace fsdp::models
+
+namespace fsdp::detail {
+
+const EnumNames& enum_names(EnumTag<models::ModelKind>) {
+  static const EnumNames names = EnumNames::of<models::ModelKind>("model", {
+      {models::ModelKind::kGpt, "gpt"},
+      {models::ModelKind::kLlama, "llama"}});
+  return names;
 }
 
-ModelKind parse_model_kind(const std::string& name) {
-  for (ModelKind kind : {ModelKind::kGpt, ModelKind::kLlama}) {
-    if (name == model_kind_name(kind)) return kind;
-  }
-  TORCH_CHECK(false, "unknown model '", name, "': expected gpt or llama");
-}
+}  // namespace fsdp::detail
+
+namespace fsdp::models {
 
 TiedLMHeadImpl::TiedLMHeadImpl(const torch::Tensor& tied_weight) {
   weight = register_parameter("weight", tied_weight);

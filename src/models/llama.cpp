@@ -16,6 +16,9 @@
 #include "fsdp/model_description.h"
 #include "fsdp/lora.h"
 #include "base/strings.h"
+#include "models/lora_adapters.h"
+#include "models/unit_lists.h"
+#include "models/attention_kernel.h"
 
 namespace fsdp::models {
 namespace {
@@ -90,21 +93,21 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
 
 int64_t LlamaConfig::default_hidden(int64_t width) { return (8 * width / 3 + 31) / 32 * 32; }
 
-const char* rope_scaling_name(RopeScaling::Kind kind) {
-  switch (kind) {
-    case RopeScaling::Kind::kNone: return "default";
-    case RopeScaling::Kind::kLinear: return "linear";
-    case RopeScaling::Kind::kLlama3: return "llama3";
-  }
-  TORCH_CHECK(false, "unknown rope scaling ", static_cast<int>(kind));
+}  // namespace fsdp::models
+
+namespace fsdp::detail {
+
+const EnumNames& enum_names(EnumTag<models::RopeScaling::Kind>) {
+  static const EnumNames names = EnumNames::of<models::RopeScaling::Kind>("rope scaling", {
+      {models::RopeScaling::Kind::kNone, "default"},
+      {models::RopeScaling::Kind::kLinear, "linear"},
+      {models::RopeScaling::Kind::kLlama3, "llama3"}});
+  return names;
 }
 
-RopeScaling::Kind parse_rope_scaling(const std::string& name) {
-  for (auto kind : {RopeScaling::Kind::kNone, RopeScaling::Kind::kLinear, RopeScaling::Kind::kLlama3}) {
-    if (name == rope_scaling_name(kind)) return kind;
-  }
-  TORCH_CHECK(false, "unknown rope scaling '", name, "': expected default, linear or llama3");
-}
+}  // namespace fsdp::detail
+
+namespace fsdp::models {
 
 void LlamaConfig::validate() const {
   TORCH_CHECK(vocab > 0 && context > 0 && layers > 0 && heads > 0 && kv_heads > 0 && width > 0 && hidden > 0 &&
@@ -158,7 +161,7 @@ std::string LlamaConfig::describe() const {
   if (qk_norm) s << ", qk_norm 1";
   if (explicit_head_dim > 0) s << ", head_dim " << explicit_head_dim;
   if (rope_scaling.kind != RopeScaling::Kind::kNone) {
-    s << ", rope_scaling " << rope_scaling_name(rope_scaling.kind) << ", rope_factor " << rope_scaling.factor;
+    s << ", rope_scaling " << fsdp::enum_name(rope_scaling.kind) << ", rope_factor " << rope_scaling.factor;
   }
   if (rope_scaling.kind == RopeScaling::Kind::kLlama3) {
     s << ", rope_low_freq_factor " << rope_scaling.low_freq_factor << ", rope_high_freq_factor "

@@ -46,7 +46,7 @@ void read_rope(const json& c, const std::string& path, models::LlamaConfig& l) {
   // transformers 4.3x wrote "type"; later ones "rope_type".
   const auto type = field<std::string>(*rope, path, "rope_type", field<std::string>(*rope, path, "type", std::string("default")));
   try {
-    l.rope_scaling.kind = models::parse_rope_scaling(type);
+    l.rope_scaling.kind = fsdp::parse_enum<fsdp::models::RopeScaling::Kind>(type);
   } catch (const c10::Error&) {
     TORCH_CHECK(false, "'", path, "': rope scaling of type \"", type,
                 "\" is not supported; the model computes default, linear and llama3");
@@ -61,7 +61,7 @@ void read_rope(const json& c, const std::string& path, models::LlamaConfig& l) {
 }
 
 json rope_json(const models::LlamaConfig& l) {
-  json rope{{"rope_theta", l.rope_theta}, {"rope_type", models::rope_scaling_name(l.rope_scaling.kind)}};
+  json rope{{"rope_theta", l.rope_theta}, {"rope_type", fsdp::enum_name(l.rope_scaling.kind)}};
   if (l.rope_scaling.kind == models::RopeScaling::Kind::kNone) return rope;
   rope["factor"] = l.rope_scaling.factor;
   if (l.rope_scaling.kind == models::RopeScaling::Kind::kLlama3) {

@@ -11,6 +11,8 @@
 #include "base/strings.h"
 #include "core/host_resources.h"
 #include "fsdp/wrap_policy.h"
+#include "models/lora_adapters.h"
+#include "core/unit_plan.h"
 
 namespace fsdp::lora {
 namespace {

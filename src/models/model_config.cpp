@@ -55,7 +55,7 @@ ModelConfig ModelConfig::parse(ModelKind kind, const std::string& described) {
   if (values.count("head_dim")) l.explicit_head_dim = whole("head_dim");
   if (values.count("sliding_window")) l.sliding_window = whole("sliding_window");
   if (names.count("rope_scaling")) {
-    l.rope_scaling.kind = parse_rope_scaling(names.at("rope_scaling"));
+    l.rope_scaling.kind = fsdp::parse_enum<fsdp::models::RopeScaling::Kind>(names.at("rope_scaling"));
     l.rope_scaling.factor = get("rope_factor");
   }
   if (l.rope_scaling.kind == RopeScaling::Kind::kLlama3) {
@@ -69,12 +69,12 @@ ModelConfig ModelConfig::parse(ModelKind kind, const std::string& described) {
 }
 
 const GPTConfig& ModelConfig::gpt() const {
-  TORCH_CHECK(kind() == ModelKind::kGpt, "the model is a ", model_kind_name(kind()), ", not a gpt");
+  TORCH_CHECK(kind() == ModelKind::kGpt, "the model is a ", fsdp::enum_name(kind()), ", not a gpt");
   return std::get<GPTConfig>(family_);
 }
 
 const LlamaConfig& ModelConfig::llama() const {
-  TORCH_CHECK(kind() == ModelKind::kLlama, "the model is a ", model_kind_name(kind()), ", not a llama");
+  TORCH_CHECK(kind() == ModelKind::kLlama, "the model is a ", fsdp::enum_name(kind()), ", not a llama");
   return std::get<LlamaConfig>(family_);
 }
 

@@ -9,6 +9,8 @@
 
 #include "base/strings.h"
 #include "core/host_resources.h"
+#include "models/unit_lists.h"
+#include "core/unit_plan.h"
 
 namespace fsdp {
 

@@ -11,18 +11,24 @@
 #include <cstring>
 
 #include "base/strings.h"
+#include "models/splitmix64.h"
 
 namespace fsdp::models {
 
-DataOrder parse_data_order(const std::string& name) {
-  if (name == "sequential") return DataOrder::kSequential;
-  if (name == "shuffled") return DataOrder::kShuffled;
-  TORCH_CHECK(false, "unknown data order '", name, "': expected sequential or shuffled");
+}  // namespace fsdp::models
+
+namespace fsdp::detail {
+
+const EnumNames& enum_names(EnumTag<models::DataOrder>) {
+  static const EnumNames names = EnumNames::of<models::DataOrder>("data order", {
+      {models::DataOrder::kSequential, "sequential"},
+      {models::DataOrder::kShuffled, "shuffled"}});
+  return names;
 }
 
-const char* data_order_name(DataOrder order) {
-  return order == DataOrder::kShuffled ? "shuffled" : "sequential";
-}
+}  // namespace fsdp::detail
+
+namespace fsdp::models {
 
 uint64_t splitmix64(uint64_t z) {
   z += 0x9E3779B97F4A7C15ULL;

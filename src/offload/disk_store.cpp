@@ -14,8 +14,10 @@
 #include <cstring>
 #include <sstream>
 
-#include "fsdp/checksum.h"
+#include "base/checksum.h"
 #include "fsdp/trace.h"
+#include "core/scratch_file.h"
+#include "base/trace_events.h"
 
 namespace fsdp::offload {
 namespace {

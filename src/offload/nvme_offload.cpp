@@ -24,6 +24,10 @@
 #include "fsdp/memory.h"
 #include "fsdp/options.h"
 #include "fsdp/trace.h"
+#include "core/scratch_file.h"
+#include "base/trace_events.h"
+#include "core/strategy_rules.h"
+#include "core/loss_scaling.h"
 
 namespace fsdp::offload {
 namespace {
@@ -132,20 +136,19 @@ torch::Tensor fresh(int64_t numel, torch::ScalarType dtype, Category category) {
 }  // namespace
 
 void check_nvme_offload_options(const FullyShardOptions& fsdp, c10::Device device) {
-  if (!fsdp.nvme_offload()) return;
-  const NvmeOffloadOptions& options = *fsdp.nvme_offload();
+  if (!fsdp.offload().nvme_options()) return;
+  const NvmeOffloadOptions& options = *fsdp.offload().nvme_options();
   const torch::ScalarType param_dtype = fsdp.mixed_precision().param_dtype();
   TORCH_CHECK(options.optimizer_state() || options.params(), "fully_shard: nvme_offload offloads nothing: set ",
               "optimizer_state(true), params(true) or both");
   TORCH_CHECK(is_host_device(device), "fully_shard: nvme_offload needs the units on the CPU, found ", device,
-              " (on a GPU, cpu_offload moves the state to host memory)");
-  TORCH_CHECK(!fsdp.cpu_offload(), "fully_shard: nvme_offload and cpu_offload cannot be combined");
+              " (on a GPU, OffloadPolicy::cpu() moves the state to host memory)");
   TORCH_CHECK(!options.params() || !keeps_params_unsharded(fsdp.strategy()), "fully_shard: nvme_offload.params ",
               "needs a sharded strategy (full_shard, shard_grad_op, hybrid_shard or hybrid_shard_zero2); ",
-              strategy_name(fsdp.strategy()), " keeps whole parameters in memory on every rank");
+              fsdp::enum_name(fsdp.strategy()), " keeps whole parameters in memory on every rank");
   const bool fp32 = param_dtype == torch::kFloat;
   TORCH_CHECK(fp32 || !options.params() || options.optimizer_state(), "fully_shard: nvme_offload.params with ",
-              dtype_name(param_dtype), " parameters needs optimizer_state(true) too: the ", dtype_name(param_dtype),
+              fsdp::enum_name(param_dtype), " parameters needs optimizer_state(true) too: the ", fsdp::enum_name(param_dtype),
               " shard is cast from the fp32 master, and a master kept in memory leaves nothing to offload");
   TORCH_CHECK(options.read_ahead() >= 1, "fully_shard: nvme_offload.read_ahead must be at least 1 unit, got ",
               options.read_ahead());
@@ -157,7 +160,7 @@ void check_nvme_offload_options(const FullyShardOptions& fsdp, c10::Device devic
 }
 
 NvmeOffload::NvmeOffload(const FullyShardOptions& options)
-    : options_(*options.nvme_offload()),
+    : options_(*options.offload().nvme_options()),
       param_dtype_(options.mixed_precision().param_dtype()),
       read_ahead_(options_.read_ahead()) {
   // The store has a slot per unit's gradient where a clipped step would

@@ -21,6 +21,8 @@
 #include "fsdp/grad_utils.h"
 #include "fsdp/memory.h"
 #include "offload/nvme_offload.h"
+#include "base/memory_counters.h"
+#include "core/strategy_rules.h"
 
 namespace fsdp::offload {
 
@@ -32,7 +34,7 @@ class InMemory final : public ShardOffload {
   const char* where() const override { return "memory"; }
 };
 
-// CPU offload (FullyShardOptions::cpu_offload): the fp32 shards, their
+// CPU offload (OffloadPolicy::cpu): the fp32 shards, their
 // gradients and so the optimizer state in host memory, pinned when the units
 // are on a GPU. There the shard crosses to the device on the copy stream
 // before its gather, and the reduced gradient back after its reduction,
@@ -96,7 +98,7 @@ class CpuOffload final : public ShardOffload {
     // the compute stream's work so far (the reduction it waited for, the
     // cast); finish_gradient() waits for it.
     TORCH_CHECK(context_.has_copy_stream(), "FlatParam: an offloaded shard on ", flat.shard().device(),
-                " with its gradient on ", reduced.device(), " needs the copy stream fully_shard makes for cpu_offload");
+                " with its gradient on ", reduced.device(), " needs the copy stream fully_shard makes for OffloadPolicy::cpu()");
     if (gradient_pending(flat)) finish_gradient(flat);  // an earlier micro-step's
     release_copied_sources();
     auto pending = std::make_unique<PendingHostGradient>();
@@ -237,16 +239,16 @@ class CpuOffload final : public ShardOffload {
 }  // namespace
 
 void check_offload_options(const FullyShardOptions& options, c10::Device device) {
-  TORCH_CHECK(!options.cpu_offload() || !keeps_params_unsharded(options.strategy()),
-              "fully_shard: cpu_offload needs a sharded strategy (full_shard, shard_grad_op, hybrid_shard or "
+  TORCH_CHECK(!options.offload().is_cpu() || !keeps_params_unsharded(options.strategy()),
+              "fully_shard: OffloadPolicy::cpu() needs a sharded strategy (full_shard, shard_grad_op, hybrid_shard or "
               "hybrid_shard_zero2); ",
-              strategy_name(options.strategy()), " keeps whole parameters on every rank");
+              fsdp::enum_name(options.strategy()), " keeps whole parameters on every rank");
   check_nvme_offload_options(options, device);
 }
 
 std::unique_ptr<ShardOffload> make_shard_offload(const FullyShardOptions& options, const DeviceContext& context) {
-  if (options.nvme_offload()) return std::make_unique<NvmeOffload>(options);
-  if (options.cpu_offload()) return std::make_unique<CpuOffload>(context);
+  if (options.offload().nvme_options()) return std::make_unique<NvmeOffload>(options);
+  if (options.offload().is_cpu()) return std::make_unique<CpuOffload>(context);
   return std::make_unique<InMemory>();
 }
 

@@ -1,4 +1,4 @@
-#include "fsdp/optimizer_state.h"
+#include "optim/optimizer_state.h"
 
 #include <cxxabi.h>
 

@@ -1,10 +1,11 @@
 // Host-memory planning: what the host has, what a run needs, the preflight.
 
-#include "fsdp/host_memory.h"
+#include "plan/host_memory.h"
 
 #include "fsdp/offload.h"
 #include "base/strings.h"
 #include "core/host_resources.h"
+#include "core/strategy_rules.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -47,11 +48,11 @@ RunPlan plan_here(const PlannedRun& run) {
 // asked (both false: none), the rest of the offload's options kept.
 PlannedRun with_disk_offload(PlannedRun run, bool optimizer_state, bool params) {
   if (!optimizer_state && !params) {
-    run.options.nvme_offload(std::nullopt);
+    if (run.options.offload().nvme_options()) run.options.offload(OffloadPolicy());  // a CPU offload stays
     return run;
   }
-  NvmeOffloadOptions nvme = run.options.nvme_offload().value_or(NvmeOffloadOptions(""));
-  run.options.nvme_offload(nvme.optimizer_state(optimizer_state).params(params));
+  NvmeOffloadOptions nvme = run.options.offload().nvme_options().value_or(NvmeOffloadOptions(""));
+  run.options.offload(OffloadPolicy::nvme(nvme.optimizer_state(optimizer_state).params(params)));
   return run;
 }
 
@@ -109,7 +110,7 @@ HostMemoryNeed host_memory_need(const PlannedRun& run) {
 }
 
 std::vector<HostMemoryVariant> host_memory_variants(const PlannedRun& run) {
-  const auto& nvme = run.options.nvme_offload();
+  const auto& nvme = run.options.offload().nvme_options();
   const bool nvme_optimizer = nvme && nvme->optimizer_state(), nvme_params = nvme && nvme->params();
   // Each change on top of the one before.
   PlannedRun sharded_init = run;
@@ -132,12 +133,12 @@ std::vector<HostMemoryVariant> host_memory_variants(const PlannedRun& run) {
 }
 
 int fitting_read_ahead(const PlannedRun& run, int64_t available) {
-  const auto& nvme = run.options.nvme_offload();
+  const auto& nvme = run.options.offload().nvme_options();
   if (!nvme || !(nvme->optimizer_state() || nvme->params())) return 0;
   const int asked = nvme->read_ahead();
   PlannedRun shallower = run;
   for (int depth = asked; depth >= 1; --depth) {
-    shallower.options.nvme_offload(NvmeOffloadOptions(*nvme).read_ahead(depth));
+    shallower.options.offload(OffloadPolicy::nvme(NvmeOffloadOptions(*nvme).read_ahead(depth)));
     if (host_memory_need(shallower).host <= available) return depth;
   }
   return asked;
@@ -172,7 +173,7 @@ int64_t preflight_scratch_space(const PlannedRun& run, int64_t free_bytes) {
   const int64_t needed = plan.nvme->file_bytes * ranks_here(run);
   TORCH_CHECK(needed <= free_bytes, "preflight: the disk offload's scratch files need ", needed, " bytes (",
               format_mib(needed), ": ", plan.nvme->file_bytes, " bytes a rank, ", ranks_here(run),
-              " rank(s) here) in '", run.options.nvme_offload()->store().dir(), "', which has ", free_bytes, " bytes (",
+              " rank(s) here) in '", run.options.offload().nvme_options()->store().dir(), "', which has ", free_bytes, " bytes (",
               format_mib(free_bytes), ") free: free space there, give another --offload-dir, or offload less");
   return needed;
 }

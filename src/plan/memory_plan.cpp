@@ -1,8 +1,10 @@
-#include "fsdp/memory_plan.h"
+#include "plan/estimates.h"
 
 #include "core/host_groups.h"
 #include "base/strings.h"
 #include "fsdp/language_model.h"
+#include "models/loss_slices.h"
+#include "core/strategy_rules.h"
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
@@ -222,7 +224,7 @@ std::string describe_needs(const std::vector<StrategyCandidate>& candidates) {
   std::ostringstream s;
   for (size_t i = 0; i < candidates.size(); ++i) {
     const auto& c = candidates[i];
-    s << (i ? ", " : "") << strategy_name(c.strategy) << " needs " << c.needed() << " B (" << c.state.total()
+    s << (i ? ", " : "") << fsdp::enum_name(c.strategy) << " needs " << c.needed() << " B (" << c.state.total()
       << " model state + " << c.state.gathered_peak << " gathered)";
   }
   return s.str();
@@ -238,7 +240,7 @@ StrategyChoice choose_strategy(const std::vector<int64_t>& unit_numels, int worl
   choice.budget = budget;
   choice.candidates = strategy_candidates(unit_numels, world, ranks_per_node, mixed_precision, frozen_numels);
   std::string order;
-  for (const auto& c : choice.candidates) order += (order.empty() ? "" : ", ") + std::string(strategy_name(c.strategy));
+  for (const auto& c : choice.candidates) order += (order.empty() ? "" : ", ") + std::string(fsdp::enum_name(c.strategy));
   const auto fits = std::find_if(choice.candidates.begin(), choice.candidates.end(),
                                  [&](const StrategyCandidate& c) { return c.needed() <= budget; });
   TORCH_CHECK(fits != choice.candidates.end(), "no strategy fits a per-rank budget of ", budget,
@@ -246,7 +248,7 @@ StrategyChoice choose_strategy(const std::vector<int64_t>& unit_numels, int worl
               "; more ranks would shard the state further");
   choice.strategy = fits->strategy;
   std::ostringstream reason;
-  reason << "picked " << strategy_name(choice.strategy) << ", the first of " << order
+  reason << "picked " << fsdp::enum_name(choice.strategy) << ", the first of " << order
          << " (least to most communication) whose per-rank model state plus gathered parameters fits " << budget
          << " B: " << describe_needs(choice.candidates);
   choice.reason = reason.str();

@@ -3,6 +3,9 @@
 // which of them apply.
 
 #include "fsdp/run_plan.h"
+#include "plan/estimates.h"
+#include "core/strategy_rules.h"
+#include "core/loss_scaling.h"
 
 #include <algorithm>
 #include <numeric>
@@ -51,7 +54,7 @@ RunPlan plan_run(const PlannedRun& run) {
     }
     plan.peak.gathered += largest * static_cast<int64_t>(c10::elementSize(mp.param_dtype()));
   }
-  if (const auto& nvme = options.nvme_offload()) {
+  if (const auto& nvme = options.offload().nvme_options()) {
     const NvmeStepSchedule schedule =
         nvme_step_schedule(*nvme, strategy, settings.clips_gradients, settings.scales_loss);
     const bool in_backward = schedule == NvmeStepSchedule::kInBackward;

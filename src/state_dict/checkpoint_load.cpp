@@ -19,8 +19,9 @@
 #include "fsdp/error.h"
 #include "base/device_context.h"
 #include "core/shard_offload.h"
-#include "fsdp/optimizer_state.h"
+#include "optim/optimizer_state.h"
 #include "fsdp/state_dict.h"
+#include "state_dict/safetensors_metadata.h"
 
 namespace fsdp {
 namespace fs = std::filesystem;

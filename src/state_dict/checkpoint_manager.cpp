@@ -18,6 +18,7 @@
 
 #include "fsdp/memory.h"
 #include "state_dict/staged_checkpoint.h"
+#include "state_dict/checkpoint_schema.h"
 
 namespace fsdp {
 namespace {
@@ -38,7 +39,7 @@ RecordedValue RecordedValue::text(const std::string& value) { return RecordedVal
 RecordedValue RecordedValue::number(double value) { return RecordedValue(nlohmann::json(value).dump()); }
 
 std::string LrScheduleState::state_json() const {
-  const nlohmann::json json = {{"kind", lr_schedule_name(schedule_.kind())},
+  const nlohmann::json json = {{"kind", fsdp::enum_name(schedule_.kind())},
                                {"lr", schedule_.lr()},
                                {"warmup_steps", schedule_.warmup_steps()},
                                {"min_lr", schedule_.min_lr()},
@@ -50,7 +51,7 @@ void LrScheduleState::load_state_json(const std::optional<std::string>& saved_te
   if (!saved_text) return;
   const nlohmann::json j = parse_saved(*saved_text, "learning-rate schedule", checkpoint);
   const auto saved = LrSchedule()
-                         .kind(parse_lr_schedule(j.at("kind").get<std::string>()))
+                         .kind(fsdp::parse_enum<fsdp::LrScheduleKind>(j.at("kind").get<std::string>()))
                          .lr(j.at("lr").get<double>())
                          .warmup_steps(j.at("warmup_steps").get<int64_t>())
                          .min_lr(j.at("min_lr").get<double>())
@@ -61,7 +62,7 @@ void LrScheduleState::load_state_json(const std::optional<std::string>& saved_te
 }
 
 std::string DataOrderState::state_json() const {
-  const nlohmann::json json = {{"order", models::data_order_name(options_.order())},
+  const nlohmann::json json = {{"order", fsdp::enum_name(options_.order())},
                                {"seed", options_.seed()},
                                {"val_fraction", options_.val_fraction()}};
   return json.dump();

@@ -16,10 +16,11 @@
 
 #include "fsdp/error.h"
 #include "core/shard_offload.h"
-#include "fsdp/optimizer_state.h"
+#include "optim/optimizer_state.h"
 #include "fsdp/state_dict.h"
 #include "state_dict/save_faults.h"
 #include "state_dict/staged_checkpoint.h"
+#include "state_dict/safetensors_metadata.h"
 
 namespace fsdp {
 namespace fs = std::filesystem;
@@ -80,7 +81,7 @@ nlohmann::json checkpoint_metadata(const FsdpState& state, const OptimizerState&
   return {{"format", format_tag(format)},
           {"step", step},
           {"world_size", state.group()->size()},
-          {"strategy", strategy_name(state.options().strategy())},
+          {"strategy", fsdp::enum_name(state.options().strategy())},
           {"shard_group_size", state.shard_group() ? state.shard_group()->size() : 1},
           {"optimizer", optimizer_meta},
           {"units", unit_layout(state)},

@@ -5,6 +5,7 @@
 // helpers saving and loading share (checkpoint_schema.h declares them).
 
 #include "state_dict/checkpoint_schema.h"
+#include "base/checksum.h"
 #include "core/fsdp_state_impl.h"
 #include "core/flat_param.h"
 #include "state_dict/checkpoint_json.h"
@@ -19,6 +20,7 @@
 #include <limits>
 
 #include "fsdp/state_dict.h"
+#include "state_dict/safetensors_metadata.h"
 
 namespace fsdp {
 namespace fs = std::filesystem;
@@ -76,7 +78,7 @@ void check_layout(const nlohmann::json& meta, CheckpointFormat format, const std
   // the reader expect by what the metadata lists.
   const int64_t file_count = format == CheckpointFormat::kSharded ? shard_group_size : 2;
   TORCH_CHECK(static_cast<int64_t>(meta["files"].size()) == file_count, "'", file, "': files lists ",
-              meta["files"].size(), " files, the ", checkpoint_format_name(format), " format with shard_group_size ",
+              meta["files"].size(), " files, the ", fsdp::enum_name(format), " format with shard_group_size ",
               shard_group_size, " has ", file_count);
   require_field(meta.contains("optimizer") && meta["optimizer"].is_object(), "optimizer", "an object", file);
   const nlohmann::json& optimizer = meta["optimizer"];
@@ -261,18 +263,19 @@ void throw_first_rank_error(const ProcessGroupPtr& group, const std::string& err
 
 using detail::fsync_path;
 
-const char* checkpoint_format_name(CheckpointFormat format) {
-  return format == CheckpointFormat::kSharded ? "sharded" : "full";
+namespace detail {
+
+const EnumNames& enum_names(EnumTag<CheckpointFormat>) {
+  static const EnumNames names = EnumNames::of<CheckpointFormat>("checkpoint format", {
+      {CheckpointFormat::kSharded, "sharded"},
+      {CheckpointFormat::kFull, "full"}});
+  return names;
 }
 
-CheckpointFormat parse_checkpoint_format(const std::string& name) {
-  if (name == "sharded") return CheckpointFormat::kSharded;
-  if (name == "full") return CheckpointFormat::kFull;
-  TORCH_CHECK(false, "unknown checkpoint format '", name, "' (expected sharded or full)");
-}
+}  // namespace detail
 
 void write_checkpoint_metadata(const std::string& dir, nlohmann::json metadata) {
-  metadata[kChecksumAlgorithmField] = checksum::algorithm_name(checksum::kWritten);
+  metadata[kChecksumAlgorithmField] = fsdp::enum_name(checksum::kWritten);
   metadata["checksum"] = metadata_checksum(metadata, checksum::kWritten);
   const fs::path temp = fs::path(dir) / "metadata.json.tmp";
   {

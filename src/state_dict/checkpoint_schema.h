@@ -63,3 +63,33 @@ nlohmann::json read_metadata(const std::string& path, CheckpointFormat* format);
 void throw_first_rank_error(const ProcessGroupPtr& group, const std::string& error);
 
 }  // namespace fsdp::detail
+
+namespace fsdp {
+
+/// The name of a parameter's optimizer state tensor (such as "exp_avg") in a full
+/// optimizer file: "<param>.<state>".
+std::string optimizer_tensor_name(const std::string& param, const std::string& state_name);
+
+/// One DIR/step-N (or DIR/step-N.tmp) of a checkpoint folder.
+struct CheckpointEntry {
+  std::string path;  ///< the directory
+  int64_t step = -1;  ///< N, from the directory's name
+  /// step-N with a metadata.json that parses, names a known format and
+  /// matches its own checksum (the data files are not read: SavedCheckpoint
+  /// verifies those).
+  bool complete = false;
+  CheckpointFormat format = CheckpointFormat::kSharded;  ///< when complete
+  CheckpointInfo info;                                   ///< when complete
+  std::shared_ptr<const CheckpointMetadata> metadata;    ///< when complete: metadata.json parsed
+  std::string problem;                                   ///< why not complete
+};
+
+/// Every step-N and step-N.tmp directory under dir, newest step first (at
+/// equal steps the complete one first); empty if dir holds none.
+std::vector<CheckpointEntry> list_checkpoints(const std::string& dir);
+
+/// Removes all but the newest `keep` complete checkpoints and any unfinished
+/// ones older than the newest complete (call on one rank).
+void prune_checkpoints(const std::string& dir, int keep);
+
+}  // namespace fsdp

@@ -14,8 +14,11 @@
 #include "fsdp/error.h"
 #include "fsdp/memory.h"
 #include "core/shard_offload.h"
-#include "fsdp/optimizer_state.h"
+#include "optim/optimizer_state.h"
 #include "fsdp/safetensors.h"
+#include "state_dict/checkpoint_schema.h"
+#include "state_dict/load_shards.h"
+#include "core/unit_plan.h"
 
 namespace fsdp {
 

@@ -23,6 +23,10 @@
 #include "base/file_io.h"
 #include "base/strings.h"
 #include "models/hugging_face_adapter.h"
+#include "state_dict/hugging_face_files.h"
+#include "state_dict/safetensors_metadata.h"
+#include "state_dict/load_shards.h"
+#include "core/unit_plan.h"
 
 namespace fsdp::hugging_face {
 namespace {
@@ -448,7 +452,7 @@ void convert_hf_to_file(const std::string& hf_path, const std::string& spec_file
   const auto specs = adapter.parameter_specs(config);
   check_tensors(hub, adapter, files, specs);
   safetensors::Writer writer(spec_file, specs,
-                             {{"format", "pt"}, {"model", models::model_kind_name(config.kind())}, {"config", config.describe()},
+                             {{"format", "pt"}, {"model", fsdp::enum_name(config.kind())}, {"config", config.describe()},
                               {"converted_from", hf_path}});
   for (const auto& s : specs) {  // one tensor at a time
     writer.write(read_in_model_layout(by_name.at(s.name), adapter, s.name, torch::kFloat));

@@ -15,6 +15,10 @@
 #include "models/hugging_face_adapter.h"
 #include "state_dict/finite_values.h"
 #include "state_dict/json_files.h"
+#include "state_dict/hugging_face_files.h"
+#include "state_dict/safetensors_metadata.h"
+#include "state_dict/peft_files.h"
+#include "state_dict/load_shards.h"
 
 namespace fsdp::peft {
 namespace {
@@ -180,7 +184,7 @@ std::vector<safetensors::TensorSpec> adapter_specs(const models::ModelConfig& mo
   for (const auto& a : adapters) {
     const auto it = shapes.find(a.linear + ".weight");
     TORCH_CHECK(it != shapes.end() && it->second.size() == 2, "peft::adapter_specs: '", a.linear,
-                "' is not a linear of the ", models::model_kind_name(model.kind()), " model");
+                "' is not a linear of the ", fsdp::enum_name(model.kind()), " model");
     const int64_t out = it->second[0], in = it->second[1];
     specs.push_back({a.linear + kDownSuffix, torch::kFloat, {a.rank, in}});
     specs.push_back({a.linear + kUpSuffix, torch::kFloat, {out, a.rank}});

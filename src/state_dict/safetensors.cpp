@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/file_io.h"
+#include "state_dict/safetensors_metadata.h"
 
 namespace fsdp::safetensors {
 namespace {
@@ -135,7 +136,7 @@ Writer::Writer(std::string path, std::vector<TensorSpec> specs, std::map<std::st
     : path_(std::move(path)), temp_path_(path_ + ".tmp"), specs_(std::move(specs)) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   metadata[kChecksumKey] = kChecksumPlaceholder;  // filled in by commit()
-  metadata[kChecksumAlgorithmKey] = checksum::algorithm_name(checksum::kWritten);
+  metadata[kChecksumAlgorithmKey] = fsdp::enum_name(checksum::kWritten);
   header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& spec : specs_) {

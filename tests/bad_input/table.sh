@@ -64,7 +64,7 @@ row fsdp-plan 1 "--world: expected a positive number, got 0" "$plan" --preset sm
 row fsdp-plan 1 "--world" "$plan" --preset small --world two
 row fsdp-plan 1 "--budget: expected a positive number, got nan" "$plan" --preset small --budget nan
 row fsdp-plan 1 "--clip-grad-norm: expected a number >= 0, got -1" "$plan" --preset small --clip-grad-norm -1
-row fsdp-plan 1 "--attention: the attention must be auto, sdpa or written, got 'flash'" "$plan" --preset small --attention flash
+row fsdp-plan 1 "--attention: unknown attention 'flash': expected one of auto, sdpa, written" "$plan" --preset small --attention flash
 row fsdp-plan 1 "--context: expected a number that fits in 64 bits" "$plan" --preset small --context 99999999999999999999
 row fsdp-plan 1 "units (layers 2000000000)" "$plan" --preset xl --layers 2000000000
 row fsdp-plan 1 "beyond what 64-bit byte counts hold" "$plan" --preset small --width 1000000000
@@ -122,7 +122,7 @@ row fsdp-train 1 "--clip-grad-norm: expected a number >= 0, got inf" "${fsdp_tra
 row fsdp-train 1 "--steps: expected a number that fits in 64 bits" "${fsdp_train[@]}" --preset tiny --steps 99999999999999999999
 row fsdp-train 1 "--bogus" "${fsdp_train[@]}" --bogus
 row fsdp-train 1 "--threads must be >= 0, got -1" "${fsdp_train[@]}" --preset tiny --threads -1
-row fsdp-train 1 "--attention: the attention must be auto, sdpa or written, got 'flash'" "${fsdp_train[@]}" --preset tiny --attention flash
+row fsdp-train 1 "--attention: unknown attention 'flash': expected one of auto, sdpa, written" "${fsdp_train[@]}" --preset tiny --attention flash
 # A loss that is no longer finite stops the run, naming the step, before
 # that step is saved: the newest checkpoint is the last good one.
 nan_keeps_the_last_good_checkpoint() {

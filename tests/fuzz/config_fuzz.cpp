@@ -14,6 +14,7 @@
 
 #include "fsdp/hugging_face.h"
 #include "input_file.h"
+#include "state_dict/hugging_face_files.h"
 
 namespace {
 

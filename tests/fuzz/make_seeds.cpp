@@ -11,6 +11,7 @@
 #include <string>
 
 #include "fsdp/safetensors.h"
+#include "state_dict/safetensors_metadata.h"
 
 namespace st = fsdp::safetensors;
 

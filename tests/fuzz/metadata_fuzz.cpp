@@ -21,6 +21,7 @@
 
 #include "fsdp/checkpoint.h"
 #include "state_dict/checkpoint_json.h"
+#include "state_dict/checkpoint_schema.h"
 
 #ifndef FSDP_FUZZ_CHECKPOINT_FILES
 #error "compile with -DFSDP_FUZZ_CHECKPOINT_FILES=\"<tests/fuzz/checkpoint>\""

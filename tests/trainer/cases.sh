@@ -110,7 +110,7 @@ case_zero_plus_plus_refusals() {
   refused "need a sharded strategy: no_shard" --strategy no_shard --gather-quantization int8
   refused "need a sharded strategy: zero1" --strategy zero1 --gradient-quantization int8
   refused "4 ranks cannot form hosts of 3 ranks" --ranks-per-node 3 --secondary-partition
-  refused "--gather-quantization: unknown quantization 'int4': expected none or int8" --gather-quantization int4
+  refused "--gather-quantization: unknown quantization 'int4': expected one of none, int8" --gather-quantization int4
   refused "--gradient-quantization: unknown quantization 'fp8'" --gradient-quantization fp8
   refused "--quantization-block must be positive, got 0" --gather-quantization int8 --quantization-block 0
   refused "quantization_block must be a positive multiple of 4 elements" --gradient-quantization int8 \
@@ -379,7 +379,7 @@ case_offload() {
   train_run offload 2 --preset tiny --steps 2 --param-dtype bf16 --reduce-dtype fp32 --offload cpu
   json_is "$work/offload.json" '[.offload, .device, .peak_device_bytes] | @csv' '"cpu","cpu",0'
   require_steps "$work/offload.jsonl" 2
-  expect_error "cpu_offload needs a sharded strategy" "$run" -n 2 -- "$train" --preset tiny --steps 1 --strategy no_shard --offload cpu
+  expect_error "OffloadPolicy::cpu() needs a sharded strategy" "$run" -n 2 -- "$train" --preset tiny --steps 1 --strategy no_shard --offload cpu
   expect_error "--offload must be none or cpu, got 'nvme' (offload to disk: --offload-optimizer nvme" "$run" -n 1 -- "$train" --preset tiny --steps 1 --offload nvme
   expect_error "--device must be cpu or cuda" "$run" -n 1 -- "$train" --preset tiny --steps 1 --device tpu
   expect_error "--backend nccl needs --device cuda" "$run" -n 1 -- "$train" --preset tiny --steps 1 --backend nccl

@@ -16,7 +16,7 @@
 #include "fsdp/comm.h"
 #include "fsdp/error.h"
 #include "fsdp/gpt.h"
-#include "fsdp/memory_plan.h"
+#include "plan/estimates.h"
 #include "fsdp/options.h"
 #include "offload/disk_store.h"
 #include "plan/plan.h"

@@ -29,14 +29,19 @@
 
 #include "fsdp/device_choice.h"
 #include "fsdp/error.h"
-#include "fsdp/host_memory.h"
+#include "plan/host_memory.h"
 #include "fsdp/hugging_face.h"
-#include "fsdp/memory_plan.h"
+#include "plan/estimates.h"
 #include "fsdp/run_plan.h"
 #include "fsdp/train_step.h"
 #include "plan/plan.h"
 #include "shared_flags.h"
 #include "tool_support.h"
+#include "state_dict/hugging_face_files.h"
+#include "models/attention_kernel.h"
+#include "core/cpu_features.h"
+#include "core/strategy_rules.h"
+#include "core/loss_scaling.h"
 
 namespace fsdp_plan {
 namespace {
@@ -176,7 +181,7 @@ std::vector<fsdp::ShardingStrategy> strategies_asked(const PlanInputs& in) {
   const fsdp::ZeroPlusPlus z = in.zero_plus_plus();
   const int per_node = in.world / in.nodes;
   if (in.strategy != "all") {
-    const fsdp::ShardingStrategy s = fsdp::parse_strategy(in.strategy);
+    const fsdp::ShardingStrategy s = fsdp::parse_enum<fsdp::ShardingStrategy>(in.strategy);
     fsdp::check_zero_plus_plus_plan(s, in.world, per_node, z);
     return {s};
   }
@@ -211,12 +216,12 @@ fsdp::FullyShardOptions plan_options(const Report& r, fsdp::ShardingStrategy s, 
     // Parameters go to disk only where the strategy shards them; room for
     // the gradients only where the step clips or scales the loss, as fsdp-train reserves it.
     const fsdp::RunSettings settings = plan_settings(r);
-    options.nvme_offload(fsdp::NvmeOffloadOptions("")
+    options.offload(fsdp::OffloadPolicy::nvme(fsdp::NvmeOffloadOptions("")
                              .optimizer_state(true)
                              .params(r.in.offload == "nvme" && !fsdp::keeps_params_unsharded(s))
                              .read_ahead(r.in.offload_read_ahead)
                              .step_in_backward(!r.in.offload_step_after_backward)
-                             .gradient_slots(settings.clips_gradients || settings.scales_loss));
+                             .gradient_slots(settings.clips_gradients || settings.scales_loss)));
   }
   return options;
 }

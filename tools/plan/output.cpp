@@ -10,10 +10,11 @@
 #include <optional>
 #include <sstream>
 
-#include "fsdp/memory_plan.h"
+#include "plan/estimates.h"
 #include "fsdp/options.h"
 #include "fsdp/run_plan.h"
 #include "plan/plan.h"
+#include "models/attention_kernel.h"
 
 namespace fsdp_plan {
 namespace {
@@ -49,7 +50,7 @@ nlohmann::json comm_json(const fsdp::CommBytes& comm) {
 
 nlohmann::json plan_json(const Plan& plan) {
   const auto& st = plan.run.peak.state;
-  return {{"strategy", fsdp::strategy_name(plan.run.strategy)},
+  return {{"strategy", fsdp::enum_name(plan.run.strategy)},
           {"shard_group_size", plan.run.shard_group},
           {"params_bytes", st.params},
           {"frozen_params_bytes", st.frozen_params},
@@ -75,13 +76,13 @@ nlohmann::json plan_json(const Plan& plan) {
 nlohmann::json recommendation_json(const Recommendation& r) {
   nlohmann::json candidates = nlohmann::json::array();
   for (const auto& c : r.candidates) {
-    candidates.push_back({{"strategy", fsdp::strategy_name(c.strategy)},
+    candidates.push_back({{"strategy", fsdp::enum_name(c.strategy)},
                           {"needed_bytes", c.needed()},
                           {"fits", c.needed() <= r.budget},
                           {"comm_bytes", c.comm.total()}});
   }
   return {{"budget_bytes", r.budget},
-          {"strategy", r.choice ? nlohmann::json(fsdp::strategy_name(r.choice->strategy)) : nlohmann::json(nullptr)},
+          {"strategy", r.choice ? nlohmann::json(fsdp::enum_name(r.choice->strategy)) : nlohmann::json(nullptr)},
           {"reason", r.reason},
           {"candidates", candidates}};
 }
@@ -115,8 +116,8 @@ nlohmann::json inputs_json(const Report& r) {
           {"nodes", in.nodes},
           {"ranks_per_node", r.per_node},
           {"strategy", in.strategy},
-          {"param_dtype", fsdp::dtype_name(r.mp.param_dtype())},
-          {"reduce_dtype", fsdp::dtype_name(r.mp.effective_reduce_dtype())},
+          {"param_dtype", fsdp::enum_name(r.mp.param_dtype())},
+          {"reduce_dtype", fsdp::enum_name(r.mp.effective_reduce_dtype())},
           {"activation_checkpointing", in.activation_checkpointing},
           {"wrap", in.wrap},
           {"prefetch", in.prefetch},
@@ -135,7 +136,7 @@ nlohmann::json cluster_json(const Report& r) {
   nlohmann::json times = nlohmann::json::array();
   for (const auto& plan : r.plans) {
     const fsdp::StepTime t = r.time_of(plan);
-    times.push_back({{"strategy", fsdp::strategy_name(plan.run.strategy)},
+    times.push_back({{"strategy", fsdp::enum_name(plan.run.strategy)},
                      {"comm_s", t.comm},
                      {"step_s", t.step},
                      {"scaling_efficiency", t.efficiency}});
@@ -171,7 +172,7 @@ void print_json(const Report& r) {
                   {"frozen_unit_numels", r.model.frozen},
                   {"fine_tuning", fine_tuning_json(r)},
                   {"largest_unit_numel", r.model.largest_unit},
-                  {"attention", fsdp::attention_kernel_name(fsdp::resolve_attention(r.in.attention_kernel()))}};
+                  {"attention", fsdp::enum_name(fsdp::resolve_attention(r.in.attention_kernel()))}};
   out["strategies"] = nlohmann::json::array();
   for (const auto& plan : r.plans) {
     out["strategies"].push_back(plan_json(plan));
@@ -204,8 +205,8 @@ void print_strategy_table(const Report& r) {
             << shape.heads << ", batch " << shape.batch << " per rank\n";
   if (!r.in.init_from.empty()) std::cout << "from " << r.in.init_from << ": " << r.model.described << "\n";
   std::cout << "world: " << r.in.world << " ranks on " << r.in.nodes << " node(s); params "
-            << fsdp::dtype_name(r.mp.param_dtype()) << ", reduce " << fsdp::dtype_name(r.mp.effective_reduce_dtype())
-            << (r.mp.frozen_param_dtype() ? std::string(", frozen base ") + fsdp::dtype_name(*r.mp.frozen_param_dtype()) : "")
+            << fsdp::enum_name(r.mp.param_dtype()) << ", reduce " << fsdp::enum_name(r.mp.effective_reduce_dtype())
+            << (r.mp.frozen_param_dtype() ? std::string(", frozen base ") + fsdp::enum_name(*r.mp.frozen_param_dtype()) : "")
             << "; prefetch " << (r.in.prefetch ? "on" : "off") << "; activation checkpointing "
             << (r.in.activation_checkpointing ? "on" : "off") << "; offload " << r.in.offload << "\n"
             << "per rank (AdamW: fp32 master + two fp32 moments = 12 B per parameter, sharded as the strategy says):\n";
@@ -216,7 +217,7 @@ void print_strategy_table(const Report& r) {
   std::cout << "\n";
   for (const auto& plan : r.plans) {
     const auto& st = plan.run.peak.state;
-    std::cout << std::left << std::setw(20) << fsdp::strategy_name(plan.run.strategy) << std::right << std::setw(12)
+    std::cout << std::left << std::setw(20) << fsdp::enum_name(plan.run.strategy) << std::right << std::setw(12)
               << gib(st.params) << std::setw(12) << gib(st.grads) << std::setw(12) << gib(st.optimizer)
               << std::setw(12) << gib(plan.run.peak.gathered) << std::setw(15) << gib(plan.run.peak.activations)
               << std::setw(15) << gib(plan.run.peak.backward_transient) << std::setw(15) << gib(plan.device())
@@ -245,7 +246,7 @@ void print_trainable(const Report& r) {
   std::cout << "\n";
   for (const auto& plan : r.plans) {
     const auto& st = plan.run.peak.state;
-    std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.run.strategy) << std::right
+    std::cout << "  " << std::left << std::setw(20) << fsdp::enum_name(plan.run.strategy) << std::right
               << std::setw(18) << gib(st.params - st.frozen_params) << std::setw(18) << gib(st.frozen_params)
               << std::setw(18) << gib(st.grads) << std::setw(18) << gib(st.optimizer) << std::setw(18)
               << gib(st.total()) << "\n";
@@ -268,7 +269,7 @@ void print_nvme_table(const Report& r) {
     const std::optional<double> io = r.io_seconds(plan);
     std::ostringstream io_text;
     if (io) io_text << std::fixed << std::setprecision(2) << *io << " s";
-    std::cout << std::left << std::setw(20) << fsdp::strategy_name(plan.run.strategy) << std::right << std::setw(15)
+    std::cout << std::left << std::setw(20) << fsdp::enum_name(plan.run.strategy) << std::right << std::setw(15)
               << gib(plan.run.step_peak) << std::setw(15) << gib(n.resident.total()) << std::setw(15) << gib(n.offloaded)
               << std::setw(15) << gib(n.file_bytes) << std::setw(15) << gib(n.read_per_step) << std::setw(15)
               << gib(n.written_per_step) << std::setw(15) << (io ? io_text.str() : "-") << "\n";
@@ -298,7 +299,7 @@ void print_recommendation(const Report& r) {
   const fsdp::RunPlan chosen =
       fsdp::plan_run({r.model.description, plan_options(r, r.recommendation->choice->strategy, false), plan_settings(r)});
   std::cout << "  (on top of the budget: prefetch's unit ahead, activations and backward's buffers; "
-            << fsdp::strategy_name(r.recommendation->choice->strategy) << "'s step peak is " << gib(chosen.peak.total())
+            << fsdp::enum_name(r.recommendation->choice->strategy) << "'s step peak is " << gib(chosen.peak.total())
             << ")\n";
 }
 
@@ -307,7 +308,7 @@ void print_cluster_times(const Report& r) {
             << " s; communication overlapped with it, except the first unit's gather):\n";
   for (const auto& plan : r.plans) {
     const fsdp::StepTime t = r.time_of(plan);
-    std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.run.strategy) << " comm "
+    std::cout << "  " << std::left << std::setw(20) << fsdp::enum_name(plan.run.strategy) << " comm "
               << std::setprecision(3) << t.comm << " s, step " << t.step << " s, scaling efficiency "
               << std::setprecision(0) << std::fixed << 100.0 * t.efficiency << "%\n"
               << std::defaultfloat;
@@ -319,12 +320,12 @@ void print_cluster_times(const Report& r) {
 void print_hosts_table(const Report& r) {
   const fsdp::ZeroPlusPlus z = r.in.zero_plus_plus();
   std::cout << "across " << r.in.nodes << " host(s), per rank and step (ZeRO++: gather quantization "
-            << fsdp::quantization_name(z.gather_quantization()) << ", secondary partition "
+            << fsdp::enum_name(z.gather_quantization()) << ", secondary partition "
             << (z.secondary_partition() ? "on" : "off") << ", gradient quantization "
-            << fsdp::quantization_name(z.gradient_quantization()) << ", blocks of " << z.quantization_block()
+            << fsdp::enum_name(z.gradient_quantization()) << ", blocks of " << z.quantization_block()
             << "):\n";
   for (const auto& plan : r.plans) {
-    std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.run.strategy) << std::right
+    std::cout << "  " << std::left << std::setw(20) << fsdp::enum_name(plan.run.strategy) << std::right
               << " across hosts " << plan.run.comm.cross_host << " B, inside a host " << plan.run.comm.inside_host()
               << " B; secondary partition " << gib(plan.run.peak.secondary_partition) << ", quantized gather buffers "
               << gib(plan.quantized_gather_buffers) << "\n";
@@ -336,7 +337,7 @@ void print_staging(const Report& r) {
   std::cout << "with --ckpt-async (" << r.in.ckpt_async << " format), host memory a save's staging copy holds beside "
             << "the steps until its background write ends:\n";
   for (const auto& plan : r.plans) {
-    std::cout << "  " << std::left << std::setw(20) << fsdp::strategy_name(plan.run.strategy) << std::right << " rank 0 "
+    std::cout << "  " << std::left << std::setw(20) << fsdp::enum_name(plan.run.strategy) << std::right << " rank 0 "
               << gib(plan.staging->rank0) << ", each other rank " << gib(plan.staging->per_rank) << "\n";
   }
 }
@@ -350,7 +351,7 @@ void print_text(const Report& r) {
   if (r.in.offload.rfind("nvme", 0) == 0) print_nvme_table(r);
   if (r.in.ckpt_async != "none") print_staging(r);
   std::cout << "  (model state in bytes, as a run of fsdp-train measures it:";
-  for (const auto& plan : r.plans) std::cout << " " << fsdp::strategy_name(plan.run.strategy) << " " << plan.run.peak.state.total();
+  for (const auto& plan : r.plans) std::cout << " " << fsdp::enum_name(plan.run.strategy) << " " << plan.run.peak.state.total();
   std::cout << ")\n";
   if (r.in.seed_accounting) print_seed_accounting(r);
   if (r.recommendation) print_recommendation(r);

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/memory_plan.h"
+#include "plan/estimates.h"
 #include "fsdp/options.h"
 #include "fsdp/run_plan.h"
 #include "shared_flags.h"

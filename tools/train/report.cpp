@@ -11,12 +11,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fsdp/host_memory.h"
+#include "plan/host_memory.h"
 #include "base/strings.h"
 #include "core/host_resources.h"
 #include "fsdp/hugging_face.h"
 #include "fsdp/offload.h"
 #include "train/report_util.h"
+#include "models/attention_kernel.h"
+#include "core/strategy_rules.h"
+#include "state_dict/hugging_face_files.h"
 
 namespace fsdp_train {
 
@@ -133,9 +136,9 @@ void print_nvme_and_init(const ReportContext& c) {
 void print_zero_plus_plus(const ReportContext& c) {
   const fsdp::ZeroPlusPlus& z = c.run.fsdp_options.zero_plus_plus();
   if (!z.any()) return;
-  std::cout << "  ZeRO++: gather " << fsdp::quantization_name(z.gather_quantization()) << ", secondary partition "
+  std::cout << "  ZeRO++: gather " << fsdp::enum_name(z.gather_quantization()) << ", secondary partition "
             << (z.secondary_partition() ? "on" : "off") << ", gradients "
-            << fsdp::quantization_name(z.gradient_quantization()) << ", blocks of " << z.quantization_block()
+            << fsdp::enum_name(z.gradient_quantization()) << ", blocks of " << z.quantization_block()
             << "; hosts of " << c.predicted.ranks_per_node << " rank(s)";
   if (c.state.host_group()) std::cout << " (host group of " << c.state.host_group()->size() << ")";
   if (c.state.cross_host_group()) std::cout << ", cross-host group of " << c.state.cross_host_group()->size();
@@ -209,13 +212,13 @@ void print_banner(const ReportContext& c) {
     std::cout << ", " << run.trainable_params << " trainable (" << lora_description(run, o) << ")";
   }
   std::cout << "\n"
-            << "  " << fsdp::strategy_name(run.fsdp_options.strategy()) << " over " << W << " rank(s)";
+            << "  " << fsdp::enum_name(run.fsdp_options.strategy()) << " over " << W << " rank(s)";
   if (state.shard_group()) std::cout << ", shard group of " << state.shard_group()->size();
   if (state.replicate_group()) std::cout << ", replicate group of " << state.replicate_group()->size();
   std::cout << ", " << state.num_units() << " units (wrap " << o.wrap << "), " << torch::get_num_threads()
             << " thread(s) per rank\n"
-            << "  params " << fsdp::dtype_name(mp.param_dtype()) << ", reduce "
-            << fsdp::dtype_name(mp.effective_reduce_dtype()) << (scaling ? " with loss scaling" : "") << ", "
+            << "  params " << fsdp::enum_name(mp.param_dtype()) << ", reduce "
+            << fsdp::enum_name(mp.effective_reduce_dtype()) << (scaling ? " with loss scaling" : "") << ", "
             << o.grad_accum << " micro-step(s) per step" << (skip_sync ? " (reduced on the last)" : "") << ", "
             << c.predicted.tokens_per_step << " tokens per step\n"
             << "  prefetch: forward " << (o.forward_prefetch ? "on" : "off") << ", backward " << o.backward_prefetch
@@ -318,7 +321,7 @@ void write_log_record(const ReportContext& c, const RunFigures& figures, const f
                          {"tokens_per_s", c.predicted.tokens_per_step / result.step_s},
                          {"lr", lr},
                          {"world_size", W},
-                         {"strategy", fsdp::strategy_name(c.run.fsdp_options.strategy())},
+                         {"strategy", fsdp::enum_name(c.run.fsdp_options.strategy())},
                          {"comm_bytes", comm_bytes_json(result.comm)},
                          {"cross_host_bytes", total_bytes(figures.last_cross_host_comm)},
                          {"inside_host_bytes", total_bytes(result.comm) - total_bytes(figures.last_cross_host_comm)},

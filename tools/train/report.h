@@ -11,7 +11,7 @@
 #include "fsdp/checkpoint_manager.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/memory.h"
-#include "fsdp/memory_plan.h"
+#include "plan/estimates.h"
 #include "fsdp/train_step.h"
 #include "train/options.h"
 #include "train/setup.h"

@@ -48,7 +48,7 @@ inline constexpr fsdp::CollectiveKind kStepKinds[] = {
 // A step's collective bytes by kind, as the log and the summary record them.
 inline nlohmann::json comm_bytes_json(const fsdp::CommStats& comm) {
   nlohmann::json comm_bytes;
-  for (auto kind : kStepKinds) comm_bytes[fsdp::collective_name(kind)] = comm.bytes[static_cast<size_t>(kind)];
+  for (auto kind : kStepKinds) comm_bytes[fsdp::enum_name(kind)] = comm.bytes[static_cast<size_t>(kind)];
   return comm_bytes;
 }
 

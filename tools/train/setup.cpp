@@ -13,16 +13,19 @@
 #include "core/preemption_test_hook.h"
 #include "fsdp/device_choice.h"
 #include "fsdp/error.h"
-#include "fsdp/host_memory.h"
+#include "plan/host_memory.h"
 #include "base/strings.h"
 #include "core/host_resources.h"
 #include "fsdp/memory.h"
 #include "fsdp/hugging_face.h"
-#include "fsdp/memory_plan.h"
+#include "plan/estimates.h"
 #include "fsdp/state_dict.h"
 #include "fsdp/train_step.h"
 #include "fsdp/wrap_policy.h"
 #include "train/text.h"
+#include "state_dict/hugging_face_files.h"
+#include "core/cpu_features.h"
+#include "core/loss_scaling.h"
 
 namespace fsdp_train {
 namespace {
@@ -57,7 +60,7 @@ void set_nvme_offload(const TrainOptions& o, fsdp::FullyShardOptions& options) {
   TORCH_CHECK(std::filesystem::is_directory(o.offload_dir), "--offload-dir: '", o.offload_dir, "' is not a folder");
   TORCH_CHECK(o.offload == "none", "--offload cpu is for a GPU run; it cannot be combined with nvme offload");
   TORCH_CHECK(o.adamw == "fused", "nvme offload steps with fsdp::FusedAdamW: --adamw torch cannot be combined with it");
-  options.nvme_offload(fsdp::NvmeOffloadOptions(o.offload_dir)
+  options.offload(fsdp::OffloadPolicy::nvme(fsdp::NvmeOffloadOptions(o.offload_dir)
                            .optimizer_state(o.offload_optimizer == "nvme")
                            .params(o.offload_params == "nvme")
                            .read_ahead(o.offload_read_ahead)
@@ -67,7 +70,7 @@ void set_nvme_offload(const TrainOptions& o, fsdp::FullyShardOptions& options) {
                            .gradient_slots(o.clip_grad_norm > 0 ||
                                            fsdp::scales_loss(fsdp::TrainStepOptions(), options.mixed_precision()))
                            .store(fsdp::offload::DiskStoreOptions(o.offload_dir)
-                                      .engine(fsdp::offload::parse_io_engine(o.offload_engine))));
+                                      .engine(fsdp::parse_enum<fsdp::offload::IoEngine>(o.offload_engine)))));
 }
 
 fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o, const Run& run) {
@@ -77,14 +80,14 @@ fsdp::FullyShardOptions make_fsdp_options(const TrainOptions& o, const Run& run)
                      .mixed_precision(mp)
                      .ranks_per_node(ranks_per_node(o))
                      .forward_prefetch(o.forward_prefetch)
-                     .backward_prefetch(fsdp::parse_backward_prefetch(o.backward_prefetch))
+                     .backward_prefetch(fsdp::parse_enum<fsdp::BackwardPrefetch>(o.backward_prefetch))
                      .prefetch_depth(o.prefetch_depth)
                      .limit_all_gathers(!o.no_limit_all_gathers)
                      .cache_host_blocks(!o.no_block_cache)
                      .activation_checkpointing(o.activation_checkpointing)
                      .zero_plus_plus(o.zero_plus_plus());
   TORCH_CHECK(o.prefetch_depth >= 1, "--prefetch-depth must be at least 1, got ", o.prefetch_depth);
-  if (o.strategy != "auto") options.strategy(fsdp::parse_strategy(o.strategy));
+  if (o.strategy != "auto") options.strategy(fsdp::parse_enum<fsdp::ShardingStrategy>(o.strategy));
   set_nvme_offload(o, options);
   return options;
 }
@@ -121,23 +124,23 @@ void preflight(const TrainOptions& o, Run& run, int world) {
                            " does not fit this host's " + fsdp::format_mib(available) + " available; reading " +
                            std::to_string(read_ahead) + " unit(s) ahead instead");
     const auto shallower =
-        fsdp::NvmeOffloadOptions(*run.fsdp_options.nvme_offload()).read_ahead(read_ahead).max_read_ahead(read_ahead);
-    run.fsdp_options.nvme_offload(shallower);
-    plan.options.nvme_offload(shallower);
+        fsdp::NvmeOffloadOptions(*run.fsdp_options.offload().nvme_options()).read_ahead(read_ahead).max_read_ahead(read_ahead);
+    run.fsdp_options.offload(fsdp::OffloadPolicy::nvme(shallower));
+    plan.options.offload(fsdp::OffloadPolicy::nvme(shallower));
   }
   const fsdp::HostMemoryNeed need = fsdp::preflight_host_memory(plan, available);
   if (uses_nvme(o)) fsdp::preflight_scratch_space(plan, fsdp::scratch_space_available(o.offload_dir, world));
   run.ram_predicted = need.per_rank;
   run.ram_predicted_all_ranks = need.all_ranks;
   run.ram_predicted_deepest = run.ram_predicted;
-  if (read_ahead == 0 || run.fsdp_options.nvme_offload()->max_read_ahead() <= read_ahead) return;
+  if (read_ahead == 0 || run.fsdp_options.offload().nvme_options()->max_read_ahead() <= read_ahead) return;
   // It deepens, where compute waits on the disk, as far as the host has room for.
-  const fsdp::NvmeOffloadOptions asked = *run.fsdp_options.nvme_offload();  // a copy: run's options change below
+  const fsdp::NvmeOffloadOptions asked = *run.fsdp_options.offload().nvme_options();  // a copy: run's options change below
   fsdp::PlannedRun deepest = plan;
-  deepest.options.nvme_offload(fsdp::NvmeOffloadOptions(asked).read_ahead(asked.max_read_ahead()));
+  deepest.options.offload(fsdp::OffloadPolicy::nvme(fsdp::NvmeOffloadOptions(asked).read_ahead(asked.max_read_ahead())));
   const int deepest_fitting = fsdp::fitting_read_ahead(deepest, available);
-  run.fsdp_options.nvme_offload(fsdp::NvmeOffloadOptions(asked).max_read_ahead(deepest_fitting));
-  deepest.options.nvme_offload(fsdp::NvmeOffloadOptions(asked).read_ahead(deepest_fitting));
+  run.fsdp_options.offload(fsdp::OffloadPolicy::nvme(fsdp::NvmeOffloadOptions(asked).max_read_ahead(deepest_fitting)));
+  deepest.options.offload(fsdp::OffloadPolicy::nvme(fsdp::NvmeOffloadOptions(asked).read_ahead(deepest_fitting)));
   run.ram_predicted_deepest = fsdp::host_memory_needed(deepest);
 }
 
@@ -199,7 +202,7 @@ void check_values(const TrainOptions& o, int world) {
               "it cannot be combined with --init-from");
   if (o.save_dtype != "source") {
     try {
-      fsdp::parse_dtype(o.save_dtype);
+      fsdp::parse_enum<torch::ScalarType>(o.save_dtype);
     } catch (const c10::Error&) {
       TORCH_CHECK(false, "--save-dtype must be source, fp32, bf16 or fp16, got '", o.save_dtype, "'");
     }
@@ -223,7 +226,7 @@ void check_values(const TrainOptions& o, int world) {
 
 fsdp::LrSchedule make_schedule(const TrainOptions& o) {
   auto schedule = fsdp::LrSchedule()
-                      .kind(fsdp::parse_lr_schedule(o.lr_schedule))
+                      .kind(fsdp::parse_enum<fsdp::LrScheduleKind>(o.lr_schedule))
                       .lr(o.lr)
                       .warmup_steps(o.warmup_steps)
                       .min_lr(o.min_lr.value_or(o.lr / 10))
@@ -239,7 +242,7 @@ std::unique_ptr<fsdp::models::TokenData> make_data(const TrainOptions& o, const 
   const fsdp::TransformerShape shape = run.model_config.shape();
   return std::make_unique<fsdp::models::TokenData>(data_path, shape.context, shape.vocab,
                                                    fsdp::models::TokenDataOptions()
-                                                       .order(fsdp::models::parse_data_order(o.data_order))
+                                                       .order(fsdp::parse_enum<fsdp::models::DataOrder>(o.data_order))
                                                        .seed(o.data_seed)
                                                        .val_fraction(o.val_fraction));
 }
@@ -402,7 +405,7 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   apply_hugging_face_config(o, run);
   check_tokenizer_fits(o, run);
   run.schedule = make_schedule(o);
-  run.ckpt_format = fsdp::parse_checkpoint_format(o.ckpt_format);
+  run.ckpt_format = fsdp::parse_enum<fsdp::CheckpointFormat>(o.ckpt_format);
   run.fsdp_options = make_fsdp_options(o, run);
   // Before anything is allocated: a bad --freeze or LoRA flag is refused here.
   run.plan_description = fsdp_tools::plan_description(o, run.model_config);
@@ -415,7 +418,7 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   make_model(o, run);
   freeze_parameters(o, run);
   if (o.strategy == "auto") run.fsdp_options.strategy(pick_strategy(o, run, world->size()));
-  run.fsdp_options.cpu_offload(o.offload == "cpu");
+  if (o.offload == "cpu") run.fsdp_options.offload(fsdp::OffloadPolicy::cpu());  // set_nvme_offload refused it beside nvme
   prepare_outputs(o, run, world->rank());
   fsdp::detail::maybe_signal_in_setup_for_test(world->rank());
   if (world->rank() == 0) {

@@ -11,13 +11,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fsdp/host_memory.h"
+#include "plan/host_memory.h"
 #include "base/strings.h"
 #include "core/host_resources.h"
 #include "fsdp/hugging_face.h"
 #include "train/report.h"
 #include "tool_support.h"
 #include "train/report_util.h"
+#include "models/attention_kernel.h"
 
 namespace fsdp_train {
 
@@ -54,7 +55,7 @@ void add_memory(nlohmann::json& summary, const ReportContext& c, const RunFigure
   const fsdp::memory::Usage& usage_last = figures.last_usage;
   for (size_t k = 0; k < fsdp::memory::kNumCategories; ++k) {
     const auto category = static_cast<fsdp::memory::Category>(k);
-    peak_by_category[fsdp::memory::category_name(category)] = usage_last.peak(category);
+    peak_by_category[fsdp::enum_name(category)] = usage_last.peak(category);
   }
   std::vector<int64_t> model_state(W);
   for (int r = 0; r < W; ++r) model_state[r] = f[r].model_state_bytes;
@@ -118,7 +119,7 @@ void add_offload(nlohmann::json& summary, const ReportContext& c, const RunFigur
   summary["offload_io_bytes_per_step_predicted"] = plan ? plan->io_per_step() : 0;
   summary["offload_wait_s"] = median(figures.offload_wait_times);
   summary["offload_read_ahead"] = figures.offload_last_read_ahead;  // rank 0's, in the last step
-  summary["offload_read_ahead_max"] = c.nvme.on ? c.run.fsdp_options.nvme_offload()->max_read_ahead() : 0;
+  summary["offload_read_ahead_max"] = c.nvme.on ? c.run.fsdp_options.offload().nvme_options()->max_read_ahead() : 0;
   summary["offload_io_thread_s"] = {{"copy", median(figures.offload_copy_times)},
                                     {"checksum", median(figures.offload_checksum_times)},
                                     {"disk", median(figures.offload_disk_times)}};
@@ -145,9 +146,9 @@ void add_comm(nlohmann::json& summary, const ReportContext& c, const RunFigures&
 void add_zero_plus_plus(nlohmann::json& summary, const ReportContext& c) {
   const fsdp::ZeroPlusPlus& z = c.run.fsdp_options.zero_plus_plus();
   summary["ranks_per_node"] = c.predicted.ranks_per_node;
-  summary["gather_quantization"] = fsdp::quantization_name(z.gather_quantization());
+  summary["gather_quantization"] = fsdp::enum_name(z.gather_quantization());
   summary["secondary_partition"] = z.secondary_partition();
-  summary["gradient_quantization"] = fsdp::quantization_name(z.gradient_quantization());
+  summary["gradient_quantization"] = fsdp::enum_name(z.gradient_quantization());
   summary["quantization_block"] = z.quantization_block();
 }
 
@@ -175,14 +176,14 @@ nlohmann::json run_summary(const ReportContext& c, const RunFigures& figures) {
           {"parameters", c.predicted.num_params},
           {"trainable_parameters", c.run.trainable_params},
           {"lora", lora_json(c)},
-          {"strategy", fsdp::strategy_name(c.run.fsdp_options.strategy())},
-          {"param_dtype", fsdp::dtype_name(mp.param_dtype())},
-          {"reduce_dtype", fsdp::dtype_name(mp.effective_reduce_dtype())},
+          {"strategy", fsdp::enum_name(c.run.fsdp_options.strategy())},
+          {"param_dtype", fsdp::enum_name(mp.param_dtype())},
+          {"reduce_dtype", fsdp::enum_name(mp.effective_reduce_dtype())},
           {"forward_prefetch", o.forward_prefetch},
           {"backward_prefetch", o.backward_prefetch},
           {"activation_checkpointing", o.activation_checkpointing},
           {"wrap", o.wrap},
-          {"attention", fsdp::attention_kernel_name(fsdp::resolve_attention(c.run.model_config.attention()))},
+          {"attention", fsdp::enum_name(fsdp::resolve_attention(c.run.model_config.attention()))},
           {"threads_per_rank", torch::get_num_threads()},
           {"adamw", o.adamw},
           {"device", c.run.device.str()},
@@ -286,7 +287,7 @@ void print_training(const ReportContext& c, const RunFigures& figures) {
               << median(figures.offload_copy_times) << " s, checksummed for " << median(figures.offload_checksum_times)
               << " s and waited on the disk for " << median(figures.offload_disk_times) << " s; read "
               << figures.offload_last_read_ahead << " unit(s) ahead in the last step (" << figures.offload_first_read_ahead
-              << " in the first, at most " << c.run.fsdp_options.nvme_offload()->max_read_ahead() << ")\n";
+              << " in the first, at most " << c.run.fsdp_options.offload().nvme_options()->max_read_ahead() << ")\n";
   }
 }
 
@@ -296,7 +297,7 @@ void print_comm(const ReportContext& c, const RunFigures& figures) {
   const int64_t total = total_bytes(figures.last_comm), cross_host = total_bytes(figures.last_cross_host_comm);
   std::cout << "communication     (rank 0, last step, bytes)";
   for (auto kind : kStepKinds) {
-    std::cout << " " << fsdp::collective_name(kind) << " " << figures.last_comm.bytes[static_cast<size_t>(kind)];
+    std::cout << " " << fsdp::enum_name(kind) << " " << figures.last_comm.bytes[static_cast<size_t>(kind)];
   }
   std::cout << "\n                  across hosts " << cross_host << " (planned " << plan.cross_host
             << "), inside a host " << total - cross_host << " (planned " << plan.inside_host() << "); hosts of "
@@ -325,7 +326,7 @@ void print_host_memory(const ReportContext& c, const RunFigures& figures, const 
   std::cout << "  rank 0's last step, each category's peak:";
   for (size_t k = 0; k < fsdp::memory::kNumCategories; ++k) {
     const auto category = static_cast<fsdp::memory::Category>(k);
-    std::cout << (k ? ", " : " ") << fsdp::memory::category_name(category) << " " << format_mib(usage.peak(category));
+    std::cout << (k ? ", " : " ") << fsdp::enum_name(category) << " " << format_mib(usage.peak(category));
   }
   std::cout << "\n";
   std::cout << "  full model state on one process would be " << format_mib(16 * p.num_params)

@@ -25,6 +25,8 @@
 #include "train/report.h"
 #include "tool_support.h"
 #include "train/text.h"
+#include "state_dict/hugging_face_files.h"
+#include "models/evaluation_defaults.h"
 
 namespace fsdp_train {
 namespace {
@@ -401,7 +403,7 @@ class Trainer {
     const bool from_hub = hf::is_model(o_.init_from);
     if (from_hub) config.source_json = hf::read_config(hf::find_model(o_.init_from).config).source_json;
     if (o_.save_dtype != "source") {
-      options.dtype(fsdp::parse_dtype(o_.save_dtype));
+      options.dtype(fsdp::parse_enum<torch::ScalarType>(o_.save_dtype));
     } else if (from_hub) {
       options.dtype(hf::stored_dtype(hf::find_model(o_.init_from)));
     }
@@ -443,7 +445,7 @@ class Trainer {
     namespace hf = fsdp::hugging_face;
     const std::string base = hf::is_model(o_.init_from) ? o_.init_from : "";
     const fsdp::peft::AdapterConfig config = fsdp::peft::adapter_config(run_.model_config, *run_.fine_tuned.lora, base);
-    const torch::ScalarType dtype = o_.save_dtype == "source" ? torch::kFloat : fsdp::parse_dtype(o_.save_dtype);
+    const torch::ScalarType dtype = o_.save_dtype == "source" ? torch::kFloat : fsdp::parse_enum<torch::ScalarType>(o_.save_dtype);
     fsdp::save_full_weights(model_.state(), [&](std::vector<fsdp::safetensors::TensorSpec> specs) {
       return std::make_unique<fsdp::peft::AdapterWriter>(o_.save_final, run_.model_config, config, specs, dtype);
     });

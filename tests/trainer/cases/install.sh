@@ -41,7 +41,7 @@ grep -q '#include "fsdp/fsdp.h"' "$prefix/include/fsdp/fsdp.h" && fail "fsdp/fsd
 # Every installed header is reachable from the umbrella: none is installed
 # that it leaves out, but the planner's (fsdp::fsdp_plan, a library of its
 # own), which it names instead.
-planner_headers="memory_plan.h run_plan.h host_memory.h"
+planner_headers="memory_plan.h run_plan.h"
 for h in "$prefix"/include/fsdp/*.h; do
   n=$(basename "$h"); [ "$n" = fsdp.h ] && continue
   if [[ " $planner_headers " == *" $n "* ]]; then

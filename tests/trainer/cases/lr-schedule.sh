@@ -65,7 +65,7 @@ train_run decay 1 "${common[@]}" --steps 6 --lr 1e-3 --warmup-steps 4 --clip-gra
 [ "$(losses "$work/constant.jsonl" | head -1)" = "$(losses "$work/decay.jsonl" | head -1)" ] ||
   fail "the first step's loss depends on --weight-decay"
 
-expect_error "constant or cosine, got 'linear'" "$run" -n 1 -- "$train" "${common[@]}" --steps 2 --lr-schedule linear
+expect_error "unknown learning-rate schedule 'linear': expected one of constant, cosine" "$run" -n 1 -- "$train" "${common[@]}" --steps 2 --lr-schedule linear
 expect_error "--min-lr needs --lr-schedule cosine" "$run" -n 1 -- "$train" "${common[@]}" --steps 2 --min-lr 1e-4
 expect_error "warmup_steps < total_steps" "$run" -n 1 -- "$train" "${common[@]}" --steps 2 --lr-schedule cosine --warmup-steps 2
 expect_error "--weight-decay must be >= 0" "$run" -n 1 -- "$train" "${common[@]}" --steps 2 --weight-decay -1

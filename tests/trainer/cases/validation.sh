@@ -48,7 +48,7 @@ expect_error "--val-fraction must be in [0, 1), got 1" "${bad[@]}" --val-fractio
 expect_error "--val-fraction must be in [0, 1), got -0.5" "${bad[@]}" --val-fraction -0.5
 expect_error "--eval-every 2 needs a validation split, but --val-fraction is 0" "${bad[@]}" --val-fraction 0 --eval-every 2
 expect_error "--eval-sequences must be a positive multiple of the world size 2, got 3" "${bad[@]}" --eval-sequences 3
-expect_error "unknown data order 'random': expected sequential or shuffled" "${bad[@]}" --data-order random
+expect_error "unknown data order 'random': expected one of sequential, shuffled" "${bad[@]}" --data-order random
 head -c 300 "$work/data.txt" > "$work/small.txt"
 expect_error "holds out 30 of its 300 tokens, too few for one validation sequence: need at least context + 2 = 34" \
   "$run" -n 2 -- "$train" --preset tiny --context 32 --steps 1 --data "$work/small.txt"

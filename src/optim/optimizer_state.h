@@ -1,7 +1,7 @@
 #pragma once
-/// \file
-/// The optimizers whose state can be sharded.
-///
+// The optimizers whose state can be sharded (not installed: TrainStep and
+// the checkpoints ask it; docs/checkpoints.md lists them for users).
+//
 /// The optimizers whose state fsdp-cpp can shard, checkpoint and reshard: those
 /// whose state is element-wise, shaped like each parameter, so that a shard's
 /// state is the same slice of the whole model's state as the shard is of the

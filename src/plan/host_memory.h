@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/memory_plan.h"
+#include "plan/estimates.h"
 #include "fsdp/run_plan.h"
 
 namespace fsdp {

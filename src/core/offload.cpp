@@ -16,10 +16,6 @@
 
 #include <c10/util/Exception.h>
 
-namespace fsdp::offload {
-
-}  // namespace fsdp::offload
-
 namespace fsdp::detail {
 
 const EnumNames& enum_names(EnumTag<offload::IoEngine>) {

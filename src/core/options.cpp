@@ -10,39 +10,40 @@ namespace fsdp {
 namespace detail {
 
 const EnumNames& enum_names(EnumTag<ShardingStrategy>) {
-  static const EnumNames names = EnumNames::of<ShardingStrategy>("sharding strategy",
-                               {{ShardingStrategy::kNoShard, "no_shard"},
-                                {ShardingStrategy::kZero1, "zero1"},
-                                {ShardingStrategy::kShardGradOp, "shard_grad_op"},
-                                {ShardingStrategy::kFullShard, "full_shard"},
-                                {ShardingStrategy::kHybridShard, "hybrid_shard"},
-                                {ShardingStrategy::kHybridShardZero2, "hybrid_shard_zero2"}});
+  static const EnumNames names = EnumNames::of<ShardingStrategy>("sharding strategy", {
+      {ShardingStrategy::kNoShard, "no_shard"},
+      {ShardingStrategy::kZero1, "zero1"},
+      {ShardingStrategy::kShardGradOp, "shard_grad_op"},
+      {ShardingStrategy::kFullShard, "full_shard"},
+      {ShardingStrategy::kHybridShard, "hybrid_shard"},
+      {ShardingStrategy::kHybridShardZero2, "hybrid_shard_zero2"}});
   return names;
 }
 
 const EnumNames& enum_names(EnumTag<BackwardPrefetch>) {
-  static const EnumNames names = EnumNames::of<BackwardPrefetch>("backward prefetch",
-                               {{BackwardPrefetch::kNone, "none"},
-                                {BackwardPrefetch::kPre, "pre"},
-                                {BackwardPrefetch::kPost, "post"}});
+  static const EnumNames names = EnumNames::of<BackwardPrefetch>("backward prefetch", {
+      {BackwardPrefetch::kNone, "none"},
+      {BackwardPrefetch::kPre, "pre"},
+      {BackwardPrefetch::kPost, "post"}});
   return names;
 }
 
 const EnumNames& enum_names(EnumTag<Quantization>) {
-  static const EnumNames names = EnumNames::of<Quantization>(
-      "quantization", {{Quantization::kNone, "none"}, {Quantization::kInt8, "int8"}});
+  static const EnumNames names = EnumNames::of<Quantization>("quantization", {
+      {Quantization::kNone, "none"},
+      {Quantization::kInt8, "int8"}});
   return names;
 }
 
 const EnumNames& enum_names(EnumTag<torch::ScalarType>) {
-  static const EnumNames names = EnumNames::of<torch::ScalarType>("dtype",
-                               {{torch::kFloat, "fp32"},
-                                {torch::kBFloat16, "bf16"},
-                                {torch::kHalf, "fp16"},
-                                {torch::kFloat, "float32"},
-                                {torch::kBFloat16, "bfloat16"},
-                                {torch::kHalf, "float16"}},
-                               [](int value) { return c10::toString(static_cast<torch::ScalarType>(value)); });
+  static const EnumNames names = EnumNames::of<torch::ScalarType>("dtype", {
+      {torch::kFloat, "fp32"},
+      {torch::kBFloat16, "bf16"},
+      {torch::kHalf, "fp16"},
+      {torch::kFloat, "float32"},
+      {torch::kBFloat16, "bfloat16"},
+      {torch::kHalf, "float16"}},
+      [](int value) { return c10::toString(static_cast<torch::ScalarType>(value)); });  // other dtypes: LibTorch's names
   return names;
 }
 

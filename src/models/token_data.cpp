@@ -13,10 +13,6 @@
 #include "base/strings.h"
 #include "models/splitmix64.h"
 
-namespace fsdp::models {
-
-}  // namespace fsdp::models
-
 namespace fsdp::detail {
 
 const EnumNames& enum_names(EnumTag<models::DataOrder>) {

@@ -31,6 +31,7 @@ packages=(build-essential cmake libopenblas0-pthread libopenmpi-dev openmpi-bin
           nlohmann-json3-dev libcli11-dev libxxhash-dev libaio-dev libonig-dev libicu-dev libgtest-dev clang libclang-rt-14-dev procps jq bsdextrautils gnuplot-nox
           iproute2 util-linux  # iproute2: ip netns and tc for the multi-host tests
           doxygen              # the API reference (the docs target, the docs_api_reference test)
+          universal-ctags      # the count of public names (the public_names test)
           ccache)              # the compiler cache (below)
 if [ "$kind" = debian ]; then packages+=(libtorch-dev); else packages+=(python3-venv python3-pip); fi
 missing=()

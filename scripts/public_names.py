@@ -2,7 +2,7 @@
 """Counts the names a user of the installed headers can reach, and exits 1
 when there are more than --max (the ctest `public_names` runs it).
 
-    scripts/public_names.py [--max N] [--list] [INCLUDE_DIR]
+    scripts/public_names.py [--max N] [--list] [--ctags PATH] [INCLUDE_DIR]
 
 A name is what universal-ctags tags at namespace scope in include/fsdp/
 (prototypes, functions, classes, structs, enums, typedefs, variables,
@@ -23,10 +23,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = {"prototype", "function", "class", "struct", "enum", "typedef", "variable", "alias"}
 
 
-def public_names(include_dir):
+def public_names(include_dir, ctags):
     """(header, name, kind) of every public name under include_dir."""
     try:
-        out = subprocess.run(["ctags", "--output-format=json", "--languages=C++", "--kinds-C++=+p", "--fields=+KsZ",
+        out = subprocess.run([ctags, "--output-format=json", "--languages=C++", "--kinds-C++=+p", "--fields=+KsZ",
                               "-R", "-f", "-", include_dir], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         sys.exit(f"public_names.py: universal-ctags failed ({e}); Debian: apt-get install universal-ctags")
@@ -45,9 +45,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max", type=int, default=None, help="fail above this many names")
     parser.add_argument("--list", action="store_true", help="print every name by header")
+    parser.add_argument("--ctags", default="ctags", help="the universal-ctags program (default: ctags)")
     parser.add_argument("include_dir", nargs="?", default=os.path.join(ROOT, "include", "fsdp"))
     args = parser.parse_args()
-    names = public_names(args.include_dir)
+    names = public_names(args.include_dir, args.ctags)
     per_header = collections.Counter(header for header, _, _ in names)
     if args.list:
         for header, count in per_header.most_common():

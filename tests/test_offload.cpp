@@ -114,7 +114,7 @@ TEST(DiskOffload, RefusesAPlainBackwardAndStaysUsable) {
       } catch (const c10::Error& e) {
         error = e.what_without_backtrace();
       }
-      EXPECT_NE(error.find("nvme_offload trains through fsdp::TrainStep"), std::string::npos)
+      EXPECT_NE(error.find("disk offload (OffloadPolicy::nvme) trains through fsdp::TrainStep"), std::string::npos)
           << "a plain backward on a disk-offloaded model: " << (error.empty() ? "accepted" : error);
       for (const auto& shard : model.parameters()) EXPECT_FALSE(shard.grad().defined()) << "a refused backward left a gradient";
     }
@@ -136,8 +136,8 @@ TEST(DiskOffload, RefusesAReadAheadThatCannotGrow) {
   const std::string dir = offload_test_dir("read_ahead");
   for (const auto& [offload, expected] :
        {std::pair{offload_everything_to(dir).read_ahead(3).max_read_ahead(2),
-                  "nvme_offload.max_read_ahead must be 0 (fixed) or at least read_ahead (3), got 2"},
-        {offload_everything_to(dir).deepen_above(1.5), "nvme_offload.deepen_above is a share of the step, from 0 to 1"}}) {
+                  "NvmeOffloadOptions::max_read_ahead must be 0 (fixed) or at least read_ahead (3), got 2"},
+        {offload_everything_to(dir).deepen_above(1.5), "NvmeOffloadOptions::deepen_above is a share of the step, from 0 to 1"}}) {
     auto gpt = make_gpt(tiny());
     const torch::Tensor before = gpt->parameters()[0].clone();
     std::string error;

@@ -20,6 +20,8 @@
 namespace fsdp {
 
 /// Which attention a model computes (GPTConfig::attention, LlamaConfig::attention).
+/// Named by enum_name, parsed by parse_enum: "auto", "sdpa", "written" (what the tools'
+/// --attention takes and prints).
 enum class AttentionKernel {
   kAuto,       ///< fused where this LibTorch has scaled_dot_product_attention, else written out
   kFused,      ///< scaled_dot_product_attention(q, k, v, is_causal = true); refused on a LibTorch without it

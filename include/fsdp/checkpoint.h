@@ -35,6 +35,7 @@
 namespace fsdp {
 
 /// The two layouts of a checkpoint's tensors (see fsdp/checkpoint.h).
+/// Named by enum_name, parsed by parse_enum: "sharded", "full".
 enum class CheckpointFormat {
   kSharded,  ///< every shard in its own file, written by its rank
   kFull,     ///< model.safetensors and optimizer.safetensors, written by rank 0
@@ -56,14 +57,14 @@ struct CheckpointInfo {
   int64_t step = 0;                                     ///< the training step it was saved after
   int64_t world_size = 0;                               ///< the ranks that saved it
   std::string strategy;                                 ///< their sharding strategy's name
-  std::string optimizer_type;                           ///< OptimizerState::type() of the saved optimizer
+  std::string optimizer_type;                           ///< the saved optimizer's type, as metadata.json records it
   CheckpointExtra extra;                                ///< metadata.json's "extra", key by key
 };
 
 /// Collective. Writes `DIR/step-<step>` and returns its path. `extra` is kept
 /// in the metadata (each value must be valid JSON text; e.g. the trainer's
-/// configuration and loss scale). The optimizer must be one OptimizerState
-/// accepts, over state.parameters().
+/// configuration and loss scale). The optimizer must be one whose state can be
+/// sharded (Adam, AdamW, SGD: docs/checkpoints.md), over state.parameters().
 std::string save_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& dir, int64_t step,
                             const CheckpointExtra& extra = {}, CheckpointFormat format = CheckpointFormat::kSharded);
 

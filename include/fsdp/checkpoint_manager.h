@@ -147,7 +147,7 @@ struct CheckpointManagerOptions {
   /// on the calling thread: the checkpoint is published (renamed complete,
   /// older ones pruned) by the first poll(), save() or wait() after every
   /// rank's write finished. At most one save is in flight: the next save()
-  /// waits for the one before. Staging memory: estimate_checkpoint_staging().
+  /// waits for the one before. Staging memory: the planner's RunPlan::staging.
   TORCH_ARG(bool, async) = false;
 };
 

@@ -26,6 +26,8 @@ enum class ReduceOp {
 };
 
 /// The collectives a group counts bytes for (see CommStats).
+/// Named by enum_name, parsed by parse_enum: "all_gather", "reduce_scatter", "all_reduce",
+/// "broadcast", "all_to_all".
 enum class CollectiveKind {
   kAllGather,      ///< ProcessGroup::all_gather
   kReduceScatter,  ///< ProcessGroup::reduce_scatter

@@ -11,6 +11,10 @@
 /// fsdp::parse_enum<torch::ScalarType>("bfloat16");  // torch::kBFloat16 (bf16)
 /// \endcode
 ///
+/// The dtypes (torch::ScalarType) are "fp32", "bf16" and "fp16", with
+/// "float32", "bfloat16" and "float16" parsed too; any other dtype is named as
+/// LibTorch names it. Each enum's documentation lists its names.
+///
 /// Each enum's header declares its names (detail::enum_names, found by
 /// argument-dependent lookup), and its floor's .cpp defines them beside the
 /// enum's other code.

@@ -75,7 +75,7 @@
 #include "fsdp/fully_shard.h"    // fully_shard(), unit_forward(), UnshardScope
 #include "fsdp/fused_adamw.h"    // FusedAdamW: AdamW in one pass over memory
 #include "fsdp/gpt.h"            // the reference GPT (shared/spec/gpt.md)
-#include "fsdp/grad_utils.h"     // clipping by the global norm, GradScaler, weight decay
+#include "fsdp/grad_utils.h"     // clipping by the global norm, GradScaler
 #include "fsdp/hugging_face.h"   // Hugging Face GPT-2 and Llama folders (config.json, model.safetensors) in and out
 #include "fsdp/language_model.h"  // LanguageModel: what the trainer needs of a GPT or a Llama
 #include "fsdp/llama.h"          // the Llama (Hugging Face LlamaForCausalLM's names and semantics)

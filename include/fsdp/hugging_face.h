@@ -60,8 +60,8 @@ ModelFiles find_model(const std::string& path);
 /// What config.json describes.
 struct HubConfig {
   models::ModelConfig model;  ///< the model's family and dimensions (the batch left at its default)
-  /// The config.json this configuration was read from ("" if none): config_json()
-  /// keeps its other fields (token ids, ...) and a larger max_position_embeddings.
+  /// The config.json this configuration was read from ("" if none): a saved
+  /// folder's config.json keeps its other fields (token ids, ...) and a larger max_position_embeddings.
   std::string source_json;
   /// What config.json sets that the model does not do, and that is read and
   /// ignored rather than refused: a non-zero dropout rate (GPT-2's

@@ -17,6 +17,7 @@ namespace fsdp::models {
 /// The model families: what fsdp-train's --model names, and what weight
 /// files and checkpoints record as their "model". Each has one config type
 /// (model_config.h) and one Hugging Face adapter.
+/// Named by enum_name, parsed by parse_enum: "gpt", "llama".
 enum class ModelKind {
   kGpt,    ///< "gpt": the reference GPT (gpt.h), Hugging Face's GPT-2
   kLlama,  ///< "llama": the Llama (llama.h), Hugging Face's Llama
@@ -45,7 +46,7 @@ TORCH_MODULE(TiedLMHead);
 /// logits = hidden @ weight^T: hidden [B, T, C] (or [M, C]), weight
 /// [vocab, C], targets [B, T] (or [M]) int64, -100 ignored as in
 /// torch::nn::functional::cross_entropy. Where the rows fit in one slice
-/// (loss_slice_rows) it is exactly cross_entropy(linear(hidden, weight)).
+/// (of at most 2^23 logits) it is exactly cross_entropy(linear(hidden, weight)).
 /// Else it runs slice by slice, and where a gradient is wanted computes it
 /// in forward from each slice's probabilities (as Liger's fused linear
 /// cross-entropy does): the B x T x vocab logits, their fp32 copy and their

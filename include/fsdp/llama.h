@@ -24,6 +24,7 @@ namespace fsdp::models {
 /// as transformers computes the inverse frequencies.
 struct RopeScaling {
   /// What scales the frequencies.
+  /// Named by enum_name, parsed by parse_enum: "default", "linear", "llama3".
   enum class Kind {
     kNone,    ///< plain rotary embeddings ("default")
     kLinear,  ///< every frequency divided by factor ("linear")

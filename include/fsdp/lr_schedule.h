@@ -27,6 +27,7 @@
 namespace fsdp {
 
 /// What follows the warmup.
+/// Named by enum_name, parsed by parse_enum: "constant", "cosine".
 enum class LrScheduleKind {
   kConstant,  ///< the peak learning rate to the end
   kCosine     ///< a cosine decay from the peak to min_lr at the last step

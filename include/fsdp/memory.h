@@ -18,6 +18,8 @@
 namespace fsdp::memory {
 
 /// What an allocation is for: every counted byte is in exactly one.
+/// Named by enum_name, parsed by parse_enum (for reports): "parameter_shards", "gradient_shards",
+/// "optimizer_state", "unsharded_buffers", "secondary_partition", "other".
 enum class Category {
   kParameterShard,   ///< the local fp32 shards that the optimizer steps
   kGradientShard,    ///< the gradients of those shards

@@ -15,7 +15,7 @@
 
 namespace fsdp {
 
-/// The model state a strategy keeps per rank, in bytes (estimate_model_state).
+/// The model state a strategy keeps per rank, in bytes (RunPlan::peak.state).
 struct ModelStateBytes {
   int64_t params = 0;     ///< parameter shards (replicated strategies: the full copies)
   /// Of `params`, the frozen parts' (fine-tuning: the parameters that train
@@ -112,10 +112,10 @@ struct StepPeak {
 /// \endcode
 /// A gather holds 1 + read_ahead units' parameters (the one gathered, those
 /// read ahead). The step after backward holds up to three units' offloaded
-/// state (read, step, write); stepping in backward (NvmeStepSchedule::kInBackward)
+/// state (read, step, write); stepping in backward (NvmeOffloadOptions::step_in_backward)
 /// holds read_ahead + 1 (stepping, read ahead; what is written behind frees as it goes) and the
 /// stepping unit's gradient during backward, and no gradient shard stays;
-/// stepping before the next gather (NvmeStepSchedule::kBeforeNextGather) holds
+/// stepping before the next gather (a clipped or loss-scaled step with gradient slots) holds
 /// read_ahead units' state with their gradients during forward, and two
 /// gradients being written out during backward: transient bytes on top of
 /// what stays. (Measured against runs: xl and medium at W = 4, fp32, both

@@ -56,7 +56,7 @@ struct ModelDescription {
   ///@}
   /// Fine-tuning: per unit of each wrap (as layer_units, sublayer_units),
   /// the elements of its frozen part, the parameters that require no
-  /// gradient (estimate_model_state says what they cost); empty where
+  /// gradient (planned without gradients or optimizer state); empty where
   /// nothing is frozen.
   ///@{
   std::vector<int64_t> layer_frozen, sublayer_frozen;
@@ -71,7 +71,7 @@ struct ModelDescription {
   int64_t num_trainable() const;
   /// Sets one wrap's units (`sublayer`: sublayer_units and sublayer_frozen,
   /// else the layer ones) to those fully_shard makes of `model` with
-  /// `policy` (plan_units, root first), each split as fully_shard splits it
+  /// `policy` (root first), each split as fully_shard splits it
   /// into its trainable elements and its frozen part's: for a model whose
   /// parameters are partly frozen (requires_grad false), or that has more of
   /// them (LoRA's adapters), than its config describes. `model` may be one

@@ -17,6 +17,7 @@
 namespace fsdp::offload {
 
 /// How the scratch file is read and written.
+/// Named by enum_name, parsed by parse_enum: "auto", "libaio", "threads".
 enum class IoEngine {
   kAuto,    ///< libaio with O_DIRECT where the file system and the kernel allow it, else threads
   kLibaio,  ///< libaio with O_DIRECT, or refused where it is unavailable

@@ -17,6 +17,8 @@
 namespace fsdp {
 
 /// Who keeps what (per rank; W ranks, K ranks per node).
+/// Named by enum_name, parsed by parse_enum: "no_shard", "zero1", "shard_grad_op", "full_shard",
+/// "hybrid_shard", "hybrid_shard_zero2".
 enum class ShardingStrategy {
   kNoShard,      ///< params, grads, optimizer state replicated; one all-reduce of the gradients (DDP)
   kZero1,        ///< params and grads replicated (grads all-reduced), optimizer state sharded;
@@ -28,8 +30,6 @@ enum class ShardingStrategy {
   kHybridShardZero2  ///< kShardGradOp inside a node, replicated across nodes
 };
 
-/// Names (enum_name, parse_enum): "no_shard", "zero1", "shard_grad_op",
-/// "full_shard", "hybrid_shard", "hybrid_shard_zero2".
 namespace detail {
 const EnumNames& enum_names(EnumTag<ShardingStrategy>);
 }  // namespace detail
@@ -61,14 +61,13 @@ struct MixedPrecision {
   TORCH_ARG(std::optional<torch::ScalarType>, frozen_param_dtype) = std::nullopt;
 };
 
-/// The dtypes' names (enum_name, parse_enum<torch::ScalarType>): "fp32",
-/// "bf16", "fp16", with "float32", "bfloat16", "float16" as aliases; any other
-/// dtype is named as LibTorch names it, and parses as none.
+// The dtypes' names (fsdp/enum_names.h lists them).
 namespace detail {
 const EnumNames& enum_names(EnumTag<torch::ScalarType>);
 }  // namespace detail
 
 /// When backward issues the next unit's all-gather (PyTorch's BackwardPrefetch).
+/// Named by enum_name, parsed by parse_enum: "none", "pre", "post".
 enum class BackwardPrefetch {
   kNone,  ///< when the unit's own backward starts
   kPre,   ///< at this unit's pre-backward, before its gradients are computed
@@ -175,6 +174,7 @@ class OffloadPolicy {
 };
 
 /// How a collective's payload is quantized (ZeRO++'s qwZ and qgZ).
+/// Named by enum_name, parsed by parse_enum: "none", "int8".
 enum class Quantization {
   kNone,  ///< not quantized: the payload travels in its own dtype
   kInt8   ///< int8 in blocks of ZeroPlusPlus::quantization_block elements, one fp32 scale per block

@@ -23,7 +23,7 @@ struct RunSettings {
   int ranks_per_node = 0;  ///< ranks a host (the hybrids shard over them); 0: every rank on one host
   int64_t micro_steps = 1;  ///< gradient accumulation (disk offload reads the parameters in each)
   /// Whether the step clips gradients or scales the loss: then disk offload
-  /// steps before the next gather, or after backward (nvme_step_schedule).
+  /// steps before the next gather, or after backward, as the engine decides.
   ///@{
   bool clips_gradients = false, scales_loss = false;
   ///@}
@@ -40,7 +40,7 @@ struct RunSettings {
   /// `--wrap sublayer`; ModelDescription::sublayer_units), else per layer.
   bool sublayer_units = false;
   /// Each unit initialized on its own (the trainer's `--sharded-init`): no
-  /// whole model built on every rank first (host_memory_needed).
+  /// whole model built on every rank first (the host-memory preflight counts it).
   bool sharded_init = false;
   /// The ranks of this host, for its host memory (host_memory_need); 0:
   /// planned for one rank's. Where ranks_per_node is 0 it also gives the
@@ -68,13 +68,13 @@ struct RunPlan {
   std::vector<int64_t> unit_numels;  ///< the units planned, the root first (their trainable elements)
   std::vector<int64_t> frozen_numels;  ///< their frozen parts' elements (empty: nothing frozen)
   int ranks_per_node = 1;  ///< ranks a host, as planned (the world on one host)
-  int shard_group = 1;     ///< the shard group's size (shard_group_size)
+  int shard_group = 1;     ///< the shard group's size: 1 (no_shard), the world, or a host's ranks (hybrids)
   /// The in-memory step's peak by category, the model's own activations and
   /// a run-ahead gather's buffer included.
   StepPeak peak;
   /// With OffloadPolicy::nvme: what leaves memory, and the disk traffic.
   std::optional<NvmeOffloadPlan> nvme;
-  /// The step's peak tensor bytes: peak.total(), or peak_with_nvme_offload.
+  /// The step's peak tensor bytes: peak.total(), or with disk offload its own peak.
   int64_t step_peak = 0;
   /// One step's collective bytes by kind.
   CommBytes comm;
@@ -83,7 +83,7 @@ struct RunPlan {
 };
 
 /// The plan of `run`. Throws where its options refuse the world
-/// (check_zero_plus_plus_plan, a hybrid's node size).
+/// (ZeRO++'s options where the strategy cannot use them, a hybrid's node size).
 RunPlan plan_run(const PlannedRun& run);
 
 /// A cluster, for the step-time model (estimate_step_time): what `fsdp-plan

@@ -90,7 +90,7 @@ class Writer {
   /// Writes the header for these tensors, in this order, to a temporary file
   /// next to `path`. commit() renames it into place once every tensor has been
   /// written and flushed; a writer destroyed before that removes it. The
-  /// bytes stream to the disk in large blocks, hashed (checksum::kWritten)
+  /// bytes stream to the disk in large blocks, hashed (XXH3-64)
   /// while the block before is written (file_io.h).
   Writer(std::string path, std::vector<TensorSpec> specs, std::map<std::string, std::string> metadata = {});
   ~Writer();

@@ -75,7 +75,7 @@ void load_full_weights(torch::nn::Module& module, const std::string& path);
 /// holds more than one unit unsharded.
 ///  - `model_path`: every parameter's fp32 master under the model's names;
 ///  - `optimizer_path`, when `optimizer` is given: its state tensors under
-///    optimizer_tensor_name(), its type and step count in the metadata
+///    "<parameter>.<state name>", its type and step count in the metadata
 ///    ("optimizer", "optimizer_step").
 /// Each file is written under a temporary name, flushed and renamed when
 /// complete, and carries its checksum; on any failure nothing is left.

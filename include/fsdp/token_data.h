@@ -14,6 +14,7 @@
 namespace fsdp::models {
 
 /// The order sequences are read in (shared/spec/gpt.md).
+/// Named by enum_name, parsed by parse_enum: "sequential", "shuffled".
 enum class DataOrder {
   kSequential,  ///< a global batch is G consecutive sequences (the spec's base order)
   kShuffled     ///< each sequence's start is splitmix64 of its global index

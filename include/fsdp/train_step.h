@@ -52,7 +52,7 @@ struct TrainStepOptions {
   TORCH_ARG(double, clip_grad_norm) = 0.0;
   /// Decoupled (AdamW's) weight decay of the parameters of 2 or more
   /// dimensions only (not biases and norm gains), at each parameter group's
-  /// current lr: see decay_matrix_weights_. Applied only to steps taken (not
+  /// current lr, as torch AdamW with a second parameter group at 0. Applied only to steps taken (not
   /// to one skipped on overflow). The optimizer's own weight_decay must then
   /// be 0 (AdamWOptions defaults to 0.01): it would decay every tensor.
   TORCH_ARG(double, weight_decay) = 0.0;
@@ -84,7 +84,7 @@ struct RankFigures {
   ///@}
   /// The device's model state by kind (their sum is device_model_state_bytes),
   /// and the step's peak of the units' gathered parameter buffers there
-  /// (memory::gathered_usage(): exact, ours; the rest of device_peak_bytes
+  /// (counted exactly where fsdp-cpp fills and frees them; the rest of device_peak_bytes
   /// is activations, gradient buffers and temporaries).
   ///@{
   int64_t device_param_shard_bytes = 0;

@@ -274,7 +274,7 @@ void FsdpStateImpl::build(const offload::PlacementChoice& placements) {
                 "fully_shard: frozen_param_dtype must be float32, bfloat16 or float16, got ", *dtype);
     TORCH_CHECK(!options_.offload().is_cpu() && !options_.offload().nvme_options() &&
                     options_.zero_plus_plus().gather_quantization() == Quantization::kNone,
-                "fully_shard: frozen_param_dtype with cpu_offload, nvme_offload or quantized gathers is not "
+                "fully_shard: frozen_param_dtype with an offload or quantized gathers is not "
                 "supported: the offloads and ZeRO++'s quantization hold float32 shards; leave it unset");
   }
   // Everything is checked before any parameter is touched: a refused model stays intact.
@@ -734,7 +734,7 @@ void FsdpStateImpl::on_backward_event() {
   if (backward_callback_queued_) return;
   // Before anything of this backward changes: where the state leaves
   // memory, only TrainStep's step brings each unit's in around its update.
-  TORCH_CHECK(in_train_step_ || offload_->keeps_state_in_memory(), "fsdp: a model with nvme_offload trains through ",
+  TORCH_CHECK(in_train_step_ || offload_->keeps_state_in_memory(), "fsdp: a model with disk offload (OffloadPolicy::nvme) trains through ",
               "fsdp::TrainStep (with an fsdp::FusedAdamW): its optimizer step brings each unit's offloaded state from ",
               "disk into memory around that unit's update, which a plain loss.backward(); optimizer.step() cannot. ",
               "This backward was refused before it changed anything");

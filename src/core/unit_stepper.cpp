@@ -22,7 +22,7 @@ PreparedGradient prepare_gradient(torch::Tensor& grad, const StepPreparation& pr
 }
 
 void check_steps_unit_by_unit(const torch::optim::Optimizer& optimizer) {
-  TORCH_CHECK(dynamic_cast<const FusedAdamW*>(&optimizer), "fsdp::TrainStep: a model with nvme_offload steps with ",
+  TORCH_CHECK(dynamic_cast<const FusedAdamW*>(&optimizer), "fsdp::TrainStep: a model with disk offload (OffloadPolicy::nvme) steps with ",
               "fsdp::FusedAdamW (it brings each unit's state in and out of memory around that unit's update); got ",
               optimizer_name(optimizer));
 }

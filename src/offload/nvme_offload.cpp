@@ -139,24 +139,24 @@ void check_nvme_offload_options(const FullyShardOptions& fsdp, c10::Device devic
   if (!fsdp.offload().nvme_options()) return;
   const NvmeOffloadOptions& options = *fsdp.offload().nvme_options();
   const torch::ScalarType param_dtype = fsdp.mixed_precision().param_dtype();
-  TORCH_CHECK(options.optimizer_state() || options.params(), "fully_shard: nvme_offload offloads nothing: set ",
+  TORCH_CHECK(options.optimizer_state() || options.params(), "fully_shard: OffloadPolicy::nvme offloads nothing: set ",
               "optimizer_state(true), params(true) or both");
-  TORCH_CHECK(is_host_device(device), "fully_shard: nvme_offload needs the units on the CPU, found ", device,
+  TORCH_CHECK(is_host_device(device), "fully_shard: OffloadPolicy::nvme needs the units on the CPU, found ", device,
               " (on a GPU, OffloadPolicy::cpu() moves the state to host memory)");
-  TORCH_CHECK(!options.params() || !keeps_params_unsharded(fsdp.strategy()), "fully_shard: nvme_offload.params ",
+  TORCH_CHECK(!options.params() || !keeps_params_unsharded(fsdp.strategy()), "fully_shard: NvmeOffloadOptions::params ",
               "needs a sharded strategy (full_shard, shard_grad_op, hybrid_shard or hybrid_shard_zero2); ",
               fsdp::enum_name(fsdp.strategy()), " keeps whole parameters in memory on every rank");
   const bool fp32 = param_dtype == torch::kFloat;
-  TORCH_CHECK(fp32 || !options.params() || options.optimizer_state(), "fully_shard: nvme_offload.params with ",
+  TORCH_CHECK(fp32 || !options.params() || options.optimizer_state(), "fully_shard: NvmeOffloadOptions::params with ",
               fsdp::enum_name(param_dtype), " parameters needs optimizer_state(true) too: the ", fsdp::enum_name(param_dtype),
               " shard is cast from the fp32 master, and a master kept in memory leaves nothing to offload");
-  TORCH_CHECK(options.read_ahead() >= 1, "fully_shard: nvme_offload.read_ahead must be at least 1 unit, got ",
+  TORCH_CHECK(options.read_ahead() >= 1, "fully_shard: NvmeOffloadOptions::read_ahead must be at least 1 unit, got ",
               options.read_ahead());
   TORCH_CHECK(options.max_read_ahead() == 0 || options.max_read_ahead() >= options.read_ahead(),
-              "fully_shard: nvme_offload.max_read_ahead must be 0 (fixed) or at least read_ahead (",
+              "fully_shard: NvmeOffloadOptions::max_read_ahead must be 0 (fixed) or at least read_ahead (",
               options.read_ahead(), "), got ", options.max_read_ahead());
   TORCH_CHECK(options.deepen_above() >= 0 && options.deepen_above() <= 1,
-              "fully_shard: nvme_offload.deepen_above is a share of the step, from 0 to 1, got ", options.deepen_above());
+              "fully_shard: NvmeOffloadOptions::deepen_above is a share of the step, from 0 to 1, got ", options.deepen_above());
 }
 
 NvmeOffload::NvmeOffload(const FullyShardOptions& options)

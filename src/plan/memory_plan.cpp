@@ -474,7 +474,7 @@ NvmeOffloadPlan estimate_nvme_offload(const std::vector<int64_t>& unit_numels, S
   check_frozen(unit_numels, frozen_numels, "estimate_nvme_offload");
   const bool freezes = std::any_of(frozen_numels.begin(), frozen_numels.end(), [](int64_t n) { return n > 0; });
   TORCH_CHECK(!freezes || !mixed_precision.frozen_param_dtype(), "estimate_nvme_offload: ",
-              "frozen_param_dtype with nvme_offload is not supported (fully_shard refuses it)");
+              "frozen_param_dtype with disk offload is not supported (fully_shard refuses it)");
   plan.resident = estimate_model_state(unit_numels, strategy, world, ranks_per_node, mixed_precision, 8, frozen_numels);
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   // Either frees each gradient once its unit stepped or once written out.

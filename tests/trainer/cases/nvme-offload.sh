@@ -221,7 +221,7 @@ expect_error "is not a folder" "$run" -n 1 -- "$train" --preset tiny --steps 1 -
   --offload-dir "$work/none"
 expect_error "must be none or nvme" "$run" -n 1 -- "$train" --preset tiny --steps 1 --offload-params disk \
   --offload-dir "$scratch"
-expect_error "nvme_offload.params needs a sharded strategy" "$run" -n 2 -- "$train" --preset tiny --steps 1 \
+expect_error "NvmeOffloadOptions::params needs a sharded strategy" "$run" -n 2 -- "$train" --preset tiny --steps 1 \
   --strategy zero1 --offload-params nvme --offload-dir "$scratch"
 expect_error "needs optimizer_state(true) too" "$run" -n 2 -- "$train" --preset tiny --steps 1 --param-dtype bf16 \
   --offload-params nvme --offload-dir "$scratch"

@@ -22,6 +22,7 @@
 
 #include "base/strings.h"
 #include "fsdp/tokenizer.h"
+#include "fsdp_data_chat.h"
 #include "tool_support.h"
 
 namespace {
@@ -322,7 +323,7 @@ int inspect(const std::string& path, const std::string& tokenizer_path, int top,
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Train tokenizers, encode text files into token files, decode and inspect token files."};
+  CLI::App app{"Train tokenizers, encode text files and conversations into token files, decode and inspect token files."};
   app.require_subcommand(1);
   auto* train = app.add_subcommand("train-tokenizer", "train a byte-level BPE (GPT-2's pre-tokenization) into a tokenizer.json");
   std::vector<std::string> files;
@@ -374,6 +375,29 @@ int main(int argc, char** argv) {
   insp->add_option("--first", first, "how many ids from the start")
       ->check(fsdp_tools::non_negative())
       ->capture_default_str();
+  fsdp_data::ChatOptions co;
+  auto* enc_chat = app.add_subcommand("encode-chat",
+                                      "render JSON lines of conversations with the model's chat template into a token "
+                                      "file, its loss mask (.mask) and conversation offsets (.conversations)");
+  auto* render = app.add_subcommand("render-chat", "print each conversation as the model's chat template renders it");
+  for (auto* sub : {enc_chat, render}) {
+    sub->add_option("--model", co.model, "a model folder: tokenizer.json and chat_template.jinja or "
+                                         "tokenizer_config.json's chat_template")->required();
+    sub->add_option("--chat-template", co.chat_template, "a Jinja chat template file to use instead of the folder's");
+    sub->add_option("--train-on", co.train_on, "the roles whose messages carry loss")->delimiter(',')
+        ->capture_default_str();
+    sub->add_option("files", co.files, "JSON lines: {\"messages\": [...]}, {\"prompt\", \"completion\"} or "
+                                       "alpaca's {\"instruction\", \"input\", \"output\"}")->required();
+  }
+  enc_chat->add_option("-o,--output", co.output, "token file: NAME.bin (uint16) or NAME.u32 (uint32)")->required();
+  enc_chat->add_option("--context", co.context, "conversations longer than context + 1 tokens are cut or dropped "
+                                                "(0: none)")->check(fsdp_tools::non_negative())->capture_default_str();
+  enc_chat->add_option("--too-long", co.too_long, "truncate or drop")->capture_default_str();
+  enc_chat->add_flag("-q,--quiet", co.quiet, "no counts on stderr");
+  render->add_flag("--add-generation-prompt", co.add_generation_prompt,
+                   "end with the template's generation prompt (the start of an answer)");
+  render->add_flag("--ids", co.ids, "print one JSON line a conversation: its ids and loss mask, as encode-chat "
+                                    "writes them");
   if (const auto status = fsdp_tools::parse_command_line(app, argc, argv)) return *status;
   try {
     if (train->parsed()) {
@@ -386,6 +410,8 @@ int main(int argc, char** argv) {
       return encode(eo);
     }
     if (dec->parsed()) return decode(tokenizer_path, path);
+    if (enc_chat->parsed()) return fsdp_data::encode_chat(co);
+    if (render->parsed()) return fsdp_data::render_chat(co);
     return inspect(path, tokenizer_path, top, first);
   } catch (const std::exception& e) {
     std::cerr << "fsdp-data: error: " << e.what() << "\n";

@@ -32,6 +32,25 @@ namespace detail {
 const EnumNames& enum_names(EnumTag<AttentionKernel>);  ///< "auto", "sdpa", "written" (what the tools' --attention takes and prints)
 }  // namespace detail
 
+/// Several sequences packed into each row of a batch (whole conversations
+/// one after another, so that no compute is padding), as transformers reads
+/// packed position_ids: a position 0 starts a sequence, which attends to
+/// nothing before it and whose positions restart there. Default (undefined
+/// tensors): one sequence a row, positions 0 ... T - 1, plain causal attention.
+struct SequencePacking {
+  /// Reads each row's sequences from `positions` [B, T] int64: every token's
+  /// position in its own sequence, 0 where one starts, else one more than the
+  /// token before's (a row starts with 0). Throws, naming the row and column,
+  /// for anything else.
+  static SequencePacking from_positions(const torch::Tensor& positions);
+  /// Whether rows hold more than one sequence (the tensors are defined).
+  bool packed() const { return positions.defined(); }
+  torch::Tensor positions;  ///< [B, T] int64, as given (rotary and learned position embeddings read it)
+  /// [B, 1, T, T] bool: query i may read key j (j <= i, in i's sequence): the
+  /// block-diagonal causal mask, a byte per pair.
+  torch::Tensor allowed;
+};
+
 /// Causal attention of q [B, H, T, d] over k and v [B, Hkv, T, d], H a
 /// multiple of Hkv (grouped-query heads: query head h reads key-value head
 /// h / (H / Hkv), transformers' repeat_kv), scaled by 1 / sqrt(d): [B, H, T, d].
@@ -39,7 +58,12 @@ const EnumNames& enum_names(EnumTag<AttentionKernel>);  ///< "auto", "sdpa", "wr
 /// path computes it in fp32 and casts back with `softmax_in_float` (the
 /// Llama's, as transformers' eager attention), else in the inputs' dtype (the
 /// reference GPT's, shared/spec/gpt.md), so that its numbers stay as they were.
+/// With `packing` packed, each query reads only its own sequence's keys up to
+/// itself: scaled_dot_product_attention with packing.allowed as its mask
+/// (LibTorch 2.x picks its flash kernel for it on CPUs), or the written-out
+/// product with that mask (1.13).
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               AttentionKernel kernel, bool softmax_in_float);
+                               AttentionKernel kernel, bool softmax_in_float,
+                               const SequencePacking& packing = SequencePacking());
 
 }  // namespace fsdp

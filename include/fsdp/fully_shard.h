@@ -213,18 +213,37 @@ auto& module_ref(M& module) {
 /// Calls module.forward(args...) as a unit boundary: if the module is a unit,
 /// its parameters are gathered for the call and freed after it, and its
 /// backward gathers them again and reduce-scatters their gradients.
+namespace detail {
+// A checkpointed unit's forward: the first argument is the tensor the
+// recompute starts from; the others (a SequencePacking, flags) are copied
+// into the recompute, which runs after this call has returned.
+template <class M, class First, class... Rest>
+torch::Tensor run_checkpointed_forward(const UnitForwardScope& scope, M& m, First&& first, Rest&&... rest) {
+  auto body = [&m, kept = std::make_tuple(std::decay_t<Rest>(rest)...)](const torch::Tensor& x) {
+    return std::apply([&](const auto&... r) { return m.forward(x, r...); }, kept);
+  };
+  return scope.run_checkpointed(body, watch_input(scope, std::forward<First>(first)));
+}
+template <class First, class... Rest>
+constexpr bool checkpointable_arguments() {
+  return std::is_convertible_v<First, torch::Tensor> && (!std::is_convertible_v<Rest, torch::Tensor> && ...);
+}
+}  // namespace detail
+
 template <class M, class... Args>
 auto unit_forward(M&& module, Args&&... args) {
   auto& m = detail::module_ref(module);
   detail::UnitForwardScope scope(&m);
   using Output = decltype(m.forward(std::forward<Args>(args)...));
   if (scope.checkpointed()) {
-    if constexpr (sizeof...(Args) == 1 && std::is_same_v<Output, torch::Tensor> &&
-                  (std::is_convertible_v<Args, torch::Tensor> && ...)) {
-      torch::Tensor output = scope.run_checkpointed([&m](const torch::Tensor& x) { return m.forward(x); },
-                                                    detail::watch_input(scope, args)...);
-      detail::watch_outputs(scope, output);
-      return output;
+    if constexpr (sizeof...(Args) >= 1 && std::is_same_v<Output, torch::Tensor>) {
+      if constexpr (detail::checkpointable_arguments<Args...>()) {
+        torch::Tensor output = detail::run_checkpointed_forward(scope, m, std::forward<Args>(args)...);
+        detail::watch_outputs(scope, output);
+        return output;
+      } else {
+        scope.refuse_checkpointing();
+      }
     } else {
       scope.refuse_checkpointing();
     }

@@ -43,8 +43,9 @@ class AttentionImpl : public torch::nn::Module {
  public:
   /// Registers the projections for `config`'s width.
   explicit AttentionImpl(const GPTConfig& config);
-  /// [B, T, C] -> [B, T, C], each position attending to itself and the ones before.
-  torch::Tensor forward(const torch::Tensor& x);
+  /// [B, T, C] -> [B, T, C], each position attending to itself and the ones
+  /// before in its sequence (with `packing`).
+  torch::Tensor forward(const torch::Tensor& x, const SequencePacking& packing = SequencePacking());
   /// The query, key and value projection (C -> 3C) and the output projection (C -> C).
   ///@{
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
@@ -78,7 +79,7 @@ class BlockImpl : public torch::nn::Module {
   /// Registers the norms, the attention and the MLP for `config`.
   explicit BlockImpl(const GPTConfig& config);
   /// Pre-norm residual: x + attn(ln_1(x)), then + mlp(ln_2(.)).
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const SequencePacking& packing = SequencePacking());
   /// The norms before the attention and before the MLP.
   ///@{
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
@@ -112,6 +113,10 @@ class GPTImpl : public LanguageModel {
   explicit GPTImpl(const GPTConfig& config);
   /// Mean cross-entropy of next-token prediction; idx and targets are [B, T] int64.
   torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets) override;
+  /// Over packed rows (the position embedding read at each token's position
+  /// in its sequence), normalised by `loss_divisor` (LanguageModel::forward).
+  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets, const SequencePacking& packing,
+                        double loss_divisor) override;
   /// The next-token logits of [B, T] int64 idx: [B, T, vocab].
   torch::Tensor logits(const torch::Tensor& idx) override;
   /// The spec's initialization of one parameter (LanguageModel::init_parameter):
@@ -132,7 +137,7 @@ class GPTImpl : public LanguageModel {
 
  private:
   /// The final norm's output [B, T, C]: what the head turns into logits.
-  torch::Tensor final_hidden(const torch::Tensor& idx);
+  torch::Tensor final_hidden(const torch::Tensor& idx, const SequencePacking& packing = SequencePacking());
   GPTConfig config_;
 };
 /// The module holder of GPTImpl: what fully_shard() takes.

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "fsdp/attention.h"
 #include "fsdp/model_description.h"
 #include "fsdp/enum_names.h"
 
@@ -54,13 +55,23 @@ TORCH_MODULE(TiedLMHead);
 /// scales the gradients kept (hidden's, and the head's in fp32) by the
 /// upstream gradient, once: retain_graph through it is refused. The same
 /// loss and gradients to float rounding (only the order of the sums differs).
-torch::Tensor next_token_loss(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets);
+/// With `loss_divisor` > 0 the loss is the targets' summed cross-entropy
+/// divided by it instead of their mean (a loss normalised over a global
+/// batch's targets: TrainStep::token_loss_divisor), and 0 where every target is -100.
+torch::Tensor next_token_loss(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets,
+                              double loss_divisor = 0.0);
 
 /// A next-token language model over token ids 0 ... vocab() - 1.
 class LanguageModel : public torch::nn::Module {
  public:
   /// Mean cross-entropy (in fp32) of next-token prediction; idx and targets are [B, T] int64.
   virtual torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets) = 0;
+  /// The same loss over packed rows (several sequences a row, each attending
+  /// only to itself, positions restarting: SequencePacking), summed over the
+  /// targets that are not -100 and divided by `loss_divisor` where it is
+  /// positive (next_token_loss), their mean where it is 0.
+  virtual torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets,
+                                const SequencePacking& packing, double loss_divisor) = 0;
   /// The next-token logits of [B, T] int64 idx: [B, T, vocab].
   virtual torch::Tensor logits(const torch::Tensor& idx) = 0;
   /// One parameter's initial values, drawn from the global RNG: init_weights

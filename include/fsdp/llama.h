@@ -139,8 +139,9 @@ class LlamaAttentionImpl : public torch::nn::Module {
  public:
   /// Registers the projections for `config`'s widths.
   explicit LlamaAttentionImpl(const LlamaConfig& config);
-  /// [B, T, C] -> [B, T, C], each position attending to itself and the ones before.
-  torch::Tensor forward(const torch::Tensor& x);
+  /// [B, T, C] -> [B, T, C], each position attending to itself and the ones
+  /// before in its sequence (rotated by its position in it, with `packing`).
+  torch::Tensor forward(const torch::Tensor& x, const SequencePacking& packing = SequencePacking());
   /// Queries (C -> heads x head_dim), keys and values (C -> kv_heads x head_dim),
   /// the output (heads x head_dim -> C); biases as LlamaConfig's attention_bias
   /// and qkv_bias say. With LlamaConfig::fused_projections, q_proj, k_proj
@@ -185,7 +186,7 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
   /// Registers the norms, the attention and the MLP for `config`.
   explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
   /// Pre-norm residual: x + self_attn(input_layernorm(x)), then + mlp(post_attention_layernorm(.)).
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const SequencePacking& packing = SequencePacking());
   LlamaRMSNorm input_layernorm{nullptr};  ///< the norm before the attention
   LlamaAttention self_attn{nullptr};  ///< the self-attention
   LlamaRMSNorm post_attention_layernorm{nullptr};  ///< the norm before the MLP
@@ -220,6 +221,9 @@ class LlamaImpl : public LanguageModel {
   explicit LlamaImpl(const LlamaConfig& config);
   /// Mean cross-entropy (in fp32) of next-token prediction; idx and targets are [B, T] int64.
   torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets) override;
+  /// Over packed rows, normalised by `loss_divisor` (LanguageModel::forward).
+  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets, const SequencePacking& packing,
+                        double loss_divisor) override;
   /// The next-token logits of [B, T] int64 idx: [B, T, vocab].
   torch::Tensor logits(const torch::Tensor& idx) override;
   /// Hugging Face's initialization of one parameter: norms' gains one,
@@ -242,7 +246,7 @@ class LlamaImpl : public LanguageModel {
 
  private:
   /// The final norm's output [B, T, C]: what the head turns into logits.
-  torch::Tensor final_hidden(const torch::Tensor& idx);
+  torch::Tensor final_hidden(const torch::Tensor& idx, const SequencePacking& packing = SequencePacking());
   LlamaConfig config_;
 };
 /// The module holder of LlamaImpl: what fully_shard() takes.

@@ -262,8 +262,9 @@ struct FullyShardOptions {
   /// Activation checkpointing of every unit but the root: its forward keeps
   /// no activations (only its input), and backward recomputes it with the
   /// parameters it has just gathered (no second gather), the CPU RNG state
-  /// restored. The unit's forward must take one tensor and return one, and
-  /// the unit must contain no other unit.
+  /// restored. The unit's forward must take one tensor first and return one
+  /// (arguments after it that are no tensors, such as a SequencePacking, are
+  /// copied for the recompute), and the unit must contain no other unit.
   TORCH_ARG(bool, activation_checkpointing) = false;
   /// Sharded initialization: called for every parameter, in
   /// named_parameters() order (tied ones once), to give it its initial

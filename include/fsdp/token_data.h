@@ -26,6 +26,8 @@ const EnumNames& enum_names(EnumTag<models::DataOrder>);  ///< "sequential", "sh
 }  // namespace fsdp::detail
 namespace fsdp::models {
 
+class TokenFile;  // the mapped file of ids (the library's own)
+
 /// The library's defaults are the spec's base order over the whole file, so
 /// that a plain TokenData(path, T, V) reads what it always read; fsdp-train
 /// defaults to shuffled with a 10% validation tail, as the spec does for training.
@@ -64,7 +66,7 @@ class TokenData {
   TokenData(const std::string& path, int64_t context, int64_t vocab, TokenDataOptions options = {});
 
   /// The file's tokens, n.
-  int64_t size() const { return size_; }
+  int64_t size() const;
   /// n_train: the tokens before the validation tail.
   int64_t train_size() const { return size() - val_size_; }
   /// n_val: the validation tail's tokens (0 without a split).
@@ -93,18 +95,118 @@ class TokenData {
   int64_t context_;
   TokenDataOptions options_;
   int64_t val_size_ = 0;
-  int64_t token(int64_t i) const {
-    if (token_bytes_ == 2) return bytes_[2 * i] | (bytes_[2 * i + 1] << 8);
-    if (token_bytes_ == 4) {
-      const unsigned char* b = bytes_ + 4 * i;
-      return int64_t{b[0]} | (int64_t{b[1]} << 8) | (int64_t{b[2]} << 16) | (int64_t{b[3]} << 24);
-    }
-    return bytes_[i];
-  }
-  std::shared_ptr<const void> mapping_;  // unmaps when the last copy goes
-  const unsigned char* bytes_ = nullptr;
-  int64_t token_bytes_ = 1;              // 1 raw, 2 .bin, 4 .u32
-  int64_t size_ = 0;                      // tokens
+  std::shared_ptr<const TokenFile> file_;  // the mapped ids, shared by copies
+};
+
+/// One micro-batch of packed conversations (ConversationData::batch).
+struct PackedBatch {
+  torch::Tensor inputs;     ///< [B, T] int64
+  torch::Tensor targets;    ///< [B, T] int64: -100 where no loss is taken (prompts, padding, a conversation's end)
+  torch::Tensor positions;  ///< [B, T] int64, restarting at each conversation (SequencePacking::from_positions)
+  int64_t loss_targets = 0;  ///< the targets that are not -100
+};
+
+/// How ConversationData holds out, packs and orders its conversations.
+struct ConversationDataOptions {
+  /// The order of the packed rows: sequential (row k mod rows), or shuffled
+  /// (a new permutation of the rows each epoch, from the seed). Shuffled by default.
+  ConversationDataOptions& order(DataOrder v) { order_ = v; return *this; }
+  /// The shuffled order's seed (0 by default).
+  ConversationDataOptions& seed(uint64_t v) { seed_ = v; return *this; }
+  /// The last ceil(f * n) conversations are held out for validation; 0: none (the default).
+  ConversationDataOptions& val_fraction(double v) { val_fraction_ = v; return *this; }
+  /// Pack several conversations into a row (best fit, the default), or one a row padded to the context.
+  ConversationDataOptions& pack(bool v) { pack_ = v; return *this; }
+  /// The settings above, read back.
+  ///@{
+  DataOrder order() const { return order_; }
+  uint64_t seed() const { return seed_; }
+  double val_fraction() const { return val_fraction_; }
+  bool pack() const { return pack_; }
+  ///@}
+
+ private:
+  DataOrder order_ = DataOrder::kShuffled;
+  uint64_t seed_ = 0;
+  double val_fraction_ = 0.0;
+  bool pack_ = true;
+};
+
+/// Conversations as `fsdp-data encode-chat` writes them, packed into rows of
+/// `context` tokens: `path` holds the token ids (as TokenData reads them),
+/// `path`.mask one byte a token (1 where the token is a target that carries
+/// loss: an answer's), and `path`.conversations the little-endian uint64
+/// offsets o_0 = 0 < o_1 < ... < o_n = the token count, conversation i being
+/// tokens [o_i, o_{i+1}). A conversation of L tokens takes L - 1 slots of a
+/// row (its inputs predict its tokens 1 ... L - 1); rows are filled best-fit
+/// by decreasing length and never split a conversation; a longer one is cut
+/// to context + 1 tokens (counted: truncated()). The packing and the order
+/// depend on nothing but the files and the options, so every world size
+/// reads the same global batches.
+class ConversationData {
+ public:
+  /// Reads and packs; throws, naming the file, for a missing or inconsistent
+  /// mask or offsets file, a token id >= vocab, no conversation with a target
+  /// that carries loss, or a validation split that holds none.
+  ConversationData(const std::string& path, int64_t context, int64_t vocab, ConversationDataOptions options = {});
+  /// Whether `path` has the sidecar files of conversations (path.conversations).
+  static bool has_conversations(const std::string& path);
+
+  /// The [batch, context] rows of micro-step `micro` of `rank` in global
+  /// step `step` (world ranks, accum micro-steps per step): rows s G + j
+  /// of the order, j = (micro W + rank) batch + b, as TokenData's batches.
+  PackedBatch batch(int64_t step, int64_t micro, int64_t rank, int64_t world, int64_t accum, int64_t batch) const;
+  /// The targets that carry loss in global step `step`'s `global` rows, the
+  /// same on every rank (TrainStep::token_loss_divisor).
+  int64_t global_loss_targets(int64_t step, int64_t global) const;
+  /// Validation rows first .. first + count - 1; a row at or past val_rows()
+  /// is a blank one (no targets), so that every rank runs as many forwards.
+  PackedBatch val_batch(int64_t first, int64_t count) const;
+
+  /// The rows packed from the training and from the held-out conversations.
+  ///@{
+  int64_t train_rows() const { return static_cast<int64_t>(train_.size()); }
+  int64_t val_rows() const { return static_cast<int64_t>(val_.size()); }
+  ///@}
+  /// The conversations trained on, and held out.
+  ///@{
+  int64_t train_conversations() const { return train_conversations_; }
+  int64_t val_conversations() const { return val_conversations_; }
+  ///@}
+  /// The training rows' targets that carry loss (an epoch's answer tokens).
+  int64_t train_loss_targets() const { return train_loss_targets_; }
+  /// The training rows' slots that hold a conversation's token, over all
+  /// their slots (train_rows() x context): 1 - the padding's share.
+  double packing_efficiency() const { return packing_efficiency_; }
+  /// Conversations longer than context + 1 tokens, cut to it here.
+  int64_t truncated() const { return truncated_; }
+  /// Conversations left out for having no target that carries loss (after
+  /// any cut): they would be compute without a gradient.
+  int64_t skipped() const { return skipped_; }
+  /// The token file.
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Span {
+    int64_t begin, length;  // in the token file: length tokens, length - 1 slots
+  };
+  using Row = std::vector<Span>;
+  std::vector<Row> pack_rows(std::vector<Span> spans) const;
+  PackedBatch gather(const std::vector<const Row*>& rows) const;
+  int64_t train_row(int64_t k) const;
+  int64_t row_loss_targets(const Row& row) const;
+  std::vector<Span> read_spans();
+
+  std::string path_;
+  int64_t context_;
+  ConversationDataOptions options_;
+  std::shared_ptr<const TokenFile> tokens_, mask_;
+  std::vector<Row> train_, val_;
+  std::vector<int64_t> train_row_targets_;  // each training row's targets that carry loss
+  int64_t train_conversations_ = 0, val_conversations_ = 0, train_loss_targets_ = 0, truncated_ = 0, skipped_ = 0;
+  double packing_efficiency_ = 0.0;
+  mutable int64_t permuted_epoch_ = -1;  // the epoch whose permutation permutation_ holds
+  mutable std::vector<int64_t> permutation_;
 };
 
 }  // namespace fsdp::models

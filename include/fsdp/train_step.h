@@ -139,6 +139,15 @@ class TrainStep {
   /// optimizer step (or skips it on overflow), and zeroes the gradients.
   StepResult operator()(const LossFn& loss_fn);
 
+  /// The loss_divisor (next_token_loss, LanguageModel::forward) for a loss
+  /// that is the mean over the whole global batch's `global_targets` targets
+  /// that carry loss (every rank's, every micro-step's): global_targets /
+  /// (micro_steps x world size), since the step averages the micro-steps'
+  /// losses and the ranks' gradients. A mean of each micro-batch's own mean
+  /// would weigh a token of a short answer more than one of a long answer
+  /// (transformers' accumulation bug of 2024, fixed by num_items_in_batch).
+  /// Throws unless global_targets >= 1.
+  double token_loss_divisor(int64_t global_targets) const;
   /// The options it was made with.
   const TrainStepOptions& options() const { return options_; }
   /// Whether the reduction runs only on the last micro-step.

@@ -226,6 +226,13 @@ torch::Tensor take_optimizer_step(const TrainStep& step, const UnitStepper& step
 
 }  // namespace
 
+double TrainStep::token_loss_divisor(int64_t global_targets) const {
+  TORCH_CHECK(global_targets >= 1, "fsdp::TrainStep::token_loss_divisor: the global batch must have a target that ",
+              "carries loss, got ", global_targets);
+  return static_cast<double>(global_targets) /
+         static_cast<double>(options_.micro_steps() * static_cast<int64_t>(state_.group()->size()));
+}
+
 StepResult TrainStep::operator()(const LossFn& loss_fn) {
   StepResult result;
   memory::reset_peaks();

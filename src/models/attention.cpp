@@ -34,11 +34,12 @@ torch::Tensor repeat_kv(const torch::Tensor& t, int64_t groups) {
 }
 
 torch::Tensor written_out_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                    bool softmax_in_float) {
+                                    bool softmax_in_float, const SequencePacking& packing) {
   const int64_t T = q.size(-2), d = q.size(-1);
   torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
-  torch::Tensor future = torch::ones({T, T}, q.options().dtype(torch::kBool)).triu(1);
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  torch::Tensor hidden = packing.packed() ? packing.allowed.logical_not()
+                                          : torch::ones({T, T}, q.options().dtype(torch::kBool)).triu(1);
+  scores = scores.masked_fill(hidden, -std::numeric_limits<float>::infinity());
   torch::Tensor probs =
       softmax_in_float ? torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type()) : torch::softmax(scores, -1);
   return torch::matmul(probs, v);
@@ -109,17 +110,48 @@ std::string describe_attention(AttentionKernel kernel, const torch::TensorOption
 #endif
 }
 
+SequencePacking SequencePacking::from_positions(const torch::Tensor& positions) {
+  TORCH_CHECK(positions.dim() == 2 && positions.scalar_type() == torch::kLong,
+              "SequencePacking: expected positions [B, T] int64, got ", positions.sizes(), " ",
+              positions.scalar_type());
+  const torch::Tensor host = positions.to(torch::kCPU).contiguous();
+  const int64_t B = host.size(0), T = host.size(1);
+  const int64_t* p = host.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t expected = t == 0 ? 0 : p[b * T + t - 1] + 1;
+      TORCH_CHECK(p[b * T + t] == expected || p[b * T + t] == 0, "SequencePacking: position ", p[b * T + t],
+                  " at row ", b, ", column ", t, ": expected 0 (a sequence starts) or ", expected);
+    }
+  }
+  // Sequence number of each token: how many starts came up to it.
+  const torch::Tensor sequence = positions.eq(0).cumsum(1);
+  const torch::Tensor same = sequence.unsqueeze(2).eq(sequence.unsqueeze(1));
+  const torch::Tensor causal = torch::ones({T, T}, positions.options().dtype(torch::kBool)).tril();
+  return SequencePacking{positions, same.logical_and(causal).unsqueeze(1)};
+}
+
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                               AttentionKernel kernel, bool softmax_in_float) {
+                               AttentionKernel kernel, bool softmax_in_float, const SequencePacking& packing) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
                   q.size(2) == k.size(2) && q.size(3) == k.size(3) && k.size(1) > 0 && q.size(1) % k.size(1) == 0,
               "causal_attention: expected q [B, H, T, d] and k, v [B, Hkv, T, d] with H a multiple of Hkv, got q ",
               q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
   const int64_t groups = q.size(1) / k.size(1);
   if (resolve_attention(kernel) == AttentionKernel::kWrittenOut) {
-    return written_out_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), softmax_in_float);
+    return written_out_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), softmax_in_float, packing);
   }
 #if FSDP_HAS_SDPA
+  if (packing.packed()) {
+    TORCH_CHECK(packing.allowed.size(0) == q.size(0) && packing.allowed.size(-1) == q.size(2),
+                "causal_attention: the packing's mask is ", packing.allowed.sizes(), " for queries ", q.sizes());
+#if FSDP_SDPA_HAS_GQA
+    return at::scaled_dot_product_attention(q, k, v, packing.allowed, 0.0, /*is_causal=*/false, {}, groups > 1);
+#else
+    return at::scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), packing.allowed, 0.0,
+                                            /*is_causal=*/false);
+#endif
+  }
 #if FSDP_SDPA_HAS_GQA
   // As transformers' sdpa attention without a mask: the grouped heads in place.
   return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, {}, /*enable_gqa=*/groups > 1);

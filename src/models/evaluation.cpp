@@ -29,4 +29,36 @@ double evaluate_loss(FsdpState& state, const SequenceLoss& loss, const models::T
   return total.item<double>() / static_cast<double>(sequences);
 }
 
+double evaluate_loss(FsdpState& state, const PackedSequenceLoss& summed_loss, const models::ConversationData& data,
+                     const ProcessGroupPtr& world, const EvaluationOptions& options) {
+  const int64_t W = world->size(), rank = world->rank();
+  TORCH_CHECK(options.sequences() > 0 && options.batch() > 0, "evaluate_loss: the sequences and the batch must be ",
+              "positive, got ", options.sequences(), " and ", options.batch());
+  torch::NoGradGuard no_grad;
+  const int64_t rows = std::min(options.sequences(), data.val_rows());
+  const int64_t per_rank = (rows + W - 1) / W;
+  double sum = 0.0, targets = 0.0;
+  for (int64_t first = 0; first < per_rank; first += options.batch()) {
+    const int64_t count = std::min(options.batch(), per_rank - first), start = rank * per_rank + first;
+    // Rows from `rows` on are blank (val_batch's past val_rows()).
+    const int64_t real = std::clamp<int64_t>(rows - start, 0, count);
+    models::PackedBatch batch = data.val_batch(real > 0 ? start : data.val_rows(), real > 0 ? real : count);
+    if (real > 0 && real < count) {
+      const models::PackedBatch blank = data.val_batch(data.val_rows(), count - real);
+      batch.inputs = torch::cat({batch.inputs, blank.inputs});
+      batch.targets = torch::cat({batch.targets, blank.targets});
+      batch.positions = torch::cat({batch.positions, blank.positions});
+    }
+    batch.inputs = batch.inputs.to(options.device());
+    batch.targets = batch.targets.to(options.device());
+    batch.positions = batch.positions.to(options.device());
+    sum += summed_loss(batch).item<double>();
+    targets += static_cast<double>(batch.loss_targets);
+  }
+  state.check_idle();
+  torch::Tensor total = torch::tensor({sum, targets}, torch::kDouble);
+  world->all_reduce(total, ReduceOp::kSum)->wait();
+  return total[0].item<double>() / total[1].item<double>();
+}
+
 }  // namespace fsdp

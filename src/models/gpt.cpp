@@ -63,12 +63,12 @@ AttentionImpl::AttentionImpl(const GPTConfig& c) : heads_(c.heads), attention_(r
   c_proj = register_module("c_proj", torch::nn::Linear(c.width, c.width));
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const SequencePacking& packing) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hs = C / heads_;
   auto qkv = lora::forward(c_attn, x).split(C, /*dim=*/2);
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, heads_, hs}).transpose(1, 2); };
   torch::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  torch::Tensor y = causal_attention(q, k, v, attention_, /*softmax_in_float=*/false);
+  torch::Tensor y = causal_attention(q, k, v, attention_, /*softmax_in_float=*/false, packing);
   return lora::forward(c_proj, y.transpose(1, 2).contiguous().view({B, T, C}));
 }
 
@@ -89,10 +89,10 @@ BlockImpl::BlockImpl(const GPTConfig& c) {
   mlp = register_module("mlp", MLP(c));
 }
 
-torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, const SequencePacking& packing) {
   // Attention and MLP are unit boundaries too, for policies that wrap them
   // (finer units: smaller gathered buffers); a plain call otherwise.
-  torch::Tensor h = x + fsdp::unit_forward(attn, ln_1(x));
+  torch::Tensor h = x + fsdp::unit_forward(attn, ln_1(x), packing);
   return h + fsdp::unit_forward(mlp, ln_2(h));
 }
 
@@ -110,11 +110,12 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
   lm_head = register_module("lm_head", TiedLMHead(transformer->wte->weight));
 }
 
-torch::Tensor GPTImpl::final_hidden(const torch::Tensor& idx) {
+torch::Tensor GPTImpl::final_hidden(const torch::Tensor& idx, const SequencePacking& packing) {
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= config_.context, "sequence length ", T, " exceeds the context ", config_.context);
-  torch::Tensor x = transformer->wte(idx) + transformer->wpe(torch::arange(T, idx.options()));
-  for (const auto& block : *transformer->h) x = fsdp::unit_forward(*block->as<BlockImpl>(), x);
+  const torch::Tensor positions = packing.packed() ? packing.positions : torch::arange(T, idx.options());
+  torch::Tensor x = transformer->wte(idx) + transformer->wpe(positions);
+  for (const auto& block : *transformer->h) x = fsdp::unit_forward(*block->as<BlockImpl>(), x, packing);
   return transformer->ln_f(x);
 }
 
@@ -122,6 +123,11 @@ torch::Tensor GPTImpl::logits(const torch::Tensor& idx) { return lm_head(final_h
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
   return next_token_loss(final_hidden(idx), lm_head->weight, targets);
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets, const SequencePacking& packing,
+                               double loss_divisor) {
+  return next_token_loss(final_hidden(idx, packing), lm_head->weight, targets, loss_divisor);
 }
 
 void GPTImpl::init_parameter(const std::string& name, torch::Tensor& param) const {

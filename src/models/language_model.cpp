@@ -28,10 +28,13 @@ constexpr int64_t kIgnoredTarget = -100;  // cross_entropy's default ignore_inde
 // gradient cannot underflow before the loss scale reaches it.
 struct SlicedNextTokenLoss : public torch::autograd::Function<SlicedNextTokenLoss> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
-                               const torch::Tensor& weight, const torch::Tensor& targets, bool want_gradients) {
+                               const torch::Tensor& weight, const torch::Tensor& targets, bool want_gradients,
+                               double loss_divisor) {
     const int64_t rows = hidden.size(0), slice = loss_slice_rows(weight.size(0));
     const torch::Tensor valid = targets.ne(kIgnoredTarget);
-    const torch::Tensor count = valid.sum().to(torch::kFloat);  // a tensor: no wait for a GPU here
+    // The mean's count (a tensor: no wait for a GPU here), or the given divisor.
+    const torch::Tensor count = loss_divisor > 0 ? torch::full({}, loss_divisor, hidden.options().dtype(torch::kFloat))
+                                                 : valid.sum().to(torch::kFloat);
     const bool want_hidden = want_gradients && hidden.requires_grad();
     const bool want_weight = want_gradients && weight.requires_grad();
     const auto product_dtype = hidden.scalar_type() == torch::kHalf ? torch::kFloat : hidden.scalar_type();
@@ -91,7 +94,8 @@ struct SlicedNextTokenLoss : public torch::autograd::Function<SlicedNextTokenLos
     auto scaled = [&](torch::Tensor& grad, torch::ScalarType dtype) {
       return grad.defined() ? grad.mul_(scale.to(grad.scalar_type())).to(dtype) : torch::Tensor();
     };
-    return {scaled(grad_hidden, hidden_dtype), scaled(grad_weight, weight_dtype), torch::Tensor(), torch::Tensor()};
+    return {scaled(grad_hidden, hidden_dtype), scaled(grad_weight, weight_dtype), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
   }
 };
 
@@ -118,7 +122,10 @@ TiedLMHeadImpl::TiedLMHeadImpl(const torch::Tensor& tied_weight) {
 
 torch::Tensor TiedLMHeadImpl::forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight); }
 
-torch::Tensor next_token_loss(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets) {
+torch::Tensor next_token_loss(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& targets,
+                              double loss_divisor) {
+  TORCH_CHECK(loss_divisor >= 0, "next_token_loss: the loss divisor must be positive (or 0: the mean), got ",
+              loss_divisor);
   TORCH_CHECK(weight.dim() == 2 && hidden.size(-1) == weight.size(1),
               "next_token_loss: expected a [vocab, C] weight for hidden states of width ", hidden.size(-1), ", got ",
               weight.sizes());
@@ -126,11 +133,13 @@ torch::Tensor next_token_loss(const torch::Tensor& hidden, const torch::Tensor& 
   TORCH_CHECK(rows.size(0) == flat_targets.size(0), "next_token_loss: ", rows.size(0), " positions but ",
               flat_targets.size(0), " targets");
   if (rows.size(0) <= loss_slice_rows(weight.size(0))) {
-    const torch::Tensor logits = torch::nn::functional::linear(rows, weight).to(torch::kFloat);
-    return torch::nn::functional::cross_entropy(logits, flat_targets);
+    namespace F = torch::nn::functional;
+    const torch::Tensor logits = F::linear(rows, weight).to(torch::kFloat);
+    if (loss_divisor <= 0) return F::cross_entropy(logits, flat_targets);
+    return F::cross_entropy(logits, flat_targets, F::CrossEntropyFuncOptions().reduction(torch::kSum)) / loss_divisor;
   }
   const bool want_gradients = torch::GradMode::is_enabled() && (rows.requires_grad() || weight.requires_grad());
-  return SlicedNextTokenLoss::apply(rows, weight, flat_targets, want_gradients);
+  return SlicedNextTokenLoss::apply(rows, weight, flat_targets, want_gradients, loss_divisor);
 }
 
 void LanguageModel::init_weights(uint64_t seed) {

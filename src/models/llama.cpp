@@ -55,14 +55,17 @@ torch::Tensor rotary_inverse_frequencies(int64_t hs, double theta, const RopeSca
   TORCH_CHECK(false, "unknown rope scaling");
 }
 
-// The rotary embedding's cos and sin for positions 0 ... T - 1, [T, hs]:
-// transformers' LlamaRotaryEmbedding (the inverse frequencies in fp32, the
-// angles over the concatenation of the two frequency halves).
+// The rotary embedding's cos and sin for positions 0 ... T - 1, [T, hs], or
+// for packed rows' own positions [B, T] ([B, 1, T, hs], broadcast over the
+// heads): transformers' LlamaRotaryEmbedding (the inverse frequencies in
+// fp32, the angles over the concatenation of the two frequency halves).
 std::pair<torch::Tensor, torch::Tensor> rotary_cos_sin(int64_t T, int64_t hs, double theta, const RopeScaling& scaling,
-                                                       const torch::Tensor& like) {
+                                                       const torch::Tensor& like, const SequencePacking& packing) {
   const auto fp32 = torch::TensorOptions().dtype(torch::kFloat).device(like.device());
   const torch::Tensor inv_freq = rotary_inverse_frequencies(hs, theta, scaling, fp32);
-  torch::Tensor angles = torch::outer(torch::arange(T, fp32.dtype(torch::kLong)).to(torch::kFloat), inv_freq);
+  torch::Tensor angles =
+      packing.packed() ? (packing.positions.to(torch::kFloat).unsqueeze(-1) * inv_freq).unsqueeze(1)
+                       : torch::outer(torch::arange(T, fp32.dtype(torch::kLong)).to(torch::kFloat), inv_freq);
   torch::Tensor emb = torch::cat({angles, angles}, -1);
   return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
 }
@@ -240,7 +243,7 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
   }
 }
 
-torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const SequencePacking& packing) {
   const int64_t B = x.size(0), T = x.size(1), hs = head_dim_;
   // [B, T, n * hs] -> [B, n, T, hs]; Qwen3 normalizes each head's queries and keys first.
   auto split = [&](const torch::Tensor& t, int64_t n, LlamaRMSNorm* norm) {
@@ -259,10 +262,10 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
     k = split(lora::forward(k_proj, x), kv_heads_, &k_norm);
     v = split(lora::forward(v_proj, x), kv_heads_, nullptr);
   }
-  auto [cos, sin] = rotary_cos_sin(T, hs, rope_theta_, rope_scaling_, x);
+  auto [cos, sin] = rotary_cos_sin(T, hs, rope_theta_, rope_scaling_, x, packing);
   q = apply_rotary(q, cos, sin);
   k = apply_rotary(k, cos, sin);
-  torch::Tensor y = causal_attention(q, k, v, attention_, /*softmax_in_float=*/true);
+  torch::Tensor y = causal_attention(q, k, v, attention_, /*softmax_in_float=*/true, packing);
   return lora::forward(o_proj, y.transpose(1, 2).contiguous().view({B, T, heads_ * hs}));
 }
 
@@ -289,9 +292,9 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
   mlp = register_module("mlp", LlamaMLP(c));
 }
 
-torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x) {
+torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const SequencePacking& packing) {
   // Attention and MLP are unit boundaries too, for policies that wrap them.
-  torch::Tensor h = x + fsdp::unit_forward(self_attn, input_layernorm(x));
+  torch::Tensor h = x + fsdp::unit_forward(self_attn, input_layernorm(x), packing);
   return h + fsdp::unit_forward(mlp, post_attention_layernorm(h));
 }
 
@@ -314,7 +317,7 @@ LlamaImpl::LlamaImpl(const LlamaConfig& config) : config_(config) {
   }
 }
 
-torch::Tensor LlamaImpl::final_hidden(const torch::Tensor& idx) {
+torch::Tensor LlamaImpl::final_hidden(const torch::Tensor& idx, const SequencePacking& packing) {
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= config_.context, "sequence length ", T, " exceeds the context ", config_.context);
   TORCH_CHECK(config_.sliding_window == 0 || T <= config_.sliding_window, "sequence length ", T,
@@ -322,7 +325,7 @@ torch::Tensor LlamaImpl::final_hidden(const torch::Tensor& idx) {
               " (config.json's sliding_window): the model computes full causal attention, which equals the window's "
               "only within it; train on --context ", config_.sliding_window, " or less");
   torch::Tensor x = model->embed_tokens(idx);
-  for (const auto& layer : *model->layers) x = fsdp::unit_forward(*layer->as<LlamaDecoderLayerImpl>(), x);
+  for (const auto& layer : *model->layers) x = fsdp::unit_forward(*layer->as<LlamaDecoderLayerImpl>(), x, packing);
   return model->norm(x);
 }
 
@@ -332,11 +335,20 @@ torch::Tensor LlamaImpl::logits(const torch::Tensor& idx) {
 }
 
 torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
+  return forward(idx, targets, SequencePacking(), 0.0);
+}
+
+torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets,
+                                 const SequencePacking& packing, double loss_divisor) {
+  const torch::Tensor hidden = final_hidden(idx, packing);
   if (lm_head && lora::has_adapter(lm_head)) {  // the adapted head's logits whole (its update joins the product)
-    torch::Tensor out = lora::forward(lm_head, final_hidden(idx)).to(torch::kFloat);
-    return torch::nn::functional::cross_entropy(out.view({-1, out.size(-1)}), targets.reshape({-1}));
+    torch::Tensor out = lora::forward(lm_head, hidden).to(torch::kFloat);
+    namespace F = torch::nn::functional;
+    if (loss_divisor <= 0) return F::cross_entropy(out.view({-1, out.size(-1)}), targets.reshape({-1}));
+    return F::cross_entropy(out.view({-1, out.size(-1)}), targets.reshape({-1}),
+                            F::CrossEntropyFuncOptions().reduction(torch::kSum)) / loss_divisor;
   }
-  return next_token_loss(final_hidden(idx), tied_lm_head ? tied_lm_head->weight : lm_head->weight, targets);
+  return next_token_loss(hidden, tied_lm_head ? tied_lm_head->weight : lm_head->weight, targets, loss_divisor);
 }
 
 void LlamaImpl::init_parameter(const std::string& name, torch::Tensor& param) const {

@@ -12,6 +12,7 @@
 
 #include "base/strings.h"
 #include "models/splitmix64.h"
+#include "models/token_file.h"
 
 namespace fsdp::detail {
 
@@ -33,10 +34,7 @@ uint64_t splitmix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-TokenData::TokenData(const std::string& path, int64_t context, int64_t vocab, TokenDataOptions options)
-    : path_(path), context_(context), options_(options) {
-  const double f = options.val_fraction();
-  TORCH_CHECK(f >= 0.0 && f < 1.0, "the validation fraction must be in [0, 1), got ", f);
+TokenFile::TokenFile(const std::string& path) : path_(path) {
   // O_NONBLOCK: a named pipe would otherwise block the open until a writer came.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   TORCH_CHECK(fd >= 0, "cannot open data file '", path, "': ", std::strerror(errno));
@@ -61,6 +59,33 @@ TokenData::TokenData(const std::string& path, int64_t context, int64_t vocab, To
   TORCH_CHECK(token_bytes_ != 4 || file_bytes % 4 == 0, "data file '", path, "' is a .u32 of uint32 tokens but its ",
               "size (", file_bytes, " bytes) is not a multiple of 4");
   size_ = static_cast<int64_t>(file_bytes) / token_bytes_;
+}
+
+void TokenFile::check_ids_below(int64_t vocab) const {
+  if (token_bytes_ < 4 && vocab >= (int64_t{1} << (8 * token_bytes_))) return;  // every id the format can hold is in range
+  // One pass, a chunk at a time; each chunk's pages are dropped from this
+  // process after it is checked (the page cache may keep them).
+  constexpr int64_t kChunkTokens = int64_t{1} << 24;
+  for (int64_t begin = 0; begin < size_; begin += kChunkTokens) {
+    const int64_t end = std::min(size_, begin + kChunkTokens);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t id = token(i);
+      TORCH_CHECK(id < vocab, "data file '", path_, "' has token id ", id, " at position ", i,
+                  ", outside the vocabulary of ", vocab, " (set --vocab)");
+    }
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t first = reinterpret_cast<uintptr_t>(bytes_) + (begin * token_bytes_);
+    const uintptr_t last = reinterpret_cast<uintptr_t>(bytes_) + (end * token_bytes_);
+    const uintptr_t aligned = first / page * page;
+    ::madvise(reinterpret_cast<void*>(aligned), last - aligned, MADV_DONTNEED);
+  }
+}
+
+TokenData::TokenData(const std::string& path, int64_t context, int64_t vocab, TokenDataOptions options)
+    : path_(path), context_(context), options_(options) {
+  const double f = options.val_fraction();
+  TORCH_CHECK(f >= 0.0 && f < 1.0, "the validation fraction must be in [0, 1), got ", f);
+  file_ = std::make_shared<const TokenFile>(path);
   // The spec's ceil(f * n), in double as a reference implementation computes it.
   val_size_ = static_cast<int64_t>(std::ceil(f * static_cast<double>(size())));
   // Starts are taken mod (n_train - T - 1) and mod (n_val - T - 1), so each
@@ -71,24 +96,10 @@ TokenData::TokenData(const std::string& path, int64_t context, int64_t vocab, To
   TORCH_CHECK(val_size_ == 0 || val_size_ > context + 1, "data file '", path, "': the validation split of ", f,
               " holds out ", val_size_, " of its ", size(), " tokens, too few for one validation sequence: need at "
               "least context + 2 = ", context + 2, " (raise the validation fraction, or 0 for no validation)");
-  if (token_bytes_ < 4 && vocab >= (int64_t{1} << (8 * token_bytes_))) return;  // every id the format can hold is in range
-  // One pass, a chunk at a time; each chunk's pages are dropped from this
-  // process after it is checked (the page cache may keep them).
-  constexpr int64_t kChunkTokens = int64_t{1} << 24;
-  for (int64_t begin = 0; begin < size_; begin += kChunkTokens) {
-    const int64_t end = std::min(size_, begin + kChunkTokens);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t id = token(i);
-      TORCH_CHECK(id < vocab, "data file '", path, "' has token id ", id, " at position ", i,
-                  ", outside the vocabulary of ", vocab, " (set --vocab)");
-    }
-    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-    const uintptr_t first = reinterpret_cast<uintptr_t>(bytes_) + (begin * token_bytes_);
-    const uintptr_t last = reinterpret_cast<uintptr_t>(bytes_) + (end * token_bytes_);
-    const uintptr_t aligned = first / page * page;
-    ::madvise(reinterpret_cast<void*>(aligned), last - aligned, MADV_DONTNEED);
-  }
+  file_->check_ids_below(vocab);
 }
+
+int64_t TokenData::size() const { return file_->size(); }
 
 int64_t TokenData::train_start(int64_t step, int64_t j, int64_t global) const {
   const int64_t T = context_;
@@ -112,8 +123,8 @@ std::pair<torch::Tensor, torch::Tensor> TokenData::gather(const std::vector<int6
   auto* ys = y.data_ptr<int64_t>();
   for (int64_t b = 0; b < rows; ++b) {
     for (int64_t t = 0; t < T; ++t) {
-      xs[b * T + t] = token(starts[b] + t);
-      ys[b * T + t] = token(starts[b] + t + 1);
+      xs[b * T + t] = file_->token(starts[b] + t);
+      ys[b * T + t] = file_->token(starts[b] + t + 1);
     }
   }
   return {x, y};

@@ -770,6 +770,8 @@ case_example() {
 
 row llama "the Llama example (fsdp::TrainStep) at W ranks trains what 1 rank does, accumulation too; its parameters are sharded; the loss falls"
 
+row conversations "encode-chat with a ChatML template: the files, render-chat --ids as written; W = 1, 2, 4, accumulation and recompute of packed units train alike (1e-5), the loss the global batch's answer-token mean; packing above 90% full, --no-pack below 60%; bad lines refused naming the line"
+
 row llama-train "fsdp-train --model llama: every strategy at W = 2, 3 and 4 trains what one process does (1e-5); sublayer units, sharded init, recompute change nothing; resume bit for bit; a GPT refuses its checkpoint"
 
 row install "cmake --install gives the public headers, libfsdp, the tools and the package; a consumer builds the Llama example against it and trains as in the tree"

@@ -56,7 +56,13 @@ void add_offload_options(CLI::App& app, TrainOptions& o) {
 // Data, evaluation, weights in and out, logging.
 void add_data_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--seed", o.seed, "initialization seed")->capture_default_str();
-  app.add_option("--data", o.data, "token file: raw bytes, or .bin of uint16 tokens (default: built-in corpus)");
+  app.add_option("--data", o.data,
+                 "token file: raw bytes, .bin of uint16 or .u32 of uint32 tokens (default: built-in corpus); with "
+                 "the .mask and .conversations files fsdp-data encode-chat writes beside it, conversations: the "
+                 "loss on their answers only, packed without attention across them");
+  app.add_flag("--pack,!--no-pack", o.pack,
+               "conversations: several a row, best fit (--no-pack: one a row, padded to --context)")
+      ->capture_default_str();
   app.add_option("--data-order", o.data_order,
                  "shuffled (each sequence's start drawn from its global index) or sequential (consecutive sequences)")
       ->capture_default_str();

@@ -25,6 +25,7 @@ struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags, fsd
   std::string data_order = "shuffled";
   uint64_t data_seed = 0;
   double val_fraction = 0.1;
+  bool pack = true;  // --data of conversations: several a row (else one a row, padded)
   int64_t eval_every = 0;
   std::optional<int64_t> eval_sequences;
   std::string save_final;

@@ -183,6 +183,29 @@ std::string attention_description(const Run& run, torch::ScalarType dtype) {
                                   shape.heads, kv_heads, head_dim);
 }
 
+// The banner's data line: the tokens and their split, or the conversations,
+// their rows and how they attend.
+std::string data_description(const TrainOptions& o, const Run& run) {
+  std::ostringstream out;
+  const std::string order = o.data_order + " order, seed " + std::to_string(o.data_seed);
+  if (run.data) {
+    out << run.data->path() << " (" << run.data->size() << " tokens, " << run.data->val_size()
+        << " held out for validation; " << order << ")";
+    return out.str();
+  }
+  const fsdp::models::ConversationData& c = *run.conversations;
+  out << c.path() << ": " << c.train_conversations() << " conversations in " << c.train_rows() << " rows of "
+      << run.model_config.shape().context << " (" << (o.pack ? "packed best-fit" : "one a row, padded")
+      << ", packing efficiency " << std::setprecision(3) << 100.0 * c.packing_efficiency() << " %), "
+      << c.train_loss_targets() << " answer tokens an epoch, " << c.val_conversations()
+      << " held out for validation; " << order;
+  if (c.truncated() > 0) out << "; " << c.truncated() << " cut to --context + 1 tokens";
+  if (c.skipped() > 0) out << "; " << c.skipped() << " without an answer token left out";
+  out << "\n  conversations: the loss on answer tokens only, its mean over the global batch's; each attends only "
+      << "to itself (a block-diagonal causal mask of T x T bytes a row), positions restarting at each";
+  return out.str();
+}
+
 }  // namespace
 
 std::string lora_description(const Run& run, const TrainOptions& o) {
@@ -228,8 +251,7 @@ void print_banner(const ReportContext& c) {
             << "  AdamW (" << (o.adamw == "fused" ? "fsdp::FusedAdamW" : "torch::optim::AdamW") << "): lr "
             << run.schedule.describe() << "; weight decay " << o.weight_decay << " (matrices only); clip grad norm "
             << o.clip_grad_norm << " (0: off)\n"
-            << "  data: " << run.data->path() << " (" << run.data->size() << " tokens, " << run.data->val_size()
-            << " held out for validation; " << o.data_order << " order, seed " << o.data_seed << ")\n";
+            << "  data: " << data_description(o, run) << "\n";
   if (run.tokenizer) {
     std::cout << "  tokenizer: " << run.tokenizer->path() << " (" << run.tokenizer->vocab_size()
               << " ids; the prompt encoded, the sample decoded, validation also in bits per byte)\n";

@@ -235,16 +235,22 @@ fsdp::LrSchedule make_schedule(const TrainOptions& o) {
   return schedule;
 }
 
-std::unique_ptr<fsdp::models::TokenData> make_data(const TrainOptions& o, const Run& run) {
+void make_data(const TrainOptions& o, Run& run) {
   std::string data_path = o.data.empty() ? std::string(default_corpus_path()) : o.data;
   TORCH_CHECK(!o.data.empty() || std::ifstream(data_path).good(), "the built-in default corpus '", data_path,
               "' is missing: run scripts/setup.sh, or pass --data FILE");
   const fsdp::TransformerShape shape = run.model_config.shape();
-  return std::make_unique<fsdp::models::TokenData>(data_path, shape.context, shape.vocab,
-                                                   fsdp::models::TokenDataOptions()
-                                                       .order(fsdp::parse_enum<fsdp::models::DataOrder>(o.data_order))
-                                                       .seed(o.data_seed)
-                                                       .val_fraction(o.val_fraction));
+  const auto order = fsdp::parse_enum<fsdp::models::DataOrder>(o.data_order);
+  if (fsdp::models::ConversationData::has_conversations(data_path)) {
+    run.conversations = std::make_unique<fsdp::models::ConversationData>(
+        data_path, shape.context, shape.vocab,
+        fsdp::models::ConversationDataOptions().order(order).seed(o.data_seed).val_fraction(o.val_fraction).pack(
+            o.pack));
+    return;
+  }
+  run.data = std::make_unique<fsdp::models::TokenData>(
+      data_path, shape.context, shape.vocab,
+      fsdp::models::TokenDataOptions().order(order).seed(o.data_seed).val_fraction(o.val_fraction));
 }
 
 // --init-from a Hugging Face model: its config.json gives the model (fsdp_tools::init_from_config).
@@ -410,7 +416,7 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   // Before anything is allocated: a bad --freeze or LoRA flag is refused here.
   run.plan_description = fsdp_tools::plan_description(o, run.model_config);
   preflight(o, run, world->size());
-  run.data = make_data(o, run);
+  make_data(o, run);
   // Before the model's seed: --device cuda loads the CUDA module, which must
   // come before anything asks LibTorch about CUDA (src/comm/cuda_module.h).
   choose_device(o, world, run);

@@ -26,7 +26,9 @@ struct Run {
   // --model's configuration: the shape options over the preset, a
   // tokenizer's vocabulary, or --init-from's config.json.
   fsdp::models::ModelConfig model_config;
-  std::unique_ptr<fsdp::models::TokenData> data;
+  std::unique_ptr<fsdp::models::TokenData> data;  // --data of tokens (null for conversations)
+  // --data of conversations (fsdp-data encode-chat's files; null for tokens).
+  std::unique_ptr<fsdp::models::ConversationData> conversations;
   std::shared_ptr<const fsdp::text::Tokenizer> tokenizer;  // --tokenizer (null: none)
   std::shared_ptr<fsdp::models::LanguageModel> model;  // --model: a GPT or a Llama
   fsdp::FullyShardOptions fsdp_options;

@@ -234,6 +234,18 @@ void add_checkpoints(nlohmann::json& summary, const ReportContext& c, const RunF
                            {"saves_waited", k.waited},
                            {"background_write_s", k.background_write_s}};
 }
+// Conversations: what was trained on, how full the rows were, what was cut.
+void add_conversations(nlohmann::json& summary, const ReportContext& c, const RunFigures& figures) {
+  const fsdp::models::ConversationData& data = *c.run.conversations;
+  summary["conversations"] = {{"answer_tokens_trained", figures.answer_tokens},
+                              {"train_conversations", data.train_conversations()},
+                              {"val_conversations", data.val_conversations()},
+                              {"rows", data.train_rows()},
+                              {"packed", c.o.pack},
+                              {"packing_efficiency", data.packing_efficiency()},
+                              {"truncated", data.truncated()},
+                              {"without_answer", data.skipped()}};
+}
 }  // namespace
 
 void write_summary(const ReportContext& c, const RunFigures& figures, const EndFigures& end) {
@@ -244,6 +256,7 @@ void write_summary(const ReportContext& c, const RunFigures& figures, const EndF
   add_offload(summary, c, figures);
   add_checkpoints(summary, c, figures);
   if (!c.run.strategy_reason.empty()) summary["strategy_reason"] = c.run.strategy_reason;
+  if (c.run.conversations) add_conversations(summary, c, figures);
   if (figures.final_val_loss) {
     summary["final_val_loss"] = *figures.final_val_loss;
     summary["eval_sequences"] = figures.eval_sequences;
@@ -269,7 +282,15 @@ void print_training(const ReportContext& c, const RunFigures& figures) {
   if (figures.final_val_loss) {
     std::cout << "validation loss   " << std::setprecision(4) << *figures.final_val_loss;
     if (figures.final_val_bpb) std::cout << " = " << std::setprecision(3) << *figures.final_val_bpb << " bits/byte";
-    std::cout << " (" << figures.eval_sequences << " held-out sequences)\n";
+    std::cout << " (" << (c.run.conversations ? "the answer tokens of up to " : "") << figures.eval_sequences
+              << " held-out " << (c.run.conversations ? "rows" : "sequences") << ")\n";
+  }
+  if (c.run.conversations) {
+    const fsdp::models::ConversationData& data = *c.run.conversations;
+    std::cout << "conversations     " << figures.answer_tokens << " answer tokens trained; rows "
+              << std::setprecision(1) << 100.0 * data.packing_efficiency() << "% full ("
+              << (c.o.pack ? "packed" : "one a row") << "); " << data.truncated() << " cut to --context + 1, "
+              << data.skipped() << " without an answer token\n";
   }
   std::cout << "throughput        " << std::setprecision(0) << c.predicted.tokens_per_step / typical
             << " tokens/s (median step " << std::setprecision(3) << typical << " s, first step excluded); wall "

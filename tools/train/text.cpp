@@ -67,6 +67,7 @@ std::string decode_sample(const Run& run, const std::vector<int64_t>& tokens) {
 }
 
 std::optional<int64_t> validation_bytes(const Run& run, int64_t sequences) {
+  if (!run.data) return std::nullopt;  // conversations: the loss is over answers, not every byte
   const bool bytes_are_tokens = !run.tokenizer && !is_token_file(run.data->path());
   if (!run.tokenizer && !bytes_are_tokens) return std::nullopt;
   const torch::Tensor targets = run.data->val_batch(0, sequences).second.contiguous();

@@ -105,7 +105,10 @@ struct CheckpointedState {
         preset(fsdp::RecordedValue::text(o.preset)),
         weight_decay(fsdp::RecordedValue::number(o.weight_decay)),
         lora(fsdp::RecordedValue::text(lora_record(run))),
-        data(run.data->options(),
+        data(fsdp::models::TokenDataOptions()
+                 .order(fsdp::parse_enum<fsdp::models::DataOrder>(o.data_order))
+                 .seed(o.data_seed)
+                 .val_fraction(o.val_fraction),
              ": pass the same --data-order, --data-seed and --val-fraction to continue the same batches"),
         schedule(run.schedule, ": pass the same --lr, --lr-schedule, --warmup-steps, --min-lr (and --steps for cosine)"),
         loss_scale(scaler ? std::make_unique<fsdp::LossScaleState>(*scaler) : nullptr) {}
@@ -301,6 +304,13 @@ class Trainer {
                              .sequences(figures_.eval_sequences)
                              .batch(run_.model_config.shape().batch)
                              .device(run_.device);
+    if (run_.conversations) {
+      auto summed = [this](const fsdp::models::PackedBatch& b) {
+        return model_.forward(b.inputs, b.targets, fsdp::SequencePacking::from_positions(b.positions), 1.0);
+      };
+      figures_.final_val_loss = fsdp::evaluate_loss(model_.state(), summed, *run_.conversations, world_, options);
+      return figures_.final_val_loss;
+    }
     auto loss = [this](const torch::Tensor& x, const torch::Tensor& y) { return model_.forward(x, y); };
     figures_.final_val_loss = fsdp::evaluate_loss(model_.state(), loss, *run_.data, world_, options);
     // The text behind the validation targets: the same every evaluation.
@@ -327,11 +337,28 @@ class Trainer {
                 checkpoints_ ? ", and the newest checkpoint in --ckpt-dir is from before it" : "");
   }
 
+  // This rank's loss of micro-step `micro`: the mean over its sequences'
+  // tokens, or for conversations the sum over its answer tokens divided so
+  // that the step's loss is the mean over the whole global batch's.
+  torch::Tensor micro_step_loss(int64_t step, int64_t micro) {
+    const int W = world_->size();
+    const int64_t A = o_.grad_accum, batch = run_.model_config.shape().batch;
+    if (!run_.conversations) {
+      auto [x, y] = run_.data->batch(step, micro, rank_, W, A, batch);
+      return model_.forward(x.to(run_.device, /*non_blocking=*/true), y.to(run_.device, /*non_blocking=*/true));
+    }
+    const fsdp::models::PackedBatch b = run_.conversations->batch(step, micro, rank_, W, A, batch);
+    const int64_t answer_tokens = run_.conversations->global_loss_targets(step, batch * W * A);
+    if (micro == 0) figures_.answer_tokens += answer_tokens;
+    const auto packing = fsdp::SequencePacking::from_positions(b.positions.to(run_.device, /*non_blocking=*/true));
+    return model_.forward(b.inputs.to(run_.device, /*non_blocking=*/true),
+                          b.targets.to(run_.device, /*non_blocking=*/true), packing,
+                          train_step_.token_loss_divisor(answer_tokens));
+  }
+
   // The loop: a step, the evaluation and checkpoint when due, the ranks'
   // agreement on a preemption, the step's report.
   void loop() {
-    const int W = world_->size();
-    const int64_t A = o_.grad_accum, batch = run_.model_config.shape().batch;
     preemption_.start_stepping();  // until here a signal ended the run at once (nothing to save)
     for (int64_t step = figures_.first_step; step < o_.steps; ++step) {
       fsdp::trace::Span step_span("step " + std::to_string(step + 1), "step");
@@ -340,10 +367,7 @@ class Trainer {
       figures_.fold_device_peak(run_.device);
       figures_.checkpoints.in_flight_this_step = checkpoints_ && checkpoints_->in_flight();
       figures_.checkpoints.blocked_this_step = 0.0;
-      const fsdp::StepResult result = train_step_([&](int64_t micro) {
-        auto [x, y] = run_.data->batch(step, micro, rank_, W, A, batch);
-        return model_.forward(x.to(run_.device, /*non_blocking=*/true), y.to(run_.device, /*non_blocking=*/true));
-      });
+      const fsdp::StepResult result = train_step_([&](int64_t micro) { return micro_step_loss(step, micro); });
       check_finite(result, step, lr);
       figures_.record(result, model_.state().cross_host_comm_stats(), step, o_.steps, rank_);
       const std::optional<double> val_loss = maybe_evaluate(step);

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# ctest hugging_face_chat: conversations against `transformers` (PyPI), with
+# the hub's real chat templates (llama-cpp-python's sdist, python_refs.sh):
+#   1. for a tokenizer of each family's shape (Llama 3.1, Qwen2.5, Qwen3,
+#      SmolLM3) with its real template, fsdp-data render-chat --ids gives
+#      apply_chat_template(tokenize=True)'s ids, and the masks of rendering
+#      the prefixes (fsdp/chat_encoding.h's definition), on the conversation
+#      set of chat_reference.py: system or none, multi-turn, unicode, empty;
+#   2. a random Llama with the Qwen2.5 folder: fsdp-train's first loss on
+#      encode-chat's files, packed into one row and one conversation a row,
+#      equals transformers' loss over the same answer tokens (labels -100
+#      elsewhere), each conversation run alone, within 1e-5.
+#   chat.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build="$1" source="$2"
+python="${FSDP_TEST_PYTHON:-$source/.venv/bin/python}"
+skip() {
+  echo "skipped: $1"
+  [ -n "${CI:-}" ] && exit 1
+  exit 77
+}
+[ -x "$python" ] || skip "no test python ($python; scripts/test.sh makes it)"
+"$python" -c "import torch, transformers" 2>/dev/null || skip "$python lacks torch or transformers"
+templates="$source/.venv/assets/chat_templates"
+[ -d "$templates" ] || skip "no hub chat templates in $templates (scripts/python_refs.sh fetches them)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1
+ref=("$python" "$source/tests/hugging_face/chat_reference.py")
+"${ref[@]}" conversations "$work/chats.jsonl"
+
+echo "== 1. ids and masks against apply_chat_template"
+for family in llama3:meta-llama-Llama-3.1-8B-Instruct qwen2.5:Qwen-Qwen2.5-7B-Instruct qwen3:Qwen-Qwen3-0.6B \
+              smollm3:HuggingFaceTB-SmolLM3-3B; do
+  name="${family%%:*}" file="$templates/${family#*:}.jinja"
+  mkdir -p "$work/$name"
+  "${ref[@]}" make "$name" "$file" "$work/$name"
+  "$build/fsdp-data" render-chat --model "$work/$name" --ids "$work/chats.jsonl" > "$work/$name.ids.jsonl"
+  "${ref[@]}" ids "$work/$name" "$work/chats.jsonl" "$work/$name.ids.jsonl"
+done
+
+echo "== 2. the loss of a random Llama against transformers'"
+folder="$work/qwen2.5"
+"${ref[@]}" model "$folder"
+"$build/fsdp-data" encode-chat --model "$folder" -o "$work/chats.bin" "$work/chats.jsonl"
+common=(--model llama --init-from "$folder" --data "$work/chats.bin" --steps 1 --val-fraction 0 --data-order sequential)
+"$build/fsdp-run" -n 1 -- "$build/fsdp-train" "${common[@]}" --batch 1 --summary "$work/packed.json" > "$work/packed.out"
+"$build/fsdp-run" -n 1 -- "$build/fsdp-train" "${common[@]}" --batch 5 --no-pack --summary "$work/unpacked.json" \
+  > "$work/unpacked.out"
+jq -e '.conversations.rows == 1' "$work/packed.json" > /dev/null || { echo "expected one packed row"; exit 1; }
+"${ref[@]}" loss "$folder" "$work/chats.jsonl" "$work/qwen2.5.ids.jsonl" "$work/packed.json" "$work/unpacked.json"

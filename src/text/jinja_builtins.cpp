@@ -42,9 +42,12 @@ Value repeat(const Value& sequence, int64_t times) {
 
 Value integer_operation(const std::string& op, int64_t x, int64_t y) {
   int64_t r = 0;
-  if (op == "+") return Value::from(checked(__builtin_add_overflow(x, y, &r), r));
-  if (op == "-") return Value::from(checked(__builtin_sub_overflow(x, y, &r), r));
-  if (op == "*") return Value::from(checked(__builtin_mul_overflow(x, y, &r), r));
+  bool overflow = false;
+  if (op == "+" || op == "-" || op == "*") {
+    overflow = op == "+" ? __builtin_add_overflow(x, y, &r) : op == "-" ? __builtin_sub_overflow(x, y, &r)
+                                                                        : __builtin_mul_overflow(x, y, &r);
+    return Value::from(checked(overflow, r));
+  }
   if (op == "/") {
     if (y == 0) throw RenderError("division by zero");
     return Value::from(static_cast<double>(x) / static_cast<double>(y));
@@ -62,7 +65,8 @@ Value integer_operation(const std::string& op, int64_t x, int64_t y) {
   if (y < 0) return Value::from(std::pow(static_cast<double>(x), static_cast<double>(y)));
   int64_t result = 1;
   for (int64_t i = 0; i < y; ++i) {
-    result = checked(__builtin_mul_overflow(result, x, &result), result);
+    overflow = __builtin_mul_overflow(result, x, &result);
+    checked(overflow, result);
     if (result == 0 || result == 1) break;
   }
   return Value::from(result);

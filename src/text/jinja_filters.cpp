@@ -54,6 +54,12 @@ std::vector<Value> items_of(const Value& v) {
   return iterate(v);
 }
 
+// map, select and the like start with `if seq:`, so None and "" give nothing.
+std::vector<Value> items_if_truthy(const Value& v) {
+  if (!v.truthy()) return {};
+  return iterate(v);
+}
+
 Value filter_length(const Value& v, CallArgs& args) {
   args.expect_all_used("filter length");
   if (v.is_undefined()) return Value::from(0);
@@ -83,7 +89,7 @@ Value filter_map(const Value& v, CallArgs& args) {
     if (!attribute) throw RenderError("map: expected a filter name or attribute=");
     const Value* fallback = args.get(1, "default");
     args.expect_all_used("filter map");
-    for (const Value& item : items_of(v)) {
+    for (const Value& item : items_if_truthy(v)) {
       Value x = attribute_path(item, to_str(*attribute));
       out.push_back(x.is_undefined() && fallback ? *fallback : x);
     }
@@ -91,7 +97,7 @@ Value filter_map(const Value& v, CallArgs& args) {
   }
   std::string name = to_str(args.positional[0]);
   if (!known_filter(name)) throw RenderError("No filter named '" + name + "'.");
-  for (const Value& item : items_of(v)) {
+  for (const Value& item : items_if_truthy(v)) {
     CallArgs rest;
     rest.positional.assign(args.positional.begin() + 1, args.positional.end());
     rest.keywords = args.keywords;
@@ -112,7 +118,7 @@ Value select_items(const Value& v, CallArgs& args, bool by_attribute, bool keep_
   if (next < args.positional.size()) test = to_str(args.positional[next++]);
   if (!test.empty() && !known_test(test)) throw RenderError("No test named '" + test + "'.");
   std::vector<Value> out;
-  for (const Value& item : items_of(v)) {
+  for (const Value& item : items_if_truthy(v)) {
     Value subject = by_attribute ? attribute_path(item, attribute) : item;
     bool passed;
     if (test.empty()) {

@@ -212,7 +212,18 @@ Value binary_operation(const std::string& op, const Value& a, const Value& b) {
     return float_operation(op, a.as_double(), b.as_double());
   }
   if (op == "+") {
-    if (a.is_string() && b.is_string()) return Value::from(a.string + b.string);
+    if (a.is_string() && b.is_string() && a.is_markup != b.is_markup) {
+      // Markup + str (|safe's result) escapes the plain side, as markupsafe does.
+      Value joined = Value::from((a.is_markup ? a.string : html_escape(a.string)) +
+                                 (b.is_markup ? b.string : html_escape(b.string)));
+      joined.is_markup = true;
+      return joined;
+    }
+    if (a.is_string() && b.is_string()) {
+      Value joined = Value::from(a.string + b.string);
+      joined.is_markup = a.is_markup;
+      return joined;
+    }
     if (a.is_list() && b.is_list() && a.is_tuple == b.is_tuple && !a.view && !b.view) {
       std::vector<Value> items = *a.list;
       items.insert(items.end(), b.list->begin(), b.list->end());

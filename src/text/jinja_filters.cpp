@@ -370,21 +370,6 @@ Value filter_truncate(const Value& v, CallArgs& args) {
   return Value::from((space == std::string::npos ? kept : kept.substr(0, space)) + end);
 }
 
-std::string html_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
 Value filter_batch(const Value& v, CallArgs& args) {
   int64_t size = optional_argument(args, 0, "linecount", Value::from(1)).integer;
   Value fill = optional_argument(args, 1, "fill_with", Value::none());

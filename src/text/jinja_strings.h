@@ -30,6 +30,8 @@ std::string python_replace(const std::string& s, const std::string& old_text, co
 std::string percent_format(const std::string& format, const Value& args);
 /// str.format(*args, **kwargs) for {} {0} {name} fields with simple specs.
 std::string brace_format(const std::string& format, CallArgs& args);
+/// markupsafe's escape: & < > " ' as HTML entities.
+std::string html_escape(const std::string& s);
 /// A method of a str value (`name` of str), bound to it; Undefined if none.
 Value string_method(const Value& self, const std::string& name);
 

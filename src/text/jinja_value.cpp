@@ -451,6 +451,7 @@ static void json_dump(const Value& v, const JsonDumpOptions& o, int depth, std::
     case Kind::string: json_string(v.string, o.ensure_ascii, out); return;
     case Kind::dict: json_dump_dict(*v.dict, o, depth, out); return;
     case Kind::list:
+      if (v.view) throw RenderError("Object of type " + std::string(v.view) + " is not JSON serializable");
       if (v.list->empty()) {
         out += "[]";
         return;

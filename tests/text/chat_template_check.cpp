@@ -29,7 +29,7 @@ struct Loaded {
   std::string error;
 };
 
-nlohmann::json render_case(Loaded& loaded, const nlohmann::json& variables) {
+nlohmann::json render_case(Loaded& loaded, const nlohmann::ordered_json& variables) {
   nlohmann::json result;
   if (!loaded.chat) {
     result["error"] = loaded.error;
@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    nlohmann::json cases = nlohmann::json::parse(read_all(argv[1]));
+    // ordered: the templates see the messages' keys in the order given, as Python does
+    nlohmann::ordered_json cases = nlohmann::ordered_json::parse(read_all(argv[1]));
     std::map<std::string, Loaded> templates;
     nlohmann::json results = nlohmann::json::array();
     for (const auto& c : cases) {

@@ -286,7 +286,11 @@ Value Evaluator::eval_core(const Expr& e) {
     case ExprKind::call: return eval_call(e);
     case ExprKind::filter: return eval_filter(e, nullptr);
     case ExprKind::test: return Value::from(eval_test(e).truthy());
-    case ExprKind::negate: return binary_operation("-", Value::from(0), eval(*e.children[0]));
+    case ExprKind::negate: {
+      Value v = eval(*e.children[0]);
+      if (v.kind == Kind::floating) return Value::from(-v.floating);  // -0.0 stays negative
+      return binary_operation("-", Value::from(0), v);
+    }
     case ExprKind::plus: return binary_operation("+", Value::from(0), eval(*e.children[0]));
     case ExprKind::logical_not: return Value::from(!eval(*e.children[0]).truthy());
     case ExprKind::binary: return binary_operation(e.name, eval(*e.children[0]), eval(*e.children[1]));

@@ -42,9 +42,7 @@ static std::vector<std::string> split_whitespace(const std::string& s, int64_t m
     while (i < n && is_python_space(cps[i])) ++i;
     if (i >= n) break;
     if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
-      size_t end = n;
-      while (end > i && is_python_space(cps[end - 1])) --end;
-      out.push_back(from_code_points(cps, i, end));
+      out.push_back(from_code_points(cps, i, n));  // the rest, trailing whitespace and all
       break;
     }
     size_t start = i;
@@ -193,40 +191,33 @@ std::string python_replace(const std::string& s, const std::string& old_text, co
 }
 
 // One %-conversion: flags, width, precision and type already split out.
+// Numbers go through printf, whose conversions Python's follow.
 static std::string format_one(char type, const std::string& flags, int width, int precision, const Value& v) {
   std::string body;
   char buf[512];
+  std::string spec = "%" + flags + (width ? std::to_string(width) : "") +
+                     (precision >= 0 ? "." + std::to_string(precision) : "");
+  if (type == 'd' || type == 'i' || type == 'x' || type == 'X' || type == 'o') {
+    if (!v.is_number()) throw RenderError(std::string("%") + type + " format: a real number is required, not " + type_name(v));
+    long long n = v.kind == Kind::integer ? v.integer : static_cast<long long>(v.as_double());
+    std::snprintf(buf, sizeof buf, (spec + "ll" + (type == 'i' ? 'd' : type)).c_str(), n);
+    return buf;
+  }
+  if (type == 'f' || type == 'F' || type == 'e' || type == 'E' || type == 'g' || type == 'G') {
+    if (!v.is_number()) throw RenderError(std::string("%") + type + " format: a real number is required, not " + type_name(v));
+    std::snprintf(buf, sizeof buf, (spec + type).c_str(), v.as_double());
+    return buf;
+  }
   if (type == 's') body = to_str(v);
   else if (type == 'r' || type == 'a') body = to_repr(v);
-  else if (type == 'd' || type == 'i' || type == 'x' || type == 'X' || type == 'o') {
-    if (!v.is_number()) throw RenderError(std::string("%") + type + " format: a real number is required, not " + type_name(v));
-    long long n = v.kind == Kind::floating ? static_cast<long long>(v.floating) : static_cast<long long>(v.as_double());
-    if (v.kind == Kind::integer) n = v.integer;
-    const char* spec = type == 'x' ? "%llx" : type == 'X' ? "%llX" : type == 'o' ? "%llo" : "%lld";
-    std::snprintf(buf, sizeof buf, spec, n);
-    body = buf;
-  } else if (type == 'f' || type == 'F' || type == 'e' || type == 'E' || type == 'g' || type == 'G') {
-    if (!v.is_number()) throw RenderError(std::string("%") + type + " format: a real number is required, not " + type_name(v));
-    std::string spec = "%." + std::to_string(precision < 0 ? 6 : precision) + type;
-    std::snprintf(buf, sizeof buf, spec.c_str(), v.as_double());
-    body = buf;
-  } else if (type == 'c') {
-    body = v.is_string() ? v.string : from_code_points({static_cast<uint32_t>(v.integer)}, 0, 1);
-  } else {
-    throw RenderError(std::string("unsupported format character '") + type + "'");
-  }
-  if ((type == 's' || type == 'r') && precision >= 0) {
+  else if (type == 'c') body = v.is_string() ? v.string : from_code_points({static_cast<uint32_t>(v.integer)}, 0, 1);
+  else throw RenderError(std::string("unsupported format character '") + type + "'");
+  if (precision >= 0) {
     std::vector<uint32_t> cps = code_points(body);
     body = from_code_points(cps, 0, std::min<size_t>(cps.size(), precision));
   }
   int pad = width - static_cast<int>(code_point_count(body));
-  if (pad > 0) {
-    bool left = flags.find('-') != std::string::npos;
-    bool zero = flags.find('0') != std::string::npos && type != 's' && type != 'r';
-    if (left) body += std::string(pad, ' ');
-    else if (zero && !body.empty() && body[0] == '-') body = "-" + std::string(pad, '0') + body.substr(1);
-    else body = std::string(pad, zero ? '0' : ' ') + body;
-  }
+  if (pad > 0) body = flags.find('-') != std::string::npos ? body + std::string(pad, ' ') : std::string(pad, ' ') + body;
   return body;
 }
 

@@ -307,6 +307,7 @@ std::string to_repr(const Value& v) {
     case Kind::string: return string_repr(v.string);
     case Kind::list: return sequence_repr(v);
     case Kind::dict: return dict_repr(*v.dict);
+    case Kind::undefined: return "Undefined";
     default: return to_str(v);
   }
 }

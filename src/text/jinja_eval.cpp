@@ -10,7 +10,7 @@ namespace {
 
 constexpr int kMaxCallDepth = 100;          // macros calling macros (or themselves)
 constexpr size_t kMaxOutputBytes = 1 << 28;  // 256 MiB of text: a runaway loop, not a conversation
-constexpr size_t kMaxLoopSteps = 50'000'000;
+constexpr size_t kMaxLoopSteps = 10'000'000;
 
 enum class Flow { normal, loop_break, loop_continue };
 
@@ -194,7 +194,7 @@ Flow Evaluator::exec_for(const Node& node, std::string& out) {
     if (keep) items.push_back(item);
   }
   for (size_t i = 0; i < items.size(); ++i) {
-    if (++loop_steps_ > kMaxLoopSteps) fail(node.line, "more than 50 million loop steps");
+    if (++loop_steps_ > kMaxLoopSteps) fail(node.line, "more than 10 million loop steps");
     frames_.emplace_back();
     assign("loop", make_loop(items, i));
     assign_targets(node, items[i], node.line);

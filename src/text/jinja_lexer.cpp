@@ -231,7 +231,12 @@ void Lexer::lex_number() {
   auto digits = [&](size_t& i) {
     while (i < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[i])) || src_[i] == '_')) ++i;
   };
-  digits(end);
+  if (src_[pos_] == '0') {
+    // Jinja's integers have no leading zeros: "012" is 0 then 12, which the parser refuses.
+    while (end < src_.size() && (src_[end] == '0' || src_[end] == '_')) ++end;
+  } else {
+    digits(end);
+  }
   bool is_float = false;
   if (end + 1 < src_.size() && src_[end] == '.' && std::isdigit(static_cast<unsigned char>(src_[end + 1]))) {
     ++end;

@@ -9,7 +9,7 @@
 namespace fsdp::text::jinja {
 namespace {
 
-constexpr int kMaxNesting = 200;  // expressions and blocks; deeper input is refused, not recursed into
+constexpr int kMaxNesting = 100;  // expressions and blocks; deeper input is refused, not recursed into
 
 class Parser {
  public:

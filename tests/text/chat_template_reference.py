@@ -24,7 +24,7 @@ import time
 
 # The number of templates that rendered identically when this script was last
 # brought up to date; fewer is a regression.
-MATCH_FLOOR = 0
+MATCH_FLOOR = 67
 
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
 

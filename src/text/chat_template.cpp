@@ -104,7 +104,12 @@ ChatRendering ChatTemplate::render(const std::string& variables_json) const {
     throw std::runtime_error(impl_->origin + ": expected the variables as a JSON object, found " +
                              std::string(variables.type_name()));
   jinja::Dict all = impl_->defaults;
-  jinja::Value given = jinja::from_json(variables);
+  jinja::Value given;
+  try {
+    given = jinja::from_json(variables);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(impl_->origin + ": the variables: " + e.what());
+  }
   for (const auto& [key, value] : given.dict->items) all.set(key, value);
   jinja::RenderOutput out = jinja::render(impl_->body, all, impl_->origin);
   return ChatRendering{std::move(out.text), std::move(out.generation_ranges)};

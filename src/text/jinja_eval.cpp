@@ -2,6 +2,7 @@
 // under transformers (see jinja_eval.h): scopes, loops, macros, {% generation %}.
 #include "text/jinja_eval.h"
 
+#include <memory>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -62,7 +63,8 @@ class Evaluator {
   void exec_generation(const Node& node, std::string& out);
   Value make_macro(const Node& node);
   Value call_macro(const Node& node, CallArgs& args);
-  Value make_loop(const std::vector<Value>& items, size_t i);
+  Value make_loop(const std::vector<Value>& items, const std::shared_ptr<size_t>& index);
+  void advance_loop(Value& loop, const std::vector<Value>& items, size_t i);
 
   Value eval(const Expr& e);
   Value eval_core(const Expr& e);
@@ -156,26 +158,33 @@ void Evaluator::exec_generation(const Node& node, std::string& out) {
   write(out, body, node.line);
 }
 
-Value Evaluator::make_loop(const std::vector<Value>& items, size_t i) {
+// Jinja's LoopContext is one object that advances, so one namespace per loop
+// is updated in place (a template that keeps `loop` sees it advance too).
+Value Evaluator::make_loop(const std::vector<Value>& items, const std::shared_ptr<size_t>& index) {
   Value loop = Value::make_namespace();
-  auto& d = *loop.dict;
-  size_t n = items.size();
-  d.set(Value::from("index"), Value::from(static_cast<int64_t>(i + 1)));
-  d.set(Value::from("index0"), Value::from(static_cast<int64_t>(i)));
-  d.set(Value::from("revindex"), Value::from(static_cast<int64_t>(n - i)));
-  d.set(Value::from("revindex0"), Value::from(static_cast<int64_t>(n - i - 1)));
-  d.set(Value::from("first"), Value::from(i == 0));
-  d.set(Value::from("last"), Value::from(i + 1 == n));
-  d.set(Value::from("length"), Value::from(static_cast<int64_t>(n)));
-  d.set(Value::from("depth"), Value::from(1));
-  d.set(Value::from("depth0"), Value::from(0));
-  if (i > 0) d.set(Value::from("previtem"), items[i - 1]);
-  if (i + 1 < n) d.set(Value::from("nextitem"), items[i + 1]);
-  d.set(Value::from("cycle"), Value::make_function([i](CallArgs& args) {
-          if (args.positional.empty()) throw RenderError("no items for cycling given");
-          return args.positional[i % args.positional.size()];
-        }));
+  loop.dict->set(Value::from("length"), Value::from(static_cast<int64_t>(items.size())));
+  loop.dict->set(Value::from("depth"), Value::from(1));
+  loop.dict->set(Value::from("depth0"), Value::from(0));
+  loop.dict->set(Value::from("cycle"), Value::make_function([index](CallArgs& args) {
+                   if (args.positional.empty()) throw RenderError("no items for cycling given");
+                   return args.positional[*index % args.positional.size()];
+                 }));
+  for (const char* name : {"index", "index0", "revindex", "revindex0", "first", "last", "previtem", "nextitem"})
+    loop.dict->set(Value::from(name), Value());
   return loop;
+}
+
+void Evaluator::advance_loop(Value& loop, const std::vector<Value>& items, size_t i) {
+  auto& entries = loop.dict->items;  // in make_loop's order: length, depth, depth0, cycle, then these
+  const int64_t n = static_cast<int64_t>(items.size()), at = static_cast<int64_t>(i);
+  entries[4].second = Value::from(at + 1);
+  entries[5].second = Value::from(at);
+  entries[6].second = Value::from(n - at);
+  entries[7].second = Value::from(n - at - 1);
+  entries[8].second = Value::from(i == 0);
+  entries[9].second = Value::from(at + 1 == n);
+  entries[10].second = i > 0 ? items[i - 1] : Value::undefined("'previtem' is undefined on the first iteration");
+  entries[11].second = at + 1 < n ? items[i + 1] : Value::undefined("'nextitem' is undefined on the last iteration");
 }
 
 Flow Evaluator::exec_for(const Node& node, std::string& out) {
@@ -193,10 +202,14 @@ Flow Evaluator::exec_for(const Node& node, std::string& out) {
     frames_.pop_back();
     if (keep) items.push_back(item);
   }
+  auto index = std::make_shared<size_t>(0);
+  Value loop = make_loop(items, index);
   for (size_t i = 0; i < items.size(); ++i) {
     if (++loop_steps_ > kMaxLoopSteps) fail(node.line, "more than 10 million loop steps");
+    *index = i;
+    advance_loop(loop, items, i);
     frames_.emplace_back();
-    assign("loop", make_loop(items, i));
+    assign("loop", loop);
     assign_targets(node, items[i], node.line);
     Flow flow;
     try {

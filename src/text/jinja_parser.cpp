@@ -187,6 +187,10 @@ NodePtr Parser::parse_statement() {
     node->line = line;
     return node;
   }
+  static const char* const closers[] = {"endif", "elif", "else", "endfor", "endset", "endmacro", "endfilter",
+                                       "endgeneration", "endraw"};
+  for (const char* closer : closers)
+    if (name == closer) fail("{% " + name + " %} where no open block takes it", line);
   fail("unsupported statement {% " + name + " %}", line);
 }
 

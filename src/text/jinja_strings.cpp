@@ -223,8 +223,10 @@ static std::string format_one(char type, const std::string& flags, int width, in
 
 std::string percent_format(const std::string& format, const Value& args) {
   std::vector<Value> positional;
+  // A dict is the mapping of %(name)s fields, or else one value, as in Python.
+  bool by_name = args.kind == Kind::dict && format.find("%(") != std::string::npos;
   if (args.kind == Kind::list && args.is_tuple) positional = *args.list;
-  else if (args.kind != Kind::dict) positional.push_back(args);
+  else if (!by_name) positional.push_back(args);
   size_t next = 0;
   std::string out;
   for (size_t i = 0; i < format.size(); ++i) {
@@ -265,7 +267,7 @@ std::string percent_format(const std::string& format, const Value& args) {
     }
     out += format_one(format[i], flags, width, precision, *value);
   }
-  if (args.kind != Kind::dict && next < positional.size())
+  if (!by_name && next < positional.size())
     throw RenderError("not all arguments converted during string formatting");
   return out;
 }

@@ -12,6 +12,26 @@
 #include <unicode/uchar.h>
 
 namespace fsdp::text::jinja {
+namespace {
+
+// Values nest as deep as a template makes them ([x] in a loop); printing,
+// comparing and converting them recurses, so past this depth they are refused.
+constexpr int kMaxValueDepth = 512;
+thread_local int value_depth = 0;
+
+struct ValueDepthGuard {
+  ValueDepthGuard() {
+    if (++value_depth > kMaxValueDepth) {
+      value_depth = 0;  // the error unwinds every guard; start afresh
+      throw RenderError("values nested deeper than " + std::to_string(kMaxValueDepth));
+    }
+  }
+  ~ValueDepthGuard() {
+    if (value_depth > 0) --value_depth;
+  }
+};
+
+}  // namespace
 
 Value Value::none() {
   Value v;
@@ -276,6 +296,7 @@ static std::string string_repr(const std::string& s) {
 }
 
 static std::string sequence_repr(const Value& v) {
+  ValueDepthGuard guard;
   if (v.is_iterator())
     throw RenderError("printing a " + std::string(v.view) + " object, which Python shows with its memory address");
   if (v.view && std::strcmp(v.view, "range") == 0) return v.string;
@@ -294,6 +315,7 @@ static std::string sequence_repr(const Value& v) {
 }
 
 static std::string dict_repr(const Dict& d) {
+  ValueDepthGuard guard;
   std::string out = "{";
   for (size_t i = 0; i < d.items.size(); ++i) {
     if (i) out += ", ";
@@ -328,6 +350,7 @@ std::string to_str(const Value& v) {
 }
 
 bool equals(const Value& a, const Value& b) {
+  ValueDepthGuard guard;
   if (a.is_number() && b.is_number()) {
     if (a.kind != Kind::floating && b.kind != Kind::floating)
       return (a.kind == Kind::boolean ? a.boolean : a.integer) == (b.kind == Kind::boolean ? b.boolean : b.integer);
@@ -355,6 +378,7 @@ bool equals(const Value& a, const Value& b) {
 }
 
 bool less_than(const Value& a, const Value& b) {
+  ValueDepthGuard guard;
   if (a.is_number() && b.is_number()) {
     if (a.kind == Kind::integer && b.kind == Kind::integer) return a.integer < b.integer;
     return a.as_double() < b.as_double();
@@ -477,6 +501,7 @@ std::string json_dumps(const Value& v, const JsonDumpOptions& options) {
 }
 
 Value from_json(const nlohmann::ordered_json& j) {
+  ValueDepthGuard guard;
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
     case nlohmann::ordered_json::value_t::boolean: return Value::from(j.get<bool>());

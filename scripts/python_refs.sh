@@ -9,13 +9,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/libtorch_kinds.sh
 refs=("torch==$wheel_torch_version" "${python_reference_packages[@]}")
-# fetch_assets: the pinned sdists' *.tiktoken files into .venv/assets/ (pip download --no-deps), once.
+# fetch_assets: the pinned sdists' assets into .venv/assets/ (pip download --no-deps), once:
+# whisper's *.tiktoken files, and llama-cpp-python's hub chat templates into chat_templates/.
 fetch_assets() {
-  [ -f .venv/assets/gpt2.tiktoken ] && [ -f .venv/assets/multilingual.tiktoken ] && return 0
+  [ -f .venv/assets/gpt2.tiktoken ] && [ -f .venv/assets/multilingual.tiktoken ] \
+    && compgen -G '.venv/assets/chat_templates/*.jinja' > /dev/null && return 0
   .venv/bin/python -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
     -d .venv/assets "${python_reference_assets[@]}"
+  mkdir -p .venv/assets/chat_templates
   for sdist in .venv/assets/*.tar.gz; do
-    tar -xzf "$sdist" -C .venv/assets --wildcards --no-anchored --strip-components=3 'whisper/assets/*.tiktoken'
+    case "$(basename "$sdist")" in
+      llama_cpp_python-*|llama-cpp-python-*)
+        tar -xzf "$sdist" -C .venv/assets/chat_templates --wildcards --no-anchored --strip-components=5 \
+          'vendor/llama.cpp/models/templates/*.jinja' ;;
+      *) tar -xzf "$sdist" -C .venv/assets --wildcards --no-anchored --strip-components=3 'whisper/assets/*.tiktoken' ;;
+    esac
   done
 }
 if .venv/bin/python - "${refs[@]}" <<'PY' 2>/dev/null; then fetch_assets; exit 0; fi

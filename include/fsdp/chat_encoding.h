@@ -6,6 +6,7 @@
 /// messages trained on (the answers by default). Free of LibTorch (fsdp_text).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,5 +49,11 @@ std::string conversation_json(const std::string& line);
 /// (raise_exception, a render error).
 EncodedConversation encode_conversation(const ChatTemplate& chat_template, const Tokenizer& tokenizer,
                                         const std::string& conversation, const std::vector<std::string>& train_on);
+
+/// The token that ends an answer as `chat_template` writes it (Qwen's
+/// <|im_end|>, Llama 3's <|eot_id|>): the first token of what it renders
+/// after an assistant message's content. What generation stops at. Nothing
+/// where the template writes nothing after an answer.
+std::optional<uint32_t> answer_end_token(const ChatTemplate& chat_template, const Tokenizer& tokenizer);
 
 }  // namespace fsdp::text

@@ -168,4 +168,16 @@ EncodedConversation encode_conversation(const ChatTemplate& chat_template, const
   return encoded;
 }
 
+std::optional<uint32_t> answer_end_token(const ChatTemplate& chat_template, const Tokenizer& tokenizer) {
+  const std::string marker = "\x01answer\x01";
+  const json conversation = {{"messages", json::array({{{"role", "user"}, {"content", "question"}},
+                                                       {{"role", "assistant"}, {"content", marker}}})}};
+  const std::string text = chat_template.render(variables(conversation, 2, false)).text;
+  const size_t at = text.rfind(marker);
+  if (at == std::string::npos || at + marker.size() == text.size()) return std::nullopt;
+  const std::vector<uint32_t> after = tokenizer.encode(text.substr(at + marker.size()));
+  if (after.empty()) return std::nullopt;
+  return after.front();
+}
+
 }  // namespace fsdp::text

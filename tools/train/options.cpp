@@ -157,6 +157,10 @@ void add_output_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--temperature", o.temperature, "--sample: softmax temperature (0: greedy)")->capture_default_str();
   app.add_option("--prompt", o.prompt, "--sample: the text generation starts from")->capture_default_str();
   app.add_option("--sample-seed", o.sample_seed, "--sample: seed of the sampling")->capture_default_str();
+  app.add_option("--chat-template", o.chat_template,
+                 "--sample: a model folder (its chat template, as transformers finds it) or a Jinja file: --prompt "
+                 "is a user's message, rendered with the template's generation prompt; the answer alone is "
+                 "printed, up to the token that ends an answer (needs --tokenizer)");
   app.add_option("--trace", o.trace,
                  "write a Chrome/Perfetto trace per rank: FILE.json becomes FILE.rank<r>.json");
   app.add_option("--summary", o.summary,

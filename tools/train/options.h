@@ -70,6 +70,7 @@ struct TrainOptions : fsdp_tools::ModelFlags, fsdp_tools::ZeroPlusPlusFlags, fsd
   int64_t sample = 0;
   double temperature = 0.8;
   std::string prompt = "The ";
+  std::string chat_template;  // --chat-template: --prompt is a user's message, rendered with it
   std::string tokenizer;  // a Hugging Face tokenizer.json (fsdp-data train-tokenizer writes one)
   uint64_t sample_seed = 0;
 };

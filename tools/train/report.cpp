@@ -254,7 +254,8 @@ void print_banner(const ReportContext& c) {
             << "  data: " << data_description(o, run) << "\n";
   if (run.tokenizer) {
     std::cout << "  tokenizer: " << run.tokenizer->path() << " (" << run.tokenizer->vocab_size()
-              << " ids; the prompt encoded, the sample decoded, validation also in bits per byte)\n";
+              << " ids; the prompt encoded, the sample decoded"
+              << (run.data ? ", validation also in bits per byte)\n" : ")\n");
   }
   if (!run.strategy_reason.empty()) std::cout << "  " << run.strategy_reason << "\n";
   print_zero_plus_plus(c);

@@ -404,6 +404,7 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   Run run;
   fsdp::models::GPTConfig shape = fsdp_tools::gpt_config(o);
   apply_tokenizer(o, run);
+  apply_chat_template(o, run);
   if (run.tokenizer && !o.vocab) shape.vocab = run.tokenizer->vocab_size();
   check_values(o, world->size());
   lock_checkpoint_folder(o, run, world->rank());

@@ -16,6 +16,7 @@
 #include "fsdp/lr_schedule.h"
 #include "fsdp/run_plan.h"
 #include "fsdp/token_data.h"
+#include "fsdp/chat_template.h"
 #include "fsdp/tokenizer.h"
 #include "train/options.h"
 
@@ -30,6 +31,7 @@ struct Run {
   // --data of conversations (fsdp-data encode-chat's files; null for tokens).
   std::unique_ptr<fsdp::models::ConversationData> conversations;
   std::shared_ptr<const fsdp::text::Tokenizer> tokenizer;  // --tokenizer (null: none)
+  std::shared_ptr<const fsdp::text::ChatTemplate> chat_template;  // --chat-template (null: none)
   std::shared_ptr<fsdp::models::LanguageModel> model;  // --model: a GPT or a Llama
   fsdp::FullyShardOptions fsdp_options;
   std::string strategy_reason;  // why --strategy auto picked what it did

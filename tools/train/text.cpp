@@ -3,8 +3,13 @@
 #include "train/text.h"
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "base/strings.h"
+#include "fsdp/error.h"
 
 namespace fsdp_train {
 namespace {
@@ -29,6 +34,24 @@ void apply_tokenizer(const TrainOptions& o, Run& run) {
   run.warnings.insert(run.warnings.end(), run.tokenizer->warnings().begin(), run.tokenizer->warnings().end());
 }
 
+void apply_chat_template(const TrainOptions& o, Run& run) {
+  if (o.chat_template.empty()) return;
+  TORCH_CHECK(run.tokenizer, "--chat-template needs --tokenizer: the prompt's rendering is encoded with it");
+  try {
+    if (std::filesystem::is_directory(o.chat_template)) {
+      run.chat_template = std::make_shared<const fsdp::text::ChatTemplate>(
+          fsdp::text::ChatTemplate::from_model_folder(o.chat_template));
+    } else {
+      std::ifstream in(o.chat_template, std::ios::binary);
+      TORCH_CHECK(in, "cannot read the file");
+      const std::string source((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      run.chat_template = std::make_shared<const fsdp::text::ChatTemplate>(source, o.chat_template);
+    }
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "--chat-template '", o.chat_template, "': ", fsdp::error_message(e));
+  }
+}
+
 void check_tokenizer_fits(const TrainOptions& o, const Run& run) {
   if (!run.tokenizer) return;
   const int64_t needed = run.tokenizer->vocab_size();
@@ -44,6 +67,14 @@ std::vector<int64_t> encode_prompt(const Run& run, const std::string& prompt) {
   } else {
     for (unsigned char ch : prompt) tokens.push_back(static_cast<int64_t>(ch) % run.model_config.shape().vocab);
   }
+  return tokens;
+}
+
+std::vector<int64_t> encode_chat_prompt(const Run& run, const std::string& message) {
+  const nlohmann::json variables = {{"messages", {{{"role", "user"}, {"content", message}}}},
+                                    {"add_generation_prompt", true}};
+  std::vector<int64_t> tokens;
+  for (uint32_t id : run.tokenizer->encode(run.chat_template->render(variables.dump()).text)) tokens.push_back(id);
   return tokens;
 }
 

@@ -16,6 +16,10 @@ namespace fsdp_train {
 // from it unless --vocab gives one. Refuses data that is not token ids (a
 // .bin or .u32 file fsdp-data encode wrote).
 void apply_tokenizer(const TrainOptions& o, Run& run);
+// --prompt as a user's message rendered with --chat-template's generation prompt, encoded.
+std::vector<int64_t> encode_chat_prompt(const Run& run, const std::string& message);
+// --chat-template: the template read (a folder's, or a file), before training.
+void apply_chat_template(const TrainOptions& o, Run& run);
 
 // Once the model's shape is final (--init-from's config.json may set the
 // vocabulary): refuses a model whose vocabulary cannot hold every id of the

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/chat_encoding.h"
 #include "fsdp/checkpoint_manager.h"
 #include "fsdp/error.h"
 #include "fsdp/evaluation.h"
@@ -163,8 +164,11 @@ void print_sample(Model& model, const TrainOptions& o, const Run& run, int rank)
   const int64_t context = model->context();
   torch::NoGradGuard no_grad;
   torch::manual_seed(o.sample_seed);
-  std::vector<int64_t> tokens = encode_prompt(run, o.prompt);
+  std::vector<int64_t> tokens = run.chat_template ? encode_chat_prompt(run, o.prompt) : encode_prompt(run, o.prompt);
   if (tokens.empty()) tokens.push_back(encode_prompt(run, "\n").front());
+  const size_t prompt_length = tokens.size();
+  const std::optional<uint32_t> stop =
+      run.chat_template ? fsdp::text::answer_end_token(*run.chat_template, *run.tokenizer) : std::nullopt;
   for (int64_t i = 0; i < o.sample; ++i) {
     const int64_t window = std::min<int64_t>(static_cast<int64_t>(tokens.size()), context);
     torch::Tensor idx = torch::tensor(std::vector<int64_t>(tokens.end() - window, tokens.end()), torch::kLong)
@@ -173,13 +177,21 @@ void print_sample(Model& model, const TrainOptions& o, const Run& run, int rank)
     torch::Tensor last = model->logits(idx).select(1, window - 1).squeeze(0).to(torch::kFloat);
     const int64_t next = o.temperature <= 0 ? last.argmax().item<int64_t>()
                                             : torch::multinomial(torch::softmax(last / o.temperature, 0), 1).item<int64_t>();
+    if (stop && next == static_cast<int64_t>(*stop)) break;
     tokens.push_back(next);
   }
   std::ostringstream temperature;  // as given (std::cout may hold std::fixed from the progress lines)
   temperature << o.temperature;
-  std::cout << "\n== sample (" << o.sample << " tokens, "
-            << (o.temperature <= 0 ? std::string("greedy") : "temperature " + temperature.str())
-            << ", prompt included) ==\n";
+  const std::string how = o.temperature <= 0 ? std::string("greedy") : "temperature " + temperature.str();
+  if (run.chat_template) {
+    std::cout << "\n== answer to --prompt (" << tokens.size() - prompt_length << " tokens, at most " << o.sample
+              << ", " << how << ", the template's generation prompt before it) ==\n"
+              << decode_sample(run, std::vector<int64_t>(tokens.begin() + static_cast<std::ptrdiff_t>(prompt_length),
+                                                         tokens.end()))
+              << "\n" << std::flush;
+    return;
+  }
+  std::cout << "\n== sample (" << o.sample << " tokens, " << how << ", prompt included) ==\n";
   std::cout << decode_sample(run, tokens) << "\n" << std::flush;
 }
 

@@ -376,28 +376,7 @@ int main(int argc, char** argv) {
       ->check(fsdp_tools::non_negative())
       ->capture_default_str();
   fsdp_data::ChatOptions co;
-  auto* enc_chat = app.add_subcommand("encode-chat",
-                                      "render JSON lines of conversations with the model's chat template into a token "
-                                      "file, its loss mask (.mask) and conversation offsets (.conversations)");
-  auto* render = app.add_subcommand("render-chat", "print each conversation as the model's chat template renders it");
-  for (auto* sub : {enc_chat, render}) {
-    sub->add_option("--model", co.model, "a model folder: tokenizer.json and chat_template.jinja or "
-                                         "tokenizer_config.json's chat_template")->required();
-    sub->add_option("--chat-template", co.chat_template, "a Jinja chat template file to use instead of the folder's");
-    sub->add_option("--train-on", co.train_on, "the roles whose messages carry loss")->delimiter(',')
-        ->capture_default_str();
-    sub->add_option("files", co.files, "JSON lines: {\"messages\": [...]}, {\"prompt\", \"completion\"} or "
-                                       "alpaca's {\"instruction\", \"input\", \"output\"}")->required();
-  }
-  enc_chat->add_option("-o,--output", co.output, "token file: NAME.bin (uint16) or NAME.u32 (uint32)")->required();
-  enc_chat->add_option("--context", co.context, "conversations longer than context + 1 tokens are cut or dropped "
-                                                "(0: none)")->check(fsdp_tools::non_negative())->capture_default_str();
-  enc_chat->add_option("--too-long", co.too_long, "truncate or drop")->capture_default_str();
-  enc_chat->add_flag("-q,--quiet", co.quiet, "no counts on stderr");
-  render->add_flag("--add-generation-prompt", co.add_generation_prompt,
-                   "end with the template's generation prompt (the start of an answer)");
-  render->add_flag("--ids", co.ids, "print one JSON line a conversation: its ids and loss mask, as encode-chat "
-                                    "writes them");
+  const auto [enc_chat, render] = fsdp_data::add_chat_subcommands(app, co);
   if (const auto status = fsdp_tools::parse_command_line(app, argc, argv)) return *status;
   try {
     if (train->parsed()) {

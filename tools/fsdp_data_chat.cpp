@@ -4,6 +4,8 @@
 
 #include "fsdp_data_chat.h"
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -170,6 +172,32 @@ int render_chat(const ChatOptions& o) {
     std::cout << nlohmann::json{{"ids", encoded.ids}, {"loss_mask", encoded.loss_mask}}.dump() << "\n";
   });
   return 0;
+}
+
+std::pair<CLI::App*, CLI::App*> add_chat_subcommands(CLI::App& app, ChatOptions& o) {
+  auto* enc_chat = app.add_subcommand("encode-chat",
+                                      "render JSON lines of conversations with the model's chat template into a token "
+                                      "file, its loss mask (.mask) and conversation offsets (.conversations)");
+  auto* render = app.add_subcommand("render-chat", "print each conversation as the model's chat template renders it");
+  for (auto* sub : {enc_chat, render}) {
+    sub->add_option("--model", o.model, "a model folder: tokenizer.json and chat_template.jinja or "
+                                         "tokenizer_config.json's chat_template")->required();
+    sub->add_option("--chat-template", o.chat_template, "a Jinja chat template file to use instead of the folder's");
+    sub->add_option("--train-on", o.train_on, "the roles whose messages carry loss")->delimiter(',')
+        ->capture_default_str();
+    sub->add_option("files", o.files, "JSON lines: {\"messages\": [...]}, {\"prompt\", \"completion\"} or "
+                                       "alpaca's {\"instruction\", \"input\", \"output\"}")->required();
+  }
+  enc_chat->add_option("-o,--output", o.output, "token file: NAME.bin (uint16) or NAME.u32 (uint32)")->required();
+  enc_chat->add_option("--context", o.context, "conversations longer than context + 1 tokens are cut or dropped "
+                                                "(0: none)")->check(fsdp_tools::non_negative())->capture_default_str();
+  enc_chat->add_option("--too-long", o.too_long, "truncate or drop")->capture_default_str();
+  enc_chat->add_flag("-q,--quiet", o.quiet, "no counts on stderr");
+  render->add_flag("--add-generation-prompt", o.add_generation_prompt,
+                   "end with the template's generation prompt (the start of an answer)");
+  render->add_flag("--ids", o.ids, "print one JSON line a conversation: its ids and loss mask, as encode-chat "
+                                    "writes them");
+  return {enc_chat, render};
 }
 
 }  // namespace fsdp_data

@@ -2,8 +2,14 @@
 // fsdp-data's conversation subcommands: encode-chat and render-chat
 // (fsdp/chat_encoding.h does the work; this is their command line).
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
+
+namespace CLI {
+class App;
+}
 
 namespace fsdp_data {
 
@@ -18,6 +24,8 @@ struct ChatOptions {
   std::vector<std::string> files;
 };
 
+// The encode-chat and render-chat subcommands of `app`, their flags into `o`.
+std::pair<CLI::App*, CLI::App*> add_chat_subcommands(CLI::App& app, ChatOptions& o);
 // encode-chat: the token file, its .mask and .conversations, and a report
 // in .chat.json (fsdp/token_data.h's ConversationData reads them).
 int encode_chat(const ChatOptions& o);

@@ -37,17 +37,17 @@ struct EvaluationOptions {
 double evaluate_loss(FsdpState& state, const SequenceLoss& loss, const models::TokenData& data,
                      const ProcessGroupPtr& world, const EvaluationOptions& options);
 
-/// The model's loss of packed rows summed over their targets (for a
+/// Collective: the mean loss over the answer tokens (the targets that carry
+/// loss) of the first min(E, val_rows) validation rows of `data`, each token
+/// weighing alike whatever its row, without gradients. `summed_loss` is the
+/// model's loss of packed rows summed over their targets (for a
 /// LanguageModel: model.forward(b.inputs, b.targets,
-/// SequencePacking::from_positions(b.positions), 1.0)).
-using PackedSequenceLoss = std::function<torch::Tensor(const models::PackedBatch& batch)>;
-
-/// Collective: the mean over the held-out conversations' targets that carry
-/// loss, of the first min(E, val_rows) validation rows of `data` (each
-/// target weighs alike, whatever its row), without gradients. Each rank
-/// takes ceil(rows / W) consecutive rows, blank ones past the last, so that
-/// every rank runs as many forwards.
-double evaluate_loss(FsdpState& state, const PackedSequenceLoss& summed_loss, const models::ConversationData& data,
+/// SequencePacking::from_positions(b.positions), 1.0)). Each rank takes
+/// ceil(rows / W) consecutive rows, blank ones past the last, so that every
+/// rank runs as many forwards.
+double evaluate_loss(FsdpState& state,
+                     const std::function<torch::Tensor(const models::PackedBatch& batch)>& summed_loss,
+                     const models::ConversationData& data,
                      const ProcessGroupPtr& world, const EvaluationOptions& options);
 
 }  // namespace fsdp

@@ -29,7 +29,9 @@ double evaluate_loss(FsdpState& state, const SequenceLoss& loss, const models::T
   return total.item<double>() / static_cast<double>(sequences);
 }
 
-double evaluate_loss(FsdpState& state, const PackedSequenceLoss& summed_loss, const models::ConversationData& data,
+double evaluate_loss(FsdpState& state,
+                     const std::function<torch::Tensor(const models::PackedBatch& batch)>& summed_loss,
+                     const models::ConversationData& data,
                      const ProcessGroupPtr& world, const EvaluationOptions& options) {
   const int64_t W = world->size(), rank = world->rank();
   TORCH_CHECK(options.sequences() > 0 && options.batch() > 0, "evaluate_loss: the sequences and the batch must be ",

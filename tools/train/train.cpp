@@ -95,8 +95,15 @@ std::string lora_record(const Run& run) {
   return out.str();
 }
 
+// What the rows of the run hold, as a checkpoint records it: token
+// sequences, or conversations packed or one a row (they are other batches).
+std::string data_record(const TrainOptions& o, const Run& run) {
+  if (!run.conversations) return "token sequences";
+  return o.pack ? "conversations, packed" : "conversations, one a row";
+}
+
 struct CheckpointedState {
-  fsdp::RecordedValue model, config, preset, weight_decay, lora;
+  fsdp::RecordedValue model, config, preset, weight_decay, lora, rows;
   fsdp::DataOrderState data;
   fsdp::LrScheduleState schedule;
   std::unique_ptr<fsdp::LossScaleState> loss_scale;
@@ -106,6 +113,7 @@ struct CheckpointedState {
         preset(fsdp::RecordedValue::text(o.preset)),
         weight_decay(fsdp::RecordedValue::number(o.weight_decay)),
         lora(fsdp::RecordedValue::text(lora_record(run))),
+        rows(fsdp::RecordedValue::text(data_record(o, run))),
         data(fsdp::models::TokenDataOptions()
                  .order(fsdp::parse_enum<fsdp::models::DataOrder>(o.data_order))
                  .seed(o.data_seed)
@@ -122,6 +130,7 @@ struct CheckpointedState {
     if (loss_scale) manager.add("loss_scale", *loss_scale);
     manager.add("weight_decay", weight_decay);
     manager.add("lora", lora);
+    manager.add("rows", rows);
   }
 };
 
@@ -132,7 +141,7 @@ struct CheckpointedState {
 // recorded ("model") is told by its configuration's text, as fsdp-ckpt does
 // (a Llama's names kv_heads); one from before LoRA was recorded counts as one
 // without it.
-void check_resumed_settings(const std::string& checkpoint, const Run& run) {
+void check_resumed_settings(const std::string& checkpoint, const TrainOptions& o, const Run& run) {
   const fsdp::SavedCheckpoint saved(checkpoint, fsdp::SavedCheckpoint::Verify::kHeadersOnly);
   const auto& extra = saved.info().extra;
   auto recorded = [&](const char* key) {
@@ -153,6 +162,11 @@ void check_resumed_settings(const std::string& checkpoint, const Run& run) {
   TORCH_CHECK(their_lora == our_lora, "--resume: the checkpoint ", checkpoint, " was trained with LoRA ", their_lora,
               ", but this run has LoRA ", our_lora, ": pass the same --lora-rank, --lora-alpha, --lora-dropout and "
               "--lora-targets (or --init-from-adapter) as the run that saved it");
+  // Rows of another kind are other batches: a checkpoint from before they were recorded read token sequences.
+  const std::string their_rows = extra.count("rows") ? recorded("rows") : "token sequences";
+  TORCH_CHECK(their_rows == data_record(o, run), "--resume: the checkpoint ", checkpoint, " was trained on ",
+              their_rows, ", but this run reads ", data_record(o, run), ": pass the --data (and --pack or --no-pack) "
+              "of the run that saved it");
 }
 
 // --sample N: rank 0 generates N tokens from --prompt with the whole
@@ -279,7 +293,7 @@ class Trainer {
     }
     if (!o_.resume) return;
     const std::string latest = fsdp::latest_checkpoint(o_.ckpt_dir);
-    if (!latest.empty()) check_resumed_settings(latest, run_);
+    if (!latest.empty()) check_resumed_settings(latest, o_, run_);
     const auto resumed = checkpoints_->resume();
     if (!resumed) {
       if (rank_ == 0) std::cout << "  no checkpoint in " << o_.ckpt_dir << ": starting at step 0\n";

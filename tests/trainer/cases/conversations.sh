@@ -57,6 +57,15 @@ grep -q "== answer to --prompt ([0-9]* tokens, at most 24, .*, the template's ge
 expect_error "--chat-template needs --tokenizer" "$run" -n 1 -- "$train" --model llama --preset tiny \
   --data "$work/chats.bin" --chat-template "$model_dir" --steps 1
 
+# Resume: 2 steps, then resumed to 4, gives the straight run's losses bit for bit.
+train_run first 2 "${common[@]}" --steps 2 --eval-every 4 --eval-sequences 8 --batch 4 --ckpt-dir "$work/ck"
+train_run rest 2 "${common[@]}" "${steps[@]}" --batch 4 --ckpt-dir "$work/ck" --resume
+cat "$work/first.jsonl" "$work/rest.jsonl" | jq -c 'select(.loss != null) | {loss}' > "$work/resumed.jsonl"
+jq -c 'select(.loss != null) | {loss}' "$work/w2.jsonl" > "$work/straight.jsonl"
+same_losses "$work/resumed.jsonl" "$work/straight.jsonl" 4
+expect_error "was trained on conversations, packed, but this run reads conversations, one a row" \
+  "$run" -n 2 -- "$train" "${common[@]}" --steps 6 --batch 4 --ckpt-dir "$work/ck" --resume --no-pack
+
 # One conversation a row: the same answers, a lower efficiency.
 train_run unpacked 2 "${common[@]}" --batch 4 --no-pack --steps 1
 json_ok "$work/unpacked.json" '.conversations.packing_efficiency < 0.5 and .conversations.packed == false'

@@ -150,11 +150,12 @@ void Evaluator::exec_set_attribute(const Node& node) {
 }
 
 // transformers' AssistantTracker: the body's text, and where it begins and ends
-// in the output (counted from what the top level has written).
+// in the output, counted from what the top level has written so far (also
+// inside a macro or a block set, whose text is not written yet, as there).
 void Evaluator::exec_generation(const Node& node, std::string& out) {
   std::string body;
   exec(node.body, body);
-  size_t begin = output_.text.size() + (&out == &output_.text ? 0 : 0);
+  size_t begin = output_.text.size();
   output_.generation_ranges.emplace_back(begin, begin + body.size());
   write(out, body, node.line);
 }
@@ -404,6 +405,9 @@ RenderOutput render(const Body& body, const Dict& variables, const std::string& 
     return evaluator.run(body);
   } catch (const LocatedError& e) {
     throw std::runtime_error(e.what());
+  } catch (const std::exception& e) {
+    // Not the renderer's own (a number too long to convert, memory): still one kind of error, naming the file.
+    throw std::runtime_error(origin + ": " + e.what());
   }
 }
 

@@ -1,6 +1,7 @@
 // Operators, tests and globals of the chat template interpreter: Python's
 // arithmetic, Jinja's tests, and the globals transformers adds (see jinja_eval.h).
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <ctime>
 #include <map>
@@ -130,16 +131,38 @@ void fill_mapping(Dict& out, CallArgs& args, bool is_namespace) {
                           kv.first.string + "'. Please rename the attribute.");
 }
 
+// transformers' strftime_now: datetime.now().strftime(format). Python itself
+// writes %f (microseconds), and %z and %Z of a naive datetime as nothing; the
+// rest is the C library's strftime, as in CPython.
 Value strftime_now(CallArgs& args) {
   const Value* format = args.get(0, "format");
   if (!format || !format->is_string()) throw RenderError("strftime_now expects a format string");
   args.expect_all_used("strftime_now");
-  std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  auto now = std::chrono::system_clock::now();
+  std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+  auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+  std::string c_format;
+  const std::string& f = format->string;
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (f[i] != '%' || i + 1 >= f.size()) {
+      c_format += f[i];
+      continue;
+    }
+    char directive = f[++i];
+    if (directive == 'f') {
+      char digits[8];
+      std::snprintf(digits, sizeof digits, "%06lld", static_cast<long long>(micros));
+      c_format += digits;
+    } else if (directive != 'z' && directive != 'Z') {
+      c_format += '%';
+      c_format += directive;
+    }
+  }
   std::tm local{};
-  localtime_r(&now, &local);
-  char buf[512];
-  size_t n = std::strftime(buf, sizeof buf, format->string.c_str(), &local);
-  return Value::from(std::string(buf, n));
+  localtime_r(&seconds, &local);
+  std::vector<char> buffer(c_format.size() * 16 + 64);
+  size_t n = c_format.empty() ? 0 : std::strftime(buffer.data(), buffer.size(), c_format.c_str(), &local);
+  return Value::from(std::string(buffer.data(), n));
 }
 
 using TestFunction = bool (*)(const Value&, CallArgs&);

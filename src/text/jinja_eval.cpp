@@ -61,6 +61,7 @@ class Evaluator {
   Flow exec_if(const Node& node, std::string& out);
   void exec_set_attribute(const Node& node);
   void exec_generation(const Node& node, std::string& out);
+  class MacroScope;
   Value make_macro(const Node& node);
   Value call_macro(const Node& node, CallArgs& args);
   Value make_loop(const std::vector<Value>& items, const std::shared_ptr<size_t>& index);
@@ -149,11 +150,12 @@ void Evaluator::exec_set_attribute(const Node& node) {
 }
 
 // transformers' AssistantTracker: the body's text, and where it begins and ends
-// in the output (counted from what the top level has written).
+// in the output, counted from what the top level has written so far (also
+// inside a macro or a block set, whose text is not written yet, as there).
 void Evaluator::exec_generation(const Node& node, std::string& out) {
   std::string body;
   exec(node.body, body);
-  size_t begin = output_.text.size() + (&out == &output_.text ? 0 : 0);
+  size_t begin = output_.text.size();
   output_.generation_ranges.emplace_back(begin, begin + body.size());
   write(out, body, node.line);
 }
@@ -230,34 +232,43 @@ Value Evaluator::make_macro(const Node& node) {
   return Value::make_function([this, macro](CallArgs& args) { return call_macro(*macro, args); });
 }
 
-// A macro runs in its own frame above the template's top level, as Jinja's do.
+// A macro runs in its own frame above the template's top level, as Jinja's
+// do: the caller's loop and local names are out of its sight until it returns.
+class Evaluator::MacroScope {
+ public:
+  explicit MacroScope(Evaluator& evaluator) : evaluator_(evaluator) {
+    auto& frames = evaluator_.frames_;
+    saved_.assign(std::make_move_iterator(frames.begin() + 1), std::make_move_iterator(frames.end()));
+    frames.resize(1);
+    frames.emplace_back();
+    ++evaluator_.call_depth_;
+  }
+  ~MacroScope() {
+    auto& frames = evaluator_.frames_;
+    frames.resize(1);
+    frames.insert(frames.end(), std::make_move_iterator(saved_.begin()), std::make_move_iterator(saved_.end()));
+    --evaluator_.call_depth_;
+  }
+
+ private:
+  Evaluator& evaluator_;
+  std::vector<Frame> saved_;
+};
+
 Value Evaluator::call_macro(const Node& node, CallArgs& args) {
   if (call_depth_ >= kMaxCallDepth)
     throw RenderError("macro '" + node.text + "' nests calls deeper than " + std::to_string(kMaxCallDepth));
-  Frame frame;
+  MacroScope scope(*this);
+  // Defaults are evaluated in the macro's frame, so `b=a` sees the argument a.
   for (size_t i = 0; i < node.params.size(); ++i) {
     const Value* given = args.get(i, node.params[i]);
-    if (given) frame[node.params[i]] = *given;
-    else if (node.defaults[i]) frame[node.params[i]] = eval(*node.defaults[i]);
-    else frame[node.params[i]] = Value::undefined("parameter '" + node.params[i] + "' was not provided");
+    if (given) assign(node.params[i], *given);
+    else if (node.defaults[i]) assign(node.params[i], eval(*node.defaults[i]));
+    else assign(node.params[i], Value::undefined("'" + node.params[i] + "' is undefined"));
   }
   args.expect_all_used("macro '" + node.text + "'");
-  std::vector<Frame> saved(frames_.begin() + 1, frames_.end());
-  frames_.resize(1);
-  frames_.push_back(std::move(frame));
-  ++call_depth_;
   std::string out;
-  try {
-    exec(node.body, out);
-  } catch (...) {
-    --call_depth_;
-    frames_.resize(1);
-    frames_.insert(frames_.end(), saved.begin(), saved.end());
-    throw;
-  }
-  --call_depth_;
-  frames_.resize(1);
-  frames_.insert(frames_.end(), saved.begin(), saved.end());
+  exec(node.body, out);
   return Value::from(std::move(out));
 }
 
@@ -394,6 +405,9 @@ RenderOutput render(const Body& body, const Dict& variables, const std::string& 
     return evaluator.run(body);
   } catch (const LocatedError& e) {
     throw std::runtime_error(e.what());
+  } catch (const std::exception& e) {
+    // Not the renderer's own (a number too long to convert, memory): still one kind of error, naming the file.
+    throw std::runtime_error(origin + ": " + e.what());
   }
 }
 

@@ -1,9 +1,5 @@
 // Attributes, items, methods, operators and globals of the chat template
 // interpreter, with Python's and Jinja's sandboxed semantics (see jinja_eval.h).
-#include <chrono>
-#include <cmath>
-#include <ctime>
-#include <map>
 #include <set>
 
 #include <unicode/uchar.h>

@@ -292,9 +292,9 @@ std::string brace_format(const std::string& format, CallArgs& args) {
     if (field.find_first_of(":!.[") != std::string::npos)
       throw RenderError("unsupported str.format field '{" + field + "}'");
     const Value* v;
-    if (field.empty()) v = args.get(auto_index++, "\x01");
-    else if (std::isdigit(static_cast<unsigned char>(field[0]))) v = args.get(std::stoul(field), "\x01");
-    else v = args.get(static_cast<size_t>(-1), field);
+    if (field.empty()) v = args.get_positional(auto_index++);
+    else if (field.find_first_not_of("0123456789") == std::string::npos) v = args.get_positional(std::stoul(field));
+    else v = args.get_keyword(field);
     if (!v) throw RenderError("str.format: no argument for '{" + field + "}'");
     out += to_str(*v);
     i = close;

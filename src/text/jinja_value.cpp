@@ -145,19 +145,26 @@ void Dict::set(const Value& key, Value value) {
   items.emplace_back(key, std::move(value));
 }
 
-const Value* CallArgs::get(size_t position, const std::string& name) {
+const Value* CallArgs::get_positional(size_t position) {
   used_positional.resize(positional.size());
+  if (position >= positional.size()) return nullptr;
+  used_positional[position] = true;
+  return &positional[position];
+}
+
+const Value* CallArgs::get_keyword(const std::string& name) {
   used_keywords.resize(keywords.size());
-  if (position < positional.size()) {
-    used_positional[position] = true;
-    return &positional[position];
-  }
   for (size_t i = 0; i < keywords.size(); ++i)
     if (keywords[i].first == name) {
       used_keywords[i] = true;
       return &keywords[i].second;
     }
   return nullptr;
+}
+
+const Value* CallArgs::get(size_t position, const std::string& name) {
+  const Value* v = get_positional(position);
+  return v ? v : get_keyword(name);
 }
 
 void CallArgs::expect_all_used(const std::string& function) const {

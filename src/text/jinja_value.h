@@ -44,7 +44,7 @@ struct Value {
   // (printing shows an address; no len), "dict_items", "dict_keys",
   // "dict_values", "range" (printed as such; its repr is in `string`).
   const char* view = nullptr;
-  bool is_markup = false;  // a macro's or |safe's result: Jinja's Markup
+  bool is_markup = false;  // |safe's or |escape's result: markupsafe's Markup, which + escapes the other side for
 
   static Value none();
   static Value from(bool b);
@@ -91,6 +91,10 @@ struct CallArgs {
   std::vector<std::pair<std::string, Value>> keywords;
   /// The argument named `name` or at `position`, else nullptr; marks it used.
   const Value* get(size_t position, const std::string& name);
+  /// The positional argument at `position` only, else nullptr; marks it used.
+  const Value* get_positional(size_t position);
+  /// The keyword argument `name` only, else nullptr; marks it used.
+  const Value* get_keyword(const std::string& name);
   /// Refuses arguments that `get` did not take, naming `function`.
   void expect_all_used(const std::string& function) const;
   std::vector<bool> used_positional, used_keywords;

@@ -34,13 +34,16 @@ std::string conversation_json(const std::string& line);
 
 /// Renders `conversation` (conversation_json's) with `chat_template`,
 /// tokenizes the text with `tokenizer`, and marks the tokens of each message
-/// whose role is in `train_on`. A message's text runs from where the
+/// whose role is in `train_on`. Where the template marks its answers with
+/// {% generation %} blocks and `train_on` is {"assistant"}, the marked text is
+/// what those blocks wrote (transformers' return_assistant_tokens_mask).
+/// Otherwise a message's text runs from where the
 /// conversation's prefix before it ends (rendered with the generation prompt
 /// for an assistant message, so that the header is not trained on) to where
 /// its own turn ends, the end-of-turn token included, as the whole
 /// conversation renders it. Where the template renders a last turn with
 /// more at its start than it renders the same turn later followed (Qwen3's
-/// empty <think> block), the turn is the part both end with. A token is
+/// empty think block), the turn is the part both end with. A token is
 /// marked if any of its bytes is in a marked text (as transformers'
 /// assistant masks mark tokens). Throws std::invalid_argument naming the
 /// message where a prefix does not render as the start of the whole (the

@@ -210,9 +210,6 @@ auto& module_ref(M& module) {
 
 }  // namespace detail
 
-/// Calls module.forward(args...) as a unit boundary: if the module is a unit,
-/// its parameters are gathered for the call and freed after it, and its
-/// backward gathers them again and reduce-scatters their gradients.
 namespace detail {
 // A checkpointed unit's forward: the first argument is the tensor the
 // recompute starts from; the others (a SequencePacking, flags) are copied
@@ -230,6 +227,9 @@ constexpr bool checkpointable_arguments() {
 }
 }  // namespace detail
 
+/// Calls module.forward(args...) as a unit boundary: if the module is a unit,
+/// its parameters are gathered for the call and freed after it, and its
+/// backward gathers them again and reduce-scatters their gradients.
 template <class M, class... Args>
 auto unit_forward(M&& module, Args&&... args) {
   auto& m = detail::module_ref(module);

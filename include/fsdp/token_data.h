@@ -187,8 +187,9 @@ class ConversationData {
   const std::string& path() const { return path_; }
 
  private:
+  /// A conversation in the token file: `length` tokens from `begin` (length - 1 slots of a row).
   struct Span {
-    int64_t begin, length;  // in the token file: length tokens, length - 1 slots
+    int64_t begin, length;  ///< where it starts, and its tokens
   };
   using Row = std::vector<Span>;
   std::vector<Row> pack_rows(std::vector<Span> spans) const;

@@ -146,16 +146,27 @@ EncodedConversation encode_conversation(const ChatTemplate& chat_template, const
   check_messages(conversation["messages"]);
   const size_t n = conversation["messages"].size();
   EncodedConversation encoded;
-  encoded.text = chat_template.render(variables(conversation, n, false)).text;
+  const ChatRendering rendering = chat_template.render(variables(conversation, n, false));
+  encoded.text = rendering.text;
   encoded.ids = tokenizer.encode(encoded.text);
   std::vector<char> marked(encoded.text.size(), 0);
   bool any = false;
-  for (size_t i = 0; i < n; ++i) {
+  // The template's own {% generation %} blocks mark the answers, as transformers' assistant masks read them.
+  const bool answers_by_markers =
+      chat_template.has_generation_markers() && train_on == std::vector<std::string>{"assistant"};
+  for (const auto& [start, end] : answers_by_markers ? rendering.generation_ranges
+                                                     : std::vector<std::pair<size_t, size_t>>()) {
+    std::fill(marked.begin() + static_cast<std::ptrdiff_t>(start), marked.begin() + static_cast<std::ptrdiff_t>(end), 1);
+  }
+  for (size_t i = 0; i < n && !answers_by_markers; ++i) {
     const std::string role = conversation["messages"][i]["role"];
     if (std::find(train_on.begin(), train_on.end(), role) == train_on.end()) continue;
     any = true;
     const auto [start, end] = turn_bytes(chat_template, conversation, i, encoded.text);
     std::fill(marked.begin() + static_cast<std::ptrdiff_t>(start), marked.begin() + static_cast<std::ptrdiff_t>(end), 1);
+  }
+  if (answers_by_markers) {
+    for (const json& m : conversation["messages"]) any = any || m["role"] == "assistant";
   }
   if (!any) throw std::invalid_argument("no message has a role trained on (" + json(train_on).dump() + ")");
   const std::vector<size_t> offsets = token_offsets(tokenizer, encoded.ids, encoded.text);

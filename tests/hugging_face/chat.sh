@@ -6,6 +6,8 @@
 #      apply_chat_template(tokenize=True)'s ids, and the masks of rendering
 #      the prefixes (fsdp/chat_encoding.h's definition), on the conversation
 #      set of chat_reference.py: system or none, multi-turn, unicode, empty;
+#      and with a template whose answers are {% generation %} blocks,
+#      transformers' own return_assistant_tokens_mask;
 #   2. a random Llama with the Qwen2.5 folder: fsdp-train's first loss on
 #      encode-chat's files, packed into one row and one conversation a row,
 #      equals transformers' loss over the same answer tokens (labels -100
@@ -13,15 +15,9 @@
 #   chat.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build="$1" source="$2"
-python="${FSDP_TEST_PYTHON:-$source/.venv/bin/python}"
-skip() {
-  echo "skipped: $1"
-  [ -n "${CI:-}" ] && exit 1
-  exit 77
-}
-[ -x "$python" ] || skip "no test python ($python; scripts/test.sh makes it)"
-"$python" -c "import torch, transformers" 2>/dev/null || skip "$python lacks torch or transformers"
-templates="$source/.venv/assets/chat_templates"
+source "$source/tests/python_refs_lib.sh"
+require_python torch transformers
+templates="${FSDP_TEST_ASSETS:-$source/.venv/assets}/chat_templates"
 [ -d "$templates" ] || skip "no hub chat templates in $templates (scripts/python_refs.sh fetches them)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -30,11 +26,16 @@ ref=("$python" "$source/tests/hugging_face/chat_reference.py")
 "${ref[@]}" conversations "$work/chats.jsonl"
 
 echo "== 1. ids and masks against apply_chat_template"
+# ChatML whose answers are {% generation %} blocks (as TRL's training templates mark them).
+cat > "$work/generation.jinja" <<'JINJA'
+{% for message in messages %}{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}
+JINJA
 for family in llama3:meta-llama-Llama-3.1-8B-Instruct qwen2.5:Qwen-Qwen2.5-7B-Instruct qwen3:Qwen-Qwen3-0.6B \
-              smollm3:HuggingFaceTB-SmolLM3-3B; do
+              smollm3:HuggingFaceTB-SmolLM3-3B qwen2.5:generation; do
   name="${family%%:*}" file="$templates/${family#*:}.jinja"
+  [ "${family#*:}" != generation ] || { name=generation file="$work/generation.jinja"; }
   mkdir -p "$work/$name"
-  "${ref[@]}" make "$name" "$file" "$work/$name"
+  "${ref[@]}" make "${family%%:*}" "$file" "$work/$name"
   "$build/fsdp-data" render-chat --model "$work/$name" --ids "$work/chats.jsonl" > "$work/$name.ids.jsonl"
   "${ref[@]}" ids "$work/$name" "$work/chats.jsonl" "$work/$name.ids.jsonl"
 done

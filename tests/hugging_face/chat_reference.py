@@ -4,7 +4,8 @@
                                                     family's special tokens) and TEMPLATE as its chat template
     chat_reference.py conversations FILE            the conversation set, as JSON lines
     chat_reference.py ids FOLDER CONVERSATIONS OURS  transformers' apply_chat_template(tokenize=True) ids, and
-                                                    masks by rendering the prefixes, equal fsdp-data's
+                                                    masks by rendering the prefixes (return_assistant_tokens_mask
+                                                    where the template has {% generation %}), equal fsdp-data's
     chat_reference.py model FOLDER                  a random Llama with that tokenizer, save_pretrained there
     chat_reference.py loss FOLDER CONVERSATIONS OURS SUMMARY...  transformers' loss over the answer tokens of
                                                     each conversation alone (labels -100 elsewhere) equals each
@@ -95,6 +96,9 @@ def ids_equal(folder, conversations_path, ours_path):
         messages = json.loads(line)["messages"]
         ids = tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
         ref_ids, ref_mask = reference_mask(tok, messages)
+        if "{% generation %}" in tok.chat_template:  # the template marks its answers: transformers' own masks
+            ref_mask = tok.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                               return_assistant_tokens_mask=True)["assistant_masks"]
         if ids != ref_ids:
             print(f"conversation {n}: apply_chat_template's ids differ from the rendering's encoding", file=sys.stderr)
             bad += 1

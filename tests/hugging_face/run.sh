@@ -21,14 +21,8 @@
 # Phi-3's fused projections)
 set -euo pipefail
 build="$1" source="$2" kind="$3"
-python="${FSDP_TEST_PYTHON:-$source/.venv/bin/python}"
-skip() {
-  echo "skipped: $1"
-  [ -n "${CI:-}" ] && exit 1
-  exit 77
-}
-[ -x "$python" ] || skip "no test python ($python; scripts/test.sh makes it)"
-"$python" -c "import torch, transformers" 2>/dev/null || skip "$python lacks torch or transformers"
+source "$source/tests/python_refs_lib.sh"
+require_python torch transformers
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1

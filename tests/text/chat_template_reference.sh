@@ -8,15 +8,9 @@
 #   chat_template_reference.sh BUILD_DIR SOURCE_DIR CHECKER
 set -euo pipefail
 build="$1" source="$2" checker="$3"
-python="${FSDP_TEST_PYTHON:-$source/.venv/bin/python}"
+source "$source/tests/python_refs_lib.sh"
 templates="${FSDP_TEST_ASSETS:-$source/.venv/assets}/chat_templates"
-skip() {
-  echo "skipped: $*"
-  [ -n "${CI:-}" ] && exit 1
-  exit 77
-}
-[ -x "$python" ] || skip "no test python ($python; scripts/test.sh makes it)"
-"$python" -c "import transformers, jinja2" 2>/dev/null || skip "$python has no transformers or jinja2"
+require_python transformers jinja2
 compgen -G "$templates/*.jinja" > /dev/null || skip "no chat templates in $templates (scripts/python_refs.sh extracts them)"
 [ -x "$checker" ] || { echo "FAIL: no checker at $checker (build dir $build)" >&2; exit 1; }
 export HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error

@@ -770,7 +770,7 @@ case_example() {
 
 row llama "the Llama example (fsdp::TrainStep) at W ranks trains what 1 rank does, accumulation too; its parameters are sharded; the loss falls"
 
-row conversations "encode-chat with a ChatML template: the files, render-chat --ids as written; W = 1, 2, 4, accumulation and recompute of packed units train alike (1e-5), resume bit for bit, --sample answers a --prompt through --chat-template, the loss the global batch's answer-token mean; packing above 90% full, --no-pack below 50%; bad lines refused naming the line"
+row conversations "encode-chat with a ChatML template: the files, render-chat --ids as written; W = 1, 2, 4, accumulation, recompute of packed units, shard_grad_op, no_shard and hybrid_shard train alike (1e-5), resume bit for bit, --sample answers a --prompt through --chat-template, the loss the global batch's answer-token mean; packing above 90% full, --no-pack below 50%; bad lines refused naming the line"
 
 row llama-train "fsdp-train --model llama: every strategy at W = 2, 3 and 4 trains what one process does (1e-5); sublayer units, sharded init, recompute change nothing; resume bit for bit; a GPT refuses its checkpoint"
 

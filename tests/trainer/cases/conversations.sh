@@ -47,7 +47,12 @@ train_run w2 2 "${common[@]}" "${steps[@]}" --batch 4
 train_run w4 4 "${common[@]}" "${steps[@]}" --batch 2
 train_run accum 2 "${common[@]}" "${steps[@]}" --batch 2 --grad-accum 2
 train_run recompute 2 "${common[@]}" "${steps[@]}" --batch 4 --wrap sublayer --activation-checkpointing
-for run_name in w2 w4 accum recompute; do compare_losses "$work/$run_name.jsonl" "$work/w1.jsonl" 1e-5 4; done
+train_run zero2 2 "${common[@]}" "${steps[@]}" --batch 4 --strategy shard_grad_op
+train_run ddp 2 "${common[@]}" "${steps[@]}" --batch 4 --strategy no_shard
+train_run hybrid 4 --ranks-per-node 2 -- "${common[@]}" "${steps[@]}" --batch 2 --strategy hybrid_shard
+for run_name in w2 w4 accum recompute zero2 ddp hybrid; do
+  compare_losses "$work/$run_name.jsonl" "$work/w1.jsonl" 1e-5 4
+done
 json_ok "$work/w2.json" '(.final_val_loss | type == "number") and .conversations.answer_tokens_trained > 0'
 json_ok "$work/w2.json" '.conversations.packing_efficiency > 0.9 and .conversations.train_conversations == 270'
 grep -q "block-diagonal causal mask" "$work/w2.out" || fail "the banner does not say how conversations attend"

@@ -665,10 +665,13 @@ ExprPtr Parser::parse_test(ExprPtr operand) {
     parse_call_arguments(*test);
   } else {
     const Token& t = peek();
+    // Jinja's rule: a test takes one argument without parentheses when a
+    // literal or a name follows, any name but else/or/and (so `x is string if
+    // c else d` reads `if` as the argument, and fails as Jinja does).
     bool starts_argument = t.type == TokenType::string || t.type == TokenType::integer ||
                            t.type == TokenType::floating || (t.type == TokenType::op && (t.text == "[" || t.text == "{")) ||
-                           (t.type == TokenType::name && t.text != "else" && t.text != "or" && t.text != "and" &&
-                            t.text != "is" && t.text != "if" && t.text != "in" && t.text != "not");
+                           (t.type == TokenType::name && t.text != "else" && t.text != "or" && t.text != "and");
+    if (t.type == TokenType::name && t.text == "is") fail("You cannot chain multiple tests with is");
     if (starts_argument) test->children.push_back(parse_postfix(parse_primary()));
   }
   return test;

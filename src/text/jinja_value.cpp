@@ -333,7 +333,7 @@ static std::string dict_repr(const Dict& d) {
 
 std::string to_repr(const Value& v) {
   switch (v.kind) {
-    case Kind::string: return string_repr(v.string);
+    case Kind::string: return v.is_markup ? "Markup(" + string_repr(v.string) + ")" : string_repr(v.string);
     case Kind::list: return sequence_repr(v);
     case Kind::dict: return dict_repr(*v.dict);
     case Kind::undefined: return "Undefined";
@@ -391,7 +391,7 @@ bool less_than(const Value& a, const Value& b) {
     return a.as_double() < b.as_double();
   }
   if (a.is_string() && b.is_string()) return a.string < b.string;  // UTF-8 order is code point order
-  if (a.is_list() && b.is_list() && a.is_tuple == b.is_tuple) {
+  if (a.is_list() && b.is_list() && a.is_tuple == b.is_tuple && !a.view && !b.view) {
     size_t n = std::min(a.list->size(), b.list->size());
     for (size_t i = 0; i < n; ++i) {
       if (equals((*a.list)[i], (*b.list)[i])) continue;

@@ -62,7 +62,7 @@ class Evaluator {
 
   Flow exec(const Body& body, std::string& out);
   Flow exec_node(const Node& node, std::string& out);
-  void exec_in_own_scope(const Body& body, std::string& out);
+  Flow exec_in_own_scope(const Body& body, std::string& out);
   Flow exec_for(const Node& node, std::string& out);
   Flow exec_if(const Node& node, std::string& out);
   void exec_set_attribute(const Node& node);
@@ -99,15 +99,17 @@ Flow Evaluator::exec(const Body& body, std::string& out) {
 // Filter blocks, block sets and {% generation %} run in an inner frame, as
 // Jinja compiles them: names they set do not outlive them (a namespace's
 // attributes do).
-void Evaluator::exec_in_own_scope(const Body& body, std::string& out) {
+Flow Evaluator::exec_in_own_scope(const Body& body, std::string& out) {
   push_frame();
+  Flow flow;
   try {
-    exec(body, out);
+    flow = exec(body, out);
   } catch (...) {
     frames_.pop_back();
     throw;
   }
   frames_.pop_back();
+  return flow;
 }
 
 Flow Evaluator::exec_node(const Node& node, std::string& out) {
@@ -122,7 +124,8 @@ Flow Evaluator::exec_node(const Node& node, std::string& out) {
       case NodeKind::set_block:
       case NodeKind::filter_block: {
         std::string captured;
-        exec_in_own_scope(node.body, captured);
+        Flow flow = exec_in_own_scope(node.body, captured);
+        if (flow != Flow::normal) return flow;  // a break inside leaves the block unwritten, as in Jinja
         Value v = Value::from(std::move(captured));
         if (node.expr) v = eval_filter(*node.expr, &v);
         if (node.kind == NodeKind::set_block) assign(node.targets[0], v);

@@ -113,6 +113,8 @@ TEST(ChatTemplate, RefusesAtLoadNamingFileAndLine) {
   EXPECT_NE(error.find("inc.jinja:1: unsupported statement {% include %}"), std::string::npos) << error;
   error = error_of([] { ChatTemplate("{% if x is frobnicated %}{% endif %}", "test.jinja"); });
   EXPECT_NE(error.find("unsupported test 'frobnicated'"), std::string::npos) << error;
+  error = error_of([] { ChatTemplate("a\n{% break %}", "break.jinja"); });
+  EXPECT_NE(error.find("break.jinja:2: {% break %} outside a loop"), std::string::npos) << error;
   error = error_of([] { ChatTemplate("{% if x %}never closed", "open.jinja"); });
   EXPECT_NE(error.find("open.jinja"), std::string::npos) << error;
 }

@@ -187,6 +187,7 @@ void Evaluator::exec_generation(const Node& node, std::string& out) {
 // is updated in place (a template that keeps `loop` sees it advance too).
 Value Evaluator::make_loop(const std::vector<Value>& items, const std::shared_ptr<size_t>& index) {
   Value loop = Value::make_namespace();
+  loop.view = "LoopContext";  // printed as Jinja's <LoopContext 1/3>
   loop.dict->set(Value::from("length"), Value::from(static_cast<int64_t>(items.size())));
   loop.dict->set(Value::from("depth"), Value::from(1));
   loop.dict->set(Value::from("depth0"), Value::from(0));
@@ -266,19 +267,30 @@ class Evaluator::MacroScope {
     auto& frames = evaluator_.frames_;
     saved_.assign(std::make_move_iterator(frames.begin() + 1), std::make_move_iterator(frames.end()));
     frames.resize(1);
-    for (const auto& weak : closure)
-      if (FramePtr frame = weak.lock()) frames.push_back(std::move(frame));
+    for (const auto& weak : closure) {
+      FramePtr frame = weak.lock();
+      if (!frame) {
+        // Jinja's closure would still see them; this one does not, so it refuses rather than guess.
+        restore();
+        throw RenderError("a macro called after the block it was defined in has ended (kept in a namespace?)");
+      }
+      frames.push_back(std::move(frame));
+    }
     evaluator_.push_frame();
     ++evaluator_.call_depth_;
   }
   ~MacroScope() {
-    auto& frames = evaluator_.frames_;
-    frames.resize(1);
-    frames.insert(frames.end(), std::make_move_iterator(saved_.begin()), std::make_move_iterator(saved_.end()));
+    restore();
     --evaluator_.call_depth_;
   }
 
  private:
+  void restore() {
+    auto& frames = evaluator_.frames_;
+    frames.resize(1);
+    frames.insert(frames.end(), std::make_move_iterator(saved_.begin()), std::make_move_iterator(saved_.end()));
+  }
+
   Evaluator& evaluator_;
   std::vector<FramePtr> saved_;
 };

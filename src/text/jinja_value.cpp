@@ -351,8 +351,16 @@ std::string to_str(const Value& v) {
     case Kind::string: return v.string;
     case Kind::list: return sequence_repr(v);
     case Kind::dict: return dict_repr(*v.dict);
-    case Kind::ns: return "<Namespace " + dict_repr(*v.dict) + ">";
-    default: return "<function>";
+    case Kind::ns:
+      if (v.view && std::strcmp(v.view, "LoopContext") == 0) {
+        const Value* index = v.dict->find("index");
+        const Value* length = v.dict->find("length");
+        return "<LoopContext " + (index ? to_str(*index) : "?") + "/" + (length ? to_str(*length) : "?") + ">";
+      }
+      return "<Namespace " + dict_repr(*v.dict) + ">";
+    default:
+      // Python shows a function with its memory address: no text to match.
+      throw RenderError("printing a function or macro, which Python shows with its memory address");
   }
 }
 

@@ -42,7 +42,8 @@ struct Value {
   bool is_tuple = false;
   // A list that Python holds as another type: "generator", "list_reverseiterator"
   // (printing shows an address; no len), "dict_items", "dict_keys",
-  // "dict_values", "range" (printed as such; its repr is in `string`).
+  // "dict_values", "range" (printed as such; its repr is in `string`); on a
+  // namespace, "LoopContext" (a for loop's `loop`, printed as Jinja does).
   const char* view = nullptr;
   bool is_markup = false;  // |safe's or |escape's result: markupsafe's Markup, which + escapes the other side for
 

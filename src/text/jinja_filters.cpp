@@ -216,6 +216,7 @@ Value filter_int(const Value& v, CallArgs& args) {
   }
   if (v.is_string()) {
     std::string s = python_strip(v.string, nullptr, true, true);
+    if (s.find('_') != std::string::npos) throw RenderError("int('" + s + "'): digits with underscores are not read here");
     char* end = nullptr;
     errno = 0;
     long long n = std::strtoll(s.c_str(), &end, static_cast<int>(base));
@@ -236,6 +237,8 @@ Value filter_float(const Value& v, CallArgs& args) {
   if (v.is_number()) return Value::from(v.as_double());
   if (v.is_string()) {
     std::string s = python_strip(v.string, nullptr, true, true);
+    if (s.find('_') != std::string::npos) throw RenderError("float('" + s + "'): digits with underscores are not read here");
+    if (s.find_first_of("xX") != std::string::npos) return fallback;  // C reads hex floats, Python does not
     char* end = nullptr;
     double f = std::strtod(s.c_str(), &end);
     if (!s.empty() && end && *end == 0) return Value::from(f);

@@ -3,6 +3,7 @@
 #include "text/jinja_value.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -520,8 +521,11 @@ Value from_json(const nlohmann::ordered_json& j) {
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
     case nlohmann::ordered_json::value_t::boolean: return Value::from(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer:
-    case nlohmann::ordered_json::value_t::number_unsigned: return Value::from(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_integer: return Value::from(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      if (j.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+        throw RenderError("the integer " + j.dump() + " does not fit in 64 bits");  // Python's would; ours refuses
+      return Value::from(static_cast<int64_t>(j.get<uint64_t>()));
     case nlohmann::ordered_json::value_t::number_float: return Value::from(j.get<double>());
     case nlohmann::ordered_json::value_t::string: return Value::from(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {

@@ -280,11 +280,13 @@ void add_globals(Dict& globals) {
   globals.set(Value::from("dict"), Value::make_function([](CallArgs& args) {
                 Value d = Value::make_dict();
                 fill_mapping(*d.dict, args, false);
+                d.refresh_nesting();
                 return d;
               }));
   globals.set(Value::from("namespace"), Value::make_function([](CallArgs& args) {
                 Value ns = Value::make_namespace();
                 fill_mapping(*ns.dict, args, true);
+                ns.refresh_nesting();
                 return ns;
               }));
   globals.set(Value::from("raise_exception"), Value::make_function([](CallArgs& args) -> Value {

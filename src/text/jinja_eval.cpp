@@ -2,6 +2,7 @@
 // under transformers (see jinja_eval.h): scopes, loops, macros, {% generation %}.
 #include "text/jinja_eval.h"
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 #include <unordered_map>
@@ -169,7 +170,13 @@ void Evaluator::exec_set_attribute(const Node& node) {
   if (!node.text.empty() && node.text[0] == '_')
     throw RenderError("Chat templates cannot store underscore-prefixed attributes on a namespace, but got '" +
                       node.text + "'. Please rename the attribute.");
-  target.dict->set(Value::from(node.text), eval(*node.expr));
+  Value value = eval(*node.expr);
+  // Python's collector frees a namespace that holds itself; shared pointers would not.
+  if (holds(value, target.dict.get())) throw RenderError("a namespace cannot hold itself ('" + node.text + "')");
+  int nesting = std::max(target.dict->nesting, value.current_nesting() + 1);
+  if (nesting > 512) throw RenderError("values nested deeper than 512 ('" + node.text + "')");
+  target.dict->nesting = nesting;
+  target.dict->set(Value::from(node.text), std::move(value));
 }
 
 // transformers' AssistantTracker: the body's text, and where it begins and ends
@@ -333,6 +340,7 @@ Value Evaluator::eval_core(const Expr& e) {
     case ExprKind::dict: {
       Value d = Value::make_dict();
       for (size_t i = 0; i + 1 < e.children.size(); i += 2) d.dict->set(eval(*e.children[i]), eval(*e.children[i + 1]));
+      d.refresh_nesting();
       return d;
     }
     case ExprKind::attribute: return get_attribute(eval(*e.children[0]), e.name);

@@ -201,6 +201,7 @@ Value dict_method(const Value& self, const std::string& name) {
     return Value::make_function([dict](CallArgs&) {
       Value copy = Value::make_dict();
       *copy.dict = *dict;
+      copy.refresh_nesting();
       return copy;
     });
   return Value::undefined("'dict object' has no attribute '" + name + "'");

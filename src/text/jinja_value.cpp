@@ -67,7 +67,34 @@ Value Value::make_list(std::vector<Value> items) {
   Value v;
   v.kind = Kind::list;
   v.list = std::make_shared<std::vector<Value>>(std::move(items));
+  v.refresh_nesting();
   return v;
+}
+
+int Value::current_nesting() const { return kind == Kind::ns ? dict->nesting : nesting; }
+
+void Value::refresh_nesting() {
+  int deepest = 0;
+  if (kind == Kind::list)
+    for (const Value& item : *list) deepest = std::max(deepest, item.current_nesting());
+  if (kind == Kind::dict || kind == Kind::ns)
+    for (const auto& [key, item] : dict->items) deepest = std::max({deepest, key.current_nesting(), item.current_nesting()});
+  nesting = deepest + 1;
+  if (kind == Kind::ns) dict->nesting = nesting;
+  if (nesting > kMaxValueDepth)
+    throw RenderError("values nested deeper than " + std::to_string(kMaxValueDepth));
+}
+
+bool holds(const Value& v, const Dict* items) {
+  ValueDepthGuard guard;
+  if ((v.kind == Kind::dict || v.kind == Kind::ns) && v.dict.get() == items) return true;
+  if (v.kind == Kind::list)
+    for (const Value& item : *v.list)
+      if (holds(item, items)) return true;
+  if (v.kind == Kind::dict || v.kind == Kind::ns)
+    for (const auto& [key, item] : v.dict->items)
+      if (holds(item, items)) return true;
+  return false;
 }
 Value Value::make_tuple(std::vector<Value> items) {
   Value v = make_list(std::move(items));
@@ -531,11 +558,13 @@ Value from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       Value list = Value::make_list();
       for (const auto& item : j) list.list->push_back(from_json(item));
+      list.refresh_nesting();
       return list;
     }
     case nlohmann::ordered_json::value_t::object: {
       Value dict = Value::make_dict();
       for (const auto& [key, item] : j.items()) dict.dict->items.emplace_back(Value::from(key), from_json(item));
+      dict.refresh_nesting();
       return dict;
     }
     default: throw std::runtime_error("unsupported JSON value (binary) in template variables");

@@ -130,6 +130,13 @@ TEST(ChatTemplate, SandboxAndHostileInput) {
   EXPECT_NE(error_of([&] { ChatTemplate(deep, "deep.jinja"); }).find("nested deeper"), std::string::npos);
   EXPECT_NE(error_of([] { render("{% for i in range(1000000) %}{% endfor %}"); }).find("MAX_RANGE"),
             std::string::npos);
+  // Values nested without bound, or a namespace holding itself, would recurse past the stack when freed.
+  EXPECT_NE(error_of([] {
+              render("{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = [ns.l] %}{% endfor %}");
+            }).find("nested deeper than 512"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { render("{% set ns = namespace() %}{% set ns.me = [ns] %}"); }).find("cannot hold itself"),
+            std::string::npos);
 }
 
 TEST(ChatTemplate, ModelFolder) {

@@ -41,6 +41,25 @@ Value repeat(const Value& sequence, int64_t times) {
   return sequence.is_tuple ? Value::make_tuple(items) : Value::make_list(items);
 }
 
+Value float_operation(const std::string& op, double x, double y) {
+  if (op == "+") return Value::from(x + y);
+  if (op == "-") return Value::from(x - y);
+  if (op == "*") return Value::from(x * y);
+  if (op == "**") {
+    if (x == 0 && y < 0) throw RenderError("0.0 cannot be raised to a negative power");
+    double r = std::pow(x, y);
+    if (std::isinf(r) && std::isfinite(x) && std::isfinite(y)) throw RenderError("(34, 'Numerical result out of range')");
+    return Value::from(r);
+  }
+  if (y == 0) throw RenderError("float division by zero");
+  if (op == "/") return Value::from(x / y);
+  double q = std::floor(x / y);
+  if (op == "//") return Value::from(q);
+  double m = std::fmod(x, y);
+  if (m != 0 && ((m < 0) != (y < 0))) m += y;
+  return Value::from(m);
+}
+
 Value integer_operation(const std::string& op, int64_t x, int64_t y) {
   int64_t r = 0;
   bool overflow = false;
@@ -63,7 +82,7 @@ Value integer_operation(const std::string& op, int64_t x, int64_t y) {
     return Value::from(op == "//" ? q : m);
   }
   // "**"
-  if (y < 0) return Value::from(std::pow(static_cast<double>(x), static_cast<double>(y)));
+  if (y < 0) return float_operation("**", static_cast<double>(x), static_cast<double>(y));
   int64_t result = 1;
   for (int64_t i = 0; i < y; ++i) {
     overflow = __builtin_mul_overflow(result, x, &result);
@@ -71,20 +90,6 @@ Value integer_operation(const std::string& op, int64_t x, int64_t y) {
     if (result == 0 || result == 1) break;
   }
   return Value::from(result);
-}
-
-Value float_operation(const std::string& op, double x, double y) {
-  if (op == "+") return Value::from(x + y);
-  if (op == "-") return Value::from(x - y);
-  if (op == "*") return Value::from(x * y);
-  if (op == "**") return Value::from(std::pow(x, y));
-  if (y == 0) throw RenderError("float division by zero");
-  if (op == "/") return Value::from(x / y);
-  double q = std::floor(x / y);
-  if (op == "//") return Value::from(q);
-  double m = std::fmod(x, y);
-  if (m != 0 && ((m < 0) != (y < 0))) m += y;
-  return Value::from(m);
 }
 
 Value make_range(CallArgs& args) {
@@ -167,6 +172,14 @@ Value strftime_now(CallArgs& args) {
 
 using TestFunction = bool (*)(const Value&, CallArgs&);
 
+// value % divisor as Python computes it (odd, even, divisibleby), as a double.
+double python_modulo(const Value& value, const Value& divisor) {
+  if (value.is_undefined()) fail_undefined(value);
+  if (!value.is_number() || !divisor.is_number())
+    throw RenderError("unsupported operand type(s) for %: '" + type_name(value) + "' and '" + type_name(divisor) + "'");
+  return binary_operation("%", value, divisor).as_double();
+}
+
 const Value& test_argument(CallArgs& args, const char* test) {
   const Value* other = args.get(0, "other");
   if (!other) throw RenderError(std::string("the test '") + test + "' takes one argument");
@@ -174,7 +187,7 @@ const Value& test_argument(CallArgs& args, const char* test) {
 }
 
 bool sequence_test(const Value& v) {
-  return v.is_string() || v.is_dict() || (v.is_list() && (!v.view || std::string(v.view) == "range"));
+  return v.is_undefined() || v.is_string() || v.is_dict() || (v.is_list() && (!v.view || std::string(v.view) == "range"));
 }
 
 const std::map<std::string, TestFunction>& tests() {
@@ -192,16 +205,13 @@ const std::map<std::string, TestFunction>& tests() {
       {"boolean", [](const Value& v, CallArgs&) { return v.kind == Kind::boolean; }},
       {"true", [](const Value& v, CallArgs&) { return v.kind == Kind::boolean && v.boolean; }},
       {"false", [](const Value& v, CallArgs&) { return v.kind == Kind::boolean && !v.boolean; }},
-      {"callable", [](const Value& v, CallArgs&) { return v.kind == Kind::function; }},
+      {"callable", [](const Value& v, CallArgs&) { return v.kind == Kind::function || v.is_undefined(); }},  // Undefined has __call__
       {"escaped", [](const Value& v, CallArgs&) { return v.is_markup; }},
       {"lower", [](const Value& v, CallArgs&) { std::string s = to_str(v); return python_lower(s) == s && python_upper(s) != s; }},
       {"upper", [](const Value& v, CallArgs&) { std::string s = to_str(v); return python_upper(s) == s && python_lower(s) != s; }},
-      {"odd", [](const Value& v, CallArgs&) { return integral(v) % 2 != 0; }},
-      {"even", [](const Value& v, CallArgs&) { return integral(v) % 2 == 0; }},
-      {"divisibleby", [](const Value& v, CallArgs& a) {
-         int64_t d = integral(test_argument(a, "divisibleby"));
-         if (d == 0) throw RenderError("integer division or modulo by zero");
-         return integral(v) % d == 0; }},
+      {"odd", [](const Value& v, CallArgs&) { return python_modulo(v, Value::from(2)) == 1; }},
+      {"even", [](const Value& v, CallArgs&) { return python_modulo(v, Value::from(2)) == 0; }},
+      {"divisibleby", [](const Value& v, CallArgs& a) { return python_modulo(v, test_argument(a, "divisibleby")) == 0; }},
       {"eq", [](const Value& v, CallArgs& a) { return equals(v, test_argument(a, "eq")); }},
       {"ne", [](const Value& v, CallArgs& a) { return !equals(v, test_argument(a, "ne")); }},
       {"lt", [](const Value& v, CallArgs& a) { return less_than(v, test_argument(a, "lt")); }},
@@ -228,6 +238,7 @@ const std::map<std::string, std::string>& test_aliases() {
 }  // namespace
 
 Value binary_operation(const std::string& op, const Value& a, const Value& b) {
+  if (op == "%" && a.is_string()) return Value::from(percent_format(a.string, b));  // str.__mod__ takes anything
   if (a.is_undefined()) fail_undefined(a);
   if (b.is_undefined()) fail_undefined(b);
   if (a.is_number() && b.is_number()) {
@@ -269,11 +280,13 @@ void add_globals(Dict& globals) {
   globals.set(Value::from("dict"), Value::make_function([](CallArgs& args) {
                 Value d = Value::make_dict();
                 fill_mapping(*d.dict, args, false);
+                d.refresh_nesting();
                 return d;
               }));
   globals.set(Value::from("namespace"), Value::make_function([](CallArgs& args) {
                 Value ns = Value::make_namespace();
                 fill_mapping(*ns.dict, args, true);
+                ns.refresh_nesting();
                 return ns;
               }));
   globals.set(Value::from("raise_exception"), Value::make_function([](CallArgs& args) -> Value {
@@ -288,10 +301,6 @@ bool known_test(const std::string& name) { return tests().count(name) || test_al
 bool apply_test(const std::string& name, const Value& operand, CallArgs& args) {
   auto alias = test_aliases().find(name);
   const std::string& key = alias == test_aliases().end() ? name : alias->second;
-  if ((key == "odd" || key == "even" || key == "divisibleby") && !is_integral(operand)) {
-    if (operand.is_undefined()) fail_undefined(operand);
-    throw RenderError("the test '" + name + "' expects an integer, found " + type_name(operand));
-  }
   bool result = tests().at(key)(operand, args);
   args.expect_all_used("test " + name);
   return result;

@@ -2,6 +2,7 @@
 // under transformers (see jinja_eval.h): scopes, loops, macros, {% generation %}.
 #include "text/jinja_eval.h"
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 #include <unordered_map>
@@ -16,6 +17,10 @@ constexpr size_t kMaxLoopSteps = 10'000'000;
 enum class Flow { normal, loop_break, loop_continue };
 
 using Frame = std::unordered_map<std::string, Value>;
+// Frames are shared: a macro keeps the frames it was defined in (weakly, so
+// that a macro stored in its own frame is no cycle) and reads them live at
+// call time, as Jinja's macros, which are Python closures, do.
+using FramePtr = std::shared_ptr<Frame>;
 
 // Where a render error happened: the line of the innermost node being run.
 struct LocatedError : std::runtime_error {
@@ -25,12 +30,12 @@ struct LocatedError : std::runtime_error {
 class Evaluator {
  public:
   Evaluator(const Dict& variables, const std::string& origin) : origin_(origin) {
-    frames_.emplace_back();
+    frames_.push_back(std::make_shared<Frame>());
     Dict globals;
     add_globals(globals);
-    for (const auto& [k, v] : globals.items) frames_[0][k.string] = v;
+    for (const auto& [k, v] : globals.items) (*frames_[0])[k.string] = v;
     for (const auto& [k, v] : variables.items)
-      if (k.is_string()) frames_[0][k.string] = v;
+      if (k.is_string()) (*frames_[0])[k.string] = v;
   }
   RenderOutput run(const Body& body) {
     exec(body, output_.text);
@@ -43,12 +48,13 @@ class Evaluator {
   }
   Value lookup(const std::string& name) const {
     for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
-      auto found = it->find(name);
-      if (found != it->end()) return found->second;
+      auto found = (*it)->find(name);
+      if (found != (*it)->end()) return found->second;
     }
     return Value::undefined("'" + name + "' is undefined");
   }
-  void assign(const std::string& name, Value v) { frames_.back()[name] = std::move(v); }
+  void assign(const std::string& name, Value v) { (*frames_.back())[name] = std::move(v); }
+  void push_frame() { frames_.push_back(std::make_shared<Frame>()); }
   void assign_targets(const Node& node, const Value& v, int line);
   void write(std::string& out, const std::string& text, int line) {
     out += text;
@@ -57,13 +63,14 @@ class Evaluator {
 
   Flow exec(const Body& body, std::string& out);
   Flow exec_node(const Node& node, std::string& out);
+  Flow exec_in_own_scope(const Body& body, std::string& out);
   Flow exec_for(const Node& node, std::string& out);
   Flow exec_if(const Node& node, std::string& out);
   void exec_set_attribute(const Node& node);
   void exec_generation(const Node& node, std::string& out);
   class MacroScope;
   Value make_macro(const Node& node);
-  Value call_macro(const Node& node, CallArgs& args);
+  Value call_macro(const Node& node, const std::vector<std::weak_ptr<Frame>>& closure, CallArgs& args);
   Value make_loop(const std::vector<Value>& items, const std::shared_ptr<size_t>& index);
   void advance_loop(Value& loop, const std::vector<Value>& items, size_t i);
 
@@ -76,7 +83,7 @@ class Evaluator {
   CallArgs eval_arguments(const Expr& e, size_t first);
 
   const std::string& origin_;
-  std::vector<Frame> frames_;
+  std::vector<FramePtr> frames_;
   RenderOutput output_;
   int call_depth_ = 0;
   size_t loop_steps_ = 0;
@@ -88,6 +95,22 @@ Flow Evaluator::exec(const Body& body, std::string& out) {
     if (flow != Flow::normal) return flow;
   }
   return Flow::normal;
+}
+
+// Filter blocks, block sets and {% generation %} run in an inner frame, as
+// Jinja compiles them: names they set do not outlive them (a namespace's
+// attributes do).
+Flow Evaluator::exec_in_own_scope(const Body& body, std::string& out) {
+  push_frame();
+  Flow flow;
+  try {
+    flow = exec(body, out);
+  } catch (...) {
+    frames_.pop_back();
+    throw;
+  }
+  frames_.pop_back();
+  return flow;
 }
 
 Flow Evaluator::exec_node(const Node& node, std::string& out) {
@@ -102,7 +125,8 @@ Flow Evaluator::exec_node(const Node& node, std::string& out) {
       case NodeKind::set_block:
       case NodeKind::filter_block: {
         std::string captured;
-        exec(node.body, captured);
+        Flow flow = exec_in_own_scope(node.body, captured);
+        if (flow != Flow::normal) return flow;  // a break inside leaves the block unwritten, as in Jinja
         Value v = Value::from(std::move(captured));
         if (node.expr) v = eval_filter(*node.expr, &v);
         if (node.kind == NodeKind::set_block) assign(node.targets[0], v);
@@ -146,7 +170,13 @@ void Evaluator::exec_set_attribute(const Node& node) {
   if (!node.text.empty() && node.text[0] == '_')
     throw RenderError("Chat templates cannot store underscore-prefixed attributes on a namespace, but got '" +
                       node.text + "'. Please rename the attribute.");
-  target.dict->set(Value::from(node.text), eval(*node.expr));
+  Value value = eval(*node.expr);
+  // Python's collector frees a namespace that holds itself; shared pointers would not.
+  if (holds(value, target.dict.get())) throw RenderError("a namespace cannot hold itself ('" + node.text + "')");
+  int nesting = std::max(target.dict->nesting, value.current_nesting() + 1);
+  if (nesting > 512) throw RenderError("values nested deeper than 512 ('" + node.text + "')");
+  target.dict->nesting = nesting;
+  target.dict->set(Value::from(node.text), std::move(value));
 }
 
 // transformers' AssistantTracker: the body's text, and where it begins and ends
@@ -154,7 +184,7 @@ void Evaluator::exec_set_attribute(const Node& node) {
 // inside a macro or a block set, whose text is not written yet, as there).
 void Evaluator::exec_generation(const Node& node, std::string& out) {
   std::string body;
-  exec(node.body, body);
+  exec_in_own_scope(node.body, body);  // a call block's body: a macro, so its sets stay inside
   size_t begin = output_.text.size();
   output_.generation_ranges.emplace_back(begin, begin + body.size());
   write(out, body, node.line);
@@ -164,6 +194,7 @@ void Evaluator::exec_generation(const Node& node, std::string& out) {
 // is updated in place (a template that keeps `loop` sees it advance too).
 Value Evaluator::make_loop(const std::vector<Value>& items, const std::shared_ptr<size_t>& index) {
   Value loop = Value::make_namespace();
+  loop.view = "LoopContext";  // printed as Jinja's <LoopContext 1/3>
   loop.dict->set(Value::from("length"), Value::from(static_cast<int64_t>(items.size())));
   loop.dict->set(Value::from("depth"), Value::from(1));
   loop.dict->set(Value::from("depth0"), Value::from(0));
@@ -198,7 +229,7 @@ Flow Evaluator::exec_for(const Node& node, std::string& out) {
       items.push_back(item);
       continue;
     }
-    frames_.emplace_back();
+    push_frame();
     assign_targets(node, item, node.line);
     bool keep = eval(*node.loop_filter).truthy();
     frames_.pop_back();
@@ -210,7 +241,7 @@ Flow Evaluator::exec_for(const Node& node, std::string& out) {
     if (++loop_steps_ > kMaxLoopSteps) fail(node.line, "more than 10 million loop steps");
     *index = i;
     advance_loop(loop, items, i);
-    frames_.emplace_back();
+    push_frame();
     assign("loop", loop);
     assign_targets(node, items[i], node.line);
     Flow flow;
@@ -229,36 +260,52 @@ Flow Evaluator::exec_for(const Node& node, std::string& out) {
 
 Value Evaluator::make_macro(const Node& node) {
   const Node* macro = &node;
-  return Value::make_function([this, macro](CallArgs& args) { return call_macro(*macro, args); });
+  std::vector<std::weak_ptr<Frame>> closure(frames_.begin() + 1, frames_.end());
+  return Value::make_function(
+      [this, macro, closure](CallArgs& args) { return call_macro(*macro, closure, args); });
 }
 
-// A macro runs in its own frame above the template's top level, as Jinja's
-// do: the caller's loop and local names are out of its sight until it returns.
+// A macro runs in its own frame above the top level and the frames it was
+// defined in (those still alive), as Jinja's do: the caller's loop and local
+// names are out of its sight until it returns.
 class Evaluator::MacroScope {
  public:
-  explicit MacroScope(Evaluator& evaluator) : evaluator_(evaluator) {
+  MacroScope(Evaluator& evaluator, const std::vector<std::weak_ptr<Frame>>& closure) : evaluator_(evaluator) {
     auto& frames = evaluator_.frames_;
     saved_.assign(std::make_move_iterator(frames.begin() + 1), std::make_move_iterator(frames.end()));
     frames.resize(1);
-    frames.emplace_back();
+    for (const auto& weak : closure) {
+      FramePtr frame = weak.lock();
+      if (!frame) {
+        // Jinja's closure would still see them; this one does not, so it refuses rather than guess.
+        restore();
+        throw RenderError("a macro called after the block it was defined in has ended (kept in a namespace?)");
+      }
+      frames.push_back(std::move(frame));
+    }
+    evaluator_.push_frame();
     ++evaluator_.call_depth_;
   }
   ~MacroScope() {
-    auto& frames = evaluator_.frames_;
-    frames.resize(1);
-    frames.insert(frames.end(), std::make_move_iterator(saved_.begin()), std::make_move_iterator(saved_.end()));
+    restore();
     --evaluator_.call_depth_;
   }
 
  private:
+  void restore() {
+    auto& frames = evaluator_.frames_;
+    frames.resize(1);
+    frames.insert(frames.end(), std::make_move_iterator(saved_.begin()), std::make_move_iterator(saved_.end()));
+  }
+
   Evaluator& evaluator_;
-  std::vector<Frame> saved_;
+  std::vector<FramePtr> saved_;
 };
 
-Value Evaluator::call_macro(const Node& node, CallArgs& args) {
+Value Evaluator::call_macro(const Node& node, const std::vector<std::weak_ptr<Frame>>& closure, CallArgs& args) {
   if (call_depth_ >= kMaxCallDepth)
     throw RenderError("macro '" + node.text + "' nests calls deeper than " + std::to_string(kMaxCallDepth));
-  MacroScope scope(*this);
+  MacroScope scope(*this, closure);
   // Defaults are evaluated in the macro's frame, so `b=a` sees the argument a.
   for (size_t i = 0; i < node.params.size(); ++i) {
     const Value* given = args.get(i, node.params[i]);
@@ -293,6 +340,7 @@ Value Evaluator::eval_core(const Expr& e) {
     case ExprKind::dict: {
       Value d = Value::make_dict();
       for (size_t i = 0; i + 1 < e.children.size(); i += 2) d.dict->set(eval(*e.children[i]), eval(*e.children[i + 1]));
+      d.refresh_nesting();
       return d;
     }
     case ExprKind::attribute: return get_attribute(eval(*e.children[0]), e.name);

@@ -1,6 +1,7 @@
 // Jinja's filters as chat templates use them, with Jinja 3.1's semantics
 // (generators where Jinja returns generators) and transformers' tojson.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -178,6 +179,10 @@ Value filter_indent(const Value& v, CallArgs& args) {
   bool first = optional_argument(args, 1, "first", Value::from(false)).truthy();
   bool blank = optional_argument(args, 2, "blank", Value::from(false)).truthy();
   args.expect_all_used("filter indent");
+  if (!v.is_string()) {
+    if (v.is_undefined()) fail_undefined(v);
+    throw RenderError("unsupported operand type(s) for +=: '" + type_name(v) + "' and 'str'");  // Jinja adds "\n" first
+  }
   std::string indentation = width.is_string() ? width.string : std::string(static_cast<size_t>(std::max<int64_t>(0, width.integer)), ' ');
   std::vector<std::string> lines = python_splitlines(to_str(v) + "\n");
   std::string out;
@@ -198,15 +203,29 @@ Value filter_int(const Value& v, CallArgs& args) {
   Value fallback = optional_argument(args, 0, "default", Value::from(0));
   int64_t base = optional_argument(args, 1, "base", Value::from(10)).integer;
   args.expect_all_used("filter int");
+  if (v.is_undefined()) fail_undefined(v);  // Undefined's __int__ and __float__ raise, past the default
   if (v.kind == Kind::integer || v.kind == Kind::boolean) return Value::from(v.kind == Kind::integer ? v.integer : int64_t(v.boolean));
-  if (v.kind == Kind::floating) return Value::from(static_cast<int64_t>(std::trunc(v.floating)));
+  // Python's int has no bound; past 64 bits this refuses rather than wrap.
+  auto from_double = [](double f) {
+    if (!(std::fabs(f) < 9.2e18)) throw RenderError("int(" + float_repr(f) + ") does not fit in 64 bits");
+    return Value::from(static_cast<int64_t>(std::trunc(f)));
+  };
+  if (v.kind == Kind::floating) {
+    if (!std::isfinite(v.floating)) return fallback;  // int(inf) raises OverflowError, int(nan) ValueError: the default
+    return from_double(v.floating);
+  }
   if (v.is_string()) {
     std::string s = python_strip(v.string, nullptr, true, true);
+    if (s.find('_') != std::string::npos) throw RenderError("int('" + s + "'): digits with underscores are not read here");
     char* end = nullptr;
+    errno = 0;
     long long n = std::strtoll(s.c_str(), &end, static_cast<int>(base));
-    if (!s.empty() && end && *end == 0) return Value::from(static_cast<int64_t>(n));
+    if (!s.empty() && end && *end == 0) {
+      if (errno == ERANGE) throw RenderError("int('" + s + "') does not fit in 64 bits");
+      return Value::from(static_cast<int64_t>(n));
+    }
     double f = std::strtod(s.c_str(), &end);
-    if (!s.empty() && end && *end == 0 && std::isfinite(f)) return Value::from(static_cast<int64_t>(std::trunc(f)));
+    if (!s.empty() && end && *end == 0 && std::isfinite(f)) return from_double(f);
   }
   return fallback;
 }
@@ -214,9 +233,12 @@ Value filter_int(const Value& v, CallArgs& args) {
 Value filter_float(const Value& v, CallArgs& args) {
   Value fallback = optional_argument(args, 0, "default", Value::from(0.0));
   args.expect_all_used("filter float");
+  if (v.is_undefined()) fail_undefined(v);
   if (v.is_number()) return Value::from(v.as_double());
   if (v.is_string()) {
     std::string s = python_strip(v.string, nullptr, true, true);
+    if (s.find('_') != std::string::npos) throw RenderError("float('" + s + "'): digits with underscores are not read here");
+    if (s.find_first_of("xX") != std::string::npos) return fallback;  // C reads hex floats, Python does not
     char* end = nullptr;
     double f = std::strtod(s.c_str(), &end);
     if (!s.empty() && end && *end == 0) return Value::from(f);
@@ -292,6 +314,8 @@ Value filter_unique(const Value& v, CallArgs& args) {
   std::vector<Value> out, seen;
   for (const Value& item : items_of(v)) {
     Value key = sort_key(attribute.is_none() ? item : attribute_path(item, to_str(attribute)), case_sensitive);
+    if ((key.is_list() && !key.is_tuple) || key.is_dict() || key.kind == Kind::ns)
+      throw RenderError("unhashable type: '" + type_name(key) + "'");  // unique keeps a set of what it saw
     if (std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return equals(s, key); })) continue;
     seen.push_back(key);
     out.push_back(item);
@@ -320,7 +344,8 @@ Value filter_round(const Value& v, CallArgs& args) {
   args.expect_all_used("filter round");
   if (method != "common" && method != "ceil" && method != "floor")
     throw RenderError("method must be 'common', 'ceil' or 'floor'");
-  if (method == "common" && (v.kind == Kind::integer || v.kind == Kind::boolean)) return v;
+  if (method == "common" && v.kind == Kind::integer) return v;
+  if (method == "common" && v.kind == Kind::boolean) return Value::from(static_cast<int64_t>(v.boolean));  // round(True) is 1
   double x = v.as_double(), scale = std::pow(10.0, static_cast<double>(precision));
   if (method == "ceil") return Value::from(std::ceil(x * scale) / scale);
   if (method == "floor") return Value::from(std::floor(x * scale) / scale);
@@ -348,9 +373,10 @@ Value filter_reverse(const Value& v, CallArgs& args) {
   }
   std::vector<Value> items = items_of(v);
   std::reverse(items.begin(), items.end());
-  if (v.is_list() && !v.view)
-    return Value::make_view(std::move(items), "list_reverseiterator");
-  return Value::make_list(std::move(items));
+  // reversed() gives an iterator (printed with its address) where Python can
+  // reverse in place; a generator or Undefined becomes a list first.
+  if (v.is_iterator() || v.is_undefined()) return Value::make_list(std::move(items));
+  return Value::make_view(std::move(items), "list_reverseiterator");
 }
 
 Value filter_truncate(const Value& v, CallArgs& args) {
@@ -360,6 +386,12 @@ Value filter_truncate(const Value& v, CallArgs& args) {
   Value leeway_value = optional_argument(args, 3, "leeway", Value::none());
   args.expect_all_used("filter truncate");
   int64_t leeway = leeway_value.is_none() ? 5 : leeway_value.integer;
+  if (!v.is_string()) {
+    // Jinja measures anything with a length, and returns it whole when short enough.
+    CallArgs none;
+    if (filter_length(v, none).integer <= length + leeway) return v;
+    throw RenderError("truncate: expected a str to shorten, found " + type_name(v));
+  }
   std::vector<uint32_t> cps = code_points(to_str(v));
   int64_t end_length = static_cast<int64_t>(code_point_count(end));
   if (length < end_length) throw RenderError("expected length >= " + std::to_string(end_length) + ", got " + std::to_string(length));

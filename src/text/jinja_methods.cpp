@@ -201,6 +201,7 @@ Value dict_method(const Value& self, const std::string& name) {
     return Value::make_function([dict](CallArgs&) {
       Value copy = Value::make_dict();
       *copy.dict = *dict;
+      copy.refresh_nesting();
       return copy;
     });
   return Value::undefined("'dict object' has no attribute '" + name + "'");
@@ -212,10 +213,28 @@ Value dict_method(const Value& self, const std::string& name) {
   throw RenderError(v.string.empty() ? "an undefined value was used" : v.string);
 }
 
+// Markup's methods return Markup, after escaping their string arguments.
+Value markup_result(Value result) {
+  if (result.is_string()) result.is_markup = true;
+  if (result.is_list())
+    for (Value& item : *result.list)
+      if (item.is_string()) item.is_markup = true;
+  return result;
+}
+
 Value string_method(const Value& self, const std::string& name) {
   if (!string_methods().count(name)) return Value::undefined("'str object' has no attribute '" + name + "'");
   std::string text = self.string;
-  return Value::make_function([text, name](CallArgs& args) { return call_string_method(text, name, args); });
+  if (!self.is_markup)
+    return Value::make_function([text, name](CallArgs& args) { return call_string_method(text, name, args); });
+  return Value::make_function([text, name](CallArgs& args) {
+    for (Value& a : args.positional)
+      if (a.is_string() && !a.is_markup) a.string = html_escape(a.string);
+    for (auto& kv : args.keywords)
+      if (kv.second.is_string() && !kv.second.is_markup) kv.second.string = html_escape(kv.second.string);
+    Value result = call_string_method(text, name, args);
+    return result.kind == Kind::boolean || result.kind == Kind::integer ? result : markup_result(result);
+  });
 }
 
 Value get_attribute(const Value& obj, const std::string& name) {
@@ -271,7 +290,9 @@ Value get_item(const Value& obj, const Value& key) {
       int64_t n = static_cast<int64_t>(cps.size());
       if (i < 0) i += n;
       if (i < 0 || i >= n) return Value::undefined("string index out of range");
-      return Value::from(from_code_points(cps, i, i + 1));
+      Value character = Value::from(from_code_points(cps, i, i + 1));
+      character.is_markup = obj.is_markup;
+      return character;
     }
     int64_t n = static_cast<int64_t>(obj.list->size());
     if (i < 0) i += n;
@@ -289,15 +310,18 @@ Value get_slice(const Value& obj, const Value* start, const Value* stop, const V
     std::string out;
     for (size_t i : slice_indices(static_cast<int64_t>(cps.size()), start, stop, step))
       out += from_code_points(cps, i, i + 1);
-    return Value::from(out);
+    Value sliced = Value::from(out);
+    sliced.is_markup = obj.is_markup;
+    return sliced;
   }
-  if (obj.is_list() && !obj.is_iterator()) {
+  if (obj.is_list() && !obj.view) {
     std::vector<Value> items;
     for (size_t i : slice_indices(static_cast<int64_t>(obj.list->size()), start, stop, step))
       items.push_back((*obj.list)[i]);
     return obj.is_tuple ? Value::make_tuple(std::move(items)) : Value::make_list(std::move(items));
   }
-  return Value::undefined("'" + type_name(obj) + "' object is not subscriptable");
+  // Jinja slices with Python's own [], not its forgiving getitem: anything else raises.
+  throw RenderError("'" + type_name(obj) + "' object cannot be sliced here (Python: not subscriptable)");
 }
 
 std::vector<Value> iterate(const Value& v) {
@@ -325,7 +349,11 @@ bool contains(const Value& haystack, const Value& needle) {
       throw RenderError("'in <string>' requires string as left operand, not " + type_name(needle));
     return haystack.string.find(needle.string) != std::string::npos;
   }
-  if (haystack.is_dict()) return haystack.dict->find(needle) != nullptr;
+  if (haystack.is_dict()) {
+    if ((needle.is_list() && !needle.is_tuple) || needle.is_dict() || needle.kind == Kind::ns)
+      throw RenderError("unhashable type: '" + type_name(needle) + "'");
+    return haystack.dict->find(needle) != nullptr;
+  }
   if (haystack.is_list()) {
     for (const Value& item : *haystack.list)
       if (equals(item, needle)) return true;

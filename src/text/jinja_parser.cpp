@@ -104,6 +104,7 @@ class Parser {
   const std::string& origin_;
   size_t pos_ = 0;
   int depth_ = 0;
+  int loop_depth_ = 0;  // for loops around the statement being parsed, within its function
 };
 
 std::string Parser::describe(const Token& t) const {
@@ -181,6 +182,8 @@ NodePtr Parser::parse_statement() {
   if (name == "filter") return parse_filter_block(line);
   if (name == "generation") return parse_generation(line);
   if (name == "break" || name == "continue") {
+    // As Python, which Jinja compiles to: a macro's or {% generation %}'s body is a function of its own.
+    if (loop_depth_ == 0) fail("{% " + name + " %} outside a loop", line);
     expect_block_end(name);
     auto node = std::make_unique<Node>();
     node->kind = name == "break" ? NodeKind::loop_break : NodeKind::loop_continue;
@@ -242,7 +245,9 @@ NodePtr Parser::parse_for(int line) {
   if (at_name("recursive")) fail("unsupported {% for ... recursive %}");
   expect_block_end("for");
   std::string end;
+  ++loop_depth_;
   node->body = parse_body({"else", "endfor"}, end);
+  --loop_depth_;
   if (end == "else") {
     expect_block_end("else");
     node->else_body = parse_body({"endfor"}, end);
@@ -295,7 +300,10 @@ NodePtr Parser::parse_macro(int line) {
   }
   expect_block_end("macro");
   std::string end;
+  int outer_loops = loop_depth_;
+  loop_depth_ = 0;
   node->body = parse_body({"endmacro"}, end);
+  loop_depth_ = outer_loops;
   if (peek().type == TokenType::name) next();  // {% endmacro name %}
   expect_block_end("endmacro");
   return node;
@@ -324,7 +332,10 @@ NodePtr Parser::parse_generation(int line) {
   node->line = line;
   expect_block_end("generation");
   std::string end;
+  int outer_loops = loop_depth_;
+  loop_depth_ = 0;
   node->body = parse_body({"endgeneration"}, end);
+  loop_depth_ = outer_loops;
   expect_block_end("endgeneration");
   return node;
 }
@@ -665,10 +676,13 @@ ExprPtr Parser::parse_test(ExprPtr operand) {
     parse_call_arguments(*test);
   } else {
     const Token& t = peek();
+    // Jinja's rule: a test takes one argument without parentheses when a
+    // literal or a name follows, any name but else/or/and (so `x is string if
+    // c else d` reads `if` as the argument, and fails as Jinja does).
     bool starts_argument = t.type == TokenType::string || t.type == TokenType::integer ||
                            t.type == TokenType::floating || (t.type == TokenType::op && (t.text == "[" || t.text == "{")) ||
-                           (t.type == TokenType::name && t.text != "else" && t.text != "or" && t.text != "and" &&
-                            t.text != "is" && t.text != "if" && t.text != "in" && t.text != "not");
+                           (t.type == TokenType::name && t.text != "else" && t.text != "or" && t.text != "and");
+    if (t.type == TokenType::name && t.text == "is") fail("You cannot chain multiple tests with is");
     if (starts_argument) test->children.push_back(parse_postfix(parse_primary()));
   }
   return test;

@@ -223,8 +223,12 @@ static std::string format_one(char type, const std::string& flags, int width, in
 
 std::string percent_format(const std::string& format, const Value& args) {
   std::vector<Value> positional;
-  // A dict is the mapping of %(name)s fields, or else one value, as in Python.
+  // A dict is the mapping of %(name)s fields, or else one value, as in Python;
+  // Python never counts the unused arguments of a mapping (nor of a list,
+  // which passes its mapping check).
   bool by_name = args.kind == Kind::dict && format.find("%(") != std::string::npos;
+  bool indexable_list = args.is_list() && !args.is_tuple && (!args.view || std::string(args.view) == "range");
+  bool mapping_like = args.kind == Kind::dict || indexable_list || args.is_undefined();
   if (args.kind == Kind::list && args.is_tuple) positional = *args.list;
   else if (!by_name) positional.push_back(args);
   size_t next = 0;
@@ -267,7 +271,7 @@ std::string percent_format(const std::string& format, const Value& args) {
     }
     out += format_one(format[i], flags, width, precision, *value);
   }
-  if (!by_name && next < positional.size())
+  if (!mapping_like && next < positional.size())
     throw RenderError("not all arguments converted during string formatting");
   return out;
 }

@@ -3,6 +3,7 @@
 #include "text/jinja_value.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -66,7 +67,34 @@ Value Value::make_list(std::vector<Value> items) {
   Value v;
   v.kind = Kind::list;
   v.list = std::make_shared<std::vector<Value>>(std::move(items));
+  v.refresh_nesting();
   return v;
+}
+
+int Value::current_nesting() const { return kind == Kind::ns ? dict->nesting : nesting; }
+
+void Value::refresh_nesting() {
+  int deepest = 0;
+  if (kind == Kind::list)
+    for (const Value& item : *list) deepest = std::max(deepest, item.current_nesting());
+  if (kind == Kind::dict || kind == Kind::ns)
+    for (const auto& [key, item] : dict->items) deepest = std::max({deepest, key.current_nesting(), item.current_nesting()});
+  nesting = deepest + 1;
+  if (kind == Kind::ns) dict->nesting = nesting;
+  if (nesting > kMaxValueDepth)
+    throw RenderError("values nested deeper than " + std::to_string(kMaxValueDepth));
+}
+
+bool holds(const Value& v, const Dict* items) {
+  ValueDepthGuard guard;
+  if ((v.kind == Kind::dict || v.kind == Kind::ns) && v.dict.get() == items) return true;
+  if (v.kind == Kind::list)
+    for (const Value& item : *v.list)
+      if (holds(item, items)) return true;
+  if (v.kind == Kind::dict || v.kind == Kind::ns)
+    for (const auto& [key, item] : v.dict->items)
+      if (holds(item, items)) return true;
+  return false;
 }
 Value Value::make_tuple(std::vector<Value> items) {
   Value v = make_list(std::move(items));
@@ -333,7 +361,7 @@ static std::string dict_repr(const Dict& d) {
 
 std::string to_repr(const Value& v) {
   switch (v.kind) {
-    case Kind::string: return string_repr(v.string);
+    case Kind::string: return v.is_markup ? "Markup(" + string_repr(v.string) + ")" : string_repr(v.string);
     case Kind::list: return sequence_repr(v);
     case Kind::dict: return dict_repr(*v.dict);
     case Kind::undefined: return "Undefined";
@@ -351,8 +379,16 @@ std::string to_str(const Value& v) {
     case Kind::string: return v.string;
     case Kind::list: return sequence_repr(v);
     case Kind::dict: return dict_repr(*v.dict);
-    case Kind::ns: return "<Namespace " + dict_repr(*v.dict) + ">";
-    default: return "<function>";
+    case Kind::ns:
+      if (v.view && std::strcmp(v.view, "LoopContext") == 0) {
+        const Value* index = v.dict->find("index");
+        const Value* length = v.dict->find("length");
+        return "<LoopContext " + (index ? to_str(*index) : "?") + "/" + (length ? to_str(*length) : "?") + ">";
+      }
+      return "<Namespace " + dict_repr(*v.dict) + ">";
+    default:
+      // Python shows a function with its memory address: no text to match.
+      throw RenderError("printing a function or macro, which Python shows with its memory address");
   }
 }
 
@@ -391,7 +427,7 @@ bool less_than(const Value& a, const Value& b) {
     return a.as_double() < b.as_double();
   }
   if (a.is_string() && b.is_string()) return a.string < b.string;  // UTF-8 order is code point order
-  if (a.is_list() && b.is_list() && a.is_tuple == b.is_tuple) {
+  if (a.is_list() && b.is_list() && a.is_tuple == b.is_tuple && !a.view && !b.view) {
     size_t n = std::min(a.list->size(), b.list->size());
     for (size_t i = 0; i < n; ++i) {
       if (equals((*a.list)[i], (*b.list)[i])) continue;
@@ -512,18 +548,23 @@ Value from_json(const nlohmann::ordered_json& j) {
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
     case nlohmann::ordered_json::value_t::boolean: return Value::from(j.get<bool>());
-    case nlohmann::ordered_json::value_t::number_integer:
-    case nlohmann::ordered_json::value_t::number_unsigned: return Value::from(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_integer: return Value::from(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
+      if (j.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+        throw RenderError("the integer " + j.dump() + " does not fit in 64 bits");  // Python's would; ours refuses
+      return Value::from(static_cast<int64_t>(j.get<uint64_t>()));
     case nlohmann::ordered_json::value_t::number_float: return Value::from(j.get<double>());
     case nlohmann::ordered_json::value_t::string: return Value::from(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       Value list = Value::make_list();
       for (const auto& item : j) list.list->push_back(from_json(item));
+      list.refresh_nesting();
       return list;
     }
     case nlohmann::ordered_json::value_t::object: {
       Value dict = Value::make_dict();
       for (const auto& [key, item] : j.items()) dict.dict->items.emplace_back(Value::from(key), from_json(item));
+      dict.refresh_nesting();
       return dict;
     }
     default: throw std::runtime_error("unsupported JSON value (binary) in template variables");

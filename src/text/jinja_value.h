@@ -42,8 +42,13 @@ struct Value {
   bool is_tuple = false;
   // A list that Python holds as another type: "generator", "list_reverseiterator"
   // (printing shows an address; no len), "dict_items", "dict_keys",
-  // "dict_values", "range" (printed as such; its repr is in `string`).
+  // "dict_values", "range" (printed as such; its repr is in `string`); on a
+  // namespace, "LoopContext" (a for loop's `loop`, printed as Jinja does).
   const char* view = nullptr;
+  // How deep lists and dicts nest in this value (0 for a scalar), kept as
+  // containers are made, so that a template nesting [x] in a loop is refused
+  // before freeing or printing it recurses past the stack.
+  int nesting = 0;
   bool is_markup = false;  // |safe's or |escape's result: markupsafe's Markup, which + escapes the other side for
 
   static Value none();
@@ -74,11 +79,16 @@ struct Value {
   bool truthy() const;
   /// The number as a double (bool and int included).
   double as_double() const;
+  /// Recomputes `nesting` of a list, dict or namespace from its items; throws past the limit.
+  void refresh_nesting();
+  /// How deep this value nests now (a namespace's as its attributes stand).
+  int current_nesting() const;
 };
 
 /// Insertion-ordered mapping; keys are values (str mostly, as JSON gives).
 struct Dict {
   std::vector<std::pair<Value, Value>> items;
+  int nesting = 0;  // a namespace's, which grows as attributes are set (Value::nesting for the rest)
   /// The value under `key`, or nullptr.
   const Value* find(const Value& key) const;
   const Value* find(const std::string& key) const;
@@ -108,6 +118,8 @@ std::string to_str(const Value& v);
 std::string to_repr(const Value& v);
 /// Python's repr of a float: the shortest digits that read back the same.
 std::string float_repr(double f);
+/// Whether `v` holds (at any depth) the namespace or dict whose items are `items`.
+bool holds(const Value& v, const Dict* items);
 /// Python's == between values.
 bool equals(const Value& a, const Value& b);
 /// Python's <: numbers with numbers, strings with strings, sequences; else throws.

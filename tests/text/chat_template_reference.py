@@ -88,6 +88,9 @@ SNIPPETS = [
     '{{ messages|selectattr("role", "eq", "system")|list|length }}{% if messages|selectattr("role", "eq", "system") %}'
     'always{% endif %}{{ messages[0].content.split()[0] }}{{ (messages|first).role|upper }}{{ messages[-1].content[:1] }}',
     '{{ "ß"|upper }}{{ "Grüße"|length }}{{ "世界"[0] }}{{ "ÀÉ"|lower }}{{ "ﬁx"|upper }}{{ "🙂"|tojson(ensure_ascii=true) }}',
+    '{% set x = 1 %}{% filter upper %}{% set x = 2 %}{{ x }}{% endfilter %}{% set b %}{% set x = 3 %}{% endset %}{{ x }}'
+    '{% generation %}{% set x = 4 %}{% endgeneration %}{{ x }}{% for i in [5] %}{% set x = 6 %}{% macro m() %}{{ x }}'
+    '{{ i }}{{ loop.index }}{{ m is defined }}{% endmacro %}{% set x = 7 %}{{ m() }}{% endfor %}{{ x }}',
     '{{ raise_exception("boom") }}',
     '{% set l = [] %}{{ l.append(1) }}',
     '{{ undefined_thing.attribute }}',

@@ -113,6 +113,8 @@ TEST(ChatTemplate, RefusesAtLoadNamingFileAndLine) {
   EXPECT_NE(error.find("inc.jinja:1: unsupported statement {% include %}"), std::string::npos) << error;
   error = error_of([] { ChatTemplate("{% if x is frobnicated %}{% endif %}", "test.jinja"); });
   EXPECT_NE(error.find("unsupported test 'frobnicated'"), std::string::npos) << error;
+  error = error_of([] { ChatTemplate("a\n{% break %}", "break.jinja"); });
+  EXPECT_NE(error.find("break.jinja:2: {% break %} outside a loop"), std::string::npos) << error;
   error = error_of([] { ChatTemplate("{% if x %}never closed", "open.jinja"); });
   EXPECT_NE(error.find("open.jinja"), std::string::npos) << error;
 }
@@ -127,6 +129,13 @@ TEST(ChatTemplate, SandboxAndHostileInput) {
   std::string deep = "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}";
   EXPECT_NE(error_of([&] { ChatTemplate(deep, "deep.jinja"); }).find("nested deeper"), std::string::npos);
   EXPECT_NE(error_of([] { render("{% for i in range(1000000) %}{% endfor %}"); }).find("MAX_RANGE"),
+            std::string::npos);
+  // Values nested without bound, or a namespace holding itself, would recurse past the stack when freed.
+  EXPECT_NE(error_of([] {
+              render("{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = [ns.l] %}{% endfor %}");
+            }).find("nested deeper than 512"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { render("{% set ns = namespace() %}{% set ns.me = [ns] %}"); }).find("cannot hold itself"),
             std::string::npos);
 }
 

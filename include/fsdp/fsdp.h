@@ -64,6 +64,8 @@
 /// Chrome/Perfetto traces of units, collectives and the caller's own spans.
 
 #include "fsdp/attention.h"      // causal attention, fused (scaled_dot_product_attention) or written out
+#include "fsdp/chat_encoding.h"  // conversations rendered, tokenized, their answers' loss mask; link fsdp::fsdp_text
+#include "fsdp/chat_template.h"  // Hugging Face chat templates rendered as transformers does; link fsdp::fsdp_text
 #include "fsdp/checkpoint.h"     // training checkpoints: save, load, find the latest, convert
 #include "fsdp/checkpoint_manager.h"  // CheckpointManager: interval, keep-N, resume over stateful objects
 #include "fsdp/checksum.h"       // the checksum algorithms our files name (XXH3, FNV-1a)
@@ -71,7 +73,7 @@
 #include "fsdp/enum_names.h"     // enum_name and parse_enum: every option's names
 #include "fsdp/device_choice.h"  // the device and collectives of a rank; the scheduler-world check
 #include "fsdp/error.h"          // error messages without LibTorch's backtrace
-#include "fsdp/evaluation.h"     // sharded evaluation: the mean loss over held-out sequences
+#include "fsdp/evaluation.h"     // sharded evaluation: the mean loss over held-out sequences or answers
 #include "fsdp/fully_shard.h"    // fully_shard(), unit_forward(), UnshardScope
 #include "fsdp/fused_adamw.h"    // FusedAdamW: AdamW in one pass over memory
 #include "fsdp/gpt.h"            // the reference GPT (shared/spec/gpt.md)
@@ -90,7 +92,7 @@
 #include "fsdp/preemption.h"     // SIGTERM/SIGUSR1 as a collective stop at step boundaries
 #include "fsdp/safetensors.h"    // safetensors files, read and written as streams
 #include "fsdp/state_dict.h"     // full and sharded state dicts under the model's names
-#include "fsdp/token_data.h"     // token files and the spec's data orders
+#include "fsdp/token_data.h"     // token files and the spec's data orders; packed conversations
 #include "fsdp/tokenizer.h"      // Hugging Face tokenizer.json (byte-level BPE); link fsdp::fsdp_text for it
 #include "fsdp/trace.h"          // Chrome/Perfetto traces of units and collectives
 #include "fsdp/train_step.h"     // TrainStep: one optimizer step of a sharded model

@@ -59,6 +59,11 @@ mutations=(
   "23-metadata-numel-check-removed|^fuzz_checkpoint_metadata$|fsdp fsdp-ckpt"
   "24-nvme-skips-empty-shard|^trainer_nvme-offload$|$trainer"
   "25-read-ahead-by-queue-length|^trainer_nvme-offload$|$trainer"
+  "26-packed-attention-reads-across-conversations|^conversations$|unit_tests"
+  "27-loss-mean-per-micro-batch|^trainer_conversations$|$trainer fsdp-data"
+  "28-rotary-positions-do-not-restart|^conversations$|unit_tests"
+  "29-answer-header-trained|^hugging_face_chat_ids$|fsdp-data"
+  "30-packed-targets-read-the-inputs-mask|^conversations$|unit_tests"
 )
 
 here="$(cd "$(dirname "$0")" && pwd)"

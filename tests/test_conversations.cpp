@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fsdp/gpt.h"
+#include "fsdp/language_model.h"
 #include "fsdp/llama.h"
 #include "fsdp/token_data.h"
 
@@ -158,6 +159,34 @@ void expect_packed_equals_alone(Model& model) {
   const auto params = model->parameters();
   for (size_t i = 0; i < params.size(); ++i) EXPECT_LE(relative(packed_grads[i], params[i].grad()), 1e-6) << i;
   remove_conversations(path);
+}
+
+// The loss over a global batch's targets: the summed cross-entropy over a
+// divisor, in the sliced path too (a hub vocabulary's rows always take it).
+TEST(Conversations, LossDividedByTheGlobalCountInBothPaths) {
+  torch::manual_seed(5);
+  for (int64_t rows : {int64_t{64}, int64_t{5000}}) {  // 5000 rows of 4096 logits: three slices of 2048
+    const torch::Tensor hidden = torch::randn({rows, 8}, torch::requires_grad());
+    const torch::Tensor weight = torch::randn({4096, 8}, torch::requires_grad());
+    torch::Tensor targets = torch::randint(0, 4096, {rows}, torch::kLong);
+    targets.index_put_({torch::arange(0, rows, 3)}, -100);
+    const double divisor = 12345.0;
+    const torch::Tensor loss = fsdp::models::next_token_loss(hidden, weight, targets, divisor);
+    loss.backward();
+    const torch::Tensor grad_hidden = hidden.grad().clone(), grad_weight = weight.grad().clone();
+    hidden.mutable_grad().reset();
+    weight.mutable_grad().reset();
+    namespace F = torch::nn::functional;
+    const torch::Tensor expected = F::cross_entropy(F::linear(hidden, weight), targets,
+                                                    F::CrossEntropyFuncOptions().reduction(torch::kSum)) / divisor;
+    expected.backward();
+    EXPECT_NEAR(loss.item<double>(), expected.item<double>(), 1e-6 * expected.item<double>()) << rows;
+    EXPECT_LE(relative(grad_hidden, hidden.grad()), 1e-5) << rows;
+    EXPECT_LE(relative(grad_weight, weight.grad()), 1e-5) << rows;
+  }
+  // Every target ignored: 0, not the mean's NaN.
+  const torch::Tensor none = torch::full({6}, -100, torch::kLong);
+  EXPECT_EQ(fsdp::models::next_token_loss(torch::randn({6, 8}), torch::randn({32, 8}), none, 3.0).item<double>(), 0.0);
 }
 
 TEST(Conversations, PackedLossAndGradientsEqualEachConversationAlone) {

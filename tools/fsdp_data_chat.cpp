@@ -81,7 +81,7 @@ bool fit_to_context(const ChatOptions& o, fsdp::text::EncodedConversation& c, En
     ++counts.truncated;
   }
   // The first token is no target: a conversation needs a marked token after it.
-  if (std::count(c.loss_mask.begin() + 1, c.loss_mask.end(), 1) == 0 || c.ids.size() < 2) {
+  if (c.ids.size() < 2 || std::count(c.loss_mask.begin() + 1, c.loss_mask.end(), 1) == 0) {
     ++counts.dropped_no_answer;
     return false;
   }
@@ -141,7 +141,12 @@ int encode_chat(const ChatOptions& o) {
     append_le(bytes, static_cast<uint64_t>(counts.tokens), 8);
     offsets.stream().write(bytes.data(), 8);
   });
-  if (counts.conversations == 0) throw std::runtime_error("no conversation to write (every one was left out)");
+  if (counts.conversations == 0) {
+    throw std::runtime_error("no conversation to write: " + std::to_string(counts.dropped_too_long) +
+                             " dropped as longer than --context " + std::to_string(o.context) + ", " +
+                             std::to_string(counts.dropped_no_answer) + " without an answer token (--train-on " +
+                             nlohmann::json(o.train_on).dump() + ")");
+  }
   tokens.commit();
   mask.commit();
   offsets.commit();

@@ -221,9 +221,18 @@ torch::Tensor run_checkpointed_forward(const UnitForwardScope& scope, M& m, Firs
   };
   return scope.run_checkpointed(body, watch_input(scope, std::forward<First>(first)));
 }
+// An argument after the first that is copied into the recompute as it is:
+// one that could carry a gradient (a tensor, an optional or a list of them)
+// would lose it, so such a unit is refused.
+template <class T>
+constexpr bool carries_tensors() {
+  using D = std::decay_t<T>;
+  return std::is_convertible_v<D, torch::Tensor> || std::is_same_v<D, std::optional<torch::Tensor>> ||
+         std::is_same_v<D, std::vector<torch::Tensor>> || std::is_same_v<D, torch::TensorList>;
+}
 template <class First, class... Rest>
 constexpr bool checkpointable_arguments() {
-  return std::is_convertible_v<First, torch::Tensor> && (!std::is_convertible_v<Rest, torch::Tensor> && ...);
+  return std::is_convertible_v<First, torch::Tensor> && (!carries_tensors<Rest>() && ...);
 }
 }  // namespace detail
 

@@ -263,8 +263,10 @@ struct FullyShardOptions {
   /// no activations (only its input), and backward recomputes it with the
   /// parameters it has just gathered (no second gather), the CPU RNG state
   /// restored. The unit's forward must take one tensor first and return one
-  /// (arguments after it that are no tensors, such as a SequencePacking, are
-  /// copied for the recompute), and the unit must contain no other unit.
+  /// (arguments after it are copied for the recompute as they are: a
+  /// SequencePacking, flags; a tensor, an optional or a list of tensors,
+  /// whose gradient the copy would lose, is refused), and the unit must
+  /// contain no other unit.
   TORCH_ARG(bool, activation_checkpointing) = false;
   /// Sharded initialization: called for every parameter, in
   /// named_parameters() order (tied ones once), to give it its initial

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 #include "fsdp/enum_names.h"
@@ -206,7 +207,8 @@ class ConversationData {
   std::vector<int64_t> train_row_targets_;  // each training row's targets that carry loss
   int64_t train_conversations_ = 0, val_conversations_ = 0, train_loss_targets_ = 0, truncated_ = 0, skipped_ = 0;
   double packing_efficiency_ = 0.0;
-  mutable int64_t permuted_epoch_ = -1;  // the epoch whose permutation permutation_ holds
+  mutable std::mutex permutation_mutex_;  // batch() may be called from several threads
+  mutable int64_t permuted_epoch_ = -1;   // the epoch whose permutation permutation_ holds
   mutable std::vector<int64_t> permutation_;
 };
 

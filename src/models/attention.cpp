@@ -146,7 +146,13 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
     TORCH_CHECK(packing.allowed.size(0) == q.size(0) && packing.allowed.size(-1) == q.size(2),
                 "causal_attention: the packing's mask is ", packing.allowed.sizes(), " for queries ", q.sizes());
 #if FSDP_SDPA_HAS_GQA
-    return at::scaled_dot_product_attention(q, k, v, packing.allowed, 0.0, /*is_causal=*/false, {}, groups > 1);
+    // On a GPU the kernel that takes a mask (memory-efficient) does not read
+    // grouped heads in place: repeat them, or the math kernel keeps B H T^2.
+    if (!q.is_cuda()) {
+      return at::scaled_dot_product_attention(q, k, v, packing.allowed, 0.0, /*is_causal=*/false, {}, groups > 1);
+    }
+    return at::scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), packing.allowed, 0.0,
+                                            /*is_causal=*/false);
 #else
     return at::scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), packing.allowed, 0.0,
                                             /*is_causal=*/false);

@@ -92,9 +92,11 @@ ConversationData::ConversationData(const std::string& path, int64_t context, int
     (i < n - held_out ? train : val).push_back(spans[i]);
   }
   TORCH_CHECK(!train.empty(), "'", path, "' has no training conversation with a target that carries loss (",
-              n, " conversations, ", held_out, " held out, ", skipped_, " without one)");
+              n, " conversations, ", held_out, " held out for validation, ", skipped_, " without one)",
+              held_out > 0 ? ": lower the validation fraction (--val-fraction 0: none)" : "");
   TORCH_CHECK(held_out == 0 || !val.empty(), "'", path, "': the validation split of ", f, " holds out ", held_out,
-              " conversations, none with a target that carries loss (raise the fraction, or 0 for no validation)");
+              " conversations, none with a target that carries loss (raise the fraction, or 0 for no validation: "
+              "--val-fraction 0)");
   train_conversations_ = static_cast<int64_t>(train.size());
   val_conversations_ = static_cast<int64_t>(val.size());
   int64_t slots = 0;
@@ -173,6 +175,7 @@ PackedBatch ConversationData::gather(const std::vector<const Row*>& rows) const 
 int64_t ConversationData::train_row(int64_t k) const {
   const int64_t rows = train_rows(), epoch = k / rows, place = k % rows;
   if (options_.order() == DataOrder::kSequential) return place;
+  const std::lock_guard<std::mutex> lock(permutation_mutex_);
   if (permuted_epoch_ != epoch) {
     permutation_.resize(rows);
     std::iota(permutation_.begin(), permutation_.end(), int64_t{0});

@@ -58,6 +58,19 @@ std::string variables(const json& conversation, size_t count, bool generation_pr
   return v.dump();
 }
 
+// The last 16 bytes of a message's text, reasoning (up to a "</think>")
+// and surrounding whitespace left out: what any template writes of it.
+std::string content_ending(const json& message) {
+  if (!message.contains("content") || !message["content"].is_string()) return "";
+  std::string text = message["content"];
+  const size_t reasoning = text.rfind("</think>");
+  if (reasoning != std::string::npos) text = text.substr(reasoning + 8);
+  const size_t first = text.find_first_not_of(" \t\r\n"), last = text.find_last_not_of(" \t\r\n");
+  if (first == std::string::npos) return "";
+  text = text.substr(first, last - first + 1);
+  return text.size() > 16 ? text.substr(text.size() - 16) : text;
+}
+
 // Where message i's turn lies in `whole` (the conversation's rendering):
 // [start, end) bytes.
 std::pair<size_t, size_t> turn_bytes(const ChatTemplate& chat_template, const json& conversation, size_t i,
@@ -75,13 +88,20 @@ std::pair<size_t, size_t> turn_bytes(const ChatTemplate& chat_template, const js
                                 "the one before it renders");
   }
   // The turn as the template renders it last; in `whole`, the longest part
-  // of it that ends it (a last turn may carry more at its start).
+  // of it that ends it (a last turn may carry more at its start), holding
+  // the end of the message's text (so that a stray "\n" in common is not
+  // taken for the turn).
   const std::string_view last(upto.data() + before.size(), upto.size() - before.size());
   const std::string_view rest(whole.data() + before.size(), whole.size() - before.size());
-  for (size_t k = std::min(last.size(), rest.size()); k > 0; --k) {
-    if (rest.substr(0, k) == last.substr(last.size() - k)) return {before.size(), before.size() + k};
+  if (last.empty()) {
+    throw std::invalid_argument("message " + std::to_string(i) + ": the template renders nothing for it");
   }
-  if (last.empty()) return {before.size(), before.size()};
+  const std::string ending = content_ending(message);
+  for (size_t k = std::min(last.size(), rest.size()); k > 0; --k) {
+    if (rest.substr(0, k) != last.substr(last.size() - k)) continue;
+    if (rest.substr(0, k).find(ending) == std::string_view::npos) break;
+    return {before.size(), before.size() + k};
+  }
   throw std::invalid_argument("message " + std::to_string(i) + ": its turn, as the template renders it last, is not "
                               "found where it starts in the whole conversation");
 }
@@ -142,7 +162,15 @@ std::string conversation_json(const std::string& line) {
 EncodedConversation encode_conversation(const ChatTemplate& chat_template, const Tokenizer& tokenizer,
                                         const std::string& conversation_text,
                                         const std::vector<std::string>& train_on) {
-  const json conversation = json::parse(conversation_text);
+  json conversation;
+  try {
+    conversation = json::parse(conversation_text);
+  } catch (const json::parse_error& e) {
+    throw std::invalid_argument(std::string("the conversation is not JSON: ") + e.what());
+  }
+  if (!conversation.is_object() || !conversation.contains("messages")) {
+    throw std::invalid_argument("expected a conversation as conversation_json gives it: {\"messages\": [...]}");
+  }
   check_messages(conversation["messages"]);
   const size_t n = conversation["messages"].size();
   EncodedConversation encoded;

@@ -64,7 +64,7 @@ struct RunFigures {
   std::vector<int64_t> max_peak;                // rank 0 only: every rank's peak tensor bytes over the steps
   double final_loss = 0.0;
   int64_t skipped_steps = 0;
-  int64_t answer_tokens = 0;  // conversations: the answer tokens of the global batches trained
+  int64_t answer_tokens = 0;  // conversations: the answer tokens of the steps this run took (not skipped ones)
   std::optional<double> final_val_loss;
   std::optional<double> final_val_bpb;  // the same in bits per byte of text (train/text.h), when known
   int64_t eval_sequences = 0;

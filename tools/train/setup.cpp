@@ -418,6 +418,12 @@ Run prepare(const TrainOptions& o, const fsdp::ProcessGroupPtr& world) {
   run.plan_description = fsdp_tools::plan_description(o, run.model_config);
   preflight(o, run, world->size());
   make_data(o, run);
+  // Flags that would change nothing are refused rather than ignored.
+  TORCH_CHECK(o.pack || run.conversations, "--no-pack is for conversations (--data of fsdp-data encode-chat's ",
+              "files); ", o.data.empty() ? std::string("the built-in corpus") : "'" + o.data + "'",
+              " is a token file, read in sequences of --context tokens");
+  TORCH_CHECK(o.chat_template.empty() || o.sample > 0, "--chat-template is for --sample N: the answer to --prompt ",
+              "rendered with it (give --sample, or leave --chat-template out)");
   // Before the model's seed: --device cuda loads the CUDA module, which must
   // come before anything asks LibTorch about CUDA (src/comm/cuda_module.h).
   choose_device(o, world, run);

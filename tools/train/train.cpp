@@ -275,6 +275,7 @@ class Trainer {
   std::optional<fsdp::CheckpointManager> checkpoints_;
   RunFigures figures_;
   std::optional<int64_t> val_bytes_;  // of the validation targets, once counted (0: unknown)
+  int64_t step_answer_tokens_ = 0;    // conversations: the answer tokens of this step's global batch
 
   // --ckpt-dir: the shared-folder probe, then --resume from the newest checkpoint.
   void open_checkpoints() {
@@ -375,8 +376,11 @@ class Trainer {
     }
     const fsdp::models::PackedBatch b = run_.conversations->batch(step, micro, rank_, W, A, batch);
     const int64_t answer_tokens = run_.conversations->global_loss_targets(step, batch * W * A);
-    if (micro == 0) figures_.answer_tokens += answer_tokens;
-    const auto packing = fsdp::SequencePacking::from_positions(b.positions.to(run_.device, /*non_blocking=*/true));
+    if (micro == 0) step_answer_tokens_ = answer_tokens;
+    // Checked and made on the host (no wait for the device), then moved.
+    auto packing = fsdp::SequencePacking::from_positions(b.positions);
+    packing.positions = packing.positions.to(run_.device, /*non_blocking=*/true);
+    packing.allowed = packing.allowed.to(run_.device, /*non_blocking=*/true);
     return model_.forward(b.inputs.to(run_.device, /*non_blocking=*/true),
                           b.targets.to(run_.device, /*non_blocking=*/true), packing,
                           train_step_.token_loss_divisor(answer_tokens));
@@ -395,6 +399,7 @@ class Trainer {
       figures_.checkpoints.blocked_this_step = 0.0;
       const fsdp::StepResult result = train_step_([&](int64_t micro) { return micro_step_loss(step, micro); });
       check_finite(result, step, lr);
+      if (result.stepped) figures_.answer_tokens += step_answer_tokens_;
       figures_.record(result, model_.state().cross_host_comm_stats(), step, o_.steps, rank_);
       const std::optional<double> val_loss = maybe_evaluate(step);
       if (checkpoints_) published(checkpoints_->poll());

@@ -59,6 +59,9 @@ grep -q "block-diagonal causal mask" "$work/w2.out" || fail "the banner does not
 # --chat-template: the answer to --prompt alone, after the template's generation prompt.
 grep -q "== answer to --prompt ([0-9]* tokens, at most 24, .*, the template's generation prompt before it) ==" \
   "$work/w1.out" || fail "no answer printed: $(tail -3 "$work/w1.out")"
+expect_error "--no-pack is for conversations" "$run" -n 1 -- "$train" --preset tiny --steps 1 --no-pack
+expect_error "--chat-template is for --sample N" "$run" -n 1 -- "$train" "${common[@]}" --steps 1 \
+  --chat-template "$model_dir"
 expect_error "--chat-template needs --tokenizer" "$run" -n 1 -- "$train" --model llama --preset tiny \
   --data "$work/chats.bin" --chat-template "$model_dir" --steps 1
 

@@ -61,7 +61,7 @@ mutations=(
   "25-read-ahead-by-queue-length|^trainer_nvme-offload$|$trainer"
   "26-packed-attention-reads-across-conversations|^conversations$|unit_tests"
   "27-loss-mean-per-micro-batch|^trainer_conversations$|$trainer fsdp-data"
-  "28-rotary-positions-do-not-restart|^conversations$|unit_tests"
+  "28-learned-positions-do-not-restart|^conversations$|unit_tests"
   "29-answer-header-trained|^hugging_face_chat_ids$|fsdp-data"
   "30-packed-targets-read-the-inputs-mask|^conversations$|unit_tests"
 )

@@ -32,15 +32,20 @@ ids_part() {
   cat > "$work/generation.jinja" <<'JINJA'
 {% for message in messages %}{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\n' }}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}{% else %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}
 JINJA
+  local made=() checked=() family name file
   for family in llama3:meta-llama-Llama-3.1-8B-Instruct qwen2.5:Qwen-Qwen2.5-7B-Instruct qwen3:Qwen-Qwen3-0.6B \
                 smollm3:HuggingFaceTB-SmolLM3-3B qwen2.5:generation; do
     name="${family%%:*}" file="$templates/${family#*:}.jinja"
     [ "${family#*:}" != generation ] || { name=generation file="$work/generation.jinja"; }
     mkdir -p "$work/$name"
-    "${ref[@]}" make "${family%%:*}" "$file" "$work/$name"
-    "$build/fsdp-data" render-chat --model "$work/$name" --ids "$work/chats.jsonl" > "$work/$name.ids.jsonl"
-    "${ref[@]}" ids "$work/$name" "$work/chats.jsonl" "$work/$name.ids.jsonl"
+    made+=("${family%%:*}" "$file" "$work/$name")
+    checked+=("$work/$name" "$work/$name.ids.jsonl")
   done
+  "${ref[@]}" make "${made[@]}"
+  for ((i = 0; i < ${#checked[@]}; i += 2)); do
+    "$build/fsdp-data" render-chat --model "${checked[i]}" --ids "$work/chats.jsonl" > "${checked[i + 1]}"
+  done
+  "${ref[@]}" ids "$work/chats.jsonl" "${checked[@]}"
 }
 
 loss_part() {

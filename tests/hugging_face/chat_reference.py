@@ -1,9 +1,10 @@
 """Conversations against transformers (tests/hugging_face/chat.sh runs it).
 
-    chat_reference.py make FAMILY TEMPLATE FOLDER   a tokenizer of FAMILY's shape (byte-level BPE with the
-                                                    family's special tokens) and TEMPLATE as its chat template
+    chat_reference.py make FAMILY TEMPLATE FOLDER [FAMILY TEMPLATE FOLDER...]   a tokenizer of FAMILY's shape
+                                                    (byte-level BPE with the family's special tokens) and TEMPLATE
+                                                    as its chat template, in FOLDER
     chat_reference.py conversations FILE            the conversation set, as JSON lines
-    chat_reference.py ids FOLDER CONVERSATIONS OURS  transformers' apply_chat_template(tokenize=True) ids, and
+    chat_reference.py ids CONVERSATIONS FOLDER OURS [FOLDER OURS...]  apply_chat_template(tokenize=True)'s ids, and
                                                     masks by rendering the prefixes (return_assistant_tokens_mask
                                                     where the template has {% generation %}), equal fsdp-data's
     chat_reference.py model FOLDER                  a random Llama with that tokenizer, save_pretrained there
@@ -146,15 +147,17 @@ def loss(folder, ours_path, summaries):
 
 def main(argv):
     command = argv[1]
-    if command == "make":
-        return make(argv[2], argv[3], argv[4])
+    if command == "make":  # one process for every folder: importing transformers is most of a run
+        for i in range(2, len(argv), 3):
+            make(argv[i], argv[i + 1], argv[i + 2])
+        return 0
     if command == "conversations":
         with open(argv[2], "w", encoding="utf-8") as out:
             for messages in conversation_set():
                 out.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
         return 0
     if command == "ids":
-        return ids_equal(argv[2], argv[3], argv[4])
+        return max(ids_equal(argv[i], argv[2], argv[i + 1]) for i in range(3, len(argv), 2))
     if command == "model":
         return make_model(argv[2])
     if command == "loss":

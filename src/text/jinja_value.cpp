@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <unicode/uchar.h>
 
+#include "text/utf8.h"
+
 namespace fsdp::text::jinja {
 namespace {
 
@@ -234,27 +236,9 @@ std::vector<uint32_t> code_points(const std::string& s) {
   return out;
 }
 
-static void append_code_point(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
 std::string from_code_points(const std::vector<uint32_t>& cps, size_t begin, size_t end) {
   std::string out;
-  for (size_t i = begin; i < end && i < cps.size(); ++i) append_code_point(cps[i], out);
+  for (size_t i = begin; i < end && i < cps.size(); ++i) append_utf8(cps[i], out);
   return out;
 }
 
@@ -318,7 +302,7 @@ static std::string string_repr(const std::string& s) {
     } else if (cp == '\n') out += "\\n";
     else if (cp == '\r') out += "\\r";
     else if (cp == '\t') out += "\\t";
-    else if (printable(cp)) append_code_point(cp, out);
+    else if (printable(cp)) append_utf8(cp, out);
     else {
       char buf[16];
       if (cp < 0x100) std::snprintf(buf, sizeof buf, "\\x%02x", cp);
@@ -460,7 +444,7 @@ static void json_string(const std::string& s, bool ensure_ascii, std::string& ou
       std::snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xD800 + (v >> 10), 0xDC00 + (v & 0x3FF));
       out += buf;
     } else {
-      append_code_point(cp, out);
+      append_utf8(cp, out);
     }
   }
   out += '"';

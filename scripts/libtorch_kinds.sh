@@ -6,7 +6,8 @@ wheel_torch_version=2.15.0        # PyPI's torch, pinned
 # What the suite compares against besides torch (scripts/python_refs.sh), pinned; peft (LoRA
 # adapters) imports accelerate and psutil, pinned here so that nothing upgrades torch or transformers.
 # jinja2 renders transformers' chat templates (tests/text/chat_template_reference.py).
-python_reference_packages=(tokenizers==0.23.3 transformers==5.25.0 numpy==2.4.6 sentencepiece==0.2.3 peft==0.21.2 accelerate==1.16.0 psutil==7.2.2 jinja2==3.1.6)
+# bitsandbytes quantizes NF4 on the CPU (tests/qlora/nf4_reference.py: our bytes against its).
+python_reference_packages=(tokenizers==0.23.3 transformers==5.25.0 numpy==2.4.6 sentencepiece==0.2.3 peft==0.21.2 accelerate==1.16.0 psutil==7.2.2 jinja2==3.1.6 bitsandbytes==0.50.2)
 # Downloaded, not installed (python_refs.sh into .venv/assets/): whisper's sdist carries GPT-2's real
 # byte-level BPE (gpt2.tiktoken) and whisper's multilingual one, for tests/text/tiktoken_reference.py;
 # llama-cpp-python's carries 70 hub chat templates (vendor/llama.cpp/models/templates/*.jinja), for

@@ -261,7 +261,7 @@ struct FineTuneFlags {
   double lora_alpha = 16.0;  // the update is scaled by alpha / rank
   double lora_dropout = 0.0;
   std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj"};
-  std::string base_dtype = "fp32";  // bf16: the frozen base held, gathered and computed in bf16 (with LoRA)
+  std::string base_dtype = "fp32";  // bf16: the frozen base held, gathered and computed in bf16 (with LoRA); nf4: QLoRA
   // A PEFT adapter folder: its adapter_config.json gives the LoRA settings
   // (fsdp-train also loads its adapter_model.safetensors).
   std::string init_from_adapter;
@@ -299,8 +299,10 @@ inline void add_fine_tune_flags(CLI::App& app, FineTuneFlags& f) {
       ->capture_default_str();
   app.add_option("--base-dtype", f.base_dtype,
                  "with --lora-rank: fp32, or bf16 to hold the frozen base in bf16 (half its memory and gathers; "
-                 "the base computes in bf16, the adapters in fp32, as PEFT with a bf16 base)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
+                 "the base computes in bf16, the adapters in fp32, as PEFT with a bf16 base), or nf4: QLoRA, the "
+                 "base's linear weights (but lm_head) in bitsandbytes' NF4 (0.5625 bytes a parameter, sharded and "
+                 "gathered as bytes), dequantized to bf16 to compute; the other frozen parameters in bf16")
+      ->check(CLI::IsMember({"fp32", "bf16", "nf4"}))
       ->capture_default_str();
   app.add_option("--init-from-adapter", f.init_from_adapter,
                  "a PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors): LoRA with its r, "
@@ -339,7 +341,9 @@ inline fsdp::MixedPrecision mixed_precision(const RunFlags& run, const FineTuneF
   fsdp::MixedPrecision mp;
   mp.param_dtype(fsdp::parse_enum<torch::ScalarType>(run.param_dtype));
   if (!run.reduce_dtype.empty()) mp.reduce_dtype(fsdp::parse_enum<torch::ScalarType>(run.reduce_dtype));
-  if (fine_tune.base_dtype == "bf16") mp.frozen_param_dtype(torch::kBFloat16);  // (with LoRA: apply_fine_tuning)
+  // (with LoRA: apply_fine_tuning)
+  if (fine_tune.base_dtype == "bf16" || fine_tune.base_dtype == "nf4") mp.frozen_param_dtype(torch::kBFloat16);
+  if (fine_tune.base_dtype == "nf4") mp.frozen_nf4(true);
   return mp;
 }
 

@@ -106,7 +106,11 @@ class SavedCheckpoint {
   /// Reads a data file in full; throws "'file' is corrupt: ..." unless its
   /// bytes match its checksum.
   void verify_file(const std::string& name) const;
-  /// Copies elements [from, to) of unit `unit`'s flat `what` into `out`.
+  /// Copies elements [from, to) of unit `unit`'s flat `what` into `out`. A
+  /// unit of NF4 weights (MixedPrecision::frozen_nf4) is read in whole
+  /// blocks of 64 elements into `out` as 36-byte records (uint8): saved
+  /// sharded, as its bytes; saved in full (dequantized), quantized again,
+  /// which gives the same bytes.
   void read_range(size_t unit, const std::string& what, int64_t from, int64_t to, const torch::Tensor& out) const;
   /// The model's parameters as a full weights file holds them (the model's
   /// names, fp32, whole shapes), in the order stream_weights() gives them.
@@ -116,6 +120,7 @@ class SavedCheckpoint {
   void stream_weights(const std::function<void(const torch::Tensor&)>& take) const;
 
  private:
+  void read_nf4_range(size_t unit, int64_t from, int64_t to, const torch::Tensor& out) const;
   std::string path_;
   std::shared_ptr<const CheckpointMetadata> metadata_;
   CheckpointInfo info_;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fsdp/enum_names.h"
 #include "fsdp/offload.h"
@@ -59,6 +60,19 @@ struct MixedPrecision {
   /// (exactly those values). Unset: as the other parameters (fp32 shards,
   /// gathered in param_dtype). Not with an offload or quantized gathers.
   TORCH_ARG(std::optional<torch::ScalarType>, frozen_param_dtype) = std::nullopt;
+  /// QLoRA's base: the frozen weights of linear layers (torch::nn::Linear's
+  /// `weight`, but those of nf4_skip_modules) held in NF4, bitsandbytes'
+  /// 4-bit format byte for byte (blocks of 64 with an fp32 absmax: 0.5625
+  /// bytes a parameter). A unit's NF4 weights are a buffer of their own,
+  /// sharded as bytes on block boundaries, all-gathered as bytes and
+  /// dequantized into effective_frozen_param_dtype() just before the unit
+  /// computes (fsdp-train --base-dtype nf4). The other frozen parameters
+  /// stay as frozen_param_dtype says. Not with an offload or quantized gathers.
+  TORCH_ARG(bool, frozen_nf4) = false;
+  /// Linear layers frozen_nf4 leaves unquantized: a module named so, or
+  /// whose name ends in "." and one of these (transformers'
+  /// llm_int8_skip_modules; it keeps the output layer too).
+  TORCH_ARG(std::vector<std::string>, nf4_skip_modules) = std::vector<std::string>{"lm_head"};
 };
 
 // The dtypes' names (fsdp/enum_names.h lists them).

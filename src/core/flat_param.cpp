@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "comm/quantize.h"
+#include "core/nf4.h"
 #include "base/compat.h"
 #include "core/gather_order.h"
 #include "fsdp/memory.h"
@@ -70,17 +71,19 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, 
   torch::NoGradGuard no_grad;
   for (auto& [name, param] : params) {
     entries_.push_back(FlatParamEntry{name, param, param.sizes().vec(), numel_, param.numel()});
-    numel_ += param.numel();
+    // NF4: each weight's blocks are its own, as bitsandbytes quantizes it alone.
+    numel_ += config_.nf4 ? nf4::blocks(param.numel()) * nf4::kBlock : param.numel();
   }
   TORCH_CHECK(config_.offload, "FlatParam: no offload given (FlatParamConfig::offload: where the shard lives)");
   const c10::Device device = config_.device;
   const auto on_device = torch::TensorOptions().device(device);
   const int K = shard_group_size(), r = shard_rank();
-  shard_numel_ = (numel_ + K - 1) / K;
+  shard_numel_ = config_.nf4 ? (numel_ / nf4::kBlock + K - 1) / K * nf4::kBlock  // whole blocks a rank
+                             : (numel_ + K - 1) / K;
   const torch::ScalarType param_dtype = config_.mixed_precision.param_dtype();
   // With fp32 params, a persistent buffer is itself the master copy and the
   // shard is a view of it: no second copy of the parameters.
-  const bool shard_is_view = config_.persistent_params && param_dtype == torch::kFloat;
+  const bool shard_is_view = config_.persistent_params && param_dtype == torch::kFloat && !config_.nf4;
 
   torch::Tensor flat;
   {
@@ -94,7 +97,11 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, 
   } else {
     {
       MemoryCategoryScope scope(Category::kParameterShard);
-      shard_ = config_.offload->make_shard(flat.narrow(0, r * shard_numel_, shard_numel_));
+      if (config_.nf4) {
+        quantize_shard(flat);
+      } else {
+        shard_ = config_.offload->make_shard(flat.narrow(0, r * shard_numel_, shard_numel_));
+      }
     }
     flat.reset();
     MemoryCategoryScope scope(buffer_category(config_));
@@ -115,6 +122,25 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, torch::Tensor>> params, 
   // the right metadata; the values come with initialize_views().
   for (auto& e : entries_) e.param.set_data(unsharded_.narrow(0, e.offset, e.numel).view(e.shape));
 }
+
+void FlatParam::quantize_shard(const torch::Tensor& flat) {
+  // This rank's records only: blocks are independent, and a shard begins
+  // on a block boundary, as every weight does.
+  const int64_t begin = shard_rank() * shard_numel_, end = begin + shard_numel_;
+  torch::Tensor records = torch::empty({shard_numel_ / nf4::kBlock * nf4::kRecordBytes}, torch::kByte);
+  nf4::clear_records(records);
+  const torch::Tensor host = flat.to(torch::kCPU);
+  for (const auto& e : entries_) {
+    const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
+    if (lo >= hi) continue;
+    nf4::quantize_into_records(host.narrow(0, lo, hi - lo),
+                               records.narrow(0, (lo - begin) / nf4::kBlock * nf4::kRecordBytes,
+                                              nf4::blocks(hi - lo) * nf4::kRecordBytes));
+  }
+  shard_ = records.to(config_.device);
+}
+
+int64_t FlatParam::nf4_bytes() const { return config_.nf4 ? numel_ / nf4::kBlock * nf4::kRecordBytes : 0; }
 
 FlatParam::~FlatParam() {
   if (!config_.persistent_params && unsharded_.defined()) {
@@ -152,6 +178,23 @@ void FlatParam::start_unshard(bool exact) {
   if (unsharded_.storage().nbytes() == 0) {
     MemoryCategoryScope scope(buffer_category(config_));
     compat::allocate_storage(unsharded_, padded_numel() * unsharded_.element_size());
+  }
+  if (config_.nf4) {
+    // The records cross as bytes (a quarter of bf16's traffic, and nothing
+    // reads them as floats on the way) and are dequantized once all are in.
+    if (config_.shard_group) {
+      {
+        MemoryCategoryScope scope(Category::kUnshardedBuffer);
+        pending_packed_gather_ = torch::empty({shard_.numel() * shard_group_size()}, shard_.options());
+      }
+      pending_unshard_ = config_.shard_group->all_gather(pending_packed_gather_, shard_);
+      pending_unshard_input_ = shard_;
+    } else {
+      nf4::dequantize_records_into(shard_, unsharded_);
+    }
+    gathered_version_ = version;
+    stale_ = false;
+    return;
   }
   if (secondary_.defined()) {
     // The host's slices of what forward gathered make the whole buffer
@@ -217,7 +260,10 @@ void FlatParam::unshard(bool exact) {
     work->wait();
     pending_unshard_input_.reset();
     pending_unshard_staging_.reset();
-    if (pending_packed_gather_.defined()) {
+    if (pending_packed_gather_.defined() && config_.nf4) {
+      nf4::dequantize_records_into(pending_packed_gather_, unsharded_);
+      pending_packed_gather_.reset();
+    } else if (pending_packed_gather_.defined()) {
       quantize::unpack_into(pending_packed_gather_, shard_group_size(), shard_numel_,
                             config_.zero_plus_plus.quantization_block(), unsharded_);
       pending_packed_gather_.reset();
@@ -228,6 +274,21 @@ void FlatParam::unshard(bool exact) {
 }
 
 torch::Tensor FlatParam::gather_full(const torch::Tensor& local) const {
+  if (config_.nf4) {
+    // The weights' values: every rank's records, dequantized to float32.
+    TORCH_CHECK(local.scalar_type() == torch::kByte && local.numel() == shard_.numel(),
+                "gather_full: expected the NF4 shard's ", shard_.numel(), " bytes, got ", local.numel(), " ",
+                local.scalar_type());
+    torch::Tensor records = local.detach().to(device()).contiguous();
+    if (config_.shard_group) {
+      torch::Tensor all = torch::empty({records.numel() * shard_group_size()}, records.options());
+      config_.shard_group->all_gather(all, records)->wait();
+      records = all;
+    }
+    torch::Tensor full = torch::empty({padded_numel()}, records.options().dtype(torch::kFloat));
+    nf4::dequantize_records_into(records, full);
+    return full;
+  }
   TORCH_CHECK(local.numel() == shard_numel_, "gather_full: expected a tensor of the shard's ", shard_numel_,
               " elements, got ", local.numel());
   if (!config_.shard_group) return local.detach();
@@ -269,6 +330,7 @@ void FlatParam::drop_secondary() {
 }
 
 void FlatParam::write_back_shard() {
+  TORCH_CHECK(!config_.nf4, "FlatParam: unit '", name(), "' holds an NF4 base, which takes no written-back values");
   TORCH_CHECK(is_unsharded_ && unsharded_.scalar_type() == torch::kFloat,
               "FlatParam: write_back_shard needs the float32 parameters gathered");
   if (shard_aliases_buffer()) return;  // the shard is a slice of the buffer already

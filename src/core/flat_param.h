@@ -67,6 +67,11 @@ struct FlatParamConfig {
   // The dtype the shard is held in: float32, or for a frozen part
   // MixedPrecision::frozen_param_dtype (its mixed_precision's param dtype).
   torch::ScalarType shard_dtype = torch::kFloat;
+  // A frozen part of linear weights held in NF4 (MixedPrecision::frozen_nf4,
+  // core/nf4.h): each entry starts on a block of 64 elements, the shard is
+  // whole 36-byte records (uint8), the gather moves them as bytes and
+  // dequantizes them into the param dtype (the unit's compute dtype).
+  bool nf4 = false;
   // ZeRO++ (FullyShardOptions::zero_plus_plus; world-sharded strategies):
   // the ranks of this host and one rank of each host (FsdpState::host_group()),
   // and for quantized reductions the world ranks in host-major order
@@ -127,7 +132,11 @@ class FlatParam {
   c10::Device device() const { return unsharded_.device(); }
   // The local shard: an fp32 leaf that optimizers step (a plain tensor
   // that requires no grad where frozen()). Padding stays zero.
+  // NF4 (FlatParamConfig::nf4): the shard is shard_numel() / 64 records of
+  // 36 bytes, of nf4_bytes() for the whole unit's real blocks.
   const torch::Tensor& shard() const { return shard_; }
+  bool nf4() const { return config_.nf4; }
+  int64_t nf4_bytes() const;
   const std::vector<FlatParamEntry>& entries() const { return entries_; }
   bool is_unsharded() const { return is_unsharded_; }
 
@@ -196,6 +205,7 @@ class FlatParam {
 
  private:
   bool shard_aliases_buffer() const;
+  void quantize_shard(const torch::Tensor& flat);
   bool quantizes_gathers() const;
   // The parts of start_unshard() and start_reduce_gradients() that ZeRO++ adds.
   void start_quantized_gather(const torch::Tensor& input);

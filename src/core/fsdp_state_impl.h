@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fsdp/fully_shard.h"
+#include "core/unit.h"
 #include "core/unit_plan.h"
 
 namespace fsdp {
@@ -86,12 +87,12 @@ struct FsdpStateImpl {
   void make_groups();
   // Builds a Unit per unit plan (root first) and a buffer per buffer plan
   // (`buffers`: a unit's trainable parameters, then its frozen ones where
-  // it has any, frozen[b]), materializing and initializing parameters
+  // it has any, then its NF4 weights: kinds[b]), materializing and initializing parameters
   // through options().param_init_fn() when one is given: a buffer is built
   // (and its full parameters freed) once its last parameter is done.
-  void build_units(std::vector<UnitPlan> buffers, const std::vector<bool>& frozen, const FlatParamConfig& config);
+  void build_units(std::vector<UnitPlan> buffers, const std::vector<BufferKind>& kinds, const FlatParamConfig& config);
   // Builds buffer `index` (its place in flat_params_) and gives it to `unit`.
-  void make_buffer(Unit& unit, UnitPlan plan, const FlatParamConfig& config, size_t index, bool frozen);
+  void make_buffer(Unit& unit, UnitPlan plan, const FlatParamConfig& config, size_t index, BufferKind kind);
   // Every rank must have planned the same units with the same sizes, or the
   // first collective would pair different buffers: checked at construction.
   void check_same_plan_on_every_rank(const std::vector<UnitPlan>& plans) const;

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <iostream>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 
@@ -59,40 +60,64 @@ std::vector<compat::NodePtr> make_accumulators(const std::vector<FlatParamEntry>
   return accumulators;
 }
 
-// Splits each unit's plan into its buffers' plans: its trainable
-// parameters, then, where it has any, its frozen ones (requires_grad false;
-// see Unit::frozen_params()). Returns, per buffer plan, whether it is a
-// frozen one. A unit without frozen parameters has one buffer, so a model
-// that trains every parameter is sharded, and trains, exactly as without
-// this split.
-std::vector<bool> split_frozen_parameters(std::vector<UnitPlan>& plans) {
-  std::vector<UnitPlan> split;
-  std::vector<bool> frozen;
-  for (auto& plan : plans) {
-    UnitPlan frozen_part{(plan.name.empty() ? "<root>" : plan.name) + "#frozen", plan.module, {}};
-    std::vector<std::pair<std::string, torch::Tensor>> trainable;
-    for (auto& named : plan.params) (named.second.requires_grad() ? trainable : frozen_part.params).push_back(named);
-    plan.params = std::move(trainable);
-    split.push_back(std::move(plan));
-    frozen.push_back(false);
-    if (frozen_part.params.empty()) continue;
-    split.push_back(std::move(frozen_part));
-    frozen.push_back(true);
+// The frozen weights MixedPrecision::frozen_nf4 holds in NF4: those of
+// torch::nn::Linear modules (LoRA's base), but the skipped modules'.
+std::set<const c10::TensorImpl*> nf4_weights(torch::nn::Module& root, const MixedPrecision& mixed_precision) {
+  std::set<const c10::TensorImpl*> weights;
+  if (!mixed_precision.frozen_nf4()) return weights;
+  for (const auto& item : root.named_modules("", /*include_self=*/true)) {
+    auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
+    if (!linear) continue;
+    const std::string& name = item.key();
+    const auto& skip = mixed_precision.nf4_skip_modules();
+    const bool skipped = std::any_of(skip.begin(), skip.end(), [&](const std::string& s) {
+      return name == s || (name.size() > s.size() && name.compare(name.size() - s.size() - 1, std::string::npos, "." + s) == 0);
+    });
+    if (!skipped && !linear->weight.requires_grad()) weights.insert(linear->weight.unsafeGetTensorImpl());
   }
-  plans = std::move(split);
-  return frozen;
+  return weights;
 }
 
+// Splits each unit's plan into its buffers' plans: its trainable
+// parameters, then, where it has any, its frozen ones (requires_grad false;
+// see Unit::frozen_params()), then its NF4 weights (`nf4`, frozen_nf4).
+// Returns each buffer plan's kind. A unit without frozen parameters has one
+// buffer, so a model that trains every parameter is sharded, and trains,
+// exactly as without this split.
+std::vector<BufferKind> split_frozen_parameters(std::vector<UnitPlan>& plans,
+                                                const std::set<const c10::TensorImpl*>& nf4) {
+  std::vector<UnitPlan> split;
+  std::vector<BufferKind> kinds;
+  for (auto& plan : plans) {
+    const std::string base = plan.name.empty() ? "<root>" : plan.name;
+    UnitPlan frozen_part{base + "#frozen", plan.module, {}}, nf4_part{base + "#nf4", plan.module, {}};
+    std::vector<std::pair<std::string, torch::Tensor>> trainable;
+    for (auto& named : plan.params) {
+      const bool quantized = nf4.count(named.second.unsafeGetTensorImpl()) > 0;
+      (named.second.requires_grad() ? trainable : quantized ? nf4_part.params : frozen_part.params).push_back(named);
+    }
+    plan.params = std::move(trainable);
+    split.push_back(std::move(plan));
+    kinds.push_back(BufferKind::kTrainable);
+    for (auto* part : {&frozen_part, &nf4_part}) {
+      if (part->params.empty()) continue;
+      kinds.push_back(part == &nf4_part ? BufferKind::kNf4 : BufferKind::kFrozen);
+      split.push_back(std::move(*part));
+    }
+  }
+  plans = std::move(split);
+  return kinds;
+}
 
 // Each unit's shard over a shard group of `k` ranks, as its FlatParam will
 // have it (for the offload's plan, before any unit is built).
-std::vector<offload::ShardPlan> shard_plans(const std::vector<UnitPlan>& plans, const std::vector<bool>& frozen,
+std::vector<offload::ShardPlan> shard_plans(const std::vector<UnitPlan>& plans, const std::vector<BufferKind>& kinds,
                                             int64_t k) {
   std::vector<offload::ShardPlan> shards;
   for (size_t u = 0; u < plans.size(); ++u) {
     int64_t numel = 0;
     for (const auto& p : plans[u].params) numel += p.second.numel();
-    shards.push_back({(numel + k - 1) / k, frozen[u]});
+    shards.push_back({(numel + k - 1) / k, kinds[u] != BufferKind::kTrainable});
   }
   return shards;
 }
@@ -124,10 +149,12 @@ Unit::Unit(FsdpStateImpl* owner, std::string name, torch::nn::Module* module)
 
 void Unit::adopt(std::unique_ptr<FlatParam> buffer) {
   if (buffer->frozen()) {
-    TORCH_CHECK(!frozen_, "FSDP unit '", display_name(), "' was given a second frozen buffer");
+    std::unique_ptr<FlatParam>& slot = buffer->nf4() ? nf4_ : frozen_;
+    TORCH_CHECK(!slot, "FSDP unit '", display_name(), "' was given a second ", buffer->nf4() ? "NF4" : "frozen",
+                " buffer");
     buffer->initialize_views();
-    frozen_ = std::move(buffer);
-    buffers_.push_back(frozen_.get());  // last: the trainable one goes first whenever it comes
+    slot = std::move(buffer);
+    buffers_.push_back(slot.get());  // after the trainable one, which goes first whenever it comes
     return;
   }
   TORCH_CHECK(!flat_, "FSDP unit '", display_name(), "' was given a second trainable buffer");
@@ -268,7 +295,13 @@ void FsdpStateImpl::build(const offload::PlacementChoice& placements) {
   TORCH_CHECK(module_, "fully_shard: the module is null");
   TORCH_CHECK(group_, "fully_shard: the process group is null");
   std::vector<UnitPlan> plans = plan_units(*module_, options_.wrap_policy());
-  const std::vector<bool> frozen = split_frozen_parameters(plans);
+  const std::vector<BufferKind> kinds =
+      split_frozen_parameters(plans, nf4_weights(*module_, options_.mixed_precision()));
+  TORCH_CHECK(!options_.mixed_precision().frozen_nf4() ||
+                  (!options_.offload().is_cpu() && !options_.offload().nvme_options() &&
+                   !options_.zero_plus_plus().any()),
+              "fully_shard: frozen_nf4 with an offload or ZeRO++ is not supported yet: the offloads and ZeRO++ ",
+              "hold float32 shards, an NF4 base's are bytes; leave frozen_nf4 unset or the offload off");
   if (const auto dtype = options_.mixed_precision().frozen_param_dtype()) {
     TORCH_CHECK(*dtype == torch::kFloat || *dtype == torch::kBFloat16 || *dtype == torch::kHalf,
                 "fully_shard: frozen_param_dtype must be float32, bfloat16 or float16, got ", *dtype);
@@ -306,7 +339,9 @@ void FsdpStateImpl::build(const offload::PlacementChoice& placements) {
   // ZeRO++'s gathers use buffers of their own (packed payloads, host
   // slices) whose lifetimes the gather order does not manage: they wait for
   // the compute stream.
-  if (gather_stream && !options_.offload().is_cpu() && !options_.offload().nvme_options() && !options_.zero_plus_plus().any()) {
+  // So do an NF4 base's (its packed records).
+  if (gather_stream && !options_.offload().is_cpu() && !options_.offload().nvme_options() &&
+      !options_.zero_plus_plus().any() && !options_.mixed_precision().frozen_nf4()) {
     gather_order_ = std::make_unique<GatherOrder>(*gather_stream, device_);
   }
   const ShardingStrategy strategy = options_.strategy();
@@ -317,8 +352,8 @@ void FsdpStateImpl::build(const offload::PlacementChoice& placements) {
   config.host_group = host_group_;
   config.cross_host_group = cross_host_group_;
   config.host_major_ranks = host_major_ranks_;
-  offload_->prepare(self_, shard_plans(plans, frozen, shard_group_ ? shard_group_->size() : 1));
-  build_units(std::move(plans), frozen, config);
+  offload_->prepare(self_, shard_plans(plans, kinds, shard_group_ ? shard_group_->size() : 1));
+  build_units(std::move(plans), kinds, config);
   if (options_.cache_host_blocks() && device_context_->on_host() && memory::counting_allocator_installed()) {
     int64_t largest = 0;
     for (const FlatParam* flat : flat_params_) largest = std::max(largest, flat->padded_numel());
@@ -375,18 +410,18 @@ UnshardScope::~UnshardScope() {
   }
 }
 
-void FsdpStateImpl::build_units(std::vector<UnitPlan> buffers, const std::vector<bool>& frozen,
+void FsdpStateImpl::build_units(std::vector<UnitPlan> buffers, const std::vector<BufferKind>& kinds,
                                 const FlatParamConfig& config) {
   // The units first, empty: a buffer goes to the unit of the last
   // trainable plan before it (its own).
   std::vector<Unit*> unit_of(buffers.size());
   for (size_t b = 0; b < buffers.size(); ++b) {
-    if (!frozen[b]) units_.push_back(std::make_unique<Unit>(this, buffers[b].name, buffers[b].module));
+    if (kinds[b] == BufferKind::kTrainable) units_.push_back(std::make_unique<Unit>(this, buffers[b].name, buffers[b].module));
     TORCH_CHECK(!units_.empty(), "fully_shard: a frozen buffer has no unit before it");
     unit_of[b] = units_.back().get();
   }
   const ParamInitFn& init = options_.param_init_fn();
-  auto build = [&](size_t b) { make_buffer(*unit_of[b], std::move(buffers[b]), config, b, frozen[b]); };
+  auto build = [&](size_t b) { make_buffer(*unit_of[b], std::move(buffers[b]), config, b, kinds[b]); };
   if (!init) {
     for (const auto& plan : buffers) {
       for (const auto& [name, param] : plan.params) {
@@ -437,12 +472,17 @@ void FsdpStateImpl::build_units(std::vector<UnitPlan> buffers, const std::vector
     for (FlatParam* flat : unit->buffers()) flat_params_.push_back(flat);
 }
 
-void FsdpStateImpl::make_buffer(Unit& unit, UnitPlan plan, const FlatParamConfig& config, size_t index, bool frozen) {
+void FsdpStateImpl::make_buffer(Unit& unit, UnitPlan plan, const FlatParamConfig& config, size_t index,
+                                BufferKind kind) {
   FlatParamConfig own = config;
   own.index = index;
   own.name = std::move(plan.name);
-  own.frozen = frozen;
-  if (frozen && options_.mixed_precision().frozen_param_dtype()) {  // held, gathered and computed in its own dtype
+  own.frozen = kind != BufferKind::kTrainable;
+  own.nf4 = kind == BufferKind::kNf4;
+  const torch::ScalarType compute = options_.mixed_precision().effective_frozen_param_dtype();
+  if (own.nf4) {  // held as NF4 records, dequantized into the frozen compute dtype
+    own.mixed_precision = MixedPrecision().param_dtype(compute).reduce_dtype(compute);
+  } else if (own.frozen && options_.mixed_precision().frozen_param_dtype()) {  // held, gathered and computed in its own dtype
     own.shard_dtype = *options_.mixed_precision().frozen_param_dtype();
     own.mixed_precision = MixedPrecision().param_dtype(own.shard_dtype).reduce_dtype(own.shard_dtype);
   }
@@ -466,7 +506,8 @@ void FsdpStateImpl::check_same_plan_on_every_rank(const std::vector<UnitPlan>& p
                               static_cast<int64_t>(options_.zero_plus_plus().gather_quantization()),
                               static_cast<int64_t>(options_.zero_plus_plus().secondary_partition()),
                               static_cast<int64_t>(options_.zero_plus_plus().gradient_quantization()),
-                              options_.zero_plus_plus().quantization_block()};
+                              options_.zero_plus_plus().quantization_block(),
+                              static_cast<int64_t>(options_.mixed_precision().frozen_nf4())};
   mix(settings, sizeof(settings));
   for (const auto& plan : plans) {
     int64_t numel = 0;

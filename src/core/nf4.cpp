@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 
 #include "base/parallel.h"
 
@@ -198,6 +200,82 @@ torch::Tensor dequantize(const torch::Tensor& packed, const torch::Tensor& absma
   torch::Tensor out = torch::empty({n}, packed.options().dtype(dtype));
   dequantize_into(packed, absmax, n, out);
   return out;
+}
+
+void write_records(const Quantized& q, int64_t n, torch::Tensor records) {
+  const int64_t count = blocks(n);
+  TORCH_CHECK(records.device().is_cpu() && records.scalar_type() == torch::kByte && records.is_contiguous() &&
+                  records.numel() >= count * kRecordBytes,
+              "nf4::write_records: expected ", count * kRecordBytes, " contiguous bytes on the CPU, got ", records.numel(),
+              " ", records.scalar_type(), " on ", records.device());
+  TORCH_CHECK(q.packed.numel() == (n + 1) / 2 && q.absmax.numel() == count,
+              "nf4::write_records: expected ", (n + 1) / 2, " packed bytes and ", count, " absmax for ", n,
+              " elements, got ", q.packed.numel(), " and ", q.absmax.numel());
+  const torch::Tensor packed = q.packed.contiguous(), absmax = q.absmax.to(torch::kFloat).contiguous();
+  const uint8_t* codes = packed.data_ptr<uint8_t>();
+  const float* scales = absmax.data_ptr<float>();
+  uint8_t* out = records.data_ptr<uint8_t>();
+  const int64_t bytes = packed.numel();
+  for (int64_t b = 0; b < count; ++b) {
+    uint8_t* record = out + b * kRecordBytes;
+    const int64_t first = b * kBlockBytes, have = std::min(kBlockBytes, bytes - first);
+    std::memcpy(record, codes + first, have);
+    std::memset(record + have, kZeroCode << 4 | kZeroCode, kBlockBytes - have);
+    std::memcpy(record + kBlockBytes, scales + b, sizeof(float));
+  }
+}
+
+void quantize_into_records(const torch::Tensor& values, torch::Tensor records) {
+  write_records(quantize(values), values.numel(), std::move(records));
+}
+
+void clear_records(torch::Tensor records) {
+  TORCH_CHECK(records.scalar_type() == torch::kByte && records.numel() % kRecordBytes == 0,
+              "nf4::clear_records: expected whole ", kRecordBytes, "-byte records, got ", records.numel(), " ",
+              records.scalar_type());
+  const torch::Tensor table = records.view({-1, kRecordBytes});
+  table.narrow(1, 0, kBlockBytes).fill_(kZeroCode << 4 | kZeroCode);
+  table.narrow(1, kBlockBytes, 4).zero_();
+}
+
+void dequantize_records_into(const torch::Tensor& records, torch::Tensor& out) {
+  TORCH_CHECK(records.scalar_type() == torch::kByte && records.is_contiguous() && records.numel() % kRecordBytes == 0,
+              "nf4::dequantize_records_into: expected whole ", kRecordBytes, "-byte records, got ", records.numel(),
+              " ", records.scalar_type());
+  const int64_t count = records.numel() / kRecordBytes;
+  TORCH_CHECK(out.numel() == count * kBlock && out.is_contiguous() && out.device() == records.device(),
+              "nf4::dequantize_records_into: expected a contiguous output of ", count * kBlock, " elements on ",
+              records.device(), ", got ", out.numel(), " on ", out.device());
+  if (count == 0) return;
+  if (!records.device().is_cpu()) {  // a GPU: split the records, then dequantize_into's ATen path
+    const torch::Tensor table = records.view({count, kRecordBytes});
+    const torch::Tensor packed = table.narrow(1, 0, kBlockBytes).contiguous().view({-1});
+    const torch::Tensor absmax = table.narrow(1, kBlockBytes, 4).contiguous().view(torch::kFloat).view({-1});
+    dequantize_into(packed, absmax, count * kBlock, out);
+    return;
+  }
+  const uint8_t* in = records.data_ptr<uint8_t>();
+  auto run = [&](auto* o) {
+    using T = std::remove_pointer_t<decltype(o)>;
+    parallel::for_each_chunk(0, count, 256, at::get_num_threads(), [&](int64_t first, int64_t last) {
+      for (int64_t b = first; b < last; ++b) {
+        const uint8_t* record = in + b * kRecordBytes;
+        float scale;
+        std::memcpy(&scale, record + kBlockBytes, sizeof(float));
+        T* dst = o + b * kBlock;
+        for (int64_t i = 0; i < kBlockBytes; ++i) {
+          dst[2 * i] = static_cast<T>(kValues[record[i] >> 4] * scale);
+          dst[2 * i + 1] = static_cast<T>(kValues[record[i] & 0x0F] * scale);
+        }
+      }
+    });
+  };
+  switch (out.scalar_type()) {
+    case torch::kFloat: return run(out.data_ptr<float>());
+    case torch::kBFloat16: return run(out.data_ptr<c10::BFloat16>());
+    case torch::kHalf: return run(out.data_ptr<c10::Half>());
+    default: TORCH_CHECK(false, "nf4::dequantize_records_into: the output must be float32, bfloat16 or float16, got ", out.scalar_type());
+  }
 }
 
 namespace {

@@ -57,6 +57,24 @@ void dequantize_into(const torch::Tensor& packed, const torch::Tensor& absmax, i
 torch::Tensor dequantize(const torch::Tensor& packed, const torch::Tensor& absmax, int64_t n,
                          torch::ScalarType dtype);
 
+// How the engine holds NF4 weights: one 36-byte record a block (its 32
+// packed bytes, then its absmax as little-endian fp32), so that a unit's
+// weights are one byte array that splits on block boundaries into whole
+// records: a shard, a gather and a checkpoint's ranges are record ranges.
+constexpr int64_t kRecordBytes = kBlockBytes + 4;
+
+// A weight of n elements quantized (`q`, from quantize() or a bitsandbytes
+// folder) as blocks(n) records into `records` (uint8 on the CPU, contiguous,
+// at least blocks(n) * kRecordBytes bytes); the codes after the nth are zero (7).
+void write_records(const Quantized& q, int64_t n, torch::Tensor records);
+// quantize() then write_records(): `values` (on the CPU) into blocks(n) records.
+void quantize_into_records(const torch::Tensor& values, torch::Tensor records);
+// Records of zero: every code 7, absmax 0 (padding).
+void clear_records(torch::Tensor records);
+// `records` (uint8, whole records, on any device) dequantized into `out`
+// (contiguous, 64 elements a record, the same device, float32, bfloat16 or float16).
+void dequantize_records_into(const torch::Tensor& records, torch::Tensor& out);
+
 struct NestedAbsmax {
   torch::Tensor codes;   // uint8 [m]: indices into quant_map
   torch::Tensor absmax;  // float32 [ceil(m / 256)]

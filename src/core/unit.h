@@ -22,6 +22,10 @@ namespace fsdp {
 enum class UnitState { kSharded, kUnsharded, kForward, kBackward };
 const char* unit_state_name(UnitState state);
 
+// What one of a unit's buffers holds: its trainable parameters, its frozen
+// ones, or its frozen linear weights in NF4 (MixedPrecision::frozen_nf4).
+enum class BufferKind { kTrainable, kFrozen, kNf4 };
+
 namespace detail {
 struct FsdpStateImpl;
 }
@@ -44,6 +48,9 @@ class Unit {
   // reductions and optimizer state for trainable elements only. The unit
   // gathers, frees and moves it with the trainable one, and never reduces it.
   FlatParam* frozen_params() const { return frozen_.get(); }
+  // Its NF4 weights (MixedPrecision::frozen_nf4), or null: a frozen buffer
+  // of their own, held as bytes.
+  FlatParam* nf4_params() const { return nf4_.get(); }
   // Its buffers: the trainable one, then the frozen one if any (the
   // gathers and frees walk them at every unit boundary: kept, not rebuilt).
   const std::vector<FlatParam*>& buffers() const { return buffers_; }
@@ -83,8 +90,8 @@ class Unit {
   detail::FsdpStateImpl* owner_;
   std::string name_;
   torch::nn::Module* module_;
-  std::unique_ptr<FlatParam> flat_, frozen_;
-  std::vector<FlatParam*> buffers_;  // flat_, then frozen_ if any (adopt())
+  std::unique_ptr<FlatParam> flat_, frozen_, nf4_;
+  std::vector<FlatParam*> buffers_;  // flat_, then frozen_ and nf4_ if any (adopt())
   // Held here because autograd keeps gradient accumulators only weakly: a
   // dropped one is recreated later without our post hook. Created while the
   // parameters have their full shape and compute dtype, which they fix.

@@ -9,6 +9,7 @@
 #include "core/flat_param.h"
 #include "state_dict/checkpoint_json.h"
 #include "state_dict/checkpoint_schema.h"
+#include "core/nf4.h"
 
 #include <algorithm>
 #include <atomic>
@@ -204,8 +205,13 @@ void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t f
   const std::vector<std::string> names = unit_state_names(meta, unit);
   TORCH_CHECK(std::find(names.begin(), names.end(), what) != names.end(), "read_range: checkpoint '", path_,
               "' holds no state '", what, "' of unit ", unit, " (it holds ", nlohmann::json(names).dump(), ")");
-  TORCH_CHECK(0 <= from && from <= to && to <= units[unit].at("numel").get<int64_t>() && out.numel() == to - from,
-              "read_range: [", from, ", ", to, ") does not fit unit ", unit, " or the output of ", out.numel());
+  const bool nf4_unit = units[unit].value("nf4", false);
+  const int64_t out_numel = nf4_unit ? (to - from) / nf4::kBlock * nf4::kRecordBytes : to - from;
+  TORCH_CHECK(0 <= from && from <= to && to <= units[unit].at("numel").get<int64_t>() && out.numel() == out_numel &&
+                  (!nf4_unit || (from % nf4::kBlock == 0 && to % nf4::kBlock == 0 && out.scalar_type() == torch::kByte)),
+              "read_range: [", from, ", ", to, ") does not fit unit ", unit, " or the output of ", out.numel(),
+              nf4_unit ? " (an NF4 unit: whole blocks of 64, into uint8 records)" : "");
+  if (nf4_unit) return read_nf4_range(unit, from, to, out);
   if (!in_host_memory(out) || out.scalar_type() != torch::kFloat) {
     // A GPU run's shard, or a frozen part held in another dtype
     // (frozen_param_dtype): read as saved, in float32 on the host, then copied over.
@@ -233,6 +239,34 @@ void SavedCheckpoint::read_range(size_t unit, const std::string& what, int64_t f
     const int64_t lo = std::max(from, offset), hi = std::min(to, offset + numel);
     if (lo < hi) readers_.at(file)->read_into(name, lo - offset, out.narrow(0, lo - from, hi - lo));
   }
+}
+
+void SavedCheckpoint::read_nf4_range(size_t unit, int64_t from, int64_t to, const torch::Tensor& out) const {
+  const nlohmann::json& meta = metadata_->json;
+  const nlohmann::json& entry = meta.at("units").at(unit);
+  torch::Tensor records = in_host_memory(out) ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
+  if (format_ == CheckpointFormat::kSharded) {  // the bytes, as saved
+    const int64_t S = entry.at("shard_numel").get<int64_t>();
+    for (int64_t q = 0; q < meta.at("shard_group_size").get<int64_t>(); ++q) {
+      const int64_t lo = std::max(from, q * S), hi = std::min(to, (q + 1) * S);
+      if (lo >= hi) continue;
+      readers_.at(shard_file(q))->read_into(tensor_name(unit, "param"), (lo - q * S) / nf4::kBlock * nf4::kRecordBytes,
+                                            records.narrow(0, (lo - from) / nf4::kBlock * nf4::kRecordBytes,
+                                                           (hi - lo) / nf4::kBlock * nf4::kRecordBytes));
+    }
+  } else {  // dequantized values: quantized again, weight by weight, to the same bytes
+    nf4::clear_records(records);
+    for (const auto& p : entry.at("params")) {
+      const int64_t offset = p.at("offset").get<int64_t>();
+      const int64_t lo = std::max(from, offset), hi = std::min(to, offset + numel_of(p.at("shape").get<std::vector<int64_t>>()));
+      if (lo >= hi) continue;
+      torch::Tensor values = torch::empty({hi - lo}, torch::kFloat);
+      readers_.at(kModelFile)->read_into(p.at("name").get<std::string>(), lo - offset, values);
+      nf4::quantize_into_records(values, records.narrow(0, (lo - from) / nf4::kBlock * nf4::kRecordBytes,
+                                                        nf4::blocks(hi - lo) * nf4::kRecordBytes));
+    }
+  }
+  if (!records.is_same(out)) out.copy_(records);
 }
 
 CheckpointInfo load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimizer, const std::string& path) {
@@ -283,6 +317,13 @@ CheckpointInfo load_checkpoint(FsdpState& state, torch::optim::Optimizer& optimi
     // padding after them stays zero.
     const int64_t begin = std::min(flat.shard_rank() * flat.shard_numel(), flat.numel());
     const int64_t end = std::min(begin + flat.shard_numel(), flat.numel());
+    if (flat.nf4()) {  // its records, read in whole blocks; the padding records stay zero
+      const torch::Tensor records = flat.shard().detach();
+      const int64_t bytes = (end - begin) / nf4::kBlock * nf4::kRecordBytes;
+      nf4::clear_records(records.narrow(0, bytes, records.numel() - bytes));
+      saved.read_range(u, "param", begin, end, records.narrow(0, 0, bytes));
+      continue;
+    }
     std::vector<torch::Tensor> targets = {flat.shard().detach()};
     if (flat.frozen()) {
       // Not among the optimizer's parameters: no state, saved or made.

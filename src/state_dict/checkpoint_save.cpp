@@ -46,7 +46,8 @@ void write_shard_file(FsdpState& state, const OptimizerState& optimizer, const n
   for (size_t u = 0; u < detail::flat_params(state).size(); ++u) {
     const FlatParam& flat = *detail::flat_params(state)[u];
     ResidentScope resident(state, flat, &optimizer.optimizer());
-    writer.write(flat.shard().detach().to(torch::kFloat));  // a frozen part held in bf16 saved exactly, in fp32
+    // A frozen part held in bf16 saved exactly, in fp32; NF4 weights as their bytes.
+    writer.write(flat.nf4() ? flat.shard().detach().cpu() : flat.shard().detach().to(torch::kFloat));
     if (flat.frozen()) continue;  // no optimizer state (unit_state_names)
     for (const auto& name : optimizer.tensor_names()) writer.write(optimizer.value(flat.shard(), name));
     if (u == 0) detail::maybe_kill_for_test(state.group()->rank());

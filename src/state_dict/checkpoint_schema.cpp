@@ -5,6 +5,7 @@
 // helpers saving and loading share (checkpoint_schema.h declares them).
 
 #include "state_dict/checkpoint_schema.h"
+#include "core/nf4.h"
 #include "base/checksum.h"
 #include "core/fsdp_state_impl.h"
 #include "core/flat_param.h"
@@ -102,6 +103,10 @@ void check_layout(const nlohmann::json& meta, CheckpointFormat format, const std
     const int64_t shard_numel = integer_field(unit, "shard_numel", 0, unit_field + ".shard_numel", file);
     require_field(unit.contains("params") && unit["params"].is_array(), unit_field + ".params", "an array", file);
     require_field(!unit.contains("frozen") || unit["frozen"].is_boolean(), unit_field + ".frozen", "a boolean", file);
+    require_field(!unit.contains("nf4") || unit["nf4"].is_boolean(), unit_field + ".nf4", "a boolean", file);
+    // NF4 weights (frozen_nf4) each begin on a block of 64 elements.
+    const int64_t align = unit.value("nf4", false) ? nf4::kBlock : 1;
+    auto aligned = [align](int64_t n) { return (n + align - 1) / align * align; };
     int64_t packed = 0;  // elements of the parameters before this one
     for (size_t k = 0; k < unit["params"].size(); ++k) {
       const std::string field = unit_field + ".params[" + std::to_string(k) + "]";
@@ -117,14 +122,15 @@ void check_layout(const nlohmann::json& meta, CheckpointFormat format, const std
         elements *= size;
       }
       const int64_t offset = integer_field(p, "offset", 0, field + ".offset", file);
-      TORCH_CHECK(offset == packed, "'", file, "': ", field, " starts at offset ", offset, ", expected ", packed,
-                  " (parameters lie back to back in their unit's flat buffer)");
-      packed += elements;
+      TORCH_CHECK(offset == aligned(packed), "'", file, "': ", field, " starts at offset ", offset, ", expected ",
+                  aligned(packed), " (parameters lie back to back in their unit's flat buffer)");
+      packed = offset + elements;
     }
+    packed = aligned(packed);
     TORCH_CHECK(packed == numel, "'", file, "': the parameters of ", unit_field, " hold ", packed,
                 " elements, its numel says ", numel);
     if (format == CheckpointFormat::kSharded) {
-      const int64_t expected = numel / shard_group_size + (numel % shard_group_size != 0);
+      const int64_t blocks = numel / align, expected = (blocks / shard_group_size + (blocks % shard_group_size != 0)) * align;
       TORCH_CHECK(shard_numel == expected, "'", file, "': ", unit_field, ".shard_numel is ", shard_numel, ", but ",
                   numel, " elements in ", shard_group_size, " shards make shards of ", expected);
     }
@@ -159,6 +165,7 @@ nlohmann::json unit_layout(const FsdpState& state) {
     units.push_back({{"name", flat.name()}, {"numel", flat.numel()}, {"shard_numel", flat.shard_numel()},
                      {"params", params}});
     if (flat.frozen()) units.back()["frozen"] = true;
+    if (flat.nf4()) units.back()["nf4"] = true;
   }
   return units;
 }
@@ -187,6 +194,10 @@ FileSpecs expected_files(const nlohmann::json& meta, CheckpointFormat format) {
       std::vector<safetensors::TensorSpec> specs;
       for (size_t u = 0; u < units.size(); ++u) {
         const int64_t S = units[u].at("shard_numel").get<int64_t>();
+        if (units[u].value("nf4", false)) {  // its records, as bytes
+          specs.push_back({tensor_name(u, "param"), torch::kByte, {S / nf4::kBlock * nf4::kRecordBytes}});
+          continue;
+        }
         for (const auto& what : unit_state_names(meta, u)) specs.push_back({tensor_name(u, what), torch::kFloat, {S}});
       }
       files.emplace_back(shard_file(q), std::move(specs));

@@ -1,6 +1,7 @@
 #include "fsdp/state_dict.h"
 #include "core/fsdp_state_impl.h"
 #include "core/flat_param.h"
+#include "core/nf4.h"
 #include "state_dict/save_faults.h"
 
 #include <algorithm>
@@ -100,6 +101,28 @@ void load_full_state_dict(FsdpState& state, const StateDict& dict) {
   });
 }
 
+namespace {
+// load_shards for a unit's NF4 weights: this rank's blocks of each weight
+// read in fp32 and quantized, one weight's piece at a time (blocks are
+// independent, and a shard begins on a block boundary, as every weight does).
+void load_nf4_shard(FlatParam& flat, const ParameterReader& read, const ParameterFilter& only) {
+  const int64_t begin = flat.shard_rank() * flat.shard_numel(), end = begin + flat.shard_numel();
+  torch::Tensor records = flat.shard().detach().cpu();
+  if (!only) nf4::clear_records(records);
+  for (const auto& e : flat.entries()) {
+    if (only && !only(e.name)) continue;
+    const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
+    if (lo >= hi) continue;
+    torch::Tensor values = torch::empty({hi - lo}, torch::kFloat);
+    read(e.name, lo - e.offset, values);
+    nf4::quantize_into_records(values, records.narrow(0, (lo - begin) / nf4::kBlock * nf4::kRecordBytes,
+                                                      nf4::blocks(hi - lo) * nf4::kRecordBytes));
+  }
+  if (!records.is_same(flat.shard())) flat.shard().detach().copy_(records);
+  // (in place: the gathered copy is stale)
+}
+}  // namespace
+
 void load_shards(FsdpState& state, const ParameterReader& read, const ParameterFilter& only) {
   settle_between_steps(state);
   torch::NoGradGuard no_grad;
@@ -112,6 +135,10 @@ void load_shards(FsdpState& state, const ParameterReader& read, const ParameterF
     // This rank's shard covers [begin, end) of the unit's flat elements.
     const int64_t begin = flat.shard_rank() * flat.shard_numel(), end = begin + flat.shard_numel();
     torch::Tensor shard = flat.shard().detach();
+    if (flat.nf4()) {
+      load_nf4_shard(flat, read, only);
+      continue;
+    }
     // The padding stays zero; the in-place writes mark the gathered copy stale.
     // A filtered load keeps the other parameters' values (the padding is zero already).
     if (!only) shard.zero_();
@@ -137,12 +164,18 @@ ShardedStateDict sharded_state_dict(const FsdpState& state) {
     const FlatParam& flat = *buffer;
     ResidentScope resident(state, flat);
     const int64_t begin = flat.shard_rank() * flat.shard_numel(), end = begin + flat.shard_numel();
+    torch::Tensor values = flat.shard().detach();
+    if (flat.nf4()) {  // the NF4 weights' values, dequantized
+      torch::Tensor dequantized = torch::empty({flat.shard_numel()}, values.options().dtype(torch::kFloat));
+      nf4::dequantize_records_into(values, dequantized);
+      values = dequantized;
+    }
     for (const auto& e : flat.entries()) {
       const int64_t lo = std::max(begin, e.offset), hi = std::min(end, e.offset + e.numel);
       if (lo >= hi) {
         dict.insert(e.name, ShardedTensor{e.shape, 0, torch::empty({0}, torch::kFloat)});
       } else {
-        dict.insert(e.name, ShardedTensor{e.shape, lo - e.offset, flat.shard().detach().narrow(0, lo - begin, hi - lo).to(torch::kFloat, false, /*copy=*/true)});
+        dict.insert(e.name, ShardedTensor{e.shape, lo - e.offset, values.narrow(0, lo - begin, hi - lo).to(torch::kFloat, false, /*copy=*/true)});
       }
     }
   }

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <string>
@@ -16,7 +17,9 @@
 
 #include "core/fsdp_state_impl.h"
 #include "base/compat.h"
+#include "core/nf4.h"
 #include "core/unit.h"
+#include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/fused_adamw.h"
@@ -485,4 +488,94 @@ TEST(Lora, HoldsTheBaseInBf16AsOneProcessWould) {
       EXPECT_TRUE(torch::equal(value, initial.at(name))) << name << " (the bf16 base) changed";
     }
   }
+}
+
+// MixedPrecision::frozen_nf4 under LoRA (QLoRA; fsdp-train --base-dtype
+// nf4): every linear weight of the base is held as bitsandbytes' NF4
+// records (36 bytes a block of 64), sharded and gathered as bytes and
+// dequantized in fp32 here; the adapters train as one process whose
+// linear weights are those dequantized values trains them; the bytes never
+// change; a sharded checkpoint holds them and loads them back bit for bit.
+TEST(Lora, HoldsTheBaseInNf4AsOneProcessWould) {
+  const int W = world_group->size();
+  const int64_t B = 2, steps = 3;
+  const auto& data = fsdp::testing::token_data();
+  auto make = [](uint64_t seed) {
+    GPT model = fsdp::testing::make_gpt(fsdp::testing::tiny());
+    fsdp::lora::apply(*model, fsdp::lora::LoraOptions().rank(4).alpha(8).targets({"c_attn", "c_fc"}).seed(seed));
+    return model;
+  };
+  const fsdp::FullyShardOptions options =
+      fsdp::testing::block_units().mixed_precision(fsdp::MixedPrecision().frozen_nf4(true));
+  const fsdp::memory::Usage before = fsdp::memory::usage();
+  auto sharded = fsdp::fully_shard(make(3), world_group, options);
+  int64_t shard_bytes = 0, nf4_elements = 0;
+  std::vector<torch::Tensor> records;
+  for (const fsdp::FlatParam* flat : fsdp::detail::flat_params(sharded.state())) {
+    if (flat->nf4()) {
+      EXPECT_EQ(flat->shard().scalar_type(), torch::kByte) << flat->name();
+      EXPECT_EQ(flat->shard().numel(), flat->shard_numel() / 64 * 36) << flat->name();
+      records.push_back(flat->shard().clone());
+      nf4_elements += flat->shard_numel();
+    }
+    shard_bytes += flat->shard().nbytes();
+  }
+  EXPECT_EQ(records.size(), static_cast<size_t>(fsdp::testing::tiny().layers)) << "one NF4 buffer a block: its four linears";
+  EXPECT_EQ(fsdp::memory::usage().live(Category::kParameterShard) - before.live(Category::kParameterShard), shard_bytes);
+  // The reference: one process whose linear weights are their NF4 values
+  // (each weight quantized alone, as bitsandbytes does).
+  GPT reference = make(3);
+  std::vector<torch::Tensor> reference_params;
+  for (const auto& item : reference->named_modules()) {
+    auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
+    if (linear && linear->weight.defined() && !linear->weight.requires_grad()) {  // not LoRA's B (a Linear too)
+      const torch::Tensor w = linear->weight.detach();
+      const fsdp::nf4::Quantized q = fsdp::nf4::quantize(w);
+      linear->weight.set_data(fsdp::nf4::dequantize(q.packed, q.absmax, w.numel(), torch::kFloat).view(w.sizes()));
+    }
+  }
+  const auto initial = fsdp::testing::full_params(sharded.state());
+  for (auto& [name, param] : fsdp::unique_named_parameters(*reference)) {
+    if (param.requires_grad()) reference_params.push_back(param);
+    EXPECT_TRUE(torch::equal(param.detach(), initial.at(name))) << name << ": the NF4 values";
+  }
+  const auto adamw = fsdp::testing::spec_adamw();
+  torch::optim::AdamW sharded_opt(sharded.parameters(), adamw);
+  torch::optim::AdamW reference_opt(reference_params, adamw);
+  for (int64_t step = 0; step < steps; ++step) {
+    auto [x, y] = fsdp::testing::batch(data, step, 0, 1, B);
+    torch::Tensor loss = sharded.forward(x, y);
+    loss.backward();
+    auto [gx, gy] = data.batch(step, 0, 0, 1, 1, W * B);
+    torch::Tensor reference_loss = reference->forward(gx, gy);
+    reference_loss.backward();
+    if (step == 0) expect_trainable_gradients_match(sharded.state(), *reference, 1e-5);
+    reference_opt.step();
+    reference_opt.zero_grad();
+    sharded_opt.step();
+    sharded_opt.zero_grad();
+    world_group->all_reduce(loss, fsdp::ReduceOp::kAvg)->wait();
+    EXPECT_NEAR(loss.item<double>(), reference_loss.item<double>(), 1e-5 * reference_loss.item<double>())
+        << "step " << step;
+  }
+  size_t k = 0;
+  for (const fsdp::FlatParam* flat : fsdp::detail::flat_params(sharded.state())) {
+    if (flat->nf4()) EXPECT_TRUE(torch::equal(flat->shard(), records[k++])) << flat->name() << ": the NF4 bytes changed";
+  }
+  // A sharded checkpoint holds the bytes; another model (other adapters)
+  // loads them back bit for bit.
+  const std::string dir = (std::filesystem::temp_directory_path() / ("fsdp_nf4_w" + std::to_string(W))).string();
+  const std::string path = fsdp::save_checkpoint(sharded.state(), sharded_opt, dir, steps);
+  auto resumed = fsdp::fully_shard(make(4), world_group, options);
+  torch::optim::AdamW resumed_opt(resumed.parameters(), adamw);
+  fsdp::load_checkpoint(resumed.state(), resumed_opt, path);
+  k = 0;
+  for (const fsdp::FlatParam* flat : fsdp::detail::flat_params(resumed.state())) {
+    if (flat->nf4()) EXPECT_TRUE(torch::equal(flat->shard(), records[k++])) << flat->name() << ": loaded bytes";
+  }
+  for (const auto& [name, value] : fsdp::testing::full_params(resumed.state())) {
+    EXPECT_TRUE(torch::equal(value, fsdp::testing::full_params(sharded.state()).at(name))) << name;
+  }
+  world_group->barrier()->wait();
+  if (world_group->rank() == 0) std::filesystem::remove_all(dir);
 }

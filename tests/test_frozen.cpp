@@ -526,14 +526,17 @@ TEST(Lora, HoldsTheBaseInNf4AsOneProcessWould) {
   // (each weight quantized alone, as bitsandbytes does).
   GPT reference = make(3);
   std::vector<torch::Tensor> reference_params;
+  int64_t quantized = 0;
   for (const auto& item : reference->named_modules()) {
-    auto* linear = dynamic_cast<torch::nn::LinearImpl*>(item.value().get());
-    if (linear && linear->weight.defined() && !linear->weight.requires_grad()) {  // not LoRA's B (a Linear too)
-      const torch::Tensor w = linear->weight.detach();
-      const fsdp::nf4::Quantized q = fsdp::nf4::quantize(w);
-      linear->weight.set_data(fsdp::nf4::dequantize(q.packed, q.absmax, w.numel(), torch::kFloat).view(w.sizes()));
-    }
+    if (!dynamic_cast<torch::nn::LinearImpl*>(item.value().get())) continue;
+    auto own = item.value()->named_parameters(/*recurse=*/false);
+    torch::Tensor* weight = own.find("weight");
+    if (weight->requires_grad()) continue;  // LoRA's B, a Linear too
+    const fsdp::nf4::Quantized q = fsdp::nf4::quantize(*weight);
+    weight->set_data(fsdp::nf4::dequantize(q.packed, q.absmax, weight->numel(), torch::kFloat).view(weight->sizes()));
+    ++quantized;
   }
+  EXPECT_EQ(quantized, 4 * fsdp::testing::tiny().layers) << "every block's four linears, adapted or not; not the head";
   const auto initial = fsdp::testing::full_params(sharded.state());
   for (auto& [name, param] : fsdp::unique_named_parameters(*reference)) {
     if (param.requires_grad()) reference_params.push_back(param);

@@ -243,7 +243,7 @@ TEST(LlamaModel, TheHubsConfigsAsShippedPlanTheirParameterCounts) {
   for (const Shipped& s : {Shipped{"llama-3.2-1b.json", 1235814400}, Shipped{"mistral-7b-v0.3.json", 7248023552},
                            Shipped{"phi-3-mini-4k.json", 3821079552}, Shipped{"qwen2.5-0.5b.json", 494032768},
                            Shipped{"qwen3-0.6b.json", 596049920}, Shipped{"smollm2-135m.json", 134515008},
-                           Shipped{"tinyllama-1.1b.json", 1100048384}}) {
+                           Shipped{"tinyllama-1.1b.json", 1100048384}, Shipped{"llama-3.1-8b.json", 8030261248}}) {
     const LlamaConfig c = hf::read_config(folder + s.file).model.llama();
     EXPECT_EQ(c.plan_description().num_parameters(), s.parameters) << s.file << ": " << c.describe();
   }

@@ -406,6 +406,33 @@ TEST(Planner, FrozenPartsHoldParameterBytesAlone) {
                c10::Error);
 }
 
+// QLoRA (MixedPrecision::frozen_nf4): of a unit's frozen elements, its NF4
+// weights (in whole blocks of 64) are a buffer of whole 36-byte records a
+// rank, gathered as records and dequantized beside them. The layout above
+// with the block's 1000 frozen elements as 640 of NF4 weights (10 blocks:
+// padded to 12 over K = 4, 3 records a rank) and 360 others (shards of 90).
+TEST(Planner, Nf4WeightsAreHeldAndGatheredAsRecords) {
+  const std::vector<int64_t> nf4 = {0, 640, 0};
+  const fsdp::MixedPrecision qlora = fsdp::MixedPrecision().frozen_param_dtype(torch::kBFloat16).frozen_nf4(true);
+  fsdp::ModelStateBytes b =
+      fsdp::estimate_model_state(kTrainable, ShardingStrategy::kFullShard, kWorld, kHostRanks, qlora, 8, kFrozen, nf4);
+  EXPECT_EQ(b.frozen_params, 2 * 251 + 2 * 90 + 3 * 36);
+  EXPECT_EQ(b.params, 4 * 85 + b.frozen_params);
+  // Gathered: the root (bf16, 1004), the block: its adapters (fp32, 40), its
+  // other frozen elements (bf16, 360), its 12 blocks dequantized (bf16, 768)
+  // beside their 12 records.
+  EXPECT_EQ(b.gathered_peak, 2 * 1004 + (4 * 40 + 2 * 360 + 2 * 768 + 12 * 36));
+  // Twice a step for full_shard: the records, not bf16's 2 bytes an element.
+  expect_bytes(fsdp::estimate_comm_per_step(kTrainable, ShardingStrategy::kFullShard, kWorld, 0, qlora, ZeroPlusPlus(),
+                                            kFrozen, nf4),
+               {2 * (4 * 340 + 2 * (1004 + 360) + 12 * 36), 4 * 340, 0, 0, 0});
+  // Without frozen_nf4 the counts are ignored: a bf16 base.
+  const fsdp::MixedPrecision bf16_base = fsdp::MixedPrecision().frozen_param_dtype(torch::kBFloat16);
+  EXPECT_EQ(fsdp::estimate_model_state(kTrainable, ShardingStrategy::kFullShard, kWorld, kHostRanks, bf16_base, 8,
+                                       kFrozen, nf4).frozen_params,
+            2 * 501);
+}
+
 // Frozen parts are gathered as their units are (twice a step for
 // full_shard) and reduce nothing; replicated strategies move no bytes for them.
 TEST(Planner, FrozenPartsAreGatheredAndNeverReduced) {

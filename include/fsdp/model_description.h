@@ -61,10 +61,19 @@ struct ModelDescription {
   ///@{
   std::vector<int64_t> layer_frozen, sublayer_frozen;
   ///@}
+  /// QLoRA: of each unit's frozen part, the elements of the linear weights
+  /// MixedPrecision::frozen_nf4 would hold in NF4 (its default skip list:
+  /// all but lm_head), each weight rounded up to whole blocks of 64; empty
+  /// where there are none. The planner uses them with frozen_nf4 only.
+  ///@{
+  std::vector<int64_t> layer_nf4, sublayer_nf4;
+  ///@}
   /// The units of one wrap: sublayer_units or layer_units.
   const std::vector<int64_t>& units(bool sublayer) const { return sublayer ? sublayer_units : layer_units; }
   /// Their frozen parts: sublayer_frozen or layer_frozen.
   const std::vector<int64_t>& frozen(bool sublayer) const { return sublayer ? sublayer_frozen : layer_frozen; }
+  /// Their NF4 weights: sublayer_nf4 or layer_nf4.
+  const std::vector<int64_t>& nf4(bool sublayer) const { return sublayer ? sublayer_nf4 : layer_nf4; }
   /// The parameters' element count, frozen ones included.
   int64_t num_parameters() const;
   /// The elements that train: num_parameters() less the frozen ones.

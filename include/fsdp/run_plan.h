@@ -67,6 +67,7 @@ struct RunPlan {
   int world = 1;                ///< ranks in all
   std::vector<int64_t> unit_numels;  ///< the units planned, the root first (their trainable elements)
   std::vector<int64_t> frozen_numels;  ///< their frozen parts' elements (empty: nothing frozen)
+  std::vector<int64_t> nf4_numels;     ///< of those, the NF4 weights' (ModelDescription::nf4; used with frozen_nf4)
   int ranks_per_node = 1;  ///< ranks a host, as planned (the world on one host)
   int shard_group = 1;     ///< the shard group's size: 1 (no_shard), the world, or a host's ranks (hybrids)
   /// The in-memory step's peak by category, the model's own activations and

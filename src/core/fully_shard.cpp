@@ -60,28 +60,6 @@ std::vector<compat::NodePtr> make_accumulators(const std::vector<FlatParamEntry>
   return accumulators;
 }
 
-// The frozen weights MixedPrecision::frozen_nf4 holds in NF4: those of
-// torch::nn::Linear modules (LoRA's base), but the skipped modules'.
-std::set<const c10::TensorImpl*> nf4_weights(torch::nn::Module& root, const MixedPrecision& mixed_precision) {
-  std::set<const c10::TensorImpl*> weights;
-  if (!mixed_precision.frozen_nf4()) return weights;
-  for (const auto& item : root.named_modules("", /*include_self=*/true)) {
-    if (!dynamic_cast<torch::nn::LinearImpl*>(item.value().get())) continue;
-    // The registered parameter: LoRA leaves the Linear's `weight` member
-    // undefined (lora.h), so that nothing computes with the base alone.
-    const auto own = item.value()->named_parameters(/*recurse=*/false);
-    const torch::Tensor* weight = own.find("weight");
-    if (!weight || !weight->defined()) continue;
-    const std::string& name = item.key();
-    const auto& skip = mixed_precision.nf4_skip_modules();
-    const bool skipped = std::any_of(skip.begin(), skip.end(), [&](const std::string& s) {
-      return name == s || (name.size() > s.size() && name.compare(name.size() - s.size() - 1, std::string::npos, "." + s) == 0);
-    });
-    if (!skipped && !weight->requires_grad()) weights.insert(weight->unsafeGetTensorImpl());
-  }
-  return weights;
-}
-
 // Splits each unit's plan into its buffers' plans: its trainable
 // parameters, then, where it has any, its frozen ones (requires_grad false;
 // see Unit::frozen_params()), then its NF4 weights (`nf4`, frozen_nf4).

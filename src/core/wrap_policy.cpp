@@ -3,7 +3,9 @@
 #include "fsdp/wrap_policy.h"
 #include "core/unit_plan.h"
 
+#include <algorithm>
 #include <map>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -103,6 +105,26 @@ std::vector<UnitPlan> plan_units(torch::nn::Module& root, const WrapPolicy& poli
     }
   }
   return plans;
+}
+
+std::set<const c10::TensorImpl*> nf4_weights(torch::nn::Module& root, const MixedPrecision& mixed_precision) {
+  std::set<const c10::TensorImpl*> weights;
+  if (!mixed_precision.frozen_nf4()) return weights;
+  for (const auto& item : root.named_modules("", /*include_self=*/true)) {
+    if (!dynamic_cast<torch::nn::LinearImpl*>(item.value().get())) continue;
+    // The registered parameter: LoRA leaves the Linear's `weight` member
+    // undefined (lora.h), so that nothing computes with the base alone.
+    const auto own = item.value()->named_parameters(/*recurse=*/false);
+    const torch::Tensor* weight = own.find("weight");
+    if (!weight || !weight->defined()) continue;
+    const std::string& name = item.key();
+    const auto& skip = mixed_precision.nf4_skip_modules();
+    const bool skipped = std::any_of(skip.begin(), skip.end(), [&](const std::string& s) {
+      return name == s || (name.size() > s.size() && name.compare(name.size() - s.size() - 1, std::string::npos, "." + s) == 0);
+    });
+    if (!skipped && !weight->requires_grad()) weights.insert(weight->unsafeGetTensorImpl());
+  }
+  return weights;
 }
 
 }  // namespace fsdp

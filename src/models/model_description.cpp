@@ -75,16 +75,24 @@ int64_t ModelDescription::num_trainable() const {
 }
 
 void ModelDescription::describe_units(bool sublayer, torch::nn::Module& model, const WrapPolicy& policy) {
-  std::vector<int64_t> trainable, frozen;
-  bool any_frozen = false;
+  std::vector<int64_t> trainable, frozen, nf4;
+  bool any_frozen = false, any_nf4 = false;
+  const auto quantizable = nf4_weights(model, MixedPrecision().frozen_nf4(true));
   for (const UnitPlan& unit : plan_units(model, policy)) {
     trainable.push_back(0);
     frozen.push_back(0);
-    // fully_shard's split (split_frozen_parameters): by requires_grad.
-    for (const auto& [name, param] : unit.params) (param.requires_grad() ? trainable : frozen).back() += param.numel();
+    nf4.push_back(0);
+    // fully_shard's split (split_frozen_parameters): by requires_grad, and the frozen linear weights.
+    for (const auto& [name, param] : unit.params) {
+      (param.requires_grad() ? trainable : frozen).back() += param.numel();
+      if (quantizable.count(param.unsafeGetTensorImpl())) nf4.back() += (param.numel() + 63) / 64 * 64;
+    }
     any_frozen = any_frozen || frozen.back() > 0;
+    any_nf4 = any_nf4 || nf4.back() > 0;
   }
   if (!any_frozen) frozen.clear();  // planned exactly as a model that freezes nothing
+  if (!any_nf4) nf4.clear();
+  (sublayer ? sublayer_nf4 : layer_nf4) = std::move(nf4);
   (sublayer ? sublayer_units : layer_units) = std::move(trainable);
   (sublayer ? sublayer_frozen : layer_frozen) = std::move(frozen);
 }

@@ -37,10 +37,20 @@ int shard_group_size(ShardingStrategy strategy, int world, int ranks_per_node);
 /// gradient and no optimizer state; it is gathered with its unit, so a
 /// gathered unit holds Np + Fp elements. The trainable counts in
 /// `unit_numels` are then the rest of each unit (0 for one wholly frozen).
+///
+/// `nf4_numels` (ModelDescription::nf4: each unit's frozen linear weights,
+/// each in whole blocks of 64; part of its frozen count): with
+/// MixedPrecision::frozen_nf4 they are a buffer of their own, of E elements
+/// padded to whole blocks a rank (Ep), held as Ep / 64 * 36 / K bytes a
+/// rank (with persistent strategies, and the Ep dequantized elements in the
+/// frozen compute dtype), gathered as those records and dequantized beside
+/// them; the rest of the frozen count is the frozen part above. Without
+/// frozen_nf4 they are ignored.
 ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                      int ranks_per_node, const MixedPrecision& mixed_precision,
                                      int64_t optimizer_bytes_per_element = 8,
-                                     const std::vector<int64_t>& frozen_numels = {});
+                                     const std::vector<int64_t>& frozen_numels = {},
+                                     const std::vector<int64_t>& nf4_numels = {});
 
 /// The bytes one step moves per rank, by collective kind (see CommBytes);
 /// the arguments as estimate_model_state's, and the ZeRO++ options the units
@@ -72,7 +82,8 @@ ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, Sh
 CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                  int ranks_per_node, const MixedPrecision& mixed_precision,
                                  const ZeroPlusPlus& zero_plus_plus = ZeroPlusPlus(),
-                                 const std::vector<int64_t>& frozen_numels = {});
+                                 const std::vector<int64_t>& frozen_numels = {},
+                                 const std::vector<int64_t>& nf4_numels = {});
 
 /// Throws, with the reason fully_shard gives, where ZeRO++'s options cannot
 /// be used with `strategy` (no_shard and zero1; secondary_partition except
@@ -114,7 +125,8 @@ struct StrategyCandidate {
 /// figures (`frozen_numels`: the units' frozen parts, as estimate_model_state's).
 std::vector<StrategyCandidate> strategy_candidates(const std::vector<int64_t>& unit_numels, int world,
                                                    int ranks_per_node, const MixedPrecision& mixed_precision,
-                                                   const std::vector<int64_t>& frozen_numels = {});
+                                                   const std::vector<int64_t>& frozen_numels = {},
+                                                   const std::vector<int64_t>& nf4_numels = {});
 
 /// What choose_strategy() chose, and why.
 struct StrategyChoice {
@@ -130,7 +142,8 @@ struct StrategyChoice {
 /// naming the budget and every candidate's need when none fits.
 StrategyChoice choose_strategy(const std::vector<int64_t>& unit_numels, int world, int ranks_per_node,
                                const MixedPrecision& mixed_precision, int64_t budget,
-                               const std::vector<int64_t>& frozen_numels = {});
+                               const std::vector<int64_t>& frozen_numels = {},
+                               const std::vector<int64_t>& nf4_numels = {});
 
 /// See CheckpointStaging; the arguments as estimate_model_state's, and the
 /// checkpoint's format (full_format: the full layout, else the sharded one).
@@ -155,7 +168,8 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
                             const MixedPrecision& mixed_precision, bool prefetch, bool activation_checkpointing,
                             const std::vector<int64_t>& unit_numels = {},
                             const ZeroPlusPlus& zero_plus_plus = ZeroPlusPlus(),
-                            const std::vector<int64_t>& frozen_numels = {});
+                            const std::vector<int64_t>& frozen_numels = {},
+                            const std::vector<int64_t>& nf4_numels = {});
 
 /// `micro_steps`: gradient accumulation gathers (and so reads) the parameters
 /// in every micro-step. `step_in_backward`: nvme_step_schedule's answer

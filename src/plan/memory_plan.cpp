@@ -37,12 +37,34 @@ void check_frozen(const std::vector<int64_t>& unit_numels, const std::vector<int
 // n elements sharded over K ranks: padded to a multiple of K.
 int64_t padded_numel(int64_t n, int64_t K) { return (n + K - 1) / K * K; }
 
+// A unit's NF4 weights (MixedPrecision::frozen_nf4; `nf4_numels`, each
+// weight in whole blocks of 64): a buffer of its own, whole 36-byte records
+// a rank (`padded`: its blocks padded to K, in elements), gathered as those
+// records and dequantized into the frozen compute dtype. Without
+// frozen_nf4 they are frozen parameters like the others.
+struct Nf4Part {
+  int64_t padded = 0;
+  int64_t records_bytes() const { return padded / 64 * 36; }  // the whole unit's, gathered
+};
+Nf4Part nf4_part(const std::vector<int64_t>& nf4_numels, size_t u, int64_t K, const MixedPrecision& mp) {
+  if (!mp.frozen_nf4() || nf4_numels.empty()) return {};
+  return {padded_numel(nf4_numels[u] / 64, K) * 64};
+}
+// The elements of unit u's other frozen parameters: its frozen part less its NF4 weights.
+int64_t other_frozen(const std::vector<int64_t>& frozen_numels, const std::vector<int64_t>& nf4_numels, size_t u,
+                     const MixedPrecision& mp) {
+  const int64_t nf4 = mp.frozen_nf4() && !nf4_numels.empty() ? nf4_numels[u] : 0;
+  return std::max<int64_t>(0, frozen_at(frozen_numels, u) - nf4);
+}
+
 }  // namespace
 
 ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                      int ranks_per_node, const MixedPrecision& mixed_precision,
-                                     int64_t optimizer_bytes_per_element, const std::vector<int64_t>& frozen_numels) {
+                                     int64_t optimizer_bytes_per_element, const std::vector<int64_t>& frozen_numels,
+                                     const std::vector<int64_t>& nf4_numels) {
   check_frozen(unit_numels, frozen_numels, "estimate_model_state");
+  check_frozen(unit_numels, nf4_numels, "estimate_model_state (NF4)");
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
   // A frozen part is held in frozen_param_dtype where one is set (else fp32)
@@ -61,8 +83,10 @@ ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, Sh
   int64_t largest_other_unit = 0;
   for (size_t u = 0; u < unit_numels.size(); ++u) {
     const int64_t padded = padded_numel(unit_numels[u], K), shard = padded / K;
-    const int64_t frozen_padded = padded_numel(frozen_at(frozen_numels, u), K);
-    const int64_t gathered = p * padded + pf * frozen_padded;  // a frozen part is gathered with its unit
+    const int64_t frozen_padded = padded_numel(other_frozen(frozen_numels, nf4_numels, u, mixed_precision), K);
+    const Nf4Part nf4 = nf4_part(nf4_numels, u, K, mixed_precision);
+    // A frozen part is gathered with its unit; NF4 records are gathered, then dequantized beside them.
+    const int64_t gathered = p * padded + pf * frozen_padded + pf * nf4.padded + nf4.records_bytes();
     if (!keeps_params_unsharded(strategy)) {
       if (!reshards_after_forward(strategy)) {
         bytes.gathered_peak += gathered;
@@ -76,6 +100,8 @@ ModelStateBytes estimate_model_state(const std::vector<int64_t>& unit_numels, Sh
     bytes.params += param_bytes(padded, 4, p);
     bytes.grads += 4 * (keeps_params_unsharded(strategy) ? padded : shard);
     bytes.frozen_params += param_bytes(frozen_padded, f, pf);  // no gradient, no optimizer state
+    // The records of a shard; a persistent strategy keeps the dequantized weights too.
+    bytes.frozen_params += nf4.records_bytes() / K + (keeps_params_unsharded(strategy) ? pf * nf4.padded : 0);
   }
   bytes.params += bytes.frozen_params;
   bytes.gathered_peak += largest_other_unit;
@@ -166,9 +192,11 @@ void check_zero_plus_plus_plan(ShardingStrategy strategy, int world, int ranks_p
 
 CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, ShardingStrategy strategy, int world,
                                  int ranks_per_node, const MixedPrecision& mixed_precision,
-                                 const ZeroPlusPlus& zero_plus_plus, const std::vector<int64_t>& frozen_numels) {
+                                 const ZeroPlusPlus& zero_plus_plus, const std::vector<int64_t>& frozen_numels,
+                                 const std::vector<int64_t>& nf4_numels) {
   check_zero_plus_plus_plan(strategy, world, ranks_per_node, zero_plus_plus);
   check_frozen(unit_numels, frozen_numels, "estimate_comm_per_step");
+  check_frozen(unit_numels, nf4_numels, "estimate_comm_per_step (NF4)");
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t hosts = is_hybrid(strategy) ? world / K : host_count(world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
@@ -194,15 +222,21 @@ CommBytes estimate_comm_per_step(const std::vector<int64_t>& unit_numels, Shardi
   };
   for (size_t u = 0; u < unit_numels.size(); ++u) {
     add(sharded_unit_comm(unit_numels[u], strategy, K, hosts, p, r, zero_plus_plus));
-    const int64_t frozen = frozen_at(frozen_numels, u);
+    const int64_t frozen = other_frozen(frozen_numels, nf4_numels, u, mixed_precision);
     if (frozen > 0) add(sharded_unit_comm(frozen, strategy, K, hosts, pf, r, zero_plus_plus, /*frozen=*/true));
+    // NF4 records: gathered as bytes, as often as the unit (no ZeRO++ with them).
+    const int64_t records = nf4_part(nf4_numels, u, K, mixed_precision).records_bytes();
+    const bool spans_hosts = !is_hybrid(strategy) && hosts > 1;
+    bytes.all_gather += records * (reshards_after_forward(strategy) ? 2 : 1);
+    if (spans_hosts) bytes.cross_host += records * (reshards_after_forward(strategy) ? 2 : 1);
   }
   return bytes;
 }
 
 std::vector<StrategyCandidate> strategy_candidates(const std::vector<int64_t>& unit_numels, int world,
                                                    int ranks_per_node, const MixedPrecision& mixed_precision,
-                                                   const std::vector<int64_t>& frozen_numels) {
+                                                   const std::vector<int64_t>& frozen_numels,
+                                                   const std::vector<int64_t>& nf4_numels) {
   using S = ShardingStrategy;
   std::vector<S> order = {S::kNoShard, S::kZero1, S::kShardGradOp, S::kFullShard};
   if (ranks_per_node > 0 && ranks_per_node < world) {
@@ -211,8 +245,9 @@ std::vector<StrategyCandidate> strategy_candidates(const std::vector<int64_t>& u
   std::vector<StrategyCandidate> candidates;
   for (S s : order) {
     candidates.push_back(
-        {s, estimate_model_state(unit_numels, s, world, ranks_per_node, mixed_precision, 8, frozen_numels),
-         estimate_comm_per_step(unit_numels, s, world, ranks_per_node, mixed_precision, ZeroPlusPlus(), frozen_numels)});
+        {s, estimate_model_state(unit_numels, s, world, ranks_per_node, mixed_precision, 8, frozen_numels, nf4_numels),
+         estimate_comm_per_step(unit_numels, s, world, ranks_per_node, mixed_precision, ZeroPlusPlus(), frozen_numels,
+                                nf4_numels)});
   }
   return candidates;
 }
@@ -234,11 +269,12 @@ std::string describe_needs(const std::vector<StrategyCandidate>& candidates) {
 
 StrategyChoice choose_strategy(const std::vector<int64_t>& unit_numels, int world, int ranks_per_node,
                                const MixedPrecision& mixed_precision, int64_t budget,
-                               const std::vector<int64_t>& frozen_numels) {
+                               const std::vector<int64_t>& frozen_numels, const std::vector<int64_t>& nf4_numels) {
   TORCH_CHECK(budget > 0, "a memory budget must be a positive number of bytes, got ", budget);
   StrategyChoice choice;
   choice.budget = budget;
-  choice.candidates = strategy_candidates(unit_numels, world, ranks_per_node, mixed_precision, frozen_numels);
+  choice.candidates =
+      strategy_candidates(unit_numels, world, ranks_per_node, mixed_precision, frozen_numels, nf4_numels);
   std::string order;
   for (const auto& c : choice.candidates) order += (order.empty() ? "" : ", ") + std::string(fsdp::enum_name(c.strategy));
   const auto fits = std::find_if(choice.candidates.begin(), choice.candidates.end(),
@@ -301,12 +337,13 @@ LossMemory loss_memory(const TransformerShape& shape, int64_t p, int64_t root_gr
 StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy strategy, int world, int ranks_per_node,
                             const MixedPrecision& mixed_precision, bool prefetch, bool activation_checkpointing,
                             const std::vector<int64_t>& unit_numels, const ZeroPlusPlus& zero_plus_plus,
-                            const std::vector<int64_t>& frozen_numels) {
+                            const std::vector<int64_t>& frozen_numels, const std::vector<int64_t>& nf4_numels) {
   const std::vector<int64_t> units = unit_numels.empty() ? shape.unit_numels() : unit_numels;
   check_zero_plus_plus_plan(strategy, world, ranks_per_node, zero_plus_plus);
   check_frozen(units, frozen_numels, "estimate_step_peak");
   StepPeak peak;
-  peak.state = estimate_model_state(units, strategy, world, ranks_per_node, mixed_precision, 8, frozen_numels);
+  peak.state =
+      estimate_model_state(units, strategy, world, ranks_per_node, mixed_precision, 8, frozen_numels, nf4_numels);
   const int64_t K = shard_group_size(strategy, world, ranks_per_node);
   const int64_t p = c10::elementSize(mixed_precision.param_dtype());
   const int64_t pf = c10::elementSize(mixed_precision.effective_frozen_param_dtype());
@@ -314,8 +351,10 @@ StepPeak estimate_step_peak(const TransformerShape& shape, ShardingStrategy stra
   // (`largest_bytes`), and its trainable part alone, which has gradients.
   int64_t largest_bytes = 0, largest_trainable = 0;
   for (size_t u = 1; u < units.size(); ++u) {
-    largest_bytes = std::max(largest_bytes,
-                             p * padded_numel(units[u], K) + pf * padded_numel(frozen_at(frozen_numels, u), K));
+    const Nf4Part nf4 = nf4_part(nf4_numels, u, K, mixed_precision);
+    largest_bytes = std::max(largest_bytes, p * padded_numel(units[u], K) +
+                                                pf * padded_numel(other_frozen(frozen_numels, nf4_numels, u, mixed_precision), K) +
+                                                pf * nf4.padded + nf4.records_bytes());
     largest_trainable = std::max(largest_trainable, padded_numel(units[u], K));
   }
   peak.gathered = peak.state.gathered_peak;

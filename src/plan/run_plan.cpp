@@ -31,6 +31,7 @@ RunPlan plan_run(const PlannedRun& run) {
   plan.world = world;
   plan.unit_numels = model.units(sublayer);
   plan.frozen_numels = model.frozen(sublayer);
+  plan.nf4_numels = model.nf4(sublayer);
   // No node size given: this host's ranks where they divide the world (as
   // fully_shard splits), else the world on one host.
   const int here = settings.ranks_here;
@@ -44,7 +45,8 @@ RunPlan plan_run(const PlannedRun& run) {
   shape.sublayer_units = sublayer;
   const bool prefetch = options.forward_prefetch() || options.backward_prefetch() != BackwardPrefetch::kNone;
   plan.peak = estimate_step_peak(shape, strategy, world, plan.ranks_per_node, mp, prefetch,
-                                 options.activation_checkpointing(), units, options.zero_plus_plus(), frozen);
+                                 options.activation_checkpointing(), units, options.zero_plus_plus(), frozen,
+                                 plan.nf4_numels);
   if (settings.gathers_run_ahead && !keeps_params_unsharded(strategy)) {
     const int64_t K = plan.shard_group;
     int64_t largest = 0;  // padded, the root's aside, with its frozen part
@@ -65,7 +67,8 @@ RunPlan plan_run(const PlannedRun& run) {
   }
   plan.step_peak = plan.nvme ? peak_with_nvme_offload(plan.peak, *plan.nvme) : plan.peak.total();
   plan.comm =
-      estimate_comm_per_step(units, strategy, world, plan.ranks_per_node, mp, options.zero_plus_plus(), frozen);
+      estimate_comm_per_step(units, strategy, world, plan.ranks_per_node, mp, options.zero_plus_plus(), frozen,
+                             plan.nf4_numels);
   if (settings.async_checkpoint) {
     plan.staging =
         estimate_checkpoint_staging(units, strategy, world, plan.shard_group, settings.full_checkpoint, 8, frozen);

@@ -24,6 +24,7 @@
 #include "base/strings.h"
 #include "models/hugging_face_adapter.h"
 #include "state_dict/hugging_face_files.h"
+#include "state_dict/bitsandbytes_files.h"
 #include "state_dict/safetensors_metadata.h"
 #include "state_dict/load_shards.h"
 #include "core/unit_plan.h"
@@ -51,8 +52,17 @@ struct HubTensors {
   struct Entry {
     const safetensors::Reader* reader;
     const safetensors::TensorEntry* entry;
+    std::optional<detail::Nf4State> nf4;  // stored by bitsandbytes in NF4 (a -bnb-4bit folder)
   };
   std::map<std::string, Entry> by_name;
+  std::map<std::string, Entry> by_hf_name;  // every tensor of the files, the side tensors of NF4 weights too
+  detail::TensorLookup lookup() const {
+    return [this](const std::string& hf_name) {
+      const auto it = by_hf_name.find(hf_name);
+      return it == by_hf_name.end() ? std::make_pair(nullptr, nullptr)
+                                    : std::make_pair(it->second.reader, it->second.entry);
+    };
+  }
   std::string where;  // the files, for messages: the one file, or the index
 };
 
@@ -63,13 +73,15 @@ HubTensors hub_tensors(const ModelFiles& files, const detail::Adapter& adapter, 
     t.readers.push_back(std::make_unique<safetensors::Reader>(path));
     const safetensors::Reader& reader = *t.readers.back();
     for (const auto& entry : reader.tensors()) {
+      t.by_hf_name.try_emplace(entry.spec.name, HubTensors::Entry{&reader, &entry, std::nullopt});
       const auto name = adapter.from_hf_name(config, entry.spec.name);
       if (!name) continue;
-      const auto [it, inserted] = t.by_name.try_emplace(*name, HubTensors::Entry{&reader, &entry});
+      const auto [it, inserted] = t.by_name.try_emplace(*name, HubTensors::Entry{&reader, &entry, std::nullopt});
       TORCH_CHECK(inserted, "'", t.where, "' holds '", *name, "' twice (in '", it->second.reader->path(), "' as '",
                   it->second.entry->spec.name, "' and in '", reader.path(), "' as '", entry.spec.name, "')");
     }
   }
+  for (auto& [name, tensor] : t.by_name) tensor.nf4 = detail::nf4_state(tensor.entry->spec.name, t.lookup());
   return t;
 }
 
@@ -87,6 +99,12 @@ void check_tensors(const HubTensors& hub, const detail::Adapter& adapter, const 
                 "' (expected shape ", c10::IntArrayRef(want), ")");
     const auto& spec = it->second.entry->spec;
     const std::string& file = it->second.reader->path();
+    if (it->second.nf4) {  // bitsandbytes' packed codes: its quant_state gives the shape (read_nf4 checks the rest)
+      TORCH_CHECK(it->second.nf4->shape == want, "'", file, "': tensor '", spec.name, "' is NF4 of shape ",
+                  c10::IntArrayRef(it->second.nf4->shape), ", expected ", c10::IntArrayRef(want), " (from '",
+                  files.config, "')");
+      continue;
+    }
     TORCH_CHECK(spec.shape == want, "'", file, "': tensor '", spec.name, "' has shape ",
                 c10::IntArrayRef(spec.shape), ", expected ", c10::IntArrayRef(want), " (from '", files.config, "')");
     TORCH_CHECK(spec.dtype == torch::kFloat || spec.dtype == torch::kBFloat16 || spec.dtype == torch::kHalf, "'",
@@ -100,9 +118,10 @@ void check_tensors(const HubTensors& hub, const detail::Adapter& adapter, const 
 }
 
 // Reads one tensor of a Hugging Face file in the model's layout, as `dtype`.
-torch::Tensor read_in_model_layout(const HubTensors::Entry& tensor, const detail::Adapter& adapter,
-                                   const std::string& name, torch::ScalarType dtype) {
-  torch::Tensor value = tensor.reader->read(tensor.entry->spec.name);
+torch::Tensor read_in_model_layout(const HubTensors& hub, const HubTensors::Entry& tensor,
+                                   const detail::Adapter& adapter, const std::string& name, torch::ScalarType dtype) {
+  torch::Tensor value = tensor.nf4 ? detail::read_nf4(tensor.entry->spec.name, *tensor.nf4, hub.lookup())
+                                   : tensor.reader->read(tensor.entry->spec.name);
   if (adapter.is_transposed(name)) value = value.t();
   return value.to(dtype).contiguous();
 }
@@ -148,6 +167,9 @@ torch::ScalarType stored_dtype(const ModelFiles& files) {
   for (const std::string& path : files.weights) {
     const safetensors::Reader reader(path);
     for (const auto& entry : reader.tensors()) {
+      // A -bnb-4bit folder's packed weights and their side tensors: its
+      // float tensors are in the dtype it computes in.
+      if (entry.spec.dtype == torch::kByte || detail::is_quantization_side_tensor(entry.spec.name)) continue;
       if (!dtype) dtype = entry.spec.dtype;
       if (*dtype != entry.spec.dtype) return torch::kFloat;
     }
@@ -207,6 +229,7 @@ HubConfig read_config(const std::string& config_path) {
   const detail::Adapter* adapter = detail::adapter_for_model_type(model_type);
   TORCH_CHECK(adapter, "'", config_path, "': \"model_type\" is \"", model_type, "\"; expected ",
               detail::known_model_types());
+  detail::check_quantization_config(c, config_path);
   HubConfig config;
   config.model = adapter->read_config(c, config_path, config.ignored);
   config.source_json = c.dump();
@@ -225,6 +248,7 @@ std::string config_json(const HubConfig& config, torch::ScalarType dtype) {
     }
     merged[key] = value;
   }
+  merged.erase("quantization_config");  // a -bnb-4bit source's: what is written is float
   merged["dtype"] = config_dtype_name(dtype);  // transformers 5's name of torch_dtype: the weights' dtype
   if (merged.contains("torch_dtype")) merged["torch_dtype"] = merged["dtype"];  // what transformers 4 reads
   return merged.dump(2) + "\n";
@@ -255,7 +279,7 @@ void load_weights(torch::nn::Module& module, const ModelFiles& files, const mode
   check_tensors(hub, adapter, files, specs);  // everything is checked before anything changes
   torch::NoGradGuard no_grad;
   for (auto& [name, param] : params) {  // one tensor read at a time
-    param.copy_(read_in_model_layout(hub.by_name.at(name), adapter, name, param.scalar_type()));
+    param.copy_(read_in_model_layout(hub, hub.by_name.at(name), adapter, name, param.scalar_type()));
   }
 }
 
@@ -271,8 +295,9 @@ void load_weights(FsdpState& state, const ModelFiles& files, const models::Model
   const auto base_only = [](const std::string& name) { return !lora::is_adapter_parameter(name); };
   load_shards(state, [&](const std::string& name, int64_t offset, torch::Tensor& out) {
     const HubTensors::Entry& tensor = hub.by_name.at(name);
-    if (adapter.is_transposed(name)) {  // its rows are the file's columns: the whole tensor
-      out.copy_(read_in_model_layout(tensor, adapter, name, torch::kFloat).view({-1}).narrow(0, offset, out.numel()));
+    // Its rows the file's columns, or NF4 codes to dequantize: the whole tensor.
+    if (adapter.is_transposed(name) || tensor.nf4) {
+      out.copy_(read_in_model_layout(hub, tensor, adapter, name, torch::kFloat).view({-1}).narrow(0, offset, out.numel()));
       return;
     }
     const torch::ScalarType stored = tensor.entry->spec.dtype;
@@ -455,7 +480,7 @@ void convert_hf_to_file(const std::string& hf_path, const std::string& spec_file
                              {{"format", "pt"}, {"model", fsdp::enum_name(config.kind())}, {"config", config.describe()},
                               {"converted_from", hf_path}});
   for (const auto& s : specs) {  // one tensor at a time
-    writer.write(read_in_model_layout(by_name.at(s.name), adapter, s.name, torch::kFloat));
+    writer.write(read_in_model_layout(hub, by_name.at(s.name), adapter, s.name, torch::kFloat));
   }
   writer.commit();
 }

@@ -165,6 +165,7 @@ PlannedModel plan_model(const PlanInputs& in) {
   m.shape.sublayer_units = sublayer;
   m.units = m.description.units(sublayer);
   m.frozen = m.description.frozen(sublayer);
+  m.nf4 = m.description.nf4(sublayer);
   // (Of the wrap asked for: --params describes that one alone.)
   for (size_t u = 0; u < m.units.size(); ++u) {
     const int64_t whole = m.units[u] + (m.frozen.empty() ? 0 : m.frozen[u]);
@@ -258,9 +259,9 @@ Recommendation recommend(const PlannedModel& model, int world, int per_node, con
                          int64_t budget) {
   Recommendation r;
   r.budget = budget;
-  r.candidates = fsdp::strategy_candidates(model.units, world, per_node, mp, model.frozen);
+  r.candidates = fsdp::strategy_candidates(model.units, world, per_node, mp, model.frozen, model.nf4);
   try {
-    r.choice = fsdp::choose_strategy(model.units, world, per_node, mp, budget, model.frozen);
+    r.choice = fsdp::choose_strategy(model.units, world, per_node, mp, budget, model.frozen, model.nf4);
     r.reason = r.choice->reason;
   } catch (const c10::Error& e) {  // nothing fits: an answer too, not a failure of the planner
     r.reason = fsdp::error_message(e);

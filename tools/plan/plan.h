@@ -74,6 +74,7 @@ struct PlannedModel {
   fsdp::TransformerShape shape;
   std::vector<int64_t> units;   // each unit's trainable elements
   std::vector<int64_t> frozen;  // each unit's frozen part's elements (empty: nothing frozen)
+  std::vector<int64_t> nf4;     // of those, its NF4 weights' (used with --base-dtype nf4)
   int64_t total_params = 0, trainable_params = 0;
   int64_t largest_unit = 0;  // but the root, with its frozen part: the most one unit gathers
   fsdp_tools::FineTuned fine_tuned;  // --freeze or LoRA: what they did to the model

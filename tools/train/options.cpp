@@ -11,7 +11,8 @@ void add_model_options(CLI::App& app, TrainOptions& o) {
                               "initial weights: a .safetensors of the spec's names, or a Hugging Face model (a folder "
                               "with config.json and model.safetensors or the shards its model.safetensors.index.json "
                               "names, or that model.safetensors: the shape from config.json; each rank reads only its "
-                              "own shards)");
+                              "own shards), or a config.json alone: its shape, initialized as the model's own init "
+                              "does (with --sharded-init, unit by unit)");
   app.add_option("--steps", o.steps, "optimizer steps (0: none, the model as loaded written to --save-final)")->capture_default_str();
   app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
   app.add_option("--adamw", o.adamw, "fused (fsdp::FusedAdamW: one vectorized, multi-threaded pass) or torch "

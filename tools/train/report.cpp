@@ -120,7 +120,9 @@ void print_nvme_and_init(const ReportContext& c) {
               << " in " << c.nvme.path << " (" << c.nvme.engine << "), " << format_mib(c.nvme.offloaded_bytes)
               << " per rank on disk\n";
   }
-  if (!o.init_from.empty()) {
+  const bool shape_only = !o.init_from.empty() && !fsdp::hugging_face::is_model(o.init_from) &&
+                          std::filesystem::path(o.init_from).extension() == ".json";
+  if (!o.init_from.empty() && !shape_only) {
     const bool folder = fsdp::hugging_face::is_model(o.init_from);  // or its model.safetensors
     const double mb = (folder ? fsdp::hugging_face::find_model(o.init_from).weight_bytes()
                               : static_cast<int64_t>(std::filesystem::file_size(o.init_from))) / 1e6;
@@ -150,6 +152,9 @@ void print_zero_plus_plus(const ReportContext& c) {
 std::string shape_source(const TrainOptions& o) {
   if (!o.init_from.empty() && fsdp::hugging_face::is_model(o.init_from)) {
     return "shape from " + fsdp::hugging_face::find_model(o.init_from).config;
+  }
+  if (std::filesystem::path(o.init_from).extension() == ".json") {
+    return "shape from " + o.init_from + " (no weights: the model's own init)";
   }
   std::string overrides;
   for (const auto& [flag, value] : {std::pair<const char*, std::optional<int64_t>>{"--vocab", o.vocab},

@@ -43,6 +43,12 @@ fsdp::WrapPolicy make_wrap_policy(const fsdp::models::ModelConfig& model, const 
   return model.wrap_policy(wrap == "sublayer");
 }
 
+// --init-from a config.json alone: the shape, no weights.
+bool shape_only(const std::string& init_from) {
+  return init_from.size() > 5 && init_from.compare(init_from.size() - 5, 5, ".json") == 0 &&
+         !std::filesystem::is_directory(init_from);
+}
+
 bool uses_nvme(const TrainOptions& o) { return o.offload_optimizer == "nvme" || o.offload_params == "nvme"; }
 
 // --offload-optimizer nvme, --offload-params nvme: the disk offload's options.
@@ -100,7 +106,8 @@ fsdp::ShardingStrategy pick_strategy(const TrainOptions& o, Run& run, int world)
   const bool sublayer = o.wrap == "sublayer";
   const fsdp::StrategyChoice choice =
       fsdp::choose_strategy(run.plan_description.units(sublayer), world, run.fsdp_options.ranks_per_node(),
-                            run.fsdp_options.mixed_precision(), o.memory_budget, run.plan_description.frozen(sublayer));
+                            run.fsdp_options.mixed_precision(), o.memory_budget, run.plan_description.frozen(sublayer),
+                            run.plan_description.nf4(sublayer));
   run.strategy_reason = choice.reason;
   return choice.strategy;
 }
@@ -198,8 +205,9 @@ void check_values(const TrainOptions& o, int world) {
   TORCH_CHECK(!o.eval_sequences || (*o.eval_sequences > 0 && *o.eval_sequences % world == 0),
               "--eval-sequences must be a positive multiple of the world size ", world, ", got ",
               o.eval_sequences.value_or(0));
-  TORCH_CHECK(!o.sharded_init || o.init_from.empty(), "--sharded-init draws the initial weights unit by unit; "
-              "it cannot be combined with --init-from");
+  TORCH_CHECK(!o.sharded_init || o.init_from.empty() || shape_only(o.init_from),
+              "--sharded-init draws the initial weights unit by unit; it cannot be combined with --init-from a model "
+              "(--init-from a config.json alone gives the shape, and can)");
   if (o.save_dtype != "source") {
     try {
       fsdp::parse_enum<torch::ScalarType>(o.save_dtype);
@@ -253,8 +261,15 @@ void make_data(const TrainOptions& o, Run& run) {
       fsdp::models::TokenDataOptions().order(order).seed(o.data_seed).val_fraction(o.val_fraction));
 }
 
-// --init-from a Hugging Face model: its config.json gives the model (fsdp_tools::init_from_config).
+// --init-from a Hugging Face model: its config.json gives the model
+// (fsdp_tools::init_from_config); --init-from a config.json alone: the
+// shape, initialized as the model's own init does (a hub shape tried
+// without its weights).
 void apply_hugging_face_config(const TrainOptions& o, Run& run) {
+  if (shape_only(o.init_from)) {
+    run.model_config = fsdp_tools::init_from_config(o, o.init_from, run.model_config, run.warnings);
+    return;
+  }
   // A folder is a Hugging Face model or nothing: find_model names what it
   // lacks (config.json, which an export writes last, so a half-written one).
   const bool folder = !o.init_from.empty() && std::filesystem::is_directory(o.init_from);
@@ -284,7 +299,7 @@ void make_model(const TrainOptions& o, Run& run) {
     run.model = run.model_config.new_model();
     run.model->init_weights(o.seed);
   }
-  if (!o.init_from.empty() && !fsdp::hugging_face::is_model(o.init_from)) {
+  if (!o.init_from.empty() && !fsdp::hugging_face::is_model(o.init_from) && !shape_only(o.init_from)) {
     const auto start = std::chrono::steady_clock::now();
     fsdp::load_full_weights(*run.model, o.init_from);
     run.init_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -471,6 +471,10 @@ class Trainer {
       return std::make_unique<fsdp::peft::MergingWriter>(specs, fsdp::lora::adapters(*run_.model), std::move(folder));
     });
     if (rank_ != 0) return;
+    if (o_.merge_lora && o_.base_dtype == "nf4") {  // as PEFT's merge_and_unload of a 4-bit model
+      std::cout << "--merge-lora: the NF4 base dequantized and the adapters merged into it, written in "
+                << fsdp::enum_name(options.dtype()) << " (a plain model: the merge is not quantized again)\n";
+    }
     if (from_hub) {  // the folder, also where --init-from named its model.safetensors
       hf::copy_tokenizer_files(std::filesystem::path(hf::find_model(o_.init_from).config).parent_path().string(),
                                o_.save_final);

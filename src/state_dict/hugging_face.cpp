@@ -74,6 +74,7 @@ HubTensors hub_tensors(const ModelFiles& files, const detail::Adapter& adapter, 
     const safetensors::Reader& reader = *t.readers.back();
     for (const auto& entry : reader.tensors()) {
       t.by_hf_name.try_emplace(entry.spec.name, HubTensors::Entry{&reader, &entry, std::nullopt});
+      if (detail::is_quantization_side_tensor(entry.spec.name)) continue;  // read with its weight (read_nf4)
       const auto name = adapter.from_hf_name(config, entry.spec.name);
       if (!name) continue;
       const auto [it, inserted] = t.by_name.try_emplace(*name, HubTensors::Entry{&reader, &entry, std::nullopt});

@@ -7,8 +7,8 @@
 #      adapters (--save-format peft);
 #   2. the checkpoint's NF4 records are the folder's codes and absmax byte for byte;
 #   3. PEFT loads our adapters on that same folder (bitsandbytes' 4-bit
-#      forward) and gives the logits of our merged export (--merge-lora)
-#      within 1e-4, computing in fp32;
+#      forward) and gives the logits of our merged export (--merge-lora of
+#      the folder read in fp32) within 1e-5, computing in fp32;
 #   4. the refusals: FP4, 8-bit, another quant_method.
 #   bnb_folder.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -20,14 +20,17 @@ trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
 ref=("$python" "$source/tests/qlora/bnb_reference.py")
 tokens="$(seq -s, 3 9 200)"
-train=("$build/fsdp-run" -n 2 -- "$build/fsdp-train" --model llama --init-from "$work/bnb" --batch 2 --val-fraction 0
-       --lora-rank 4 --lora-alpha 8 --lora-targets all-linear --base-dtype nf4)
+lora=("$build/fsdp-run" -n 2 -- "$build/fsdp-train" --model llama --init-from "$work/bnb" --batch 2 --val-fraction 0
+      --lora-rank 4 --lora-alpha 8 --lora-targets all-linear)
+train=("${lora[@]}" --base-dtype nf4)
 
 echo "== 1. transformers' random Llama, saved 4-bit by bitsandbytes; 3 QLoRA steps on 2 ranks"
 "${ref[@]}" make "$work" 2> >(grep -v kernels-community >&2)
 "${train[@]}" --steps 3 --lr 1e-2 --ckpt-dir "$work/ckpt" --save-final "$work/adapters" \
   --save-format peft > "$work/train.log"
-"${train[@]}" --init-from-adapter "$work/adapters" --steps 0 --save-final "$work/merged" --save-format hf \
+# The merge reads the folder in fp32 (its codes dequantized, its other tensors as stored): PEFT's fp32 model.
+# (--base-dtype nf4 would hold the embeddings, norms and head in bf16, rounding this fp32 folder's.)
+"${lora[@]}" --init-from-adapter "$work/adapters" --steps 0 --save-final "$work/merged" --save-format hf \
   --merge-lora --save-dtype fp32 > "$work/merge.log"
 "$build/fsdp-ckpt" logits "$work/merged" --tokens "$tokens" > "$work/ours.json"
 

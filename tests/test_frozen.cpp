@@ -409,6 +409,34 @@ TEST(Lora, TrainsTheSameAdaptersAsOneProcess) {
   }
 }
 
+// `steps` steps of a sharded model and of one process training the same
+// model on each step's whole global batch (W B sequences): the trainable
+// gradients compared at the first step (relative to their largest element,
+// `gradient_tolerance`), the losses at every step (relative, `loss_tolerance`).
+template <typename Sharded>
+void train_alongside(Sharded& sharded, fsdp::models::GPTImpl& reference, torch::optim::Optimizer& sharded_opt,
+                     torch::optim::Optimizer& reference_opt, int64_t steps, int64_t B, double gradient_tolerance,
+                     double loss_tolerance) {
+  const int W = world_group->size();
+  const auto& data = fsdp::testing::token_data();
+  for (int64_t step = 0; step < steps; ++step) {
+    auto [x, y] = fsdp::testing::batch(data, step, 0, 1, B);
+    torch::Tensor loss = sharded.forward(x, y);
+    loss.backward();
+    auto [gx, gy] = data.batch(step, 0, 0, 1, 1, W * B);
+    torch::Tensor reference_loss = reference.forward(gx, gy);
+    reference_loss.backward();
+    if (step == 0) expect_trainable_gradients_match(sharded.state(), reference, gradient_tolerance);
+    reference_opt.step();
+    reference_opt.zero_grad();
+    sharded_opt.step();
+    sharded_opt.zero_grad();
+    world_group->all_reduce(loss, fsdp::ReduceOp::kAvg)->wait();
+    EXPECT_NEAR(loss.item<double>(), reference_loss.item<double>(), loss_tolerance * reference_loss.item<double>())
+        << "step " << step;
+  }
+}
+
 // How far an adapter's gradient through a bf16 base may differ between two
 // batch splits, relative to its largest element: every bf16 rounding on its
 // path is off by at most 2^-8 of its value, and another split of the batch
@@ -429,9 +457,7 @@ static double bf16_path_tolerance(int64_t layers) { return (8.0 * layers + 2) / 
 // base trains them (to bf16's rounding of other batch splits); the state
 // dict holds the bf16 values exactly, in fp32.
 TEST(Lora, HoldsTheBaseInBf16AsOneProcessWould) {
-  const int W = world_group->size();
   const int64_t B = 2, steps = 3, layers = fsdp::testing::tiny().layers;
-  const auto& data = fsdp::testing::token_data();
   auto make = [] {
     GPT model = fsdp::testing::make_gpt(fsdp::testing::tiny());
     fsdp::lora::apply(*model, fsdp::lora::LoraOptions().rank(4).alpha(8).targets({"c_attn", "c_fc"}).seed(3));
@@ -460,22 +486,7 @@ TEST(Lora, HoldsTheBaseInBf16AsOneProcessWould) {
   const auto adamw = fsdp::testing::spec_adamw();
   torch::optim::AdamW sharded_opt(sharded.parameters(), adamw);
   torch::optim::AdamW reference_opt(reference_params, adamw);
-  for (int64_t step = 0; step < steps; ++step) {
-    auto [x, y] = fsdp::testing::batch(data, step, 0, 1, B);
-    torch::Tensor loss = sharded.forward(x, y);
-    loss.backward();
-    auto [gx, gy] = data.batch(step, 0, 0, 1, 1, W * B);
-    torch::Tensor reference_loss = reference->forward(gx, gy);
-    reference_loss.backward();
-    if (step == 0) expect_trainable_gradients_match(sharded.state(), *reference, bf16_path_tolerance(layers));
-    reference_opt.step();
-    reference_opt.zero_grad();
-    sharded_opt.step();
-    sharded_opt.zero_grad();
-    world_group->all_reduce(loss, fsdp::ReduceOp::kAvg)->wait();
-    EXPECT_NEAR(loss.item<double>(), reference_loss.item<double>(), 2e-3 * reference_loss.item<double>())
-        << "step " << step;
-  }
+  train_alongside(sharded, *reference, sharded_opt, reference_opt, steps, B, bf16_path_tolerance(layers), 2e-3);
   for (const auto& [name, value] : fsdp::testing::full_params(sharded.state())) {
     EXPECT_EQ(value.scalar_type(), torch::kFloat) << name;
     if (fsdp::lora::is_adapter_parameter(name)) {
@@ -499,7 +510,6 @@ TEST(Lora, HoldsTheBaseInBf16AsOneProcessWould) {
 TEST(Lora, HoldsTheBaseInNf4AsOneProcessWould) {
   const int W = world_group->size();
   const int64_t B = 2, steps = 3;
-  const auto& data = fsdp::testing::token_data();
   auto make = [](uint64_t seed) {
     GPT model = fsdp::testing::make_gpt(fsdp::testing::tiny());
     fsdp::lora::apply(*model, fsdp::lora::LoraOptions().rank(4).alpha(8).targets({"c_attn", "c_fc"}).seed(seed));
@@ -545,22 +555,7 @@ TEST(Lora, HoldsTheBaseInNf4AsOneProcessWould) {
   const auto adamw = fsdp::testing::spec_adamw();
   torch::optim::AdamW sharded_opt(sharded.parameters(), adamw);
   torch::optim::AdamW reference_opt(reference_params, adamw);
-  for (int64_t step = 0; step < steps; ++step) {
-    auto [x, y] = fsdp::testing::batch(data, step, 0, 1, B);
-    torch::Tensor loss = sharded.forward(x, y);
-    loss.backward();
-    auto [gx, gy] = data.batch(step, 0, 0, 1, 1, W * B);
-    torch::Tensor reference_loss = reference->forward(gx, gy);
-    reference_loss.backward();
-    if (step == 0) expect_trainable_gradients_match(sharded.state(), *reference, 1e-5);
-    reference_opt.step();
-    reference_opt.zero_grad();
-    sharded_opt.step();
-    sharded_opt.zero_grad();
-    world_group->all_reduce(loss, fsdp::ReduceOp::kAvg)->wait();
-    EXPECT_NEAR(loss.item<double>(), reference_loss.item<double>(), 1e-5 * reference_loss.item<double>())
-        << "step " << step;
-  }
+  train_alongside(sharded, *reference, sharded_opt, reference_opt, steps, B, 1e-5, 1e-5);
   size_t k = 0;
   for (const fsdp::FlatParam* flat : fsdp::detail::flat_params(sharded.state())) {
     if (flat->nf4()) EXPECT_TRUE(torch::equal(flat->shard(), records[k++])) << flat->name() << ": the NF4 bytes changed";

@@ -571,9 +571,20 @@ TEST(Lora, HoldsTheBaseInNf4AsOneProcessWould) {
   for (const fsdp::FlatParam* flat : fsdp::detail::flat_params(resumed.state())) {
     if (flat->nf4()) EXPECT_TRUE(torch::equal(flat->shard(), records[k++])) << flat->name() << ": loaded bytes";
   }
+  // Resumed, the next step is the straight run's, bit for bit.
+  for (auto* run : {&sharded, &resumed}) {
+    auto [x, y] = fsdp::testing::batch(fsdp::testing::token_data(), steps, 0, 1, B);
+    run->forward(x, y).backward();
+    (run == &sharded ? sharded_opt : resumed_opt).step();
+  }
+  const auto straight = fsdp::testing::full_params(sharded.state());
   for (const auto& [name, value] : fsdp::testing::full_params(resumed.state())) {
-    EXPECT_TRUE(torch::equal(value, fsdp::testing::full_params(sharded.state()).at(name))) << name;
+    EXPECT_TRUE(torch::equal(value, straight.at(name))) << name << " after a step from the checkpoint";
   }
   world_group->barrier()->wait();
   if (world_group->rank() == 0) std::filesystem::remove_all(dir);
+  // Refused: an offload (its shards are float32), naming the option.
+  const std::string refusal = fsdp::testing::message_of(
+      [&] { fsdp::fully_shard(make(3), world_group, fsdp::FullyShardOptions(options).offload(fsdp::OffloadPolicy::cpu())); });
+  EXPECT_NE(refusal.find("frozen_nf4 with an offload"), std::string::npos) << refusal;
 }

@@ -65,7 +65,7 @@ mutations=(
   "29-answer-header-trained|^hugging_face_chat_ids$|fsdp-data"
   "30-packed-targets-read-the-inputs-mask|^conversations$|unit_tests"
   "31-nf4-ties-round-up|^qlora_nf4_bytes$|nf4_check"
-  "32-nf4-nested-offset-dropped|^qlora_bnb_folder$|fsdp-run fsdp-train fsdp-ckpt"
+  "32-nf4-nested-offset-dropped|^qlora_bnb_folder$|$trainer"
   "33-nf4-records-not-gathered|^frozen_parameters_w2$|mpi_tests"
 )
 

@@ -11,7 +11,6 @@
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 
 #include "base/parallel.h"
 
@@ -111,19 +110,39 @@ struct Midpoints {
 
 float clamp_unit(float x) { return std::min(1.0f, std::max(-1.0f, x)); }
 
-template <typename T>
-void dequantize_cpu(const uint8_t* packed, const float* absmax, int64_t n, T* out) {
-  parallel::for_each_chunk(0, blocks(n), 1024, at::get_num_threads(), [&](int64_t first, int64_t last) {
+// Block b of a weight: its 32 packed bytes and its absmax, wherever they
+// are kept (two arrays, as bitsandbytes stores a weight, or one record).
+struct BlockView {
+  const uint8_t* codes;
+  float scale;
+};
+
+// Every block's elements (`n` in all; the last block may hold fewer) as
+// nf4[code] * absmax in fp32, rounded to T: dequantize_4bit's arithmetic.
+template <typename T, typename Blocks>
+void dequantize_blocks(const Blocks& block_at, int64_t n, T* out) {
+  parallel::for_each_chunk(0, blocks(n), 256, at::get_num_threads(), [&](int64_t first, int64_t last) {
     for (int64_t b = first; b < last; ++b) {
-      const float scale = absmax[b];
+      const BlockView block = block_at(b);
       const int64_t begin = b * kBlock, end = std::min(n, begin + kBlock);
       for (int64_t i = begin; i < end; i += 2) {
-        const uint8_t byte = packed[i / 2];
-        out[i] = static_cast<T>(kValues[byte >> 4] * scale);
-        if (i + 1 < end) out[i + 1] = static_cast<T>(kValues[byte & 0x0F] * scale);
+        const uint8_t byte = block.codes[(i - begin) / 2];
+        out[i] = static_cast<T>(kValues[byte >> 4] * block.scale);
+        if (i + 1 < end) out[i + 1] = static_cast<T>(kValues[byte & 0x0F] * block.scale);
       }
     }
   });
+}
+
+// fn(out's data as float, BFloat16 or Half); `who` names the caller in the refusal of another dtype.
+template <typename Fn>
+void with_output(const torch::Tensor& out, const char* who, const Fn& fn) {
+  switch (out.scalar_type()) {
+    case torch::kFloat: return fn(out.data_ptr<float>());
+    case torch::kBFloat16: return fn(out.data_ptr<c10::BFloat16>());
+    case torch::kHalf: return fn(out.data_ptr<c10::Half>());
+    default: TORCH_CHECK(false, who, ": the output must be float32, bfloat16 or float16, got ", out.scalar_type());
+  }
 }
 
 }  // namespace
@@ -180,13 +199,10 @@ void dequantize_into(const torch::Tensor& packed, const torch::Tensor& absmax, i
               out.numel(), " on ", out.device());
   if (n == 0) return;
   if (packed.device().is_cpu()) {
-    switch (out.scalar_type()) {
-      case torch::kFloat: return dequantize_cpu(packed.data_ptr<uint8_t>(), absmax.data_ptr<float>(), n, out.data_ptr<float>());
-      case torch::kBFloat16:
-        return dequantize_cpu(packed.data_ptr<uint8_t>(), absmax.data_ptr<float>(), n, out.data_ptr<c10::BFloat16>());
-      case torch::kHalf: return dequantize_cpu(packed.data_ptr<uint8_t>(), absmax.data_ptr<float>(), n, out.data_ptr<c10::Half>());
-      default: TORCH_CHECK(false, "nf4::dequantize: the output must be float32, bfloat16 or float16, got ", out.scalar_type());
-    }
+    const uint8_t* codes = packed.data_ptr<uint8_t>();
+    const float* scales = absmax.data_ptr<float>();
+    auto block_at = [&](int64_t b) { return BlockView{codes + b * kBlockBytes, scales[b]}; };
+    return with_output(out, "nf4::dequantize", [&](auto* o) { dequantize_blocks(block_at, n, o); });
   }
   // Elsewhere (a GPU): the same arithmetic in ATen ops.
   torch::NoGradGuard no_grad;
@@ -255,27 +271,13 @@ void dequantize_records_into(const torch::Tensor& records, torch::Tensor& out) {
     return;
   }
   const uint8_t* in = records.data_ptr<uint8_t>();
-  auto run = [&](auto* o) {
-    using T = std::remove_pointer_t<decltype(o)>;
-    parallel::for_each_chunk(0, count, 256, at::get_num_threads(), [&](int64_t first, int64_t last) {
-      for (int64_t b = first; b < last; ++b) {
-        const uint8_t* record = in + b * kRecordBytes;
-        float scale;
-        std::memcpy(&scale, record + kBlockBytes, sizeof(float));
-        T* dst = o + b * kBlock;
-        for (int64_t i = 0; i < kBlockBytes; ++i) {
-          dst[2 * i] = static_cast<T>(kValues[record[i] >> 4] * scale);
-          dst[2 * i + 1] = static_cast<T>(kValues[record[i] & 0x0F] * scale);
-        }
-      }
-    });
+  auto block_at = [&](int64_t b) {
+    const uint8_t* record = in + b * kRecordBytes;
+    float scale;
+    std::memcpy(&scale, record + kBlockBytes, sizeof(float));  // unaligned
+    return BlockView{record, scale};
   };
-  switch (out.scalar_type()) {
-    case torch::kFloat: return run(out.data_ptr<float>());
-    case torch::kBFloat16: return run(out.data_ptr<c10::BFloat16>());
-    case torch::kHalf: return run(out.data_ptr<c10::Half>());
-    default: TORCH_CHECK(false, "nf4::dequantize_records_into: the output must be float32, bfloat16 or float16, got ", out.scalar_type());
-  }
+  with_output(out, "nf4::dequantize_records_into", [&](auto* o) { dequantize_blocks(block_at, count * kBlock, o); });
 }
 
 namespace {
